@@ -1,0 +1,236 @@
+//! `redrive bench`: enqueue and drain throughput, and pick-up latency, on the configured
+//! PostgreSQL. Each run uses a fresh schema (`<schema>_bench`), dropped afterwards.
+
+use anyhow::Context;
+use async_trait::async_trait;
+use clap::Args;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Settings;
+use crate::fleet::Fleet;
+use crate::handlers::{Handler, HandlerContext, HandlerError};
+use crate::store::Store;
+use crate::task::{NewTask, Task};
+
+/// Options of `redrive bench`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchOptions {
+    /// Tasks enqueued, then drained, per run.
+    #[arg(long, default_value_t = 100_000)]
+    pub tasks: usize,
+    /// Claim (and finish) batch sizes to compare, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "10,100,500")]
+    pub batch_sizes: Vec<u32>,
+    /// Worker concurrency (tasks in flight); default: twice the batch size.
+    #[arg(long)]
+    pub concurrency: Option<u32>,
+    /// Runs per batch size; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Tasks per enqueue statement.
+    #[arg(long, default_value_t = 1000)]
+    pub enqueue_batch: usize,
+    /// Concurrent enqueue connections.
+    #[arg(long, default_value_t = 4)]
+    pub enqueue_connections: usize,
+    /// Bytes of each task's value.
+    #[arg(long, default_value_t = 256)]
+    pub value_bytes: usize,
+    /// Single tasks enqueued one by one into an idle pool to measure pick-up latency.
+    #[arg(long, default_value_t = 200)]
+    pub pickup_samples: usize,
+}
+
+/// Resolves every task at once.
+struct NoopHandler;
+
+#[async_trait]
+impl Handler for NoopHandler {
+    async fn handle(&self, _ctx: &HandlerContext, _task: &Task) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+/// Figures of one run.
+#[derive(Debug, Clone, Copy)]
+struct RunFigures {
+    enqueue_per_s: f64,
+    drain_per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+/// Runs the benchmark and prints its figures.
+pub async fn run(settings: &Settings, options: &BenchOptions) -> anyhow::Result<()> {
+    let mut settings = settings.clone();
+    settings.database.schema = format!("{}_bench", settings.database.schema);
+    settings.database.max_connections = settings
+        .database
+        .max_connections
+        .max(options.enqueue_connections as u32 + 8);
+    println!(
+        "redrive bench: {} tasks of {} bytes, attempt history kept, {} run(s) per batch size, median shown",
+        options.tasks, options.value_bytes, options.runs
+    );
+    println!(
+        "{:>6} {:>11} {:>12} {:>12} {:>10} {:>10}",
+        "batch", "concurrency", "enqueue/s", "drain/s", "p50 ms", "p99 ms"
+    );
+    for &batch in &options.batch_sizes {
+        let concurrency = options.concurrency.unwrap_or(batch * 2).max(1);
+        let mut runs = Vec::new();
+        for _ in 0..options.runs.max(1) {
+            runs.push(one_run(&settings, options, batch, concurrency).await?);
+        }
+        let median = |f: fn(&RunFigures) -> f64| {
+            let mut values: Vec<f64> = runs.iter().map(f).collect();
+            values.sort_by(f64::total_cmp);
+            values[values.len() / 2]
+        };
+        println!(
+            "{:>6} {:>11} {:>12.0} {:>12.0} {:>10.1} {:>10.1}",
+            batch,
+            concurrency,
+            median(|r| r.enqueue_per_s),
+            median(|r| r.drain_per_s),
+            median(|r| r.p50_ms),
+            median(|r| r.p99_ms),
+        );
+    }
+    if options.pickup_samples > 0 {
+        let (p50, p99) = pickup_latency(&settings, options.pickup_samples).await?;
+        println!("idle pick-up latency (enqueue committed -> resolved), {} samples: p50 {p50:.1} ms, p99 {p99:.1} ms", options.pickup_samples);
+    }
+    Ok(())
+}
+
+async fn fresh_store(settings: &Settings) -> anyhow::Result<Store> {
+    let store = Store::connect(&settings.database)
+        .await
+        .context("connecting")?;
+    sqlx::query(&format!("DROP SCHEMA IF EXISTS {} CASCADE", store.schema()))
+        .execute(store.pool())
+        .await?;
+    store.migrate().await?;
+    Ok(store)
+}
+
+fn bench_fleet(settings: &Settings, batch: u32, concurrency: u32) -> anyhow::Result<Fleet> {
+    let mut settings = settings.clone();
+    settings.worker.batch_size = batch;
+    settings.worker.concurrency = concurrency;
+    settings.worker.handlers = Vec::new();
+    Ok(Fleet::builder(settings)
+        .handler("noop", NoopHandler)
+        .build()?)
+}
+
+async fn one_run(
+    settings: &Settings,
+    options: &BenchOptions,
+    batch: u32,
+    concurrency: u32,
+) -> anyhow::Result<RunFigures> {
+    let store = fresh_store(settings).await?;
+    let value = vec![b'x'; options.value_bytes];
+    let tasks: Vec<NewTask> = (0..options.tasks)
+        .map(|_| NewTask::new("noop", value.clone()))
+        .collect();
+
+    let started = Instant::now();
+    let chunks: Vec<Vec<NewTask>> = tasks
+        .chunks(options.enqueue_batch.max(1))
+        .map(<[_]>::to_vec)
+        .collect();
+    let per_connection = chunks.len().div_ceil(options.enqueue_connections.max(1));
+    let mut writers = tokio::task::JoinSet::new();
+    for share in chunks.chunks(per_connection.max(1)) {
+        let store = store.clone();
+        let share = share.to_vec();
+        writers.spawn(async move {
+            for chunk in share {
+                store.enqueue_many(&chunk).await?;
+            }
+            Ok::<_, crate::store::StoreError>(())
+        });
+    }
+    while let Some(result) = writers.join_next().await {
+        result??;
+    }
+    let enqueue_per_s = options.tasks as f64 / started.elapsed().as_secs_f64();
+
+    let fleet = bench_fleet(settings, batch, concurrency)?;
+    let metrics = fleet.metrics().clone();
+    let resolved = metrics.attempts.with_label_values(&["noop", "resolved"]);
+    let shutdown = CancellationToken::new();
+    let drain_start = chrono::Utc::now();
+    let started = Instant::now();
+    let running = tokio::spawn(fleet.run_with_store(store.clone(), shutdown.clone()));
+    while resolved.get() < options.tasks as u64 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(600),
+            "drain took over 10 minutes"
+        );
+    }
+    let drain_per_s = options.tasks as f64 / started.elapsed().as_secs_f64();
+    shutdown.cancel();
+    running.await?;
+
+    let (p50_ms, p99_ms): (f64, f64) = sqlx::query_as(
+        "SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY ms), percentile_disc(0.99) WITHIN GROUP (ORDER BY ms) \
+         FROM (SELECT extract(epoch FROM finished_at - greatest(created_at, $1)) * 1000 AS ms \
+               FROM recovery_task WHERE status = 'resolved') s",
+    )
+    .bind(drain_start)
+    .fetch_one(store.pool())
+    .await?;
+    let counts = store.status_counts().await?;
+    anyhow::ensure!(
+        counts.resolved == options.tasks as i64,
+        "not every task resolved: {counts:?}"
+    );
+    drop_schema(&store).await?;
+    Ok(RunFigures {
+        enqueue_per_s,
+        drain_per_s,
+        p50_ms,
+        p99_ms,
+    })
+}
+
+/// Enqueues single tasks into an idle running pool and measures commit-to-resolved.
+async fn pickup_latency(settings: &Settings, samples: usize) -> anyhow::Result<(f64, f64)> {
+    let store = fresh_store(settings).await?;
+    let fleet = bench_fleet(settings, 10, 20)?;
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(fleet.run_with_store(store.clone(), shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for i in 0..samples {
+        store
+            .enqueue(&NewTask::new("noop", format!("sample {i}")))
+            .await?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while store.status_counts().await?.resolved < samples as i64 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    running.await?;
+    let figures: (f64, f64) = sqlx::query_as(
+        "SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY ms), percentile_disc(0.99) WITHIN GROUP (ORDER BY ms) \
+         FROM (SELECT extract(epoch FROM finished_at - created_at) * 1000 AS ms FROM recovery_task) s",
+    )
+    .fetch_one(store.pool())
+    .await?;
+    drop_schema(&store).await?;
+    Ok(figures)
+}
+
+async fn drop_schema(store: &Store) -> anyhow::Result<()> {
+    sqlx::query(&format!("DROP SCHEMA {} CASCADE", store.schema()))
+        .execute(store.pool())
+        .await?;
+    Ok(())
+}

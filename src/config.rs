@@ -1,0 +1,300 @@
+//! Settings: built-in defaults, then a TOML file, then `REDRIVE__SECTION__KEY`
+//! environment variables. Everything is validated at start-up; an error names the key.
+
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Deserializer};
+use sqlx::postgres::PgConnectOptions;
+use std::collections::HashMap;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::backoff::{Backoff, Jitter};
+
+/// A configuration problem, naming the key and the reason.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {key}: {reason}")]
+pub struct ConfigError {
+    /// Dotted key, e.g. `worker.batch_size`.
+    pub key: String,
+    /// Why the value was refused.
+    pub reason: String,
+}
+
+impl ConfigError {
+    /// An error about `key`.
+    pub fn new(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError {
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// All settings of a redrive process.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// `[database]`
+    pub database: DatabaseSettings,
+    /// `[worker]`
+    pub worker: WorkerSettings,
+    /// `[retry]`: defaults for handlers that set no policy of their own.
+    pub retry: RetrySettings,
+}
+
+/// `[database]`: where tasks are stored.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseSettings {
+    /// PostgreSQL URL (may hold a password, hence secret).
+    pub url: SecretString,
+    /// Schema holding redrive's tables.
+    pub schema: String,
+    /// Connection pool size.
+    pub max_connections: u32,
+    /// How long to wait for a connection.
+    #[serde(deserialize_with = "duration")]
+    pub connect_timeout: Duration,
+    /// Apply migrations when `redrive run` starts.
+    pub migrate_on_start: bool,
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        DatabaseSettings {
+            url: SecretString::from("postgres://postgres@127.0.0.1:5432/postgres"),
+            schema: "redrive".into(),
+            max_connections: 10,
+            connect_timeout: Duration::from_secs(5),
+            migrate_on_start: true,
+        }
+    }
+}
+
+/// `[worker]`: the pool that claims and runs due tasks.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerSettings {
+    /// Run the worker pool in this process.
+    pub enabled: bool,
+    /// Tasks handled at once.
+    pub concurrency: u32,
+    /// Tasks claimed (and finished) per statement.
+    pub batch_size: u32,
+    /// How long a claim lasts without a heartbeat.
+    #[serde(deserialize_with = "duration")]
+    pub lease: Duration,
+    /// How often leases of running tasks are extended.
+    #[serde(deserialize_with = "duration")]
+    pub heartbeat: Duration,
+    /// Longest idle wait between looks for due work (notifications wake it sooner).
+    #[serde(deserialize_with = "duration")]
+    pub poll_interval: Duration,
+    /// On SIGTERM, how long running handlers may take before their leases are released.
+    #[serde(deserialize_with = "duration")]
+    pub shutdown_timeout: Duration,
+    /// Handlers this process serves; empty means every registered handler.
+    pub handlers: Vec<String>,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        WorkerSettings {
+            enabled: true,
+            concurrency: 64,
+            batch_size: 100,
+            lease: Duration::from_secs(30),
+            heartbeat: Duration::from_secs(10),
+            poll_interval: Duration::from_secs(1),
+            shutdown_timeout: Duration::from_secs(30),
+            handlers: Vec::new(),
+        }
+    }
+}
+
+/// `[retry]`: the policy of a handler that does not set its own.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetrySettings {
+    /// Attempts before a task becomes a permanent failure.
+    pub max_attempts: u32,
+    /// Longest a single handler call may take.
+    #[serde(deserialize_with = "duration")]
+    pub timeout: Duration,
+    /// Delay before the second attempt.
+    #[serde(deserialize_with = "duration")]
+    pub backoff_base: Duration,
+    /// Growth of the delay per attempt.
+    pub backoff_factor: f64,
+    /// Longest delay.
+    #[serde(deserialize_with = "duration")]
+    pub backoff_cap: Duration,
+    /// `full`, `equal` or `none`.
+    pub jitter: Jitter,
+}
+
+impl Default for RetrySettings {
+    fn default() -> Self {
+        let b = Backoff::default();
+        RetrySettings {
+            max_attempts: 10,
+            timeout: Duration::from_secs(30),
+            backoff_base: b.base,
+            backoff_factor: b.factor,
+            backoff_cap: b.cap,
+            jitter: b.jitter,
+        }
+    }
+}
+
+impl RetrySettings {
+    /// The backoff these settings describe.
+    pub fn backoff(&self) -> Backoff {
+        Backoff {
+            base: self.backoff_base,
+            factor: self.backoff_factor,
+            cap: self.backoff_cap,
+            jitter: self.jitter,
+        }
+    }
+}
+
+impl Settings {
+    /// Loads defaults, then `file` (if any), then `env` (the process environment when
+    /// `None`), and validates the result.
+    pub fn load(
+        file: Option<&Path>,
+        env: Option<HashMap<String, String>>,
+    ) -> Result<Settings, ConfigError> {
+        let mut builder = config::Config::builder();
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError::new(
+                    "--config",
+                    format!("file {} does not exist", path.display()),
+                ));
+            }
+            builder = builder.add_source(config::File::from(path));
+        }
+        let environment = config::Environment::with_prefix("REDRIVE")
+            .prefix_separator("__")
+            .separator("__")
+            .try_parsing(true)
+            .list_separator(",")
+            .with_list_parse_key("worker.handlers")
+            .source(env);
+        let settings: Settings = builder
+            .add_source(environment)
+            .build()
+            .and_then(config::Config::try_deserialize)
+            .map_err(from_config_error)?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks values that parse but make no sense.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.database.connect_options()?;
+        let schema = &self.database.schema;
+        let valid_ident = !schema.is_empty()
+            && schema.len() <= 50
+            && schema.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+            && schema
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !valid_ident {
+            return Err(ConfigError::new(
+                "database.schema",
+                "must be 1 to 50 characters of a-z, 0-9 and _, not starting with a digit",
+            ));
+        }
+        positive("database.max_connections", self.database.max_connections)?;
+        positive("worker.concurrency", self.worker.concurrency)?;
+        positive("worker.batch_size", self.worker.batch_size)?;
+        positive("retry.max_attempts", self.retry.max_attempts)?;
+        nonzero("worker.lease", self.worker.lease)?;
+        nonzero("worker.heartbeat", self.worker.heartbeat)?;
+        nonzero("worker.poll_interval", self.worker.poll_interval)?;
+        nonzero("retry.timeout", self.retry.timeout)?;
+        if self.worker.heartbeat >= self.worker.lease {
+            return Err(ConfigError::new(
+                "worker.heartbeat",
+                "must be shorter than worker.lease, or leases lapse between heartbeats",
+            ));
+        }
+        let factor = self.retry.backoff_factor;
+        if !(factor.is_finite() && factor >= 1.0) {
+            return Err(ConfigError::new(
+                "retry.backoff_factor",
+                format!("must be a number >= 1.0, got {factor}"),
+            ));
+        }
+        if self.retry.backoff_cap < self.retry.backoff_base {
+            return Err(ConfigError::new(
+                "retry.backoff_cap",
+                "must not be shorter than retry.backoff_base",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl DatabaseSettings {
+    /// Parsed connection options with the schema as `search_path`.
+    pub fn connect_options(&self) -> Result<PgConnectOptions, ConfigError> {
+        let url = self.url.expose_secret();
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(ConfigError::new(
+                "database.url",
+                "not a PostgreSQL URL: it must start with postgres:// or postgresql://",
+            ));
+        }
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| ConfigError::new("database.url", format!("not a PostgreSQL URL: {e}")))?;
+        Ok(options
+            .options([("search_path", self.schema.as_str())])
+            .application_name("redrive"))
+    }
+}
+
+fn positive(key: &str, value: u32) -> Result<(), ConfigError> {
+    if value == 0 {
+        return Err(ConfigError::new(key, "must be at least 1"));
+    }
+    Ok(())
+}
+
+fn nonzero(key: &str, value: Duration) -> Result<(), ConfigError> {
+    if value.is_zero() {
+        return Err(ConfigError::new(key, "must be longer than 0s"));
+    }
+    Ok(())
+}
+
+/// Deserializes a human duration (`"30s"`, `"5m"`, `"1h 30m"`), refusing negative ones.
+fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    parse_duration(&text).map_err(serde::de::Error::custom)
+}
+
+/// Parses a human duration, refusing negative ones with a plain reason.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if text.starts_with('-') {
+        return Err(format!("{text:?} is negative; durations must be >= 0"));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration like \"30s\" or \"5m\" ({e})"))
+}
+
+/// Turns the `config` crate's error into one that names the key.
+fn from_config_error(err: config::ConfigError) -> ConfigError {
+    let message = err.to_string();
+    let key = match &err {
+        config::ConfigError::Type { key: Some(key), .. }
+        | config::ConfigError::At { key: Some(key), .. } => key.clone(),
+        _ => "config".to_owned(),
+    };
+    ConfigError::new(key, message)
+}

@@ -1,0 +1,107 @@
+//! The handler API: what developers implement to retry a failure.
+
+mod log;
+mod registry;
+
+pub use self::log::LogHandler;
+pub use registry::{HandlerRegistry, Policy, Registered, RegistryError};
+
+use async_trait::async_trait;
+use std::fmt::Display;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff::Backoff;
+use crate::task::Task;
+
+/// A handler's verdict on a failed attempt. The handler classifies; the worker never guesses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandlerError {
+    /// Worth retrying with backoff (a timeout, a 503, a lost connection).
+    #[error("{0}")]
+    Transient(String),
+    /// Retrying cannot help (a validation error, a 404): stop now.
+    #[error("{0}")]
+    Permanent(String),
+    /// Retry no sooner than `after` (a server's Retry-After).
+    #[error("{message} (retry after {after:?})")]
+    RetryAfter {
+        /// Delay asked for by the downstream system.
+        after: Duration,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+impl HandlerError {
+    /// A transient error from anything printable.
+    pub fn transient(error: impl Display) -> Self {
+        HandlerError::Transient(error.to_string())
+    }
+
+    /// A permanent error from anything printable.
+    pub fn permanent(error: impl Display) -> Self {
+        HandlerError::Permanent(error.to_string())
+    }
+
+    /// A retry-after error from anything printable.
+    pub fn retry_after(after: Duration, error: impl Display) -> Self {
+        HandlerError::RetryAfter {
+            after,
+            message: error.to_string(),
+        }
+    }
+}
+
+/// What a handler knows about the attempt it runs in.
+#[derive(Debug, Clone)]
+pub struct HandlerContext {
+    /// The worker running the attempt.
+    pub worker_id: String,
+    /// Attempt number, 1 for the first.
+    pub attempt: u32,
+    /// Cancelled when the lease is lost or the process stops: stop early if you can.
+    pub cancellation: CancellationToken,
+}
+
+/// Retries one kind of failure. One required method; policy has overridable defaults
+/// (`None` means "use the `[retry]` settings").
+///
+/// ```
+/// use redrive::{Handler, HandlerContext, HandlerError, Task};
+///
+/// struct SyncOrder;
+///
+/// #[async_trait::async_trait]
+/// impl Handler for SyncOrder {
+///     async fn handle(&self, _ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
+///         match task.value.as_deref() {
+///             Some(b"") | None => Err(HandlerError::permanent("empty order")),
+///             Some(_) => Ok(()),
+///         }
+///     }
+///     fn max_attempts(&self) -> Option<u32> {
+///         Some(5)
+///     }
+/// }
+/// ```
+#[async_trait]
+pub trait Handler: Send + Sync + 'static {
+    /// Retries the task. `Ok` resolves it; an error is classified by its variant.
+    async fn handle(&self, ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError>;
+
+    /// Longest a call may run before it counts as a transient failure.
+    fn timeout(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Attempts before the task becomes a permanent failure.
+    fn max_attempts(&self) -> Option<u32> {
+        None
+    }
+
+    /// Delay between attempts.
+    fn backoff(&self) -> Option<Backoff> {
+        None
+    }
+}

@@ -1,0 +1,36 @@
+//! redrive: durable recovery of failed Kafka messages.
+//!
+//! Failures are stored as recovery tasks in PostgreSQL; a pool of workers claims due
+//! tasks with `FOR UPDATE SKIP LOCKED` under a fenced lease and calls pluggable
+//! [`Handler`]s with backoff and jitter until each task is resolved or fails for good.
+//!
+//! ```no_run
+//! use redrive::{Fleet, LogHandler, Settings};
+//!
+//! # async fn run() -> anyhow::Result<()> {
+//! let settings = Settings::load(None, None)?;
+//! Fleet::builder(settings).handler("log", LogHandler).build()?.run().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod backoff;
+pub mod bench;
+pub mod cli;
+pub mod config;
+pub mod fleet;
+pub mod handlers;
+pub mod headers;
+pub mod store;
+pub mod task;
+pub mod telemetry;
+pub mod worker;
+
+pub use backoff::{Backoff, Jitter};
+pub use config::{ConfigError, Settings};
+pub use fleet::{Fleet, FleetBuilder, FleetError};
+pub use handlers::{Handler, HandlerContext, HandlerError, HandlerRegistry, LogHandler};
+pub use headers::Header;
+pub use store::{Enqueued, Store, StoreError};
+pub use task::{Lease, NewTask, SourceCoordinates, Status, Task, TaskId};
+pub use worker::{Processed, WorkerPool};

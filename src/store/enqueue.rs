@@ -1,0 +1,218 @@
+//! Recording failures: one statement for many tasks, idempotent on the dedup key.
+
+use sqlx::{PgConnection, Row};
+use std::collections::{HashMap, VecDeque};
+
+use super::row::tasks_from_rows;
+use super::{Result, Store, StoreError};
+use crate::headers;
+use crate::task::{NewTask, TaskId};
+
+/// What enqueueing one task did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Enqueued {
+    /// A new task was stored.
+    Created(TaskId),
+    /// A task with the same dedup key and content already existed: nothing was stored.
+    Existing(TaskId),
+    /// The dedup key belongs to a task with different content: nothing was stored.
+    Conflict(TaskId),
+}
+
+impl Enqueued {
+    /// The id of the created or existing task.
+    pub fn id(self) -> TaskId {
+        match self {
+            Enqueued::Created(id) | Enqueued::Existing(id) | Enqueued::Conflict(id) => id,
+        }
+    }
+}
+
+const INSERT: &str = r#"
+INSERT INTO recovery_task (
+    dedup_key, handler, event_type, correlation_id,
+    source_topic, source_partition, source_offset, source_timestamp, source_timestamp_type,
+    msg_key, msg_value, msg_headers, error_class, error_message,
+    attempts, max_attempts, next_attempt_at)
+SELECT i.dedup_key, i.handler, i.event_type, i.correlation_id,
+       i.source_topic, i.source_partition, i.source_offset, i.source_timestamp, i.source_timestamp_type,
+       i.msg_key, i.msg_value, i.msg_headers, i.error_class, i.error_message,
+       i.attempts, i.max_attempts, COALESCE(i.next_attempt_at, now())
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],
+            $5::text[], $6::int[], $7::bigint[], $8::timestamptz[], $9::text[],
+            $10::bytea[], $11::bytea[], $12::bytea[], $13::text[], $14::text[],
+            $15::int[], $16::int[], $17::timestamptz[])
+    WITH ORDINALITY AS i(dedup_key, handler, event_type, correlation_id,
+            source_topic, source_partition, source_offset, source_timestamp, source_timestamp_type,
+            msg_key, msg_value, msg_headers, error_class, error_message,
+            attempts, max_attempts, next_attempt_at, ord)
+ORDER BY i.ord
+ON CONFLICT (dedup_key) DO NOTHING
+RETURNING id, dedup_key
+"#;
+
+impl Store {
+    /// Stores one task. A repeat of an existing task returns it; the same dedup key with
+    /// different content is a [`StoreError::Conflict`].
+    pub async fn enqueue(&self, task: &NewTask) -> Result<Enqueued> {
+        let mut conn = self.pool.acquire().await?;
+        let outcome = enqueue_many_in(&mut conn, std::slice::from_ref(task)).await?[0];
+        match outcome {
+            Enqueued::Conflict(existing) => Err(StoreError::Conflict {
+                dedup_key: task.effective_dedup_key().unwrap_or_default(),
+                existing,
+            }),
+            other => Ok(other),
+        }
+    }
+
+    /// Stores many tasks in one statement; the result has one entry per input, in order.
+    pub async fn enqueue_many(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>> {
+        let mut conn = self.pool.acquire().await?;
+        enqueue_many_in(&mut conn, tasks).await
+    }
+}
+
+/// Stores many tasks on the caller's connection, typically inside the caller's own
+/// transaction, so a failure is recorded atomically with the application's writes.
+/// The connection's `search_path` must reach redrive's schema (a [`Store`] pool's does).
+pub async fn enqueue_many_in(conn: &mut PgConnection, tasks: &[NewTask]) -> Result<Vec<Enqueued>> {
+    if tasks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let keys: Vec<Option<String>> = tasks.iter().map(NewTask::effective_dedup_key).collect();
+    let rows = sqlx::query(INSERT)
+        .bind(&keys)
+        .bind(tasks.iter().map(|t| t.handler.as_str()).collect::<Vec<_>>())
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.event_type.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.correlation_id.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.source.as_ref().map(|s| s.topic.as_str()))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.source.as_ref().map(|s| s.partition))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.source.as_ref().map(|s| s.offset))
+                .collect::<Vec<_>>(),
+        )
+        .bind(tasks.iter().map(|t| t.source_timestamp).collect::<Vec<_>>())
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.source_timestamp_type.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(tasks.iter().map(|t| t.key.as_deref()).collect::<Vec<_>>())
+        .bind(tasks.iter().map(|t| t.value.as_deref()).collect::<Vec<_>>())
+        .bind(
+            tasks
+                .iter()
+                .map(|t| headers::encode(&t.headers))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.error_class.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.error_message.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(tasks.iter().map(|t| t.attempts).collect::<Vec<_>>())
+        .bind(tasks.iter().map(|t| t.max_attempts).collect::<Vec<_>>())
+        .bind(tasks.iter().map(|t| t.next_attempt_at).collect::<Vec<_>>())
+        .fetch_all(&mut *conn)
+        .await?;
+
+    // Keyed rows map back by key; unkeyed rows never conflict and come back in order.
+    let mut created_by_key = HashMap::new();
+    let mut created_unkeyed = VecDeque::new();
+    for row in &rows {
+        let id = TaskId(row.try_get("id")?);
+        match row.try_get::<Option<String>, _>("dedup_key")? {
+            Some(key) => {
+                created_by_key.insert(key, id);
+            }
+            None => created_unkeyed.push_back(id),
+        }
+    }
+    let mut results = Vec::with_capacity(tasks.len());
+    let mut repeated = Vec::new();
+    for (index, key) in keys.iter().enumerate() {
+        let created = match key {
+            Some(key) => created_by_key.remove(key),
+            None => created_unkeyed.pop_front(),
+        };
+        match created {
+            Some(id) => results.push(Some(Enqueued::Created(id))),
+            None => {
+                results.push(None);
+                repeated.push(index);
+            }
+        }
+    }
+    if !repeated.is_empty() {
+        resolve_repeats(conn, tasks, &keys, &repeated, &mut results).await?;
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| r.expect("every input resolved"))
+        .collect())
+}
+
+/// Compares inputs whose key was taken with the stored tasks holding those keys.
+async fn resolve_repeats(
+    conn: &mut PgConnection,
+    tasks: &[NewTask],
+    keys: &[Option<String>],
+    repeated: &[usize],
+    results: &mut [Option<Enqueued>],
+) -> Result<()> {
+    let wanted: Vec<&str> = repeated
+        .iter()
+        .filter_map(|&i| keys[i].as_deref())
+        .collect();
+    let rows = sqlx::query("SELECT * FROM recovery_task WHERE dedup_key = ANY($1)")
+        .bind(&wanted)
+        .fetch_all(&mut *conn)
+        .await?;
+    let existing: HashMap<String, _> = tasks_from_rows(&rows)?
+        .into_iter()
+        .filter_map(|t| t.dedup_key.clone().map(|k| (k, t)))
+        .collect();
+    for &index in repeated {
+        let key = keys[index].as_deref().expect("only keyed inputs repeat");
+        let task = existing.get(key).ok_or_else(|| {
+            StoreError::MalformedRow(format!("dedup key {key:?} conflicted but no task holds it"))
+        })?;
+        results[index] = Some(if tasks[index].same_content_as(task) {
+            Enqueued::Existing(task.id)
+        } else {
+            Enqueued::Conflict(task.id)
+        });
+    }
+    Ok(())
+}

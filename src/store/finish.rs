@@ -1,0 +1,133 @@
+//! Finishing attempts: many results in one statement, each guarded by its fencing token,
+//! with one attempt-history row per result that landed.
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use std::time::Duration;
+
+use super::{Result, Store};
+use crate::task::{Lease, TaskId};
+
+/// What an attempt decided for its task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishOutcome {
+    /// The handler succeeded: the task is RESOLVED.
+    Resolved,
+    /// Try again at the given time.
+    Retry {
+        /// When the next attempt is due.
+        at: DateTime<Utc>,
+    },
+    /// No more attempts: the task is PERMANENT_FAILURE.
+    PermanentFailure,
+}
+
+impl FinishOutcome {
+    fn status(self) -> &'static str {
+        match self {
+            FinishOutcome::Resolved => "resolved",
+            FinishOutcome::Retry { .. } => "failed",
+            FinishOutcome::PermanentFailure => "permanent_failure",
+        }
+    }
+
+    /// The outcome as written to the attempt history.
+    pub fn history_label(self) -> &'static str {
+        match self {
+            FinishOutcome::Resolved => "resolved",
+            FinishOutcome::Retry { .. } => "retry",
+            FinishOutcome::PermanentFailure => "permanent_failure",
+        }
+    }
+}
+
+/// The result of one attempt, to be written under its lease.
+#[derive(Debug, Clone)]
+pub struct Finish {
+    /// The lease the attempt ran under.
+    pub lease: Lease,
+    /// What happens to the task next.
+    pub outcome: FinishOutcome,
+    /// When the handler was called.
+    pub started_at: DateTime<Utc>,
+    /// How long the handler ran.
+    pub duration: Duration,
+    /// The attempt's error, if it failed.
+    pub error: Option<String>,
+}
+
+const FINISH: &str = r#"
+WITH r AS (
+    SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::timestamptz[],
+                         $5::text[], $6::text[], $7::timestamptz[], $8::int[])
+        AS r(id, version, status, next_at, error, outcome, started_at, duration_ms)),
+done AS (
+    UPDATE recovery_task t
+    SET status = r.status,
+        next_attempt_at = coalesce(r.next_at, t.next_attempt_at),
+        last_error = coalesce(r.error, t.last_error),
+        lease_owner = NULL,
+        leased_at = NULL,
+        finished_at = CASE WHEN r.status = 'failed' THEN NULL ELSE now() END,
+        updated_at = now()
+    FROM r
+    WHERE t.id = r.id AND t.lease_version = r.version AND t.status = 'failed'
+      AND t.lease_owner IS NOT NULL
+    RETURNING t.id, t.attempts, r.version, r.started_at, r.duration_ms, r.outcome, r.error),
+history AS (
+    INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
+    SELECT id, version, attempts, $9, started_at, duration_ms, outcome, error FROM done)
+SELECT id FROM done
+"#;
+
+impl Store {
+    /// Writes many attempt results at once. Returns the ids that were written; a result
+    /// whose fencing token is stale (the task was taken over, discarded or finished)
+    /// changes nothing and is absent from the answer.
+    pub async fn finish(&self, worker: &str, results: &[Finish]) -> Result<Vec<TaskId>> {
+        if results.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(FINISH)
+            .bind(results.iter().map(|r| r.lease.id.0).collect::<Vec<_>>())
+            .bind(results.iter().map(|r| r.lease.version).collect::<Vec<_>>())
+            .bind(
+                results
+                    .iter()
+                    .map(|r| r.outcome.status())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                results
+                    .iter()
+                    .map(|r| match r.outcome {
+                        FinishOutcome::Retry { at } => Some(at),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                results
+                    .iter()
+                    .map(|r| r.error.as_deref())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                results
+                    .iter()
+                    .map(|r| r.outcome.history_label())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(results.iter().map(|r| r.started_at).collect::<Vec<_>>())
+            .bind(
+                results
+                    .iter()
+                    .map(|r| i32::try_from(r.duration.as_millis()).unwrap_or(i32::MAX))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(worker)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(|r| Ok(TaskId(r.try_get("id")?))).collect()
+    }
+}

@@ -1,0 +1,116 @@
+//! PostgreSQL storage of recovery tasks: enqueue, claim, finish, heartbeat, release.
+//!
+//! Every write made on behalf of a worker matches `(id, lease_version)`: a write whose
+//! fencing token is stale changes nothing, and the caller learns which ids it did change.
+
+mod enqueue;
+mod finish;
+mod lease;
+mod query;
+mod row;
+
+pub use enqueue::{enqueue_many_in, Enqueued};
+pub use finish::{Finish, FinishOutcome};
+pub use query::{Attempt, StatusCounts};
+
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::Connection;
+
+use crate::config::{ConfigError, DatabaseSettings};
+use crate::task::TaskId;
+
+/// Migrations embedded in the binary.
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Errors of the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database refused or could not be reached.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A migration failed.
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The dedup key is taken by a task with different content.
+    #[error("dedup key {dedup_key:?} already belongs to task {existing} with different content")]
+    Conflict {
+        /// The contested key.
+        dedup_key: String,
+        /// The task that holds it.
+        existing: TaskId,
+    },
+    /// A stored row could not be read back.
+    #[error("task row is malformed: {0}")]
+    MalformedRow(String),
+    /// The connection settings are invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+/// Result alias of the store.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Handle on redrive's tables in one PostgreSQL schema. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: PgPool,
+    schema: String,
+}
+
+impl Store {
+    /// Opens a connection pool whose `search_path` is the configured schema.
+    pub async fn connect(settings: &DatabaseSettings) -> Result<Store> {
+        let pool = PgPoolOptions::new()
+            .max_connections(settings.max_connections)
+            .acquire_timeout(settings.connect_timeout)
+            .connect_with(settings.connect_options()?)
+            .await?;
+        Ok(Store {
+            pool,
+            schema: settings.schema.clone(),
+        })
+    }
+
+    /// Creates the schema if needed and applies pending migrations. Safe to run from
+    /// several processes at once: they serialise on an advisory lock.
+    pub async fn migrate(&self) -> Result<()> {
+        let mut conn = self.pool.acquire().await?;
+        let lock_key = format!("redrive.migrate.{}", self.schema);
+        sqlx::query("SELECT pg_advisory_lock(hashtext($1))")
+            .bind(&lock_key)
+            .execute(&mut *conn)
+            .await?;
+        let outcome = async {
+            sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {}", self.schema))
+                .execute(&mut *conn)
+                .await?;
+            MIGRATOR.run(&mut *conn).await?;
+            Ok(())
+        }
+        .await;
+        let unlock = sqlx::query("SELECT pg_advisory_unlock(hashtext($1))")
+            .bind(&lock_key)
+            .execute(&mut *conn)
+            .await;
+        if unlock.is_err() {
+            // The lock dies with the session; do not hand a locked connection back.
+            conn.detach().close().await.ok();
+        }
+        outcome
+    }
+
+    /// The underlying pool, for callers that want to enqueue inside their own transaction.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The schema holding the tables.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// The LISTEN channel notified when tasks are inserted.
+    pub fn due_channel(&self) -> String {
+        format!("{}_due", self.schema)
+    }
+}

@@ -1,0 +1,243 @@
+//! The recovery task model: what a failure looks like once it is stored.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+use crate::headers::Header;
+
+/// Identifier of a recovery task (the table's primary key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct TaskId(pub i64);
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The business outcome of a task. `Failed` is the only state in which work happens;
+/// the other three are final.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Waiting for (or in) an attempt.
+    Failed,
+    /// A handler succeeded.
+    Resolved,
+    /// Retries used up, or the handler said the error is permanent.
+    PermanentFailure,
+    /// An operator gave up on it.
+    Discarded,
+}
+
+impl Status {
+    /// The value stored in the `status` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Failed => "failed",
+            Status::Resolved => "resolved",
+            Status::PermanentFailure => "permanent_failure",
+            Status::Discarded => "discarded",
+        }
+    }
+
+    /// Whether no further attempt will be made.
+    pub fn is_final(self) -> bool {
+        self != Status::Failed
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A status string that is not one of the four known ones.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown task status {0:?}")]
+pub struct UnknownStatus(pub String);
+
+impl FromStr for Status {
+    type Err = UnknownStatus;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "failed" => Ok(Status::Failed),
+            "resolved" => Ok(Status::Resolved),
+            "permanent_failure" => Ok(Status::PermanentFailure),
+            "discarded" => Ok(Status::Discarded),
+            other => Err(UnknownStatus(other.to_owned())),
+        }
+    }
+}
+
+/// Where a failed message came from in Kafka.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceCoordinates {
+    /// Topic name.
+    pub topic: String,
+    /// Partition number.
+    pub partition: i32,
+    /// Offset within the partition.
+    pub offset: i64,
+}
+
+impl SourceCoordinates {
+    /// The dedup key derived from the coordinates: one task per message, ever.
+    pub fn dedup_key(&self) -> String {
+        format!("kafka:{}:{}:{}", self.topic, self.partition, self.offset)
+    }
+}
+
+/// A failure to record: everything known about it when it is enqueued.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NewTask {
+    /// Name of the handler that will retry it.
+    pub handler: String,
+    /// Idempotency key; when `None` and `source` is set, the source coordinates are used.
+    pub dedup_key: Option<String>,
+    /// Application-defined type of the event.
+    pub event_type: Option<String>,
+    /// Correlation id to follow the failure across systems.
+    pub correlation_id: Option<String>,
+    /// Kafka coordinates of the original message.
+    pub source: Option<SourceCoordinates>,
+    /// Timestamp of the original message.
+    pub source_timestamp: Option<DateTime<Utc>>,
+    /// Kafka timestamp type (`create_time` or `log_append_time`).
+    pub source_timestamp_type: Option<String>,
+    /// Message key, `None` when the message had none.
+    pub key: Option<Vec<u8>>,
+    /// Message value, `None` when the message had none (a tombstone).
+    pub value: Option<Vec<u8>>,
+    /// Message headers, order and duplicates kept.
+    pub headers: Vec<Header>,
+    /// Class of the error that caused the failure.
+    pub error_class: Option<String>,
+    /// Message of the error that caused the failure.
+    pub error_message: Option<String>,
+    /// Attempts already made before the task was stored (process mode counts one).
+    pub attempts: i32,
+    /// Overrides the handler's max attempts for this task.
+    pub max_attempts: Option<i32>,
+    /// When the first attempt is due; `None` means now.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+}
+
+impl NewTask {
+    /// A task for `handler` with the given value and nothing else.
+    pub fn new(handler: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        NewTask {
+            handler: handler.into(),
+            value: Some(value.into()),
+            ..NewTask::default()
+        }
+    }
+
+    /// The dedup key that will be stored: the explicit one, else the source coordinates.
+    pub fn effective_dedup_key(&self) -> Option<String> {
+        self.dedup_key
+            .clone()
+            .or_else(|| self.source.as_ref().map(SourceCoordinates::dedup_key))
+    }
+
+    /// Whether `task` records the same failure (used to tell a repeat from a conflict).
+    pub fn same_content_as(&self, task: &Task) -> bool {
+        self.handler == task.handler
+            && self.event_type == task.event_type
+            && self.source == task.source
+            && self.key == task.key
+            && self.value == task.value
+            && self.headers == task.headers
+    }
+}
+
+/// A stored recovery task.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Task {
+    pub id: TaskId,
+    pub dedup_key: Option<String>,
+    pub handler: String,
+    pub event_type: Option<String>,
+    pub correlation_id: Option<String>,
+    pub source: Option<SourceCoordinates>,
+    pub source_timestamp: Option<DateTime<Utc>>,
+    pub source_timestamp_type: Option<String>,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub headers: Vec<Header>,
+    pub error_class: Option<String>,
+    pub error_message: Option<String>,
+    pub status: Status,
+    /// Attempts started so far, including the current one while leased.
+    pub attempts: i32,
+    pub max_attempts: Option<i32>,
+    /// When the next attempt is due; while leased, the lease deadline.
+    pub next_attempt_at: DateTime<Utc>,
+    pub last_error: Option<String>,
+    pub lease_owner: Option<String>,
+    /// Fencing token: bumped by every claim.
+    pub lease_version: i64,
+    pub leased_at: Option<DateTime<Utc>>,
+    pub checkpoint: Option<serde_json::Value>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+impl Task {
+    /// The fencing token of the lease this copy of the task was read under.
+    pub fn lease(&self) -> Lease {
+        Lease {
+            id: self.id,
+            version: self.lease_version,
+        }
+    }
+}
+
+/// A claim on a task: every write made under it matches `(id, version)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Lease {
+    /// The leased task.
+    pub id: TaskId,
+    /// The fencing token handed out by the claim.
+    pub version: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_round_trips_through_its_column_value() {
+        for s in [
+            Status::Failed,
+            Status::Resolved,
+            Status::PermanentFailure,
+            Status::Discarded,
+        ] {
+            assert_eq!(s.as_str().parse::<Status>().unwrap(), s);
+        }
+        assert!("running".parse::<Status>().is_err());
+        assert!(!Status::Failed.is_final());
+        assert!(Status::Discarded.is_final());
+    }
+
+    #[test]
+    fn dedup_key_falls_back_to_source_coordinates() {
+        let mut t = NewTask::new("log", b"x".to_vec());
+        assert_eq!(t.effective_dedup_key(), None);
+        t.source = Some(SourceCoordinates {
+            topic: "orders.dlt".into(),
+            partition: 3,
+            offset: 42,
+        });
+        assert_eq!(t.effective_dedup_key().unwrap(), "kafka:orders.dlt:3:42");
+        t.dedup_key = Some("order-7".into());
+        assert_eq!(t.effective_dedup_key().unwrap(), "order-7");
+    }
+}

@@ -1,0 +1,112 @@
+//! Writes attempt results in batches: one finish statement for many tasks.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::inflight::InFlight;
+use crate::store::{Finish, FinishOutcome, Store};
+use crate::task::TaskId;
+use crate::telemetry::Metrics;
+
+/// Finish statements in flight at once: enough to overlap one batch's commit with the
+/// next batch's round trip.
+const CONCURRENT_FLUSHES: usize = 2;
+
+/// A finished attempt on its way to the database. The permit keeps the task's slot in
+/// the pool taken until the result is written.
+pub(crate) struct Completion {
+    pub(crate) finish: Finish,
+    pub(crate) handler: Arc<str>,
+    pub(crate) _slot: OwnedSemaphorePermit,
+}
+
+/// What the finisher needs besides its input channel.
+#[derive(Clone)]
+pub(crate) struct Finisher {
+    pub(crate) store: Store,
+    pub(crate) worker_id: Arc<str>,
+    pub(crate) in_flight: Arc<InFlight>,
+    pub(crate) metrics: Metrics,
+    pub(crate) batch_size: usize,
+    /// How long to keep retrying a write while the database is failing: after that the
+    /// lease has lapsed and the task will be claimed again.
+    pub(crate) give_up_after: Duration,
+    /// Poked after a retry is scheduled, so the claim loop recomputes its next wake-up.
+    pub(crate) wake: Arc<Notify>,
+}
+
+impl Finisher {
+    /// Drains `completions` until every sender is gone, writing batches as they come.
+    pub(crate) async fn run(self, mut completions: mpsc::UnboundedReceiver<Completion>) {
+        let mut flushes = JoinSet::new();
+        loop {
+            while flushes.len() >= CONCURRENT_FLUSHES {
+                flushes.join_next().await;
+            }
+            let mut batch = Vec::with_capacity(self.batch_size);
+            if completions.recv_many(&mut batch, self.batch_size).await == 0 {
+                break;
+            }
+            flushes.spawn(self.clone().flush(batch));
+        }
+        while flushes.join_next().await.is_some() {}
+    }
+
+    async fn flush(self, batch: Vec<Completion>) {
+        let results: Vec<Finish> = batch.iter().map(|c| c.finish.clone()).collect();
+        let deadline = Instant::now() + self.give_up_after;
+        let mut pause = Duration::from_millis(100);
+        let written = loop {
+            match self.store.finish(&self.worker_id, &results).await {
+                Ok(written) => break Some(written),
+                Err(error) => {
+                    self.metrics
+                        .database_errors
+                        .with_label_values(&["finish"])
+                        .inc();
+                    if Instant::now() + pause > deadline {
+                        tracing::error!(%error, tasks = results.len(),
+                            "could not write results; the tasks will be retried after their leases lapse");
+                        break None;
+                    }
+                    tracing::warn!(%error, tasks = results.len(), "writing results failed; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                }
+            }
+        };
+        self.in_flight.remove(results.iter().map(|r| r.lease.id));
+        self.metrics.in_flight.sub(results.len() as i64);
+        let Some(written) = written else { return };
+        self.account(&batch, written.into_iter().collect());
+    }
+
+    fn account(&self, batch: &[Completion], written: HashSet<TaskId>) {
+        let mut retry_scheduled = false;
+        for completion in batch {
+            let finish = &completion.finish;
+            if written.contains(&finish.lease.id) {
+                let label = finish.outcome.history_label();
+                self.metrics
+                    .attempts
+                    .with_label_values(&[&*completion.handler, label])
+                    .inc();
+                retry_scheduled |= matches!(finish.outcome, FinishOutcome::Retry { .. });
+            } else {
+                self.metrics
+                    .fenced_writes
+                    .with_label_values(&["finish"])
+                    .inc();
+                tracing::warn!(task = %finish.lease.id, lease_version = finish.lease.version,
+                    "result dropped: the lease was taken over or the task changed meanwhile");
+            }
+        }
+        if retry_scheduled {
+            self.wake.notify_one();
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! Wakes the idle claim loop when tasks are inserted (PostgreSQL LISTEN/NOTIFY).
+
+use sqlx::postgres::PgListener;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::store::Store;
+
+/// Listens on the store's due channel and pokes `wake` for every notification, until
+/// `stop` fires. Reconnects after a lost connection and pokes once then, since
+/// notifications sent meanwhile are gone.
+pub(crate) async fn listen(store: Store, wake: Arc<Notify>, stop: CancellationToken) {
+    let channel = store.due_channel();
+    loop {
+        let listener = async {
+            let mut listener = PgListener::connect_with(store.pool()).await?;
+            listener.listen(&channel).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        let outcome = tokio::select! {
+            _ = stop.cancelled() => return,
+            l = listener => l,
+        };
+        match outcome {
+            Ok(mut listener) => {
+                wake.notify_one();
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        received = listener.try_recv() => match received {
+                            Ok(Some(_)) => wake.notify_one(),
+                            Ok(None) => {
+                                tracing::warn!("notification connection lost; reconnecting");
+                                break;
+                            }
+                            Err(error) => {
+                                tracing::warn!(%error, "notification listener failed; reconnecting");
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            Err(error) => tracing::warn!(%error, "cannot listen for new tasks; polling meanwhile"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}

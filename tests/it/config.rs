@@ -1,0 +1,162 @@
+//! Every configuration error names the key and the reason.
+
+use redrive::{Fleet, LogHandler, Settings};
+use std::collections::HashMap;
+use std::io::Write;
+
+fn load_env(pairs: &[(&str, &str)]) -> Result<Settings, redrive::ConfigError> {
+    let env: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Settings::load(None, Some(env))
+}
+
+fn load_toml(text: &str) -> Result<Settings, redrive::ConfigError> {
+    let mut file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    file.write_all(text.as_bytes()).unwrap();
+    Settings::load(Some(file.path()), Some(HashMap::new()))
+}
+
+#[test]
+fn defaults_are_valid() {
+    let settings = load_env(&[]).unwrap();
+    assert_eq!(settings.worker.batch_size, 100);
+    assert_eq!(settings.database.schema, "redrive");
+}
+
+#[test]
+fn file_then_environment_layers_apply_in_order() {
+    let mut file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    writeln!(
+        file,
+        "[worker]\nbatch_size = 7\nconcurrency = 9\nlease = \"2m\""
+    )
+    .unwrap();
+    let env = HashMap::from([("REDRIVE__WORKER__BATCH_SIZE".to_string(), "11".to_string())]);
+    let settings = Settings::load(Some(file.path()), Some(env)).unwrap();
+    assert_eq!(settings.worker.batch_size, 11, "environment beats the file");
+    assert_eq!(
+        settings.worker.concurrency, 9,
+        "the file beats the defaults"
+    );
+    assert_eq!(settings.worker.lease, std::time::Duration::from_secs(120));
+}
+
+fn assert_refused(result: Result<Settings, redrive::ConfigError>, key: &str, reason: &str) {
+    let err = result.expect_err("configuration should be refused");
+    assert_eq!(err.key, key, "{err}");
+    let text = err.to_string();
+    assert!(text.contains(key) && text.contains(reason), "{text}");
+}
+
+#[test]
+fn batch_size_of_zero_is_refused() {
+    assert_refused(
+        load_env(&[("REDRIVE__WORKER__BATCH_SIZE", "0")]),
+        "worker.batch_size",
+        "at least 1",
+    );
+    assert_refused(
+        load_toml("[worker]\nbatch_size = 0"),
+        "worker.batch_size",
+        "at least 1",
+    );
+}
+
+#[test]
+fn negative_duration_is_refused() {
+    assert_refused(
+        load_env(&[("REDRIVE__WORKER__LEASE", "-5s")]),
+        "worker.lease",
+        "negative",
+    );
+    assert_refused(
+        load_toml("[retry]\ntimeout = \"-1m\""),
+        "retry.timeout",
+        "negative",
+    );
+}
+
+#[test]
+fn unparsable_duration_is_refused() {
+    assert_refused(
+        load_toml("[worker]\nheartbeat = \"soon\""),
+        "worker.heartbeat",
+        "not a duration",
+    );
+}
+
+#[test]
+fn unparsable_database_url_is_refused() {
+    assert_refused(
+        load_env(&[("REDRIVE__DATABASE__URL", "not a url")]),
+        "database.url",
+        "not a PostgreSQL URL",
+    );
+    assert_refused(
+        load_env(&[("REDRIVE__DATABASE__URL", "mysql://x@y/z")]),
+        "database.url",
+        "not a PostgreSQL URL",
+    );
+}
+
+#[test]
+fn unknown_handler_name_is_refused() {
+    let settings = load_env(&[("REDRIVE__WORKER__HANDLERS", "log,orders")]).unwrap();
+    let err = Fleet::builder(settings)
+        .handler("log", LogHandler)
+        .build()
+        .err()
+        .unwrap();
+    let text = err.to_string();
+    assert!(
+        text.contains("worker.handlers") && text.contains("unknown handler \"orders\""),
+        "{text}"
+    );
+}
+
+#[test]
+fn duplicate_handler_name_is_refused() {
+    let settings = load_env(&[]).unwrap();
+    let err = Fleet::builder(settings)
+        .handler("log", LogHandler)
+        .handler("log", LogHandler)
+        .build()
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("registered twice"), "{err}");
+}
+
+#[test]
+fn unknown_keys_and_wrong_types_are_refused() {
+    let err = load_toml("[worker]\nbatchsize = 5").unwrap_err();
+    assert!(err.to_string().contains("batchsize"), "{err}");
+    assert_refused(
+        load_toml("[worker]\nconcurrency = \"many\""),
+        "worker.concurrency",
+        "many",
+    );
+}
+
+#[test]
+fn heartbeat_must_be_shorter_than_the_lease() {
+    assert_refused(
+        load_env(&[
+            ("REDRIVE__WORKER__LEASE", "10s"),
+            ("REDRIVE__WORKER__HEARTBEAT", "10s"),
+        ]),
+        "worker.heartbeat",
+        "shorter than worker.lease",
+    );
+}
+
+#[test]
+fn missing_config_file_is_refused() {
+    let err = Settings::load(
+        Some(std::path::Path::new("/nonexistent/redrive.toml")),
+        Some(HashMap::new()),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("does not exist"), "{err}");
+}

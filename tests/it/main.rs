@@ -1,0 +1,3 @@
+//! Integration tests against the real PostgreSQL on this machine.
+
+mod config;
