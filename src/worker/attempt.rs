@@ -11,14 +11,14 @@ use crate::handlers::{HandlerContext, HandlerError, Policy, Registered};
 use crate::store::{Finish, FinishOutcome};
 use crate::task::Task;
 
-/// Runs one attempt of `task`. Returns `None` when `lease_lost` fired first: the result
-/// would be fenced out anyway, so nothing is written.
+/// Runs one attempt of `task`. `lease_lost` is handed to the handler as its
+/// cancellation signal; the handler's timeout bounds a handler that ignores it.
 pub(crate) async fn run_attempt(
     registered: &Registered,
     task: &Task,
     worker_id: &str,
     lease_lost: CancellationToken,
-) -> Option<Finish> {
+) -> Finish {
     let policy = &registered.policy;
     let attempt = u32::try_from(task.attempts).unwrap_or(0);
     let max_attempts = task
@@ -41,31 +41,27 @@ pub(crate) async fn run_attempt(
             cancellation: lease_lost.clone(),
         };
         let call = tokio::time::timeout(policy.timeout, registered.handler.handle(&ctx, task));
-        tokio::select! {
-            biased;
-            _ = lease_lost.cancelled() => return None,
-            result = AssertUnwindSafe(call).catch_unwind() => match result {
-                Ok(Ok(verdict)) => verdict,
-                Ok(Err(_elapsed)) => Err(HandlerError::Transient(format!(
-                    "handler timed out after {}",
-                    humantime::format_duration(policy.timeout)
-                ))),
-                Err(panic) => Err(HandlerError::Transient(format!(
-                    "handler panicked: {}",
-                    panic_message(panic.as_ref())
-                ))),
-            },
+        match AssertUnwindSafe(call).catch_unwind().await {
+            Ok(Ok(verdict)) => verdict,
+            Ok(Err(_elapsed)) => Err(HandlerError::Transient(format!(
+                "handler timed out after {}",
+                humantime::format_duration(policy.timeout)
+            ))),
+            Err(panic) => Err(HandlerError::Transient(format!(
+                "handler panicked: {}",
+                panic_message(panic.as_ref())
+            ))),
         }
     };
     let duration = clock.elapsed();
     let (outcome, error) = classify(verdict, attempt, max_attempts, policy);
-    Some(Finish {
+    Finish {
         lease: task.lease(),
         outcome,
         started_at,
         duration,
         error,
-    })
+    }
 }
 
 /// Maps a handler's verdict to what happens to the task next.

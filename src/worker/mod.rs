@@ -81,9 +81,7 @@ impl WorkerPool {
         };
         let registered = &self.handlers[&task.handler];
         let never_lost = CancellationToken::new();
-        let finish = attempt::run_attempt(registered, &task, &self.worker_id, never_lost)
-            .await
-            .expect("a lease that cannot be lost");
+        let finish = attempt::run_attempt(registered, &task, &self.worker_id, never_lost).await;
         let written = self
             .store
             .finish(&self.worker_id, std::slice::from_ref(&finish))
@@ -187,11 +185,13 @@ impl WorkerPool {
                 attempts.spawn(async move {
                     let handler: Arc<str> = task.handler.as_str().into();
                     let finish =
-                        attempt::run_attempt(&registered, &task, &worker_id, lease_lost).await;
-                    let Some(finish) = finish else {
+                        attempt::run_attempt(&registered, &task, &worker_id, lease_lost.clone())
+                            .await;
+                    if lease_lost.is_cancelled() {
+                        // Taken over meanwhile: the write would be fenced out anyway.
                         metrics.in_flight.dec();
                         return;
-                    };
+                    }
                     metrics
                         .handler_seconds
                         .with_label_values(&[&*handler])

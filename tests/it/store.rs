@@ -1,0 +1,368 @@
+//! The store's guarantees: byte-exact storage, idempotent enqueue, fenced writes.
+
+use chrono::Utc;
+use redrive::store::{enqueue_many_in, Finish, FinishOutcome};
+use redrive::{Enqueued, Header, NewTask, SourceCoordinates, Status, StoreError};
+use std::time::Duration;
+
+use crate::support::{fresh_store, scalar};
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn handlers() -> Vec<String> {
+    vec!["h".to_owned()]
+}
+
+fn finish(task: &redrive::Task, outcome: FinishOutcome) -> Finish {
+    Finish {
+        lease: task.lease(),
+        outcome,
+        started_at: Utc::now(),
+        duration: Duration::from_millis(3),
+        error: None,
+    }
+}
+
+#[tokio::test]
+async fn stored_bytes_come_back_exactly() {
+    let (store, _) = fresh_store().await;
+    let task = NewTask {
+        handler: "h".into(),
+        source: Some(SourceCoordinates {
+            topic: "orders.dlt".into(),
+            partition: 2,
+            offset: 99,
+        }),
+        key: None,
+        value: Some(vec![0xff, 0xfe, 0x00, 0x80, b'{']),
+        headers: vec![
+            Header::new("trace", vec![0x00, 0xff]),
+            Header {
+                name: "empty".into(),
+                value: None,
+            },
+            Header::new("trace", b"second".to_vec()),
+        ],
+        error_class: Some("java.lang.IllegalStateException".into()),
+        error_message: Some("boom".into()),
+        event_type: Some("order.created".into()),
+        correlation_id: Some("c-1".into()),
+        ..NewTask::default()
+    };
+    let id = store.enqueue(&task).await.unwrap().id();
+    let stored = store.get(id).await.unwrap().unwrap();
+    assert!(task.same_content_as(&stored));
+    assert_eq!(stored.key, None);
+    assert_eq!(
+        stored.value.as_deref(),
+        Some(&[0xff, 0xfe, 0x00, 0x80, b'{'][..])
+    );
+    assert_eq!(stored.dedup_key.as_deref(), Some("kafka:orders.dlt:2:99"));
+    assert_eq!(stored.status, Status::Failed);
+    assert_eq!(
+        stored.error_class.as_deref(),
+        Some("java.lang.IllegalStateException")
+    );
+
+    let empty = store
+        .enqueue(&NewTask::new("h", Vec::new()))
+        .await
+        .unwrap()
+        .id();
+    assert_eq!(
+        store.get(empty).await.unwrap().unwrap().value,
+        Some(Vec::new())
+    );
+}
+
+#[tokio::test]
+async fn enqueue_is_idempotent_on_the_dedup_key_and_reports_conflicts() {
+    let (store, _) = fresh_store().await;
+    let mut task = NewTask::new("h", b"payload".to_vec());
+    task.dedup_key = Some("order-1".into());
+    let first = store.enqueue(&task).await.unwrap();
+    assert!(matches!(first, Enqueued::Created(_)));
+    assert_eq!(
+        store.enqueue(&task).await.unwrap(),
+        Enqueued::Existing(first.id())
+    );
+
+    let mut different = task.clone();
+    different.value = Some(b"other payload".to_vec());
+    match store.enqueue(&different).await {
+        Err(StoreError::Conflict {
+            dedup_key,
+            existing,
+        }) => {
+            assert_eq!((dedup_key.as_str(), existing), ("order-1", first.id()));
+        }
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+
+    // In one batch: a new task, a repeat inside the batch, an existing one, a conflict,
+    // and unkeyed tasks that are never deduplicated.
+    let mut fresh = NewTask::new("h", b"fresh".to_vec());
+    fresh.dedup_key = Some("order-2".into());
+    let unkeyed = NewTask::new("h", b"same".to_vec());
+    let batch = [
+        fresh.clone(),
+        unkeyed.clone(),
+        fresh,
+        task,
+        different,
+        unkeyed,
+    ];
+    let outcomes = store.enqueue_many(&batch).await.unwrap();
+    let Enqueued::Created(new_id) = outcomes[0] else {
+        panic!("{outcomes:?}")
+    };
+    assert!(matches!(outcomes[1], Enqueued::Created(_)));
+    assert_eq!(outcomes[2], Enqueued::Existing(new_id));
+    assert_eq!(outcomes[3], Enqueued::Existing(first.id()));
+    assert_eq!(outcomes[4], Enqueued::Conflict(first.id()));
+    assert!(matches!(outcomes[5], Enqueued::Created(id) if id != outcomes[1].id()));
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_task").await,
+        4
+    );
+}
+
+#[tokio::test]
+async fn enqueue_inside_the_callers_transaction_commits_or_rolls_back_with_it() {
+    let (store, _) = fresh_store().await;
+    let mut tx = store.pool().begin().await.unwrap();
+    enqueue_many_in(&mut tx, &[NewTask::new("h", b"a".to_vec())])
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_task").await,
+        0
+    );
+
+    let mut tx = store.pool().begin().await.unwrap();
+    let ids = enqueue_many_in(&mut tx, &[NewTask::new("h", b"b".to_vec())])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert!(store.get(ids[0].id()).await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn a_claim_leases_due_tasks_once_and_bumps_the_fencing_token() {
+    let (store, _) = fresh_store().await;
+    let mut later = NewTask::new("h", b"later".to_vec());
+    later.next_attempt_at = Some(Utc::now() + chrono::Duration::hours(1));
+    store
+        .enqueue_many(&[
+            NewTask::new("h", b"1".to_vec()),
+            NewTask::new("other", b"2".to_vec()),
+            later,
+        ])
+        .await
+        .unwrap();
+    let claimed = store.claim(&handlers(), 10, "w1", LEASE).await.unwrap();
+    assert_eq!(claimed.len(), 1, "only due tasks of served handlers");
+    let task = &claimed[0];
+    assert_eq!((task.lease_version, task.attempts), (1, 1));
+    assert_eq!(task.lease_owner.as_deref(), Some("w1"));
+    assert!(task.next_attempt_at > Utc::now() + chrono::Duration::seconds(25));
+    assert!(store
+        .claim(&handlers(), 10, "w2", LEASE)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test]
+async fn a_late_worker_cannot_finish_or_heartbeat_a_task_taken_over() {
+    let (store, _) = fresh_store().await;
+    store
+        .enqueue(&NewTask::new("h", b"x".to_vec()))
+        .await
+        .unwrap();
+    let old = store
+        .claim(&handlers(), 1, "slow", Duration::from_millis(1))
+        .await
+        .unwrap()
+        .remove(0);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let new = store
+        .claim(&handlers(), 1, "fast", LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(new.id, old.id);
+    assert_eq!(new.lease_version, old.lease_version + 1);
+
+    assert!(store
+        .heartbeat(&[old.lease()], LEASE)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store
+        .finish("slow", &[finish(&old, FinishOutcome::Resolved)])
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store
+        .release("slow", &[old.lease()])
+        .await
+        .unwrap()
+        .is_empty());
+    let current = store.get(old.id).await.unwrap().unwrap();
+    assert_eq!(
+        (current.status, current.lease_owner.as_deref()),
+        (Status::Failed, Some("fast"))
+    );
+
+    assert_eq!(
+        store.heartbeat(&[new.lease()], LEASE).await.unwrap(),
+        vec![new.id]
+    );
+    let written = store
+        .finish("fast", &[finish(&new, FinishOutcome::Resolved)])
+        .await
+        .unwrap();
+    assert_eq!(written, vec![new.id]);
+    // A second write of the same result (say, a retry after a lost reply) changes nothing.
+    assert!(store
+        .finish("fast", &[finish(&new, FinishOutcome::Resolved)])
+        .await
+        .unwrap()
+        .is_empty());
+    let history = store.attempts(new.id).await.unwrap();
+    assert_eq!(history.len(), 1);
+    assert_eq!(
+        (history[0].attempt, history[0].worker.as_str()),
+        (2, "fast")
+    );
+}
+
+#[tokio::test]
+async fn finishing_in_one_statement_writes_each_outcome_and_its_history() {
+    let (store, _) = fresh_store().await;
+    let tasks: Vec<NewTask> = (0..3).map(|i| NewTask::new("h", vec![i])).collect();
+    store.enqueue_many(&tasks).await.unwrap();
+    let claimed = store.claim(&handlers(), 3, "w", LEASE).await.unwrap();
+    let retry_at = Utc::now() + chrono::Duration::minutes(5);
+    let mut results = vec![
+        finish(&claimed[0], FinishOutcome::Resolved),
+        finish(&claimed[1], FinishOutcome::Retry { at: retry_at }),
+        finish(&claimed[2], FinishOutcome::PermanentFailure),
+    ];
+    results[1].error = Some("503".into());
+    results[2].error = Some("invalid".into());
+    let written = store.finish("w", &results).await.unwrap();
+    assert_eq!(written.len(), 3);
+
+    let resolved = store.get(claimed[0].id).await.unwrap().unwrap();
+    assert_eq!(resolved.status, Status::Resolved);
+    assert!(resolved.finished_at.is_some() && resolved.lease_owner.is_none());
+    let retrying = store.get(claimed[1].id).await.unwrap().unwrap();
+    assert_eq!(
+        (retrying.status, retrying.last_error.as_deref()),
+        (Status::Failed, Some("503"))
+    );
+    assert!(
+        (retrying.next_attempt_at - retry_at)
+            .num_milliseconds()
+            .abs()
+            < 1
+    );
+    assert!(retrying.finished_at.is_none());
+    let permanent = store.get(claimed[2].id).await.unwrap().unwrap();
+    assert_eq!(permanent.status, Status::PermanentFailure);
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_attempt").await,
+        3
+    );
+    // The retry keeps its schedule: a heartbeat after the finish must not move it.
+    assert!(store
+        .heartbeat(&[claimed[1].lease()], LEASE)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test]
+async fn a_database_error_during_finish_leaves_the_task_to_come_back_after_its_lease() {
+    let (store, settings) = fresh_store().await;
+    let id = store
+        .enqueue(&NewTask::new("h", b"x".to_vec()))
+        .await
+        .unwrap()
+        .id();
+    let broken = redrive::Store::connect(&settings.database).await.unwrap();
+    let task = broken
+        .claim(&handlers(), 1, "doomed", Duration::from_millis(300))
+        .await
+        .unwrap()
+        .remove(0);
+    broken.pool().close().await;
+    assert!(broken
+        .finish("doomed", &[finish(&task, FinishOutcome::Resolved)])
+        .await
+        .is_err());
+
+    assert!(
+        store
+            .claim(&handlers(), 1, "next", LEASE)
+            .await
+            .unwrap()
+            .is_empty(),
+        "still leased"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let again = store
+        .claim(&handlers(), 1, "next", LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!((again.id, again.attempts), (id, 2));
+    assert_eq!(
+        store
+            .finish("next", &[finish(&again, FinishOutcome::Resolved)])
+            .await
+            .unwrap(),
+        vec![id]
+    );
+    assert_eq!(store.attempts(id).await.unwrap().len(), 1, "finished once");
+}
+
+#[tokio::test]
+async fn released_leases_are_claimable_at_once_and_do_not_use_up_attempts() {
+    let (store, _) = fresh_store().await;
+    let id = store
+        .enqueue(&NewTask::new("h", b"x".to_vec()))
+        .await
+        .unwrap()
+        .id();
+    let task = store
+        .claim(&handlers(), 1, "w", LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(store.release("w", &[task.lease()]).await.unwrap(), vec![id]);
+    let released = store.get(id).await.unwrap().unwrap();
+    assert_eq!((released.attempts, released.lease_owner.clone()), (0, None));
+    assert_eq!(store.attempts(id).await.unwrap()[0].outcome, "released");
+    let again = store
+        .claim(&handlers(), 1, "w2", LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        (again.attempts, again.lease_version),
+        (1, task.lease_version + 2)
+    );
+}
+
+#[tokio::test]
+async fn migrations_can_run_again_and_from_two_processes_at_once() {
+    let (store, settings) = fresh_store().await;
+    let other = redrive::Store::connect(&settings.database).await.unwrap();
+    let (a, b) = tokio::join!(store.migrate(), other.migrate());
+    a.unwrap();
+    b.unwrap();
+}

@@ -1,0 +1,87 @@
+//! Shared test set-up: a fresh schema per test in the `redrive_test` database.
+
+use redrive::{Settings, Store};
+use sqlx::{Connection, PgConnection};
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// Base URL of the test database (`REDRIVE_TEST_DATABASE_URL` overrides it).
+pub fn database_url() -> String {
+    std::env::var("REDRIVE_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/redrive_test".to_owned())
+}
+
+/// Creates the test database if it does not exist yet (parallel tests may race).
+async fn ensure_database() {
+    let url = database_url();
+    let (server, name) = url.rsplit_once('/').expect("URL has a database name");
+    if PgConnection::connect(&url).await.is_ok() {
+        return;
+    }
+    let mut admin = PgConnection::connect(&format!("{server}/postgres"))
+        .await
+        .expect("PostgreSQL is reachable");
+    if let Err(error) = sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await
+    {
+        let code = error
+            .as_database_error()
+            .and_then(|e| e.code())
+            .unwrap_or_default();
+        assert!(
+            code == "42P04" || code == "23505",
+            "cannot create test database: {error}"
+        );
+    }
+}
+
+/// Settings pointing at `schema` in the test database, with short timings for tests.
+pub fn settings(schema: &str) -> Settings {
+    let env = HashMap::from([
+        ("REDRIVE__DATABASE__URL".to_owned(), database_url()),
+        ("REDRIVE__DATABASE__SCHEMA".to_owned(), schema.to_owned()),
+    ]);
+    let mut settings = Settings::load(None, Some(env)).expect("test settings are valid");
+    settings.worker.poll_interval = Duration::from_millis(200);
+    settings
+}
+
+/// A unique schema name.
+pub fn unique_schema() -> String {
+    format!("t_{:016x}", rand::random::<u64>())
+}
+
+/// A migrated store in a schema of its own, and settings that point at it.
+pub async fn fresh_store() -> (Store, Settings) {
+    ensure_database().await;
+    let settings = settings(&unique_schema());
+    let store = Store::connect(&settings.database).await.expect("connect");
+    store.migrate().await.expect("migrate");
+    (store, settings)
+}
+
+/// Polls `check` every 20 ms until it returns true; panics after `limit`.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A scalar from the store's schema.
+pub async fn scalar(store: &Store, sql: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(store.pool())
+        .await
+        .expect(sql)
+}

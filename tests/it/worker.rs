@@ -1,0 +1,422 @@
+//! The worker pool: outcomes, retries, wake-ups, heartbeats, shutdown.
+
+use async_trait::async_trait;
+use redrive::store::FinishOutcome;
+use redrive::{
+    Backoff, Fleet, Handler, HandlerContext, HandlerError, Jitter, NewTask, Settings, Status,
+    Store, Task,
+};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{eventually, fresh_store, scalar};
+
+/// Behaves as the task's value says, retrying after `Scripted::0` (doubling, no jitter).
+struct Scripted(Duration);
+
+#[async_trait]
+impl Handler for Scripted {
+    async fn handle(&self, ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
+        match task.value.as_deref().unwrap_or_default() {
+            b"ok" => Ok(()),
+            b"transient" => Err(HandlerError::transient("downstream unavailable")),
+            b"permanent" => Err(HandlerError::permanent("invalid order")),
+            b"retry-after" => Err(HandlerError::retry_after(Duration::from_secs(60), "429")),
+            b"panic" => panic!("handler bug"),
+            b"slow" => {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                Ok(())
+            }
+            b"flaky" if ctx.attempt < 2 => Err(HandlerError::transient("first try fails")),
+            b"flaky" => Ok(()),
+            other => Err(HandlerError::permanent(format!("unknown script {other:?}"))),
+        }
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        Some(Duration::from_millis(200))
+    }
+
+    fn max_attempts(&self) -> Option<u32> {
+        Some(3)
+    }
+
+    fn backoff(&self) -> Option<Backoff> {
+        Some(Backoff {
+            base: self.0,
+            factor: 2.0,
+            cap: self.0 * 5,
+            jitter: Jitter::None,
+        })
+    }
+}
+
+fn fleet(settings: &Settings, handler: impl Handler) -> Fleet {
+    Fleet::builder(settings.clone())
+        .handler("h", handler)
+        .build()
+        .unwrap()
+}
+
+async fn status(store: &Store, id: redrive::TaskId) -> Task {
+    store.get(id).await.unwrap().unwrap()
+}
+
+#[tokio::test]
+async fn each_verdict_leads_to_its_status() {
+    let (store, settings) = fresh_store().await;
+    let pool = fleet(&settings, Scripted(Duration::from_secs(3600))).worker_pool(store.clone());
+    let cases: &[(&[u8], FinishOutcome, Status, &str)] = &[
+        (b"ok", FinishOutcome::Resolved, Status::Resolved, ""),
+        (
+            b"permanent",
+            FinishOutcome::PermanentFailure,
+            Status::PermanentFailure,
+            "invalid order",
+        ),
+        (
+            b"transient",
+            FinishOutcome::Resolved,
+            Status::Failed,
+            "downstream unavailable",
+        ),
+        (
+            b"panic",
+            FinishOutcome::Resolved,
+            Status::Failed,
+            "handler panicked: handler bug",
+        ),
+        (
+            b"slow",
+            FinishOutcome::Resolved,
+            Status::Failed,
+            "timed out after 200ms",
+        ),
+        (
+            b"retry-after",
+            FinishOutcome::Resolved,
+            Status::Failed,
+            "429",
+        ),
+    ];
+    for (value, expected, expected_status, error) in cases {
+        let id = store
+            .enqueue(&NewTask::new("h", value.to_vec()))
+            .await
+            .unwrap()
+            .id();
+        let processed = pool.process_next().await.unwrap().expect("a due task");
+        assert_eq!(processed.id, id);
+        assert!(processed.written);
+        if *expected_status != Status::Failed {
+            assert_eq!(processed.outcome, *expected);
+        } else {
+            assert!(
+                matches!(processed.outcome, FinishOutcome::Retry { .. }),
+                "{:?}",
+                processed.outcome
+            );
+        }
+        let task = status(&store, id).await;
+        assert_eq!(
+            task.status,
+            *expected_status,
+            "{}",
+            String::from_utf8_lossy(value)
+        );
+        assert!(
+            task.last_error
+                .as_deref()
+                .unwrap_or_default()
+                .contains(error),
+            "{:?}",
+            task.last_error
+        );
+        assert_eq!(store.attempts(id).await.unwrap().len(), 1);
+    }
+    let retry_after = scalar(
+        &store,
+        "SELECT extract(epoch FROM next_attempt_at - updated_at)::bigint FROM recovery_task WHERE msg_value = 'retry-after'",
+    )
+    .await;
+    assert_eq!(retry_after, 60, "the handler's retry-after is honoured");
+}
+
+#[tokio::test]
+async fn retries_stop_at_max_attempts() {
+    let (store, settings) = fresh_store().await;
+    let pool = fleet(&settings, Scripted(Duration::from_millis(20))).worker_pool(store.clone());
+    let id = store
+        .enqueue(&NewTask::new("h", b"transient".to_vec()))
+        .await
+        .unwrap()
+        .id();
+    let mut outcomes = Vec::new();
+    while outcomes.len() < 10 {
+        match pool.process_next().await.unwrap() {
+            Some(p) => outcomes.push(p.outcome),
+            None if status(&store, id).await.status.is_final() => break,
+            None => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+    assert_eq!(outcomes.len(), 3, "{outcomes:?}");
+    assert_eq!(outcomes[2], FinishOutcome::PermanentFailure);
+    let task = status(&store, id).await;
+    assert_eq!((task.status, task.attempts), (Status::PermanentFailure, 3));
+    assert!(task
+        .last_error
+        .unwrap()
+        .contains("gave up after 3 of 3 attempts"));
+    let history = store.attempts(id).await.unwrap();
+    let labels: Vec<&str> = history.iter().map(|a| a.outcome.as_str()).collect();
+    assert_eq!(labels, ["retry", "retry", "permanent_failure"]);
+}
+
+#[tokio::test]
+async fn the_running_pool_retries_with_backoff_until_resolved() {
+    let (store, settings) = fresh_store().await;
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(
+        fleet(&settings, Scripted(Duration::from_millis(20)))
+            .run_with_store(store.clone(), shutdown.clone()),
+    );
+    let ids: Vec<_> = store
+        .enqueue_many(&[
+            NewTask::new("h", b"flaky".to_vec()),
+            NewTask::new("h", b"ok".to_vec()),
+        ])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id())
+        .collect();
+    eventually(Duration::from_secs(10), "both tasks resolved", || async {
+        store.status_counts().await.unwrap().resolved == 2
+    })
+    .await;
+    assert_eq!(status(&store, ids[0]).await.attempts, 2);
+    assert_eq!(status(&store, ids[1]).await.attempts, 1);
+    shutdown.cancel();
+    run.await.unwrap();
+}
+
+#[tokio::test]
+async fn an_idle_pool_is_woken_by_new_tasks_not_by_polling() {
+    let (store, mut settings) = fresh_store().await;
+    settings.worker.poll_interval = Duration::from_secs(60);
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(
+        fleet(&settings, Scripted(Duration::from_millis(20)))
+            .run_with_store(store.clone(), shutdown.clone()),
+    );
+    // Let the pool go idle with its listener connected.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    store
+        .enqueue(&NewTask::new("h", b"ok".to_vec()))
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(20), "the task resolved", || async {
+        store.status_counts().await.unwrap().resolved == 1
+    })
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "woken long before the 60 s poll"
+    );
+    shutdown.cancel();
+    run.await.unwrap();
+}
+
+/// Waits until it is cancelled (its lease lost) or forever.
+struct Hang {
+    cancelled: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl Handler for Hang {
+    async fn handle(&self, ctx: &HandlerContext, _task: &Task) -> Result<(), HandlerError> {
+        ctx.cancellation.cancelled().await;
+        self.cancelled.fetch_add(1, Ordering::SeqCst);
+        Err(HandlerError::transient("cancelled"))
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        Some(Duration::from_secs(3600))
+    }
+}
+
+#[tokio::test]
+async fn shutdown_releases_the_leases_of_handlers_still_running_at_the_deadline() {
+    let (store, mut settings) = fresh_store().await;
+    settings.worker.shutdown_timeout = Duration::from_millis(300);
+    let hang = Hang {
+        cancelled: Arc::default(),
+    };
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(fleet(&settings, hang).run_with_store(store.clone(), shutdown.clone()));
+    let tasks: Vec<NewTask> = (0..3).map(|i| NewTask::new("h", vec![i])).collect();
+    store.enqueue_many(&tasks).await.unwrap();
+    eventually(Duration::from_secs(10), "three leases", || async {
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE lease_owner IS NOT NULL",
+        )
+        .await
+            == 3
+    })
+    .await;
+    let stopping = Instant::now();
+    shutdown.cancel();
+    run.await.unwrap();
+    assert!(
+        stopping.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        stopping.elapsed()
+    );
+    let leased = "SELECT count(*) FROM recovery_task WHERE lease_owner IS NOT NULL OR next_attempt_at > now() OR attempts > 0";
+    assert_eq!(
+        scalar(&store, leased).await,
+        0,
+        "every lease given back, attempt not counted"
+    );
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_attempt WHERE outcome = 'released'"
+        )
+        .await,
+        3
+    );
+}
+
+/// Sleeps a while, then succeeds.
+struct Sleepy(Duration);
+
+#[async_trait]
+impl Handler for Sleepy {
+    async fn handle(&self, _ctx: &HandlerContext, _task: &Task) -> Result<(), HandlerError> {
+        tokio::time::sleep(self.0).await;
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn shutdown_lets_running_handlers_finish_within_the_deadline() {
+    let (store, mut settings) = fresh_store().await;
+    settings.worker.shutdown_timeout = Duration::from_secs(10);
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(
+        fleet(&settings, Sleepy(Duration::from_millis(500)))
+            .run_with_store(store.clone(), shutdown.clone()),
+    );
+    store
+        .enqueue(&NewTask::new("h", b"x".to_vec()))
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(10), "a lease", || async {
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE lease_owner IS NOT NULL",
+        )
+        .await
+            == 1
+    })
+    .await;
+    shutdown.cancel();
+    run.await.unwrap();
+    assert_eq!(store.status_counts().await.unwrap().resolved, 1);
+}
+
+#[tokio::test]
+async fn heartbeats_keep_the_lease_of_a_long_handler() {
+    let (store, mut settings) = fresh_store().await;
+    settings.worker.lease = Duration::from_millis(600);
+    settings.worker.heartbeat = Duration::from_millis(150);
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(
+        fleet(&settings, Sleepy(Duration::from_millis(2000)))
+            .run_with_store(store.clone(), shutdown.clone()),
+    );
+    let id = store
+        .enqueue(&NewTask::new("h", b"x".to_vec()))
+        .await
+        .unwrap()
+        .id();
+    eventually(Duration::from_secs(10), "the pool's lease", || async {
+        status(&store, id).await.lease_owner.is_some()
+    })
+    .await;
+    let rival = ["h".to_owned()];
+    let deadline = Instant::now() + Duration::from_millis(1700);
+    while Instant::now() < deadline {
+        let stolen = store
+            .claim(&rival, 1, "rival", Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert!(stolen.is_empty(), "the lease lapsed while its handler ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eventually(Duration::from_secs(10), "resolved", || async {
+        status(&store, id).await.status == Status::Resolved
+    })
+    .await;
+    assert_eq!(status(&store, id).await.attempts, 1);
+    shutdown.cancel();
+    run.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_lost_lease_cancels_the_handler_and_drops_its_result() {
+    let (store, mut settings) = fresh_store().await;
+    settings.worker.lease = Duration::from_secs(2);
+    settings.worker.heartbeat = Duration::from_millis(100);
+    let cancelled = Arc::new(AtomicUsize::new(0));
+    let fleet = fleet(
+        &settings,
+        Hang {
+            cancelled: cancelled.clone(),
+        },
+    );
+    let metrics = fleet.metrics().clone();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(fleet.run_with_store(store.clone(), shutdown.clone()));
+    let id = store
+        .enqueue(&NewTask::new("h", b"x".to_vec()))
+        .await
+        .unwrap()
+        .id();
+    eventually(Duration::from_secs(10), "a lease", || async {
+        status(&store, id).await.lease_owner.is_some()
+    })
+    .await;
+    // Another worker takes the task over (as after a lease lapse).
+    sqlx::query(
+        "UPDATE recovery_task SET lease_version = lease_version + 1, lease_owner = 'rival'",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    eventually(Duration::from_secs(10), "the handler cancelled", || async {
+        cancelled.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let fenced = metrics
+        .fenced_writes
+        .with_label_values(&["heartbeat"])
+        .get();
+    assert_eq!(fenced, 1);
+    shutdown.cancel();
+    run.await.unwrap();
+    let task = status(&store, id).await;
+    assert_eq!(
+        (task.status, task.lease_owner.as_deref()),
+        (Status::Failed, Some("rival"))
+    );
+    assert!(
+        store.attempts(id).await.unwrap().is_empty(),
+        "no result written for the lost lease"
+    );
+}
