@@ -36,13 +36,17 @@ CREATE TABLE recovery_task (
     finished_at           timestamptz
 );
 
+-- A queue table churns: analyze and vacuum it early so the claim keeps its index plan.
+ALTER TABLE recovery_task SET (
+    autovacuum_analyze_scale_factor = 0.02, autovacuum_analyze_threshold = 1000,
+    autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
+
 -- NULLs are distinct: a task enqueued without a dedup key is never deduplicated.
 CREATE UNIQUE INDEX recovery_task_dedup_key ON recovery_task (dedup_key);
 
 -- The claim reads only this index, which holds unfinished tasks alone.
 CREATE INDEX recovery_task_due ON recovery_task (next_attempt_at) WHERE status = 'failed';
 
-CREATE INDEX recovery_task_status_created ON recovery_task (status, created_at);
 
 -- One row per finished attempt. No foreign key: the finish statement writes both tables
 -- together, and a per-row RI trigger would cost the hot path for no extra safety.

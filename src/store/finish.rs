@@ -56,6 +56,9 @@ pub struct Finish {
     pub error: Option<String>,
 }
 
+// The join is driven by the input rows, one primary-key probe each. Do not add
+// `t.id = ANY($1)`: with stale statistics the planner would scan the table first and
+// rescan the input for every row (quadratic in the batch size).
 const FINISH: &str = r#"
 WITH r AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::timestamptz[],

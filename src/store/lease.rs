@@ -34,8 +34,8 @@ const HEARTBEAT: &str = r#"
 UPDATE recovery_task t
 SET next_attempt_at = now() + $3 * interval '1 millisecond', updated_at = now()
 FROM unnest($1::bigint[], $2::bigint[]) AS l(id, version)
-WHERE t.id = l.id AND t.lease_version = l.version AND t.status = 'failed'
-  AND t.lease_owner IS NOT NULL
+WHERE t.id = l.id AND t.lease_version = l.version
+  AND t.status = 'failed' AND t.lease_owner IS NOT NULL
 RETURNING t.id
 "#;
 

@@ -14,7 +14,7 @@ use crate::telemetry::Metrics;
 
 /// Finish statements in flight at once: enough to overlap one batch's commit with the
 /// next batch's round trip.
-const CONCURRENT_FLUSHES: usize = 2;
+const CONCURRENT_FLUSHES: usize = 3;
 
 /// A finished attempt on its way to the database. The permit keeps the task's slot in
 /// the pool taken until the result is written.

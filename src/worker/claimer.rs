@@ -1,0 +1,155 @@
+//! The claim loop: take due tasks in batches as slots free up, start their attempts.
+
+use chrono::Utc;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::attempt;
+use super::finisher::Completion;
+use super::inflight::InFlight;
+use super::WorkerPool;
+use crate::task::Task;
+
+/// Claim loops per pool: two keep one claim's round trip overlapping the other's.
+pub(crate) const CLAIM_LOOPS: usize = 2;
+
+/// State shared by the claim loops of one pool.
+pub(crate) struct Claimer {
+    pub(crate) pool: WorkerPool,
+    /// One permit per task between claim and written result: the pool's concurrency.
+    pub(crate) slots: Arc<Semaphore>,
+    pub(crate) in_flight: Arc<InFlight>,
+    pub(crate) wake: Arc<Notify>,
+    pub(crate) completions: mpsc::UnboundedSender<Completion>,
+    /// Running attempts, waited for at shutdown.
+    pub(crate) attempts: TaskTracker,
+    /// Fired when the shutdown deadline passes: running attempts are dropped.
+    pub(crate) interrupt: CancellationToken,
+}
+
+impl Claimer {
+    /// Claims and starts attempts until `shutdown` fires.
+    pub(crate) async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let settings = &self.pool.settings;
+        let batch_size = settings.batch_size as usize;
+        let mut pause = Duration::ZERO;
+        loop {
+            let wanted = self.slots.available_permits().clamp(1, batch_size);
+            let mut permit = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                permit = self.slots.clone().acquire_many_owned(wanted as u32) => {
+                    permit.expect("the semaphore is never closed")
+                }
+            };
+            let pool = &self.pool;
+            let claimed = pool
+                .store
+                .claim(
+                    &pool.handler_names,
+                    wanted as u32,
+                    &pool.worker_id,
+                    settings.lease,
+                )
+                .await;
+            let tasks = match claimed {
+                Ok(tasks) => {
+                    pause = Duration::ZERO;
+                    tasks
+                }
+                Err(error) => {
+                    drop(permit);
+                    pool.metrics
+                        .database_errors
+                        .with_label_values(&["claim"])
+                        .inc();
+                    pause = (pause * 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
+                    tracing::warn!(%error, retry_in = ?pause, "claim failed");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(pause) => continue,
+                    }
+                }
+            };
+            let drained = tasks.len() < wanted;
+            pool.metrics.claimed.inc_by(tasks.len() as u64);
+            pool.metrics.in_flight.add(tasks.len() as i64);
+            for task in tasks {
+                let slot = permit.split(1).expect("one permit per claimed task");
+                self.start(task, slot);
+            }
+            drop(permit);
+            if !drained {
+                // More is probably due: let the other claim loop in too.
+                self.wake.notify_one();
+            } else if self.idle(&shutdown).await {
+                return;
+            }
+        }
+    }
+
+    /// Starts one attempt; its result goes to the finisher with the slot.
+    fn start(&self, task: Task, slot: tokio::sync::OwnedSemaphorePermit) {
+        let lease_lost = self.in_flight.insert(task.lease());
+        let registered = self.pool.handlers[&task.handler].clone();
+        let worker_id = self.pool.worker_id.clone();
+        let completions = self.completions.clone();
+        let metrics = self.pool.metrics.clone();
+        let interrupt = self.interrupt.clone();
+        let work = async move {
+            let finish =
+                attempt::run_attempt(&registered, &task, &worker_id, lease_lost.clone()).await;
+            if lease_lost.is_cancelled() {
+                // Taken over meanwhile: the write would be fenced out anyway.
+                metrics.in_flight.dec();
+                return;
+            }
+            let handler: Arc<str> = task.handler.as_str().into();
+            metrics
+                .handler_seconds
+                .with_label_values(&[&*handler])
+                .observe(finish.duration.as_secs_f64());
+            // The finisher outlives every attempt; a send cannot fail.
+            let _ = completions.send(Completion {
+                finish,
+                handler,
+                _slot: slot,
+            });
+        };
+        self.attempts.spawn(async move {
+            tokio::select! {
+                _ = interrupt.cancelled() => {}
+                _ = work => {}
+            }
+        });
+    }
+
+    /// Waits for a notification, the next due task or the poll interval, whichever comes
+    /// first. Returns true if shutdown was asked for meanwhile.
+    async fn idle(&self, shutdown: &CancellationToken) -> bool {
+        let pool = &self.pool;
+        let poll = pool.settings.poll_interval;
+        let wait = match pool.store.next_due(&pool.handler_names).await {
+            Ok(Some(due)) => (due - Utc::now())
+                .to_std()
+                .unwrap_or(Duration::ZERO)
+                .min(poll),
+            Ok(None) => poll,
+            Err(error) => {
+                pool.metrics
+                    .database_errors
+                    .with_label_values(&["next_due"])
+                    .inc();
+                tracing::warn!(%error, "cannot read the next due time");
+                poll
+            }
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => true,
+            _ = self.wake.notified() => false,
+            _ = tokio::time::sleep(wait) => false,
+        }
+    }
+}
