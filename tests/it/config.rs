@@ -160,3 +160,11 @@ fn missing_config_file_is_refused() {
     .unwrap_err();
     assert!(err.to_string().contains("does not exist"), "{err}");
 }
+
+#[test]
+fn the_example_file_is_valid_and_matches_the_defaults() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("redrive.example.toml");
+    let from_file = Settings::load(Some(&path), Some(HashMap::new())).unwrap();
+    let defaults = load_env(&[]).unwrap();
+    assert_eq!(format!("{from_file:?}"), format!("{defaults:?}"));
+}

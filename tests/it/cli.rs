@@ -1,0 +1,135 @@
+//! The `redrive` binary end to end: migrate, enqueue, run, stop, refuse bad config.
+
+use secrecy::ExposeSecret;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::support::{eventually, fresh_store, scalar};
+
+fn redrive(settings: &redrive::Settings) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_redrive"));
+    command
+        .env(
+            "REDRIVE__DATABASE__URL",
+            settings.database.url.expose_secret(),
+        )
+        .env("REDRIVE__DATABASE__SCHEMA", &settings.database.schema)
+        .env("REDRIVE__WORKER__POLL_INTERVAL", "200ms")
+        .env("RUST_LOG", "warn");
+    command
+}
+
+fn enqueue(settings: &redrive::Settings, args: &[&str], input: &[u8]) -> std::process::Output {
+    let mut child = redrive(settings)
+        .arg("enqueue")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_then_run_resolves_tasks_and_sigterm_stops_cleanly() {
+    let (store, settings) = fresh_store().await;
+    let out = enqueue(
+        &settings,
+        &["--handler", "log", "--lines"],
+        b"first\nsecond\n",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .matches("created task")
+            .count(),
+        2
+    );
+
+    let binary = [0xff, 0x00, 0xc3, 0x28];
+    let out = enqueue(
+        &settings,
+        &[
+            "--handler",
+            "log",
+            "--dedup-key",
+            "bin-1",
+            "--header",
+            "a=1",
+        ],
+        &binary,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let again = enqueue(
+        &settings,
+        &[
+            "--handler",
+            "log",
+            "--dedup-key",
+            "bin-1",
+            "--header",
+            "a=1",
+        ],
+        &binary,
+    );
+    assert!(String::from_utf8_lossy(&again.stdout).contains("already exists"));
+    let value: Vec<u8> =
+        sqlx::query_scalar("SELECT msg_value FROM recovery_task WHERE dedup_key = 'bin-1'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(value, binary, "non-UTF-8 input stored byte for byte");
+
+    let mut run = redrive(&settings)
+        .arg("run")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually(Duration::from_secs(30), "three tasks resolved", || async {
+        store.status_counts().await.unwrap().resolved == 3
+    })
+    .await;
+    assert_eq!(unsafe { libc::kill(run.id() as i32, libc::SIGTERM) }, 0);
+    let status = tokio::task::spawn_blocking(move || run.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_attempt").await,
+        3
+    );
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_with_the_key_or_name_and_a_non_zero_exit() {
+    let (_store, settings) = fresh_store().await;
+    let out = redrive(&settings)
+        .arg("run")
+        .env("REDRIVE__WORKER__BATCH_SIZE", "0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("worker.batch_size: must be at least 1"),
+        "{stderr}"
+    );
+
+    let out = enqueue(&settings, &["--handler", "nope"], b"x");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown handler \"nope\""));
+
+    let out = redrive(&settings).args(["run", "--help"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--no-migrate"));
+}

@@ -1,0 +1,314 @@
+//! Real processes: two fleet members sharing the work, one killed with SIGKILL, one
+//! stopped with SIGTERM, and the `redrive` binary itself.
+//!
+//! A fleet member here is this test binary started again with `REDRIVE_TEST_CHILD`
+//! set, running [`child_fleet_member`]: the same `Fleet::run` as `redrive run`, with a
+//! test handler that records every call, or one that never finishes.
+
+use async_trait::async_trait;
+use redrive::{Fleet, Handler, HandlerContext, HandlerError, NewTask, Settings, Store, Task};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::{eventually, fresh_store, scalar};
+
+const CHILD_ROLE: &str = "REDRIVE_TEST_CHILD";
+
+/// Records each call in `calls`, then resolves the task.
+struct Record {
+    store: Store,
+}
+
+#[async_trait]
+impl Handler for Record {
+    async fn handle(&self, ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
+        sqlx::query("INSERT INTO calls (task_id, lease_version, worker) VALUES ($1, $2, $3)")
+            .bind(task.id.0)
+            .bind(task.lease_version)
+            .bind(&ctx.worker_id)
+            .execute(self.store.pool())
+            .await
+            .map_err(HandlerError::transient)?;
+        Ok(())
+    }
+}
+
+/// Never returns.
+struct Hang;
+
+#[async_trait]
+impl Handler for Hang {
+    async fn handle(&self, _ctx: &HandlerContext, _task: &Task) -> Result<(), HandlerError> {
+        std::future::pending().await
+    }
+}
+
+/// Entry point of a child fleet member, not a test of its own: in the ordinary test
+/// run (no `REDRIVE_TEST_CHILD`) it returns at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_fleet_member() {
+    let Ok(role) = std::env::var(CHILD_ROLE) else {
+        return;
+    };
+    redrive::telemetry::init_logging();
+    let settings = Settings::load(None, None).expect("child settings");
+    let builder = Fleet::builder(settings.clone());
+    let builder = match role.as_str() {
+        "record" => {
+            let store = Store::connect(&settings.database).await.unwrap();
+            builder.handler("work", Record { store })
+        }
+        "hang" => builder.handler("work", Hang),
+        other => panic!("unknown child role {other}"),
+    };
+    builder.build().unwrap().run().await.unwrap();
+}
+
+/// A fleet member process; killed on drop if still running.
+struct Member {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Member {
+    fn start(role: &str, settings: &Settings, extra_env: &[(&str, &str)]) -> Member {
+        use secrecy::ExposeSecret;
+        let log = std::env::temp_dir().join(format!("redrive-child-{}.log", rand::random::<u64>()));
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .args([
+                "process::child_fleet_member",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_ROLE, role)
+            .env(
+                "REDRIVE__DATABASE__URL",
+                settings.database.url.expose_secret(),
+            )
+            .env("REDRIVE__DATABASE__SCHEMA", &settings.database.schema)
+            .env("REDRIVE__WORKER__POLL_INTERVAL", "200ms")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        for (key, value) in extra_env {
+            command.env(key, value);
+        }
+        Member {
+            child: command.spawn().expect("spawn child"),
+            log,
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn signal(&self, signal: i32) {
+        assert_eq!(unsafe { libc::kill(self.pid(), signal) }, 0);
+    }
+
+    async fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "member did not exit; log:\n{}",
+                self.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+async fn create_calls_table(store: &Store) {
+    sqlx::query(
+        "CREATE TABLE calls (task_id bigint NOT NULL, lease_version bigint NOT NULL, \
+         worker text NOT NULL, called_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+}
+
+async fn enqueue_work(store: &Store, count: usize) {
+    let tasks: Vec<NewTask> = (0..count)
+        .map(|i| NewTask::new("work", i.to_string()))
+        .collect();
+    for chunk in tasks.chunks(1000) {
+        store.enqueue_many(chunk).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_of_four_workers_handle_each_of_ten_thousand_tasks_once() {
+    let (store, settings) = fresh_store().await;
+    create_calls_table(&store).await;
+    enqueue_work(&store, 5_000).await;
+    let env = [
+        ("REDRIVE__WORKER__CONCURRENCY", "4"),
+        ("REDRIVE__WORKER__BATCH_SIZE", "4"),
+    ];
+    let mut members = [
+        Member::start("record", &settings, &env),
+        Member::start("record", &settings, &env),
+    ];
+    enqueue_work(&store, 5_000).await;
+    eventually(
+        Duration::from_secs(180),
+        "10,000 tasks resolved",
+        || async { store.status_counts().await.unwrap().resolved == 10_000 },
+    )
+    .await;
+    for member in &members {
+        member.signal(libc::SIGTERM);
+    }
+    for member in &mut members {
+        assert!(
+            member.wait(Duration::from_secs(30)).await.success(),
+            "{}",
+            member.log_tail()
+        );
+    }
+    assert_eq!(scalar(&store, "SELECT count(*) FROM calls").await, 10_000);
+    assert_eq!(
+        scalar(&store, "SELECT count(DISTINCT task_id) FROM calls").await,
+        10_000,
+        "a task was handled twice"
+    );
+    assert_eq!(
+        scalar(&store, "SELECT count(DISTINCT worker) FROM calls").await,
+        2,
+        "both members worked"
+    );
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_attempt WHERE outcome = 'resolved'"
+        )
+        .await,
+        10_000
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_of_a_member_killed_with_sigkill_are_finished_by_another_after_lease_expiry() {
+    let (store, settings) = fresh_store().await;
+    create_calls_table(&store).await;
+    enqueue_work(&store, 20).await;
+    let env = [
+        ("REDRIVE__WORKER__CONCURRENCY", "8"),
+        ("REDRIVE__WORKER__LEASE", "2s"),
+        ("REDRIVE__WORKER__HEARTBEAT", "500ms"),
+    ];
+    let mut doomed = Member::start("hang", &settings, &env);
+    let leased = "SELECT count(*) FROM recovery_task WHERE lease_owner IS NOT NULL";
+    eventually(
+        Duration::from_secs(30),
+        "8 tasks leased by the doomed member",
+        || async { scalar(&store, leased).await == 8 },
+    )
+    .await;
+    doomed.child.kill().unwrap();
+    doomed.wait(Duration::from_secs(10)).await;
+    let stranded: Vec<(i64, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT id, next_attempt_at FROM recovery_task WHERE lease_owner IS NOT NULL",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(stranded.len(), 8);
+
+    let mut rescuer = Member::start("record", &settings, &env);
+    eventually(Duration::from_secs(60), "all 20 tasks resolved", || async {
+        store.status_counts().await.unwrap().resolved == 20
+    })
+    .await;
+    rescuer.signal(libc::SIGTERM);
+    assert!(rescuer.wait(Duration::from_secs(30)).await.success());
+
+    assert_eq!(
+        scalar(&store, "SELECT count(DISTINCT task_id) FROM calls").await,
+        20,
+        "none lost"
+    );
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM calls").await,
+        20,
+        "none handled twice"
+    );
+    for (id, lease_deadline) in stranded {
+        let (attempts, called_at): (i32, chrono::DateTime<chrono::Utc>) = sqlx::query_as(
+            "SELECT t.attempts, c.called_at FROM recovery_task t JOIN calls c ON c.task_id = t.id WHERE t.id = $1",
+        )
+        .bind(id)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        assert_eq!(attempts, 2, "task {id}: the killed attempt counts");
+        assert!(
+            called_at >= lease_deadline,
+            "task {id} taken over before its lease lapsed"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_claiming_and_releases_leases_after_the_deadline() {
+    let (store, settings) = fresh_store().await;
+    enqueue_work(&store, 6).await;
+    let env = [
+        ("REDRIVE__WORKER__CONCURRENCY", "4"),
+        ("REDRIVE__WORKER__SHUTDOWN_TIMEOUT", "500ms"),
+    ];
+    let mut member = Member::start("hang", &settings, &env);
+    let leased = "SELECT count(*) FROM recovery_task WHERE lease_owner IS NOT NULL";
+    eventually(Duration::from_secs(30), "4 tasks leased", || async {
+        scalar(&store, leased).await == 4
+    })
+    .await;
+    member.signal(libc::SIGTERM);
+    let status = member.wait(Duration::from_secs(15)).await;
+    assert!(status.success(), "{}", member.log_tail());
+    assert_eq!(scalar(&store, leased).await, 0);
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE attempts > 0"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_attempt WHERE outcome = 'released'"
+        )
+        .await,
+        4
+    );
+    assert_eq!(
+        store.status_counts().await.unwrap().failed,
+        6,
+        "nothing lost or finished"
+    );
+}
