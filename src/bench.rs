@@ -181,7 +181,7 @@ async fn one_run(
     }
     let drain_per_s = options.tasks as f64 / started.elapsed().as_secs_f64();
     shutdown.cancel();
-    running.await?;
+    running.await??;
 
     let (p50_ms, p99_ms): (f64, f64) = sqlx::query_as(
         "SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY ms), percentile_disc(0.99) WITHIN GROUP (ORDER BY ms) \
@@ -222,7 +222,7 @@ async fn pickup_latency(settings: &Settings, samples: usize) -> anyhow::Result<(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     shutdown.cancel();
-    running.await?;
+    running.await??;
     let figures: (f64, f64) = sqlx::query_as(
         "SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY ms), percentile_disc(0.99) WITHIN GROUP (ORDER BY ms) \
          FROM (SELECT (extract(epoch FROM finished_at - created_at) * 1000)::float8 AS ms FROM recovery_task) s",

@@ -1,12 +1,17 @@
 //! Building and running a fleet member: settings plus handlers, in a few lines.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ConfigError, Settings};
-use crate::handlers::{Handler, HandlerRegistry, Registered, RegistryError};
+use crate::config::{validate_routes, ConfigError, Settings};
+use crate::handlers::{
+    Handler, HandlerRegistry, LogHandler, Registered, RegistryError, RepublishHandler,
+};
+use crate::ingest::Ingest;
+use crate::parking::Parking;
 use crate::store::{Store, StoreError};
-use crate::telemetry::Metrics;
+use crate::telemetry::{self, Metrics};
 use crate::worker::WorkerPool;
 
 /// Why a fleet member could not start or stopped with an error.
@@ -21,38 +26,77 @@ pub enum FleetError {
     /// The database could not be reached or migrated.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A Kafka client could not be created or failed.
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    /// The metrics endpoint could not be served.
+    #[error("metrics endpoint: {0}")]
+    Metrics(#[from] std::io::Error),
 }
 
 /// Collects settings and handlers; [`FleetBuilder::build`] validates them together.
 pub struct FleetBuilder {
     settings: Settings,
     registry: HandlerRegistry,
-    problems: Vec<RegistryError>,
+    problems: Vec<FleetError>,
 }
 
 impl FleetBuilder {
     /// Registers `handler` under the stable `name` that tasks refer to.
     pub fn handler(mut self, name: impl Into<String>, handler: impl Handler) -> Self {
         if let Err(problem) = self.registry.register(name, handler) {
-            self.problems.push(problem);
+            self.problems.push(problem.into());
         }
         self
     }
 
-    /// Checks that every handler was registered once and that the handlers the settings
-    /// ask for exist.
-    pub fn build(self) -> Result<Fleet, FleetError> {
-        if let Some(problem) = self.problems.into_iter().next() {
-            return Err(problem.into());
+    /// Registers the built-in handlers: `log` and `republish`.
+    pub fn with_builtin_handlers(self) -> Self {
+        match RepublishHandler::new(&self.settings.kafka, &self.settings.republish) {
+            Ok(republish) => self
+                .handler("log", LogHandler)
+                .handler("republish", republish),
+            Err(error) => {
+                let mut builder = self.handler("log", LogHandler);
+                let reason = format!("cannot create the republish producer: {error}");
+                builder
+                    .problems
+                    .push(ConfigError::new("kafka.properties", reason).into());
+                builder
+            }
         }
+    }
+
+    /// Checks that every handler was registered once and that the handlers the settings
+    /// (worker and routes) ask for exist.
+    pub fn build(mut self) -> Result<Fleet, FleetError> {
+        if let Some(problem) = self.problems.into_iter().next() {
+            return Err(problem);
+        }
+        let settings = &mut self.settings;
         let handlers = self
             .registry
-            .select(&self.settings.worker.handlers, &self.settings.retry)
+            .select(&settings.worker.handlers, &settings.retry)
             .map_err(|e| ConfigError::new("worker.handlers", e.to_string()))?;
+        validate_routes(&mut settings.routes, Some(&self.registry.names()))?;
+        let route_handlers: Vec<String> =
+            settings.routes.iter().map(|r| r.handler.clone()).collect();
+        let ingest_handlers = self.registry.select(&route_handlers, &settings.retry)?;
+        let metrics = Metrics::new();
+        let parking = match &settings.parking.topic {
+            Some(topic) => Some(Parking::new(
+                &settings.kafka,
+                topic.clone(),
+                metrics.clone(),
+            )?),
+            None => None,
+        };
         Ok(Fleet {
             settings: self.settings,
             handlers,
-            metrics: Metrics::new(),
+            ingest_handlers: Arc::new(ingest_handlers),
+            metrics,
+            parking,
         })
     }
 }
@@ -61,7 +105,9 @@ impl FleetBuilder {
 pub struct Fleet {
     settings: Settings,
     handlers: BTreeMap<String, Registered>,
+    ingest_handlers: Arc<BTreeMap<String, Registered>>,
     metrics: Metrics,
+    parking: Option<Parking>,
 }
 
 impl Fleet {
@@ -79,7 +125,7 @@ impl Fleet {
         &self.settings
     }
 
-    /// Names of the handlers this member serves.
+    /// Names of the handlers this member's workers serve.
     pub fn handler_names(&self) -> Vec<String> {
         self.handlers.keys().cloned().collect()
     }
@@ -89,8 +135,8 @@ impl Fleet {
         &self.metrics
     }
 
-    /// Connects (and migrates, unless `database.migrate_on_start` is off), then runs the
-    /// worker pool until SIGTERM or SIGINT.
+    /// Connects (and migrates, unless `database.migrate_on_start` is off), then runs
+    /// ingest and the worker pool until SIGTERM or SIGINT.
     pub async fn run(self) -> Result<(), FleetError> {
         let shutdown = CancellationToken::new();
         tokio::spawn(cancel_on_signal(shutdown.clone()));
@@ -103,19 +149,67 @@ impl Fleet {
         if self.settings.database.migrate_on_start {
             store.migrate().await?;
         }
-        self.run_with_store(store, shutdown).await;
-        Ok(())
+        self.run_with_store(store, shutdown).await
     }
 
-    /// Runs on an existing store (already migrated) until `shutdown` fires.
-    pub async fn run_with_store(self, store: Store, shutdown: CancellationToken) {
-        if !self.settings.worker.enabled {
-            tracing::info!("worker.enabled is false: nothing to run");
-            shutdown.cancelled().await;
-            return;
+    /// Runs ingest (when routes are configured), the worker pool and the metrics endpoint
+    /// on an existing, migrated store until `shutdown` fires.
+    pub async fn run_with_store(
+        self,
+        store: Store,
+        shutdown: CancellationToken,
+    ) -> Result<(), FleetError> {
+        let mut parts = tokio::task::JoinSet::new();
+        if let Some(listen) = self.settings.metrics.listen {
+            let listener = tokio::net::TcpListener::bind(listen).await?;
+            tracing::info!(%listen, "serving /metrics");
+            let serve = telemetry::serve_metrics(listener, self.metrics.clone(), shutdown.clone());
+            parts.spawn(async move { serve.await.map_err(FleetError::from) });
         }
-        let pool = WorkerPool::new(store, self.handlers, self.settings.worker, self.metrics);
-        pool.run(shutdown).await;
+        if let Some(ingest) = self.ingest(store.clone()) {
+            let stop = shutdown.clone();
+            parts.spawn(async move { ingest.run(stop).await.map_err(FleetError::from) });
+        }
+        if self.settings.worker.enabled {
+            let pool = self.worker_pool(store);
+            let stop = shutdown.clone();
+            parts.spawn(async move {
+                pool.run(stop).await;
+                Ok(())
+            });
+        }
+        let mut outcome = Ok(());
+        while let Some(joined) = parts.join_next().await {
+            match joined {
+                Ok(Err(error)) if outcome.is_ok() => {
+                    tracing::error!(%error, "a part of this member failed; stopping the others");
+                    shutdown.cancel();
+                    outcome = Err(error);
+                }
+                Err(panic) => {
+                    tracing::error!(%panic, "a part of this member panicked; stopping the others");
+                    shutdown.cancel();
+                }
+                _ => {}
+            }
+        }
+        outcome
+    }
+
+    /// The ingest of this member, if it has routes and ingest is enabled.
+    pub fn ingest(&self, store: Store) -> Option<Ingest> {
+        if !self.settings.ingest.enabled || self.settings.routes.is_empty() {
+            return None;
+        }
+        Some(Ingest::new(
+            store,
+            self.settings.kafka.clone(),
+            self.settings.ingest.clone(),
+            self.settings.routes.clone(),
+            self.ingest_handlers.clone(),
+            self.metrics.clone(),
+            format!("ingest-{}", std::process::id()),
+        ))
     }
 
     /// A worker pool on `store` without running it: for stepping with
@@ -127,6 +221,8 @@ impl Fleet {
             self.settings.worker.clone(),
             self.metrics.clone(),
         )
+        .with_routes(&self.settings.routes)
+        .with_parking(self.parking.clone())
     }
 }
 

@@ -21,6 +21,9 @@ pub mod config;
 pub mod fleet;
 pub mod handlers;
 pub mod headers;
+pub mod ingest;
+pub mod kafka;
+pub mod parking;
 pub mod store;
 pub mod task;
 pub mod telemetry;
@@ -29,7 +32,9 @@ pub mod worker;
 pub use backoff::{Backoff, Jitter};
 pub use config::{ConfigError, Settings};
 pub use fleet::{Fleet, FleetBuilder, FleetError};
-pub use handlers::{Handler, HandlerContext, HandlerError, HandlerRegistry, LogHandler};
+pub use handlers::{
+    Handler, HandlerContext, HandlerError, HandlerRegistry, LogHandler, RepublishHandler,
+};
 pub use headers::Header;
 pub use store::{Enqueued, Store, StoreError};
 pub use task::{Lease, NewTask, SourceCoordinates, Status, Task, TaskId};

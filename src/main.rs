@@ -1,8 +1,6 @@
 //! The `redrive` binary: the CLI with the built-in handlers.
 
-use redrive::LogHandler;
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    redrive::cli::main_with(|fleet| fleet.handler("log", LogHandler)).await
+    redrive::cli::main_with(|fleet| fleet.with_builtin_handlers()).await
 }

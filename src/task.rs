@@ -116,10 +116,20 @@ pub struct NewTask {
     pub value: Option<Vec<u8>>,
     /// Message headers, order and duplicates kept.
     pub headers: Vec<Header>,
+    /// Where the message lived before it was dead-lettered, from its headers.
+    pub original: Option<SourceCoordinates>,
     /// Class of the error that caused the failure.
     pub error_class: Option<String>,
     /// Message of the error that caused the failure.
     pub error_message: Option<String>,
+    /// Stack trace of the error, truncated at ingest.
+    pub error_stacktrace: Option<String>,
+    /// The ingest route whose policy applies.
+    pub route: Option<String>,
+    /// What ingest could not read or left out, in words.
+    pub ingest_note: Option<String>,
+    /// Size of the message value as it came, in bytes.
+    pub value_size: Option<i32>,
     /// Attempts already made before the task was stored (process mode counts one).
     pub attempts: i32,
     /// Overrides the handler's max attempts for this task.
@@ -143,6 +153,44 @@ impl NewTask {
         self.dedup_key
             .clone()
             .or_else(|| self.source.as_ref().map(SourceCoordinates::dedup_key))
+    }
+
+    /// The task as a handler sees it before it is stored (process mode): id 0,
+    /// attempt 1, not leased.
+    pub fn unsaved(&self) -> Task {
+        let now = Utc::now();
+        Task {
+            id: TaskId(0),
+            dedup_key: self.effective_dedup_key(),
+            handler: self.handler.clone(),
+            event_type: self.event_type.clone(),
+            correlation_id: self.correlation_id.clone(),
+            source: self.source.clone(),
+            source_timestamp: self.source_timestamp,
+            source_timestamp_type: self.source_timestamp_type.clone(),
+            key: self.key.clone(),
+            value: self.value.clone(),
+            headers: self.headers.clone(),
+            original: self.original.clone(),
+            error_class: self.error_class.clone(),
+            error_message: self.error_message.clone(),
+            error_stacktrace: self.error_stacktrace.clone(),
+            route: self.route.clone(),
+            ingest_note: self.ingest_note.clone(),
+            value_size: self.value_size,
+            status: Status::Failed,
+            attempts: 1,
+            max_attempts: self.max_attempts,
+            next_attempt_at: now,
+            last_error: None,
+            lease_owner: None,
+            lease_version: 0,
+            leased_at: None,
+            checkpoint: None,
+            created_at: now,
+            updated_at: now,
+            finished_at: None,
+        }
     }
 
     /// Whether `task` records the same failure (used to tell a repeat from a conflict).
@@ -170,8 +218,13 @@ pub struct Task {
     pub key: Option<Vec<u8>>,
     pub value: Option<Vec<u8>>,
     pub headers: Vec<Header>,
+    pub original: Option<SourceCoordinates>,
     pub error_class: Option<String>,
     pub error_message: Option<String>,
+    pub error_stacktrace: Option<String>,
+    pub route: Option<String>,
+    pub ingest_note: Option<String>,
+    pub value_size: Option<i32>,
     pub status: Status,
     /// Attempts started so far, including the current one while leased.
     pub attempts: i32,

@@ -32,6 +32,10 @@ pub struct Metrics {
     pub in_flight: IntGauge,
     /// Database errors seen by the worker pool, by operation.
     pub database_errors: IntCounterVec,
+    /// Consumed messages, by route and outcome (`stored`, `redelivered`, `processed`).
+    pub ingested: IntCounterVec,
+    /// Permanent failures produced to the parking topic, by result.
+    pub parked: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -74,6 +78,22 @@ impl Metrics {
             &["operation"],
         )
         .unwrap();
+        let ingested = IntCounterVec::new(
+            Opts::new(
+                "redrive_ingested_messages_total",
+                "Consumed messages, by outcome",
+            ),
+            &["route", "outcome"],
+        )
+        .unwrap();
+        let parked = IntCounterVec::new(
+            Opts::new(
+                "redrive_parked_total",
+                "Permanent failures produced to the parking topic",
+            ),
+            &["result"],
+        )
+        .unwrap();
         for metric in [
             Box::new(claimed.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(attempts.clone()),
@@ -81,6 +101,8 @@ impl Metrics {
             Box::new(handler_seconds.clone()),
             Box::new(in_flight.clone()),
             Box::new(database_errors.clone()),
+            Box::new(ingested.clone()),
+            Box::new(parked.clone()),
         ] {
             registry.register(metric).expect("metric names are unique");
         }
@@ -92,6 +114,8 @@ impl Metrics {
             handler_seconds,
             in_flight,
             database_errors,
+            ingested,
+            parked,
         }
     }
 
@@ -102,4 +126,22 @@ impl Metrics {
             .encode_to_string(&families)
             .unwrap_or_default()
     }
+}
+
+/// Serves `GET /metrics` in Prometheus' text format until `shutdown` fires.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    metrics: Metrics,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()> {
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let metrics = metrics.clone();
+            async move { metrics.render() }
+        }),
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
 }

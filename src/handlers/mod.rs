@@ -2,9 +2,11 @@
 
 mod log;
 mod registry;
+pub mod republish;
 
 pub use self::log::LogHandler;
 pub use registry::{HandlerRegistry, Policy, Registered, RegistryError};
+pub use republish::RepublishHandler;
 
 use async_trait::async_trait;
 use std::fmt::Display;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::Handler;
 use crate::backoff::Backoff;
-use crate::config::RetrySettings;
+use crate::config::{RetrySettings, RouteSettings};
 
 /// Registration problems; each stops the process at start-up.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -39,6 +39,17 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// This policy with a route's overrides applied.
+    pub fn for_route(mut self, route: &RouteSettings) -> Policy {
+        self.timeout = route.timeout.unwrap_or(self.timeout);
+        self.max_attempts = route.max_attempts.unwrap_or(self.max_attempts);
+        self.backoff.base = route.backoff_base.unwrap_or(self.backoff.base);
+        self.backoff.cap = route.backoff_cap.unwrap_or(self.backoff.cap);
+        self.backoff.factor = route.backoff_factor.unwrap_or(self.backoff.factor);
+        self.backoff.jitter = route.jitter.unwrap_or(self.backoff.jitter);
+        self
+    }
+
     fn resolve(handler: &dyn Handler, defaults: &RetrySettings) -> Policy {
         Policy {
             timeout: handler.timeout().unwrap_or(defaults.timeout),

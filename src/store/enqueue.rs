@@ -33,19 +33,28 @@ INSERT INTO recovery_task (
     dedup_key, handler, event_type, correlation_id,
     source_topic, source_partition, source_offset, source_timestamp, source_timestamp_type,
     msg_key, msg_value, msg_headers, error_class, error_message,
-    attempts, max_attempts, next_attempt_at)
+    attempts, max_attempts, next_attempt_at, last_error,
+    original_topic, original_partition, original_offset, error_stacktrace,
+    route, ingest_note, value_size)
 SELECT i.dedup_key, i.handler, i.event_type, i.correlation_id,
        i.source_topic, i.source_partition, i.source_offset, i.source_timestamp, i.source_timestamp_type,
        i.msg_key, i.msg_value, i.msg_headers, i.error_class, i.error_message,
-       i.attempts, i.max_attempts, COALESCE(i.next_attempt_at, now())
+       i.attempts, i.max_attempts, COALESCE(i.next_attempt_at, now()),
+       CASE WHEN i.attempts > 0 THEN i.error_message END,
+       i.original_topic, i.original_partition, i.original_offset, i.error_stacktrace,
+       i.route, i.ingest_note, i.value_size
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],
             $5::text[], $6::int[], $7::bigint[], $8::timestamptz[], $9::text[],
             $10::bytea[], $11::bytea[], $12::bytea[], $13::text[], $14::text[],
-            $15::int[], $16::int[], $17::timestamptz[])
+            $15::int[], $16::int[], $17::timestamptz[],
+            $18::text[], $19::int[], $20::bigint[], $21::text[],
+            $22::text[], $23::text[], $24::int[])
     WITH ORDINALITY AS i(dedup_key, handler, event_type, correlation_id,
             source_topic, source_partition, source_offset, source_timestamp, source_timestamp_type,
             msg_key, msg_value, msg_headers, error_class, error_message,
-            attempts, max_attempts, next_attempt_at, ord)
+            attempts, max_attempts, next_attempt_at,
+            original_topic, original_partition, original_offset, error_stacktrace,
+            route, ingest_note, value_size, ord)
 ORDER BY i.ord
 ON CONFLICT (dedup_key) DO NOTHING
 RETURNING id, dedup_key
@@ -144,6 +153,38 @@ pub async fn enqueue_many_in(conn: &mut PgConnection, tasks: &[NewTask]) -> Resu
         .bind(tasks.iter().map(|t| t.attempts).collect::<Vec<_>>())
         .bind(tasks.iter().map(|t| t.max_attempts).collect::<Vec<_>>())
         .bind(tasks.iter().map(|t| t.next_attempt_at).collect::<Vec<_>>())
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.original.as_ref().map(|s| s.topic.as_str()))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.original.as_ref().map(|s| s.partition))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.original.as_ref().map(|s| s.offset))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.error_stacktrace.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(tasks.iter().map(|t| t.route.as_deref()).collect::<Vec<_>>())
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.ingest_note.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(tasks.iter().map(|t| t.value_size).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
         .await?;
 

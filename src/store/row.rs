@@ -17,17 +17,8 @@ pub(crate) fn task_from_row(row: &PgRow) -> Result<Task> {
     let header_bytes: Vec<u8> = row.try_get("msg_headers")?;
     let headers = headers::decode(&header_bytes)
         .map_err(|e| StoreError::MalformedRow(format!("task {id}: {e}")))?;
-    let topic: Option<String> = row.try_get("source_topic")?;
-    let partition: Option<i32> = row.try_get("source_partition")?;
-    let offset: Option<i64> = row.try_get("source_offset")?;
-    let source = match (topic, partition, offset) {
-        (Some(topic), Some(partition), Some(offset)) => Some(SourceCoordinates {
-            topic,
-            partition,
-            offset,
-        }),
-        _ => None,
-    };
+    let source = coordinates(row, "source")?;
+    let original = coordinates(row, "original")?;
     Ok(Task {
         id,
         dedup_key: row.try_get("dedup_key")?,
@@ -40,8 +31,13 @@ pub(crate) fn task_from_row(row: &PgRow) -> Result<Task> {
         key: row.try_get("msg_key")?,
         value: row.try_get("msg_value")?,
         headers,
+        original,
         error_class: row.try_get("error_class")?,
         error_message: row.try_get("error_message")?,
+        error_stacktrace: row.try_get("error_stacktrace")?,
+        route: row.try_get("route")?,
+        ingest_note: row.try_get("ingest_note")?,
+        value_size: row.try_get("value_size")?,
         status,
         attempts: row.try_get("attempts")?,
         max_attempts: row.try_get("max_attempts")?,
@@ -54,6 +50,21 @@ pub(crate) fn task_from_row(row: &PgRow) -> Result<Task> {
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
         finished_at: row.try_get("finished_at")?,
+    })
+}
+
+/// Reads `<prefix>_topic`, `<prefix>_partition` and `<prefix>_offset`.
+fn coordinates(row: &PgRow, prefix: &str) -> Result<Option<SourceCoordinates>> {
+    let topic: Option<String> = row.try_get(format!("{prefix}_topic").as_str())?;
+    let partition: Option<i32> = row.try_get(format!("{prefix}_partition").as_str())?;
+    let offset: Option<i64> = row.try_get(format!("{prefix}_offset").as_str())?;
+    Ok(match (topic, partition, offset) {
+        (Some(topic), Some(partition), Some(offset)) => Some(SourceCoordinates {
+            topic,
+            partition,
+            offset,
+        }),
+        _ => None,
     })
 }
 

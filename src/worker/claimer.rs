@@ -11,6 +11,7 @@ use super::attempt;
 use super::finisher::Completion;
 use super::inflight::InFlight;
 use super::WorkerPool;
+use crate::store::FinishOutcome;
 use crate::task::Task;
 
 /// Claim loops per pool: two keep one claim's round trip overlapping the other's.
@@ -93,7 +94,8 @@ impl Claimer {
     /// Starts one attempt; its result goes to the finisher with the slot.
     fn start(&self, task: Task, slot: tokio::sync::OwnedSemaphorePermit) {
         let lease_lost = self.in_flight.insert(task.lease());
-        let registered = self.pool.handlers[&task.handler].clone();
+        let registered = self.pool.registered_for(&task);
+        let keep_task = self.pool.parking.is_some();
         let worker_id = self.pool.worker_id.clone();
         let completions = self.completions.clone();
         let metrics = self.pool.metrics.clone();
@@ -111,10 +113,13 @@ impl Claimer {
                 .handler_seconds
                 .with_label_values(&[&*handler])
                 .observe(finish.duration.as_secs_f64());
+            let parked = matches!(finish.outcome, FinishOutcome::PermanentFailure) && keep_task;
+            let task = parked.then(|| Arc::new(task));
             // The finisher outlives every attempt; a send cannot fail.
             let _ = completions.send(Completion {
                 finish,
                 handler,
+                task,
                 _slot: slot,
             });
         };

@@ -8,8 +8,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::inflight::InFlight;
+use crate::parking::Parking;
 use crate::store::{Finish, FinishOutcome, Store};
-use crate::task::TaskId;
+use crate::task::{Task, TaskId};
 use crate::telemetry::Metrics;
 
 /// Finish statements in flight at once: enough to overlap one batch's commit with the
@@ -21,6 +22,8 @@ const CONCURRENT_FLUSHES: usize = 3;
 pub(crate) struct Completion {
     pub(crate) finish: Finish,
     pub(crate) handler: Arc<str>,
+    /// The task, kept when it may have to be parked.
+    pub(crate) task: Option<Arc<Task>>,
     pub(crate) _slot: OwnedSemaphorePermit,
 }
 
@@ -37,6 +40,8 @@ pub(crate) struct Finisher {
     pub(crate) give_up_after: Duration,
     /// Poked after a retry is scheduled, so the claim loop recomputes its next wake-up.
     pub(crate) wake: Arc<Notify>,
+    /// Where permanent failures are also produced, if anywhere.
+    pub(crate) parking: Option<Parking>,
 }
 
 impl Finisher {
@@ -96,6 +101,11 @@ impl Finisher {
                     .with_label_values(&[&*completion.handler, label])
                     .inc();
                 retry_scheduled |= matches!(finish.outcome, FinishOutcome::Retry { .. });
+                if let (Some(parking), Some(task)) = (&self.parking, &completion.task) {
+                    let (parking, task) = (parking.clone(), task.clone());
+                    let error = finish.error.clone();
+                    tokio::spawn(async move { parking.park(&task, error.as_deref()).await });
+                }
             } else {
                 self.metrics
                     .fenced_writes

@@ -7,17 +7,18 @@ mod finisher;
 mod inflight;
 mod wakeup;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::WorkerSettings;
+use crate::config::{RouteSettings, WorkerSettings};
 use crate::handlers::Registered;
+use crate::parking::Parking;
 use crate::store::{FinishOutcome, Result, Store};
-use crate::task::TaskId;
+use crate::task::{Task, TaskId};
 use crate::telemetry::Metrics;
 use claimer::{Claimer, CLAIM_LOOPS};
 use finisher::Finisher;
@@ -43,6 +44,8 @@ pub struct WorkerPool {
     handler_names: Arc<[String]>,
     settings: WorkerSettings,
     metrics: Metrics,
+    routes: Arc<HashMap<String, RouteSettings>>,
+    parking: Option<Parking>,
 }
 
 impl WorkerPool {
@@ -61,7 +64,31 @@ impl WorkerPool {
             handler_names,
             settings,
             metrics,
+            routes: Arc::default(),
+            parking: None,
         }
+    }
+
+    /// Applies the policy overrides of these routes to their tasks.
+    pub fn with_routes(mut self, routes: &[RouteSettings]) -> WorkerPool {
+        let routes = routes.iter().map(|r| (r.name.clone(), r.clone())).collect();
+        self.routes = Arc::new(routes);
+        self
+    }
+
+    /// Produces tasks that become permanent failures to a parking topic.
+    pub fn with_parking(mut self, parking: Option<Parking>) -> WorkerPool {
+        self.parking = parking;
+        self
+    }
+
+    /// The handler of `task` with the policy of its route.
+    fn registered_for(&self, task: &Task) -> Registered {
+        let mut registered = self.handlers[&task.handler].clone();
+        if let Some(route) = task.route.as_ref().and_then(|r| self.routes.get(r)) {
+            registered.policy = registered.policy.for_route(route);
+        }
+        registered
     }
 
     /// This worker's identity as written in leases and the attempt history.
@@ -80,9 +107,9 @@ impl WorkerPool {
         let Some(task) = claimed.into_iter().next() else {
             return Ok(None);
         };
-        let registered = &self.handlers[&task.handler];
+        let registered = self.registered_for(&task);
         let never_lost = CancellationToken::new();
-        let finish = attempt::run_attempt(registered, &task, &self.worker_id, never_lost).await;
+        let finish = attempt::run_attempt(&registered, &task, &self.worker_id, never_lost).await;
         let written = self
             .store
             .finish(&self.worker_id, std::slice::from_ref(&finish))
@@ -111,6 +138,7 @@ impl WorkerPool {
                 batch_size: self.settings.batch_size as usize,
                 give_up_after: self.settings.lease,
                 wake: wake.clone(),
+                parking: self.parking.clone(),
             }
             .run(completions_rx),
         );

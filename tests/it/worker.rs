@@ -199,7 +199,7 @@ async fn the_running_pool_retries_with_backoff_until_resolved() {
     assert_eq!(status(&store, ids[0]).await.attempts, 2);
     assert_eq!(status(&store, ids[1]).await.attempts, 1);
     shutdown.cancel();
-    run.await.unwrap();
+    run.await.unwrap().unwrap();
 }
 
 #[tokio::test]
@@ -227,7 +227,7 @@ async fn an_idle_pool_is_woken_by_new_tasks_not_by_polling() {
         "woken long before the 60 s poll"
     );
     shutdown.cancel();
-    run.await.unwrap();
+    run.await.unwrap().unwrap();
 }
 
 /// Waits until it is cancelled (its lease lost) or forever.
@@ -270,7 +270,7 @@ async fn shutdown_releases_the_leases_of_handlers_still_running_at_the_deadline(
     .await;
     let stopping = Instant::now();
     shutdown.cancel();
-    run.await.unwrap();
+    run.await.unwrap().unwrap();
     assert!(
         stopping.elapsed() < Duration::from_secs(5),
         "{:?}",
@@ -326,7 +326,7 @@ async fn shutdown_lets_running_handlers_finish_within_the_deadline() {
     })
     .await;
     shutdown.cancel();
-    run.await.unwrap();
+    run.await.unwrap().unwrap();
     assert_eq!(store.status_counts().await.unwrap().resolved, 1);
 }
 
@@ -365,7 +365,7 @@ async fn heartbeats_keep_the_lease_of_a_long_handler() {
     .await;
     assert_eq!(status(&store, id).await.attempts, 1);
     shutdown.cancel();
-    run.await.unwrap();
+    run.await.unwrap().unwrap();
 }
 
 #[tokio::test]
@@ -409,7 +409,7 @@ async fn a_lost_lease_cancels_the_handler_and_drops_its_result() {
         .get();
     assert_eq!(fenced, 1);
     shutdown.cancel();
-    run.await.unwrap();
+    run.await.unwrap().unwrap();
     let task = status(&store, id).await;
     assert_eq!(
         (task.status, task.lease_owner.as_deref()),

@@ -11,6 +11,13 @@ use std::time::Duration;
 
 use crate::backoff::{Backoff, Jitter};
 
+mod kafka;
+
+pub(crate) use kafka::validate_routes;
+pub use kafka::{
+    IngestSettings, KafkaSettings, ParkingSettings, RepublishSettings, RouteMode, RouteSettings,
+};
+
 /// A configuration problem, naming the key and the reason.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration: {key}: {reason}")]
@@ -41,6 +48,26 @@ pub struct Settings {
     pub worker: WorkerSettings,
     /// `[retry]`: defaults for handlers that set no policy of their own.
     pub retry: RetrySettings,
+    /// `[kafka]`
+    pub kafka: KafkaSettings,
+    /// `[ingest]`
+    pub ingest: IngestSettings,
+    /// `[[routes]]`: what to consume and how.
+    pub routes: Vec<RouteSettings>,
+    /// `[republish]`
+    pub republish: RepublishSettings,
+    /// `[parking]`
+    pub parking: ParkingSettings,
+    /// `[metrics]`
+    pub metrics: MetricsSettings,
+}
+
+/// `[metrics]`: the Prometheus endpoint.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSettings {
+    /// Address to serve `/metrics` on, e.g. `"0.0.0.0:9464"`; none turns it off.
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 /// `[database]`: where tasks are stored.
@@ -184,11 +211,12 @@ impl Settings {
             .list_separator(",")
             .with_list_parse_key("worker.handlers")
             .source(env);
-        let settings: Settings = builder
+        let mut settings: Settings = builder
             .add_source(environment)
             .build()
             .and_then(config::Config::try_deserialize)
             .map_err(from_config_error)?;
+        validate_routes(&mut settings.routes, None)?;
         settings.validate()?;
         Ok(settings)
     }
@@ -229,6 +257,16 @@ impl Settings {
                 "retry.backoff_factor",
                 format!("must be a number >= 1.0, got {factor}"),
             ));
+        }
+        positive("ingest.batch_size", self.ingest.batch_size)?;
+        positive("ingest.max_message_bytes", self.ingest.max_message_bytes)?;
+        positive(
+            "ingest.process_concurrency",
+            self.ingest.process_concurrency,
+        )?;
+        nonzero("ingest.linger", self.ingest.linger)?;
+        if self.kafka.group_id.is_empty() {
+            return Err(ConfigError::new("kafka.group_id", "must not be empty"));
         }
         if self.retry.backoff_cap < self.retry.backoff_base {
             return Err(ConfigError::new(
@@ -276,6 +314,15 @@ fn nonzero(key: &str, value: Duration) -> Result<(), ConfigError> {
 fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(deserializer)?;
     parse_duration(&text).map_err(serde::de::Error::custom)
+}
+
+/// Like [`duration`], for optional keys.
+fn optional_duration<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Duration>, D::Error> {
+    let text = Option::<String>::deserialize(deserializer)?;
+    text.map(|t| parse_duration(&t).map_err(serde::de::Error::custom))
+        .transpose()
 }
 
 /// Parses a human duration, refusing negative ones with a plain reason.

@@ -1,0 +1,214 @@
+//! Settings for Kafka: the cluster, ingest routes, the republish handler and parking.
+
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use super::{duration, optional_duration, ConfigError};
+use crate::backoff::Jitter;
+
+/// `[kafka]`: the cluster every client of this process talks to.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaSettings {
+    /// `bootstrap.servers`.
+    pub bootstrap_servers: String,
+    /// Consumer group shared by every route and every fleet member.
+    pub group_id: String,
+    /// Any librdkafka property, passed to every consumer and producer (SASL, TLS, tuning).
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Default for KafkaSettings {
+    fn default() -> Self {
+        KafkaSettings {
+            bootstrap_servers: "127.0.0.1:9092".into(),
+            group_id: "redrive".into(),
+            properties: BTreeMap::new(),
+        }
+    }
+}
+
+/// `[ingest]`: how consumed messages become tasks.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IngestSettings {
+    /// Consume the routes' topics in this process (when any route is configured).
+    pub enabled: bool,
+    /// Messages per insert statement.
+    pub batch_size: u32,
+    /// Longest a partial batch waits for more messages.
+    #[serde(deserialize_with = "duration")]
+    pub linger: Duration,
+    /// Larger messages (key + value + headers) are stored in a minimal form: coordinates,
+    /// size and the reason, without the payload.
+    pub max_message_bytes: u32,
+    /// Stack traces from dead-letter headers are cut to this many bytes.
+    pub stacktrace_max_bytes: u32,
+    /// Process-mode handler calls run at once per batch.
+    pub process_concurrency: u32,
+}
+
+impl Default for IngestSettings {
+    fn default() -> Self {
+        IngestSettings {
+            enabled: true,
+            batch_size: 500,
+            linger: Duration::from_millis(20),
+            max_message_bytes: 16 * 1024 * 1024,
+            stacktrace_max_bytes: 8 * 1024,
+            process_concurrency: 32,
+        }
+    }
+}
+
+/// What a route does with a consumed message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RouteMode {
+    /// Every message is a failure report (a dead-letter topic): each becomes a task.
+    Capture,
+    /// The handler runs on the message first; only failures become tasks.
+    Process,
+}
+
+/// `[[routes]]`: topics, a mode, a handler and optional policy overrides.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSettings {
+    /// Stable name, recorded on each task; defaults to the first topic or the pattern.
+    #[serde(default)]
+    pub name: String,
+    /// Topic names.
+    #[serde(default)]
+    pub topics: Vec<String>,
+    /// A regular expression of topic names (subscribed as librdkafka's `^...`).
+    pub pattern: Option<String>,
+    /// `capture` or `process`.
+    pub mode: RouteMode,
+    /// Handler that retries the tasks (and, in process mode, handles messages first).
+    pub handler: String,
+    /// Event type recorded on the tasks.
+    pub event_type: Option<String>,
+    /// Overrides the handler's max attempts.
+    pub max_attempts: Option<u32>,
+    /// Overrides the handler's timeout.
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub timeout: Option<Duration>,
+    /// Overrides the backoff base delay.
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub backoff_base: Option<Duration>,
+    /// Overrides the backoff cap.
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub backoff_cap: Option<Duration>,
+    /// Overrides the backoff growth factor.
+    pub backoff_factor: Option<f64>,
+    /// Overrides the jitter mode.
+    pub jitter: Option<Jitter>,
+}
+
+/// `[republish]`: the built-in handler that produces a task back to Kafka.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RepublishSettings {
+    /// Produce here instead of the task's original topic.
+    pub target_topic: Option<String>,
+}
+
+/// `[parking]`: where permanent failures are also produced, for teams that live in Kafka.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ParkingSettings {
+    /// Parking topic; none means permanent failures stay in PostgreSQL only.
+    pub topic: Option<String>,
+}
+
+impl RouteSettings {
+    /// The subscription strings of this route (`^` marks a pattern for librdkafka).
+    pub fn subscriptions(&self) -> Vec<String> {
+        let mut subs = self.topics.clone();
+        if let Some(pattern) = &self.pattern {
+            subs.push(if pattern.starts_with('^') {
+                pattern.clone()
+            } else {
+                format!("^{pattern}")
+            });
+        }
+        subs
+    }
+}
+
+/// Fills in route names and checks every route; `handlers` are the registered names.
+pub(crate) fn validate_routes(
+    routes: &mut [RouteSettings],
+    handlers: Option<&[String]>,
+) -> Result<(), ConfigError> {
+    let mut names = HashSet::new();
+    let mut topics = HashSet::new();
+    for (i, route) in routes.iter_mut().enumerate() {
+        let key = |field: &str| format!("routes[{i}].{field}");
+        if route.topics.is_empty() && route.pattern.is_none() {
+            return Err(ConfigError::new(
+                key("topics"),
+                "a route needs topics or a pattern",
+            ));
+        }
+        if let Some(pattern) = &route.pattern {
+            regex::Regex::new(pattern).map_err(|e| {
+                ConfigError::new(key("pattern"), format!("not a regular expression: {e}"))
+            })?;
+        }
+        for topic in &route.topics {
+            if topic.is_empty() || topic.starts_with('^') {
+                return Err(ConfigError::new(
+                    key("topics"),
+                    format!("{topic:?} is not a topic name"),
+                ));
+            }
+            if !topics.insert(topic.clone()) {
+                return Err(ConfigError::new(
+                    key("topics"),
+                    format!("topic {topic:?} is in two routes"),
+                ));
+            }
+        }
+        if route.name.is_empty() {
+            route.name = route
+                .topics
+                .first()
+                .cloned()
+                .or_else(|| route.pattern.clone())
+                .unwrap_or_default();
+        }
+        if !names.insert(route.name.clone()) {
+            return Err(ConfigError::new(
+                key("name"),
+                format!("route name {:?} is used twice", route.name),
+            ));
+        }
+        if route.max_attempts == Some(0) {
+            return Err(ConfigError::new(key("max_attempts"), "must be at least 1"));
+        }
+        if let Some(factor) = route.backoff_factor {
+            if !(factor.is_finite() && factor >= 1.0) {
+                return Err(ConfigError::new(
+                    key("backoff_factor"),
+                    "must be a number >= 1.0",
+                ));
+            }
+        }
+        if let Some(handlers) = handlers {
+            if !handlers.contains(&route.handler) {
+                return Err(ConfigError::new(
+                    key("handler"),
+                    format!(
+                        "unknown handler {:?} (registered: {})",
+                        route.handler,
+                        handlers.join(", ")
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,57 @@
+//! Which route a consumed topic belongs to.
+
+use regex::Regex;
+use std::collections::HashMap;
+
+use crate::config::RouteSettings;
+
+/// Routes indexed by exact topic, then by pattern.
+pub(crate) struct RouteTable {
+    routes: Vec<RouteSettings>,
+    exact: HashMap<String, usize>,
+    patterns: Vec<(Regex, usize)>,
+}
+
+impl RouteTable {
+    /// Indexes validated routes.
+    pub(crate) fn new(routes: Vec<RouteSettings>) -> RouteTable {
+        let mut exact = HashMap::new();
+        let mut patterns = Vec::new();
+        for (index, route) in routes.iter().enumerate() {
+            for topic in &route.topics {
+                exact.insert(topic.clone(), index);
+            }
+            if let Some(pattern) = &route.pattern {
+                let anchored = format!(
+                    "^(?:{})$",
+                    pattern.trim_start_matches('^').trim_end_matches('$')
+                );
+                patterns.push((Regex::new(&anchored).expect("validated at start-up"), index));
+            }
+        }
+        RouteTable {
+            routes,
+            exact,
+            patterns,
+        }
+    }
+
+    /// The route of `topic`, exact names first.
+    pub(crate) fn route_for(&self, topic: &str) -> Option<&RouteSettings> {
+        let index = self.exact.get(topic).copied().or_else(|| {
+            self.patterns
+                .iter()
+                .find(|(re, _)| re.is_match(topic))
+                .map(|(_, i)| *i)
+        })?;
+        Some(&self.routes[index])
+    }
+
+    /// Every subscription string.
+    pub(crate) fn subscriptions(&self) -> Vec<String> {
+        self.routes
+            .iter()
+            .flat_map(RouteSettings::subscriptions)
+            .collect()
+    }
+}

@@ -1,0 +1,78 @@
+//! Parking: permanent failures are also produced to a topic, with their context as
+//! headers, for teams that live in Kafka. A parking failure never loses the task: it
+//! stays recorded in PostgreSQL.
+
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::util::Timeout;
+use std::time::Duration;
+
+use crate::config::KafkaSettings;
+use crate::handlers::republish::outgoing_headers;
+use crate::kafka::dlt::own;
+use crate::kafka::producer_config;
+use crate::task::Task;
+use crate::telemetry::Metrics;
+
+/// Producer of the parking topic.
+#[derive(Clone)]
+pub struct Parking {
+    producer: FutureProducer,
+    topic: String,
+    metrics: Metrics,
+}
+
+impl Parking {
+    /// A parking producer for `topic`.
+    pub fn new(kafka: &KafkaSettings, topic: String, metrics: Metrics) -> Result<Self, KafkaError> {
+        Ok(Parking {
+            producer: producer_config(kafka).create()?,
+            topic,
+            metrics,
+        })
+    }
+
+    /// Produces `task`, which just became a permanent failure with `error`.
+    pub async fn park(&self, task: &Task, error: Option<&str>) {
+        let origin = task.original.as_ref().or(task.source.as_ref());
+        let mut context = vec![
+            (own::TASK_ID, task.id.to_string()),
+            (own::ATTEMPTS, task.attempts.to_string()),
+            (
+                own::ERROR_MESSAGE,
+                error
+                    .or(task.error_message.as_deref())
+                    .unwrap_or_default()
+                    .to_owned(),
+            ),
+        ];
+        if let Some(class) = &task.error_class {
+            context.push((own::ERROR_CLASS, class.clone()));
+        }
+        if let Some(origin) = origin {
+            context.push((own::ORIGINAL_TOPIC, origin.topic.clone()));
+            context.push((own::ORIGINAL_PARTITION, origin.partition.to_string()));
+            context.push((own::ORIGINAL_OFFSET, origin.offset.to_string()));
+        }
+        let mut record: FutureRecord<'_, [u8], [u8]> =
+            FutureRecord::to(&self.topic).headers(outgoing_headers(task, &context));
+        if let Some(key) = task.key.as_deref() {
+            record = record.key(key);
+        }
+        if let Some(value) = task.value.as_deref() {
+            record = record.payload(value);
+        }
+        match self
+            .producer
+            .send(record, Timeout::After(Duration::from_secs(30)))
+            .await
+        {
+            Ok(_) => self.metrics.parked.with_label_values(&["produced"]).inc(),
+            Err((error, _)) => {
+                self.metrics.parked.with_label_values(&["failed"]).inc();
+                tracing::warn!(task = %task.id, topic = %self.topic, %error,
+                    "could not park the permanent failure; it stays recorded in PostgreSQL");
+            }
+        }
+    }
+}
