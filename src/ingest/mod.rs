@@ -128,8 +128,19 @@ impl Ingest {
                     None => std::future::pending().await,
                 }
             };
+            let flushed = async {
+                match in_flight.as_mut() {
+                    Some(handle) => handle.await.ok().flatten(),
+                    None => std::future::pending().await,
+                }
+            };
             let full = tokio::select! {
                 _ = shutdown.cancelled() => break,
+                offsets = flushed => {
+                    in_flight = None;
+                    commit(&consumer, offsets, CommitMode::Async);
+                    false
+                }
                 _ = linger => true,
                 received = consumer.recv() => match received {
                     Ok(message) => {

@@ -1,8 +1,12 @@
-//! Integration tests against the real PostgreSQL on this machine.
+//! Integration tests against the real PostgreSQL on this machine and librdkafka's mock
+//! Kafka cluster.
 
+mod broker;
 mod cli;
 mod config;
+mod ingest;
 mod process;
+mod republish;
 mod store;
 mod support;
 mod worker;

@@ -1,0 +1,164 @@
+//! Kafka for tests: librdkafka's mock cluster, a real Kafka-protocol broker in-process.
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header as KafkaHeader, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord};
+use rdkafka::util::Timeout;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use redrive::config::{RouteMode, RouteSettings};
+use redrive::{Header, Settings};
+use std::time::{Duration, Instant};
+
+/// A mock cluster with `topics` (name, partitions) created.
+pub fn cluster(topics: &[(&str, i32)]) -> MockCluster<'static, DefaultProducerContext> {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    for (topic, partitions) in topics {
+        cluster
+            .create_topic(topic, *partitions, 1)
+            .expect("create topic");
+    }
+    cluster
+}
+
+/// Points `settings` at the cluster with a fresh consumer group and quick group timings.
+pub fn use_cluster(settings: &mut Settings, bootstrap: &str, routes: Vec<RouteSettings>) {
+    settings.kafka.bootstrap_servers = bootstrap.to_owned();
+    settings.kafka.group_id = format!("g-{:x}", rand::random::<u32>());
+    for (key, value) in [
+        ("session.timeout.ms", "6000"),
+        ("heartbeat.interval.ms", "500"),
+        ("topic.metadata.refresh.interval.ms", "1000"),
+        ("message.max.bytes", "10485760"),
+    ] {
+        settings.kafka.properties.insert(key.into(), value.into());
+    }
+    settings.routes = routes;
+    settings.ingest.linger = Duration::from_millis(10);
+}
+
+/// A route of `topics` in `mode` to `handler`.
+pub fn route(topics: &[&str], mode: RouteMode, handler: &str) -> RouteSettings {
+    RouteSettings {
+        name: String::new(),
+        topics: topics.iter().map(|t| t.to_string()).collect(),
+        pattern: None,
+        mode,
+        handler: handler.into(),
+        event_type: None,
+        max_attempts: None,
+        timeout: None,
+        backoff_base: None,
+        backoff_cap: None,
+        backoff_factor: None,
+        jitter: None,
+    }
+}
+
+/// A producer for the test's own messages.
+pub fn producer(bootstrap: &str) -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("message.max.bytes", "10485760")
+        .create()
+        .expect("producer")
+}
+
+/// A message to produce.
+#[derive(Debug, Clone, Default)]
+pub struct Sample {
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub headers: Vec<Header>,
+    pub partition: Option<i32>,
+}
+
+/// Produces `sample`; returns its (partition, offset).
+pub async fn produce(producer: &FutureProducer, topic: &str, sample: &Sample) -> (i32, i64) {
+    let mut headers = OwnedHeaders::new();
+    for h in &sample.headers {
+        headers = headers.insert(KafkaHeader {
+            key: &h.name,
+            value: h.value.as_deref(),
+        });
+    }
+    let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
+    if let Some(key) = &sample.key {
+        record = record.key(key);
+    }
+    if let Some(value) = &sample.value {
+        record = record.payload(value);
+    }
+    if let Some(partition) = sample.partition {
+        record = record.partition(partition);
+    }
+    let delivery = producer
+        .send(record, Timeout::After(Duration::from_secs(30)))
+        .await;
+    let delivery = delivery.expect("delivered");
+    (delivery.partition, delivery.offset)
+}
+
+/// Reads `count` messages of `topic` (all partitions, from the start) within `limit`.
+pub fn consume(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    count: usize,
+    limit: Duration,
+) -> Vec<OwnedMessage> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", format!("reader-{:x}", rand::random::<u32>()))
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let start = Instant::now();
+    let mut messages = Vec::new();
+    while messages.len() < count && start.elapsed() < limit {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            messages.push(m.detach());
+        }
+    }
+    messages
+}
+
+/// Headers of a consumed message as redrive stores them.
+pub fn headers_of(message: &OwnedMessage) -> Vec<Header> {
+    redrive::kafka::message::headers_of(message)
+}
+
+/// The committed offsets of `group` on `topic`, partition by partition.
+pub fn committed(bootstrap: &str, group: &str, topic: &str, partitions: i32) -> Vec<i64> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let committed = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .expect("committed offsets");
+    (0..partitions)
+        .map(
+            |p| match committed.find_partition(topic, p).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) => o,
+                _ => 0,
+            },
+        )
+        .collect()
+}
+
+/// Stands for `message.payload()` etc. in assertions.
+pub fn bytes(m: &OwnedMessage) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+    (m.key().map(<[u8]>::to_vec), m.payload().map(<[u8]>::to_vec))
+}

@@ -1,0 +1,350 @@
+//! Ingest from the mock cluster into PostgreSQL: bytes, dead-letter context, modes.
+
+use async_trait::async_trait;
+use redrive::config::RouteMode;
+use redrive::{
+    Fleet, FleetError, Handler, HandlerContext, HandlerError, Header, Settings, Store, Task,
+};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::{cluster, produce, producer, route, use_cluster, Sample};
+use crate::support::{eventually, fresh_store, scalar};
+
+/// A running fleet member in this process.
+pub struct Running {
+    pub stop: CancellationToken,
+    handle: JoinHandle<Result<(), FleetError>>,
+}
+
+impl Running {
+    pub fn start(fleet: Fleet, store: &Store) -> Running {
+        let stop = CancellationToken::new();
+        let handle = tokio::spawn(fleet.run_with_store(store.clone(), stop.clone()));
+        Running { stop, handle }
+    }
+
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.handle.await.unwrap().unwrap();
+    }
+}
+
+pub fn fleet(settings: &Settings) -> Fleet {
+    Fleet::builder(settings.clone())
+        .with_builtin_handlers()
+        .build()
+        .unwrap()
+}
+
+pub async fn task_at(store: &Store, topic: &str, partition: i32, offset: i64) -> Task {
+    let id: i64 = sqlx::query_scalar(
+        "SELECT id FROM recovery_task WHERE source_topic = $1 AND source_partition = $2 AND source_offset = $3",
+    )
+    .bind(topic)
+    .bind(partition)
+    .bind(offset)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    store.get(redrive::TaskId(id)).await.unwrap().unwrap()
+}
+
+async fn count(store: &Store) -> i64 {
+    scalar(store, "SELECT count(*) FROM recovery_task").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capture_keeps_every_byte_of_odd_messages() {
+    let broker = cluster(&[("odd.dlt", 2)]);
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(
+        &mut settings,
+        &broker.bootstrap_servers(),
+        vec![route(&["odd.dlt"], RouteMode::Capture, "log")],
+    );
+    settings.worker.enabled = false;
+    let samples = vec![
+        Sample {
+            key: None,
+            value: Some(Vec::new()),
+            ..Sample::default()
+        },
+        Sample {
+            key: Some(b"k".to_vec()),
+            value: None,
+            ..Sample::default()
+        },
+        Sample {
+            key: Some(vec![0x00, 0xff]),
+            value: Some(vec![0xc3, 0x28, 0xa0, 0xa1, 0x00, 0xfe]),
+            headers: vec![
+                Header::new("bin", vec![0x00, 0x01, 0xff]),
+                Header {
+                    name: "none".into(),
+                    value: None,
+                },
+                Header::new("bin", b"second".to_vec()),
+                Header::new("empty", Vec::new()),
+            ],
+            partition: Some(1),
+        },
+        Sample {
+            key: Some(b"big".to_vec()),
+            value: Some((0..1 << 20).map(|i| (i % 251) as u8).collect()),
+            ..Sample::default()
+        },
+    ];
+    let producer = producer(&broker.bootstrap_servers());
+    let mut coordinates = Vec::new();
+    for sample in &samples {
+        coordinates.push(produce(&producer, "odd.dlt", sample).await);
+    }
+    let running = Running::start(fleet(&settings), &store);
+    eventually(Duration::from_secs(30), "4 tasks", || async {
+        count(&store).await == 4
+    })
+    .await;
+    running.stop().await;
+    for (sample, (partition, offset)) in samples.iter().zip(coordinates) {
+        let task = task_at(&store, "odd.dlt", partition, offset).await;
+        assert_eq!(task.key, sample.key, "key at {partition}/{offset}");
+        assert_eq!(task.value, sample.value, "value at {partition}/{offset}");
+        assert_eq!(
+            task.headers, sample.headers,
+            "headers at {partition}/{offset}"
+        );
+        assert_eq!(task.source_timestamp_type.as_deref(), Some("create_time"));
+        assert!(task.source_timestamp.is_some());
+        assert_eq!(task.route.as_deref(), Some("odd.dlt"));
+        assert_eq!(
+            task.dedup_key,
+            Some(format!("kafka:odd.dlt:{partition}:{offset}"))
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letter_headers_fill_the_failure_context() {
+    let broker = cluster(&[("mixed.dlt", 1)]);
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(
+        &mut settings,
+        &broker.bootstrap_servers(),
+        vec![route(&["mixed.dlt"], RouteMode::Capture, "log")],
+    );
+    settings.worker.enabled = false;
+    settings.ingest.stacktrace_max_bytes = 64;
+    let h = |n: &str, v: &[u8]| Header::new(n, v.to_vec());
+    let formats: Vec<Vec<Header>> = vec![
+        vec![
+            h("kafka_dlt-original-topic", b"orders"),
+            h("kafka_dlt-original-partition", &2i32.to_be_bytes()),
+            h("kafka_dlt-original-offset", &40i64.to_be_bytes()),
+            h(
+                "kafka_dlt-exception-fqcn",
+                b"org.example.ValidationException",
+            ),
+            h("kafka_dlt-exception-message", b"amount < 0"),
+            h(
+                "kafka_dlt-exception-stacktrace",
+                "at org.example.Validator.check(Validator.java:12)\n"
+                    .repeat(20)
+                    .as_bytes(),
+            ),
+        ],
+        vec![
+            h("__connect.errors.topic", b"payments"),
+            h("__connect.errors.partition", b"1"),
+            h("__connect.errors.offset", b"7"),
+            h(
+                "__connect.errors.exception.class.name",
+                b"org.apache.kafka.connect.errors.DataException",
+            ),
+            h("__connect.errors.exception.message", b"bad schema"),
+        ],
+        vec![
+            h("original_topic", b"clicks"),
+            h("original_partition", b"0"),
+            h("original_offset", b"99"),
+        ],
+        vec![
+            h("redrive-original-topic", b"orders"),
+            h("redrive-original-partition", b"0"),
+            h("redrive-original-offset", b"5"),
+            h("redrive-error-message", b"gave up"),
+        ],
+        vec![
+            h("kafka_dlt-original-topic", b"orders"),
+            h("kafka_dlt-original-offset", b"\x01"),
+        ],
+        vec![h("traceparent", b"00-abc")],
+    ];
+    let producer = producer(&broker.bootstrap_servers());
+    for headers in &formats {
+        let sample = Sample {
+            value: Some(b"{}".to_vec()),
+            headers: headers.clone(),
+            ..Sample::default()
+        };
+        produce(&producer, "mixed.dlt", &sample).await;
+    }
+    let running = Running::start(fleet(&settings), &store);
+    eventually(Duration::from_secs(30), "6 tasks", || async {
+        count(&store).await == 6
+    })
+    .await;
+    running.stop().await;
+
+    let spring = task_at(&store, "mixed.dlt", 0, 0).await;
+    let original = spring.original.clone().unwrap();
+    assert_eq!(
+        (original.topic.as_str(), original.partition, original.offset),
+        ("orders", 2, 40)
+    );
+    assert_eq!(
+        spring.error_class.as_deref(),
+        Some("org.example.ValidationException")
+    );
+    assert_eq!(spring.error_message.as_deref(), Some("amount < 0"));
+    assert!(spring.error_stacktrace.unwrap().ends_with("(truncated)"));
+    let connect = task_at(&store, "mixed.dlt", 0, 1).await;
+    assert_eq!(connect.original.unwrap().topic, "payments");
+    assert_eq!(connect.error_message.as_deref(), Some("bad schema"));
+    let karafka = task_at(&store, "mixed.dlt", 0, 2).await;
+    assert_eq!(karafka.original.unwrap().offset, 99);
+    let own = task_at(&store, "mixed.dlt", 0, 3).await;
+    assert_eq!(own.error_message.as_deref(), Some("gave up"));
+    let malformed = task_at(&store, "mixed.dlt", 0, 4).await;
+    assert_eq!(malformed.original, None);
+    assert!(malformed
+        .ingest_note
+        .unwrap()
+        .contains("spring headers incomplete or malformed"));
+    assert_eq!(
+        malformed.value.as_deref(),
+        Some(&b"{}"[..]),
+        "stored all the same"
+    );
+    let unknown = task_at(&store, "mixed.dlt", 0, 5).await;
+    assert_eq!(
+        (unknown.original, unknown.error_class, unknown.ingest_note),
+        (None, None, None)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_the_size_limit_is_stored_in_minimal_form() {
+    let broker = cluster(&[("big.dlt", 1)]);
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(
+        &mut settings,
+        &broker.bootstrap_servers(),
+        vec![route(&["big.dlt"], RouteMode::Capture, "log")],
+    );
+    settings.worker.enabled = false;
+    settings.ingest.max_message_bytes = 1000;
+    let producer = producer(&broker.bootstrap_servers());
+    let big = Sample {
+        key: Some(b"k".to_vec()),
+        value: Some(vec![7; 2000]),
+        ..Sample::default()
+    };
+    let small = Sample {
+        value: Some(vec![7; 10]),
+        ..Sample::default()
+    };
+    produce(&producer, "big.dlt", &big).await;
+    produce(&producer, "big.dlt", &small).await;
+    let running = Running::start(fleet(&settings), &store);
+    eventually(Duration::from_secs(30), "2 tasks", || async {
+        count(&store).await == 2
+    })
+    .await;
+    running.stop().await;
+    let task = task_at(&store, "big.dlt", 0, 0).await;
+    assert_eq!(
+        (task.key, task.value, task.value_size),
+        (None, None, Some(2000))
+    );
+    assert!(task
+        .ingest_note
+        .unwrap()
+        .contains("exceeds ingest.max_message_bytes (1000)"));
+    assert_eq!(
+        task_at(&store, "big.dlt", 0, 1).await.value,
+        Some(vec![7; 10]),
+        "the partition moved on"
+    );
+}
+
+/// Fails messages whose value starts with "bad".
+struct Validate;
+
+#[async_trait]
+impl Handler for Validate {
+    async fn handle(&self, _ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
+        match task.value.as_deref() {
+            Some(v) if v.starts_with(b"bad") => {
+                Err(HandlerError::transient("validation service said no"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_mode_stores_only_failures_as_their_first_attempt() {
+    let broker = cluster(&[("orders", 1)]);
+    let (store, mut settings) = fresh_store().await;
+    let bootstrap = broker.bootstrap_servers();
+    use_cluster(
+        &mut settings,
+        &bootstrap,
+        vec![route(&["orders"], RouteMode::Process, "validate")],
+    );
+    settings.worker.enabled = false;
+    let producer = producer(&bootstrap);
+    for value in ["good 1", "bad 1", "good 2", "bad 2", "good 3"] {
+        produce(
+            &producer,
+            "orders",
+            &Sample {
+                value: Some(value.into()),
+                ..Sample::default()
+            },
+        )
+        .await;
+    }
+    let fleet = Fleet::builder(settings.clone())
+        .handler("validate", Validate)
+        .build()
+        .unwrap();
+    let running = Running::start(fleet, &store);
+    let group = settings.kafka.group_id.clone();
+    eventually(Duration::from_secs(30), "all 5 offsets committed", || {
+        let bootstrap = bootstrap.clone();
+        let group = group.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                crate::broker::committed(&bootstrap, &group, "orders", 1)
+            })
+            .await
+            .unwrap()
+                == vec![5]
+        }
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(count(&store).await, 2, "only the failures are stored");
+    for offset in [1, 3] {
+        let task = task_at(&store, "orders", 0, offset).await;
+        assert_eq!(task.attempts, 1);
+        assert_eq!(
+            task.last_error.as_deref(),
+            Some("validation service said no")
+        );
+        assert_eq!(task.original.as_ref(), task.source.as_ref());
+    }
+}
