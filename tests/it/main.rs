@@ -5,6 +5,7 @@ mod broker;
 mod cli;
 mod config;
 mod ingest;
+mod outage;
 mod process;
 mod republish;
 mod store;

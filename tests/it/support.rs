@@ -85,3 +85,67 @@ pub async fn scalar(store: &Store, sql: &str) -> i64 {
         .await
         .expect(sql)
 }
+
+/// A TCP proxy to PostgreSQL that a test can cut (an outage) and restore.
+pub struct PgProxy {
+    /// The port to connect to instead of 5432.
+    pub port: u16,
+    up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    generation: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl PgProxy {
+    /// Starts a proxy to 127.0.0.1:5432.
+    pub async fn start() -> PgProxy {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let up = std::sync::Arc::new(AtomicBool::new(true));
+        let (generation, _) = tokio::sync::watch::channel(0u64);
+        let generation = std::sync::Arc::new(generation);
+        let (accept_up, accept_generation) = (up.clone(), generation.clone());
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if !accept_up.load(Ordering::SeqCst) {
+                    continue; // refused: dropped at once
+                }
+                let mut cut = accept_generation.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect("127.0.0.1:5432").await
+                    else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = cut.changed() => {}
+                    }
+                });
+            }
+        });
+        PgProxy {
+            port,
+            up,
+            generation,
+        }
+    }
+
+    /// Drops every connection and refuses new ones.
+    pub fn cut(&self) {
+        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.generation.send_modify(|g| *g += 1);
+    }
+
+    /// Accepts connections again.
+    pub fn restore(&self) {
+        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// `settings` with the database reached through this proxy.
+    pub fn route(&self, settings: &Settings) -> Settings {
+        let mut settings = settings.clone();
+        let url = database_url().replace(":5432/", &format!(":{}/", self.port));
+        settings.database.url = url.into();
+        settings.database.connect_timeout = Duration::from_secs(1);
+        settings
+    }
+}

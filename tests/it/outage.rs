@@ -1,0 +1,201 @@
+//! Failures of the parts around redrive: a killed ingest process, a rebalance, a
+//! PostgreSQL outage. Every consumed message ends as exactly one task.
+
+use redrive::config::RouteMode;
+use redrive::Store;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::broker::{cluster, committed, produce, producer, route, use_cluster, Sample};
+use crate::ingest::{fleet, Running};
+use crate::support::{eventually, fresh_store, scalar, PgProxy};
+
+async fn tasks(store: &Store) -> i64 {
+    scalar(store, "SELECT count(*) FROM recovery_task").await
+}
+
+async fn produce_range(bootstrap: &str, topic: &str, range: std::ops::Range<usize>) {
+    let producer = producer(bootstrap);
+    for i in range {
+        let sample = Sample {
+            value: Some(format!("failure {i}").into()),
+            ..Sample::default()
+        };
+        produce(&producer, topic, &sample).await;
+    }
+}
+
+async fn committed_total(bootstrap: &str, group: &str, topic: &str, partitions: i32) -> i64 {
+    let (bootstrap, group, topic) = (bootstrap.to_owned(), group.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        committed(&bootstrap, &group, &topic, partitions)
+            .iter()
+            .sum()
+    })
+    .await
+    .unwrap()
+}
+
+/// Each value `failure N` for N in 0..total is stored exactly once.
+async fn assert_each_message_once(store: &Store, total: usize) {
+    let values: Vec<Vec<u8>> =
+        sqlx::query_scalar("SELECT msg_value FROM recovery_task ORDER BY id")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    let mut seen: Vec<String> = values
+        .iter()
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .collect();
+    seen.sort();
+    let mut expected: Vec<String> = (0..total).map(|i| format!("failure {i}")).collect();
+    expected.sort();
+    assert_eq!(seen, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingest_process_killed_mid_stream_loses_and_duplicates_nothing() {
+    let broker = cluster(&[("stream.dlt", 3)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(&mut settings, &bootstrap, Vec::new());
+    let config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    let toml = format!(
+        "[worker]\nenabled = false\n[ingest]\nbatch_size = 50\nlinger = \"5ms\"\n\
+         [kafka]\nbootstrap_servers = \"{bootstrap}\"\ngroup_id = \"{}\"\n\
+         [kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n\
+         [[routes]]\ntopics = [\"stream.dlt\"]\nmode = \"capture\"\nhandler = \"log\"\n",
+        settings.kafka.group_id
+    );
+    std::fs::write(config.path(), toml).unwrap();
+    let start = || {
+        use secrecy::ExposeSecret;
+        Command::new(env!("CARGO_BIN_EXE_redrive"))
+            .args(["--config", config.path().to_str().unwrap(), "run"])
+            .env(
+                "REDRIVE__DATABASE__URL",
+                settings.database.url.expose_secret(),
+            )
+            .env("REDRIVE__DATABASE__SCHEMA", &settings.database.schema)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    produce_range(&bootstrap, "stream.dlt", 0..3000).await;
+    let mut first = start();
+    eventually(Duration::from_secs(60), "ingest under way", || async {
+        let n = tasks(&store).await;
+        n > 0 && n < 3000
+    })
+    .await;
+    first.kill().unwrap(); // SIGKILL
+    first.wait().unwrap();
+    let at_kill = tasks(&store).await;
+    produce_range(&bootstrap, "stream.dlt", 3000..4000).await;
+    let mut second = start();
+    eventually(Duration::from_secs(90), "4000 tasks", || async {
+        tasks(&store).await == 4000
+    })
+    .await;
+    let group = settings.kafka.group_id.clone();
+    eventually(
+        Duration::from_secs(30),
+        "every offset committed",
+        || async { committed_total(&bootstrap, &group, "stream.dlt", 3).await == 4000 },
+    )
+    .await;
+    assert_eq!(unsafe { libc::kill(second.id() as i32, libc::SIGTERM) }, 0);
+    assert!(second.wait().unwrap().success());
+    assert!(at_kill < 4000, "killed mid-stream ({at_kill} stored)");
+    assert_each_message_once(&store, 4000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_joining_mid_stream_shares_partitions_without_duplicates() {
+    let broker = cluster(&[("shared.dlt", 4)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(
+        &mut settings,
+        &bootstrap,
+        vec![route(&["shared.dlt"], RouteMode::Capture, "log")],
+    );
+    settings.worker.enabled = false;
+    settings.ingest.batch_size = 20;
+    produce_range(&bootstrap, "shared.dlt", 0..1000).await;
+    let first = Running::start(fleet(&settings), &store);
+    eventually(Duration::from_secs(60), "ingest under way", || async {
+        tasks(&store).await > 0
+    })
+    .await;
+    let second = Running::start(fleet(&settings), &store);
+    produce_range(&bootstrap, "shared.dlt", 1000..2000).await;
+    eventually(Duration::from_secs(90), "2000 tasks", || async {
+        tasks(&store).await == 2000
+    })
+    .await;
+    eventually(
+        Duration::from_secs(30),
+        "every offset committed",
+        || async {
+            committed_total(&bootstrap, &settings.kafka.group_id, "shared.dlt", 4).await == 2000
+        },
+    )
+    .await;
+    first.stop().await;
+    second.stop().await;
+    assert_each_message_once(&store, 2000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_outage_stops_commits_then_ingest_resumes_with_nothing_lost() {
+    let broker = cluster(&[("pg.dlt", 2)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, settings) = fresh_store().await;
+    let proxy = PgProxy::start().await;
+    let mut through_proxy = proxy.route(&settings);
+    use_cluster(
+        &mut through_proxy,
+        &bootstrap,
+        vec![route(&["pg.dlt"], RouteMode::Capture, "log")],
+    );
+    through_proxy.worker.enabled = false;
+    let group = through_proxy.kafka.group_id.clone();
+    let proxied_store = Store::connect(&through_proxy.database).await.unwrap();
+    let running = Running::start(fleet(&through_proxy), &proxied_store);
+    produce_range(&bootstrap, "pg.dlt", 0..200).await;
+    eventually(Duration::from_secs(60), "200 tasks", || async {
+        tasks(&store).await == 200
+    })
+    .await;
+
+    proxy.cut();
+    produce_range(&bootstrap, "pg.dlt", 200..400).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stored = tasks(&store).await;
+    let committed_during = committed_total(&bootstrap, &group, "pg.dlt", 2).await;
+    assert!(
+        committed_during <= stored,
+        "committed {committed_during} offsets but stored {stored} tasks"
+    );
+    assert_eq!(
+        stored, 200,
+        "nothing stored while the database is unreachable"
+    );
+
+    proxy.restore();
+    eventually(Duration::from_secs(60), "400 tasks", || async {
+        tasks(&store).await == 400
+    })
+    .await;
+    eventually(
+        Duration::from_secs(30),
+        "every offset committed",
+        || async { committed_total(&bootstrap, &group, "pg.dlt", 2).await == 400 },
+    )
+    .await;
+    running.stop().await;
+    assert_each_message_once(&store, 400).await;
+}
