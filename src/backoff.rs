@@ -6,7 +6,7 @@ use std::time::Duration;
 
 /// How randomness is applied to the exponential delay `d`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(try_from = "String")]
 pub enum Jitter {
     /// Uniform in `[0, d]`: spreads retries the most (the default).
     Full,
@@ -14,6 +14,21 @@ pub enum Jitter {
     Equal,
     /// Exactly `d`.
     None,
+}
+
+impl TryFrom<String> for Jitter {
+    type Error = String;
+
+    fn try_from(mode: String) -> Result<Self, Self::Error> {
+        match mode.as_str() {
+            "full" => Ok(Jitter::Full),
+            "equal" => Ok(Jitter::Equal),
+            "none" => Ok(Jitter::None),
+            other => Err(format!(
+                "unknown jitter {other:?}: expected \"full\", \"equal\" or \"none\""
+            )),
+        }
+    }
 }
 
 /// Exponential backoff: `min(cap, base * factor^(attempt-1))`, then jitter.

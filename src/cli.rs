@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::bench::{self, BenchOptions};
 use crate::config::{parse_duration, Settings};
+use crate::demo::{self, DemoOptions};
 use crate::fleet::{Fleet, FleetBuilder};
 use crate::headers::Header;
 use crate::store::{Enqueued, Store};
@@ -37,6 +38,8 @@ pub enum Command {
     Enqueue(EnqueueArgs),
     /// Measure enqueue and drain throughput against the configured PostgreSQL.
     Bench(BenchOptions),
+    /// Run the whole loop with an in-process Kafka broker and the local PostgreSQL.
+    Demo(DemoOptions),
 }
 
 /// Options of `redrive run`.
@@ -93,7 +96,9 @@ fn parse_header(text: &str) -> Result<Header, String> {
 /// developer's own binary calls this with its handlers to get the same CLI.
 pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> anyhow::Result<()> {
     let cli = Cli::parse();
-    telemetry::init_logging();
+    // The demo and the benchmark print their own figures; keep their logs to warnings.
+    let quiet = matches!(cli.command, Command::Demo(_) | Command::Bench(_));
+    telemetry::init_logging(if quiet { "warn" } else { "info" });
     let settings = Settings::load(cli.config.as_deref(), None)?;
     match cli.command {
         Command::Run(args) => {
@@ -122,6 +127,7 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
             enqueue(&store, args).await?;
         }
         Command::Bench(options) => bench::run(&settings, &options).await?,
+        Command::Demo(options) => demo::run(&settings, &options).await?,
     }
     Ok(())
 }

@@ -18,6 +18,7 @@ pub mod backoff;
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod demo;
 pub mod fleet;
 pub mod handlers;
 pub mod headers;

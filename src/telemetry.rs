@@ -6,9 +6,10 @@ use prometheus::{
 use tracing_subscriber::EnvFilter;
 
 /// Installs the global `tracing` subscriber: human-readable lines on stderr, filtered by
-/// `RUST_LOG` (default `info`). Does nothing if one is already installed.
-pub fn init_logging() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// `RUST_LOG` (default `default_level`). Does nothing if one is already installed.
+pub fn init_logging(default_level: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

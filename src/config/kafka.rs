@@ -64,12 +64,24 @@ impl Default for IngestSettings {
 
 /// What a route does with a consumed message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(try_from = "String")]
 pub enum RouteMode {
     /// Every message is a failure report (a dead-letter topic): each becomes a task.
     Capture,
     /// The handler runs on the message first; only failures become tasks.
     Process,
+}
+
+impl TryFrom<String> for RouteMode {
+    type Error = String;
+
+    fn try_from(mode: String) -> Result<Self, Self::Error> {
+        match mode.as_str() {
+            "capture" => Ok(RouteMode::Capture),
+            "process" => Ok(RouteMode::Process),
+            other => Err(format!("unknown mode {other:?}: expected \"capture\" or \"process\"")),
+        }
+    }
 }
 
 /// `[[routes]]`: topics, a mode, a handler and optional policy overrides.

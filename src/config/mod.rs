@@ -343,5 +343,7 @@ fn from_config_error(err: config::ConfigError) -> ConfigError {
         | config::ConfigError::At { key: Some(key), .. } => key.clone(),
         _ => "config".to_owned(),
     };
+    // The config crate writes array keys as `routes[0]mode`.
+    let key = key.replace("]", "].").replace("]..", "].").trim_end_matches('.').to_owned();
     ConfigError::new(key, message)
 }

@@ -1,5 +1,6 @@
 //! The handler API: what developers implement to retry a failure.
 
+pub mod faults;
 mod log;
 mod registry;
 pub mod republish;

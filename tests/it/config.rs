@@ -168,3 +168,35 @@ fn the_example_file_is_valid_and_matches_the_defaults() {
     let defaults = load_env(&[]).unwrap();
     assert_eq!(format!("{from_file:?}"), format!("{defaults:?}"));
 }
+
+fn route_toml(body: &str) -> Result<Settings, redrive::ConfigError> {
+    load_toml(&format!("[[routes]]\n{body}"))
+}
+
+#[test]
+fn invalid_routes_are_refused_with_the_key() {
+    assert_refused(route_toml("mode = \"capture\"\nhandler = \"log\""), "routes[0].topics", "topics or a pattern");
+    assert_refused(
+        route_toml("topics = [\"a\"]\nmode = \"replay\"\nhandler = \"log\""),
+        "routes[0].mode",
+        "expected \"capture\" or \"process\"",
+    );
+    assert_refused(
+        route_toml("topics = [\"a\"]\nmode = \"capture\"\nhandler = \"log\"\n[[routes]]\ntopics = [\"a\"]\nmode = \"process\"\nhandler = \"log\""),
+        "routes[1].topics",
+        "in two routes",
+    );
+    assert_refused(
+        route_toml("pattern = \"(unclosed\"\nmode = \"capture\"\nhandler = \"log\""),
+        "routes[0].pattern",
+        "not a regular expression",
+    );
+}
+
+#[test]
+fn a_route_to_an_unknown_handler_refuses_to_start() {
+    let settings = route_toml("topics = [\"orders.dlt\"]\nmode = \"capture\"\nhandler = \"sync\"").unwrap();
+    let err = Fleet::builder(settings).handler("log", LogHandler).build().err().unwrap();
+    let text = err.to_string();
+    assert!(text.contains("routes[0].handler") && text.contains("unknown handler \"sync\""), "{text}");
+}

@@ -51,7 +51,7 @@ async fn child_fleet_member() {
     let Ok(role) = std::env::var(CHILD_ROLE) else {
         return;
     };
-    redrive::telemetry::init_logging();
+    redrive::telemetry::init_logging("info");
     let settings = Settings::load(None, None).expect("child settings");
     let builder = Fleet::builder(settings.clone());
     let builder = match role.as_str() {

@@ -1,0 +1,219 @@
+//! `redrive demo`: the whole loop on a fresh machine. An in-process Kafka-protocol broker
+//! (librdkafka's mock cluster), the local PostgreSQL, a stream of sample failures on a
+//! dead-letter topic, and a fleet member that captures them and republishes them behind
+//! a fault-injecting wrapper.
+
+use anyhow::Context;
+use clap::Args;
+use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::util::Timeout;
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{RouteMode, RouteSettings, Settings};
+use crate::fleet::{cancel_on_signal, Fleet};
+use crate::handlers::faults::FaultInjecting;
+use crate::handlers::{LogHandler, RepublishHandler};
+use crate::kafka::client_config;
+use crate::store::{StatusCounts, Store};
+
+const DEAD_LETTER_TOPIC: &str = "orders.dlt";
+const TARGET_TOPIC: &str = "orders";
+const PARKING_TOPIC: &str = "orders.parking";
+
+/// Options of `redrive demo`.
+#[derive(Debug, Clone, Args)]
+pub struct DemoOptions {
+    /// Sample failures to produce; the demo stops once that many tasks are final.
+    #[arg(long, default_value_t = 1000)]
+    pub messages: usize,
+    /// Sample failures produced per second.
+    #[arg(long, default_value_t = 250)]
+    pub rate: u32,
+    /// Share of attempts that fail transiently (retried with backoff).
+    #[arg(long, default_value_t = 0.3)]
+    pub transient: f64,
+    /// Share of attempts that fail permanently (parked).
+    #[arg(long, default_value_t = 0.02)]
+    pub permanent: f64,
+    /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    pub metrics: Option<SocketAddr>,
+    /// Keep running after the count is reached, until Ctrl-C.
+    #[arg(long)]
+    pub keep_running: bool,
+}
+
+/// Runs the demo with `settings` (database, worker and retry tuning) as a base.
+pub async fn run(settings: &Settings, options: &DemoOptions) -> anyhow::Result<()> {
+    let broker = MockCluster::new(1).context("starting the in-process Kafka broker")?;
+    for (topic, partitions) in [(DEAD_LETTER_TOPIC, 3), (TARGET_TOPIC, 3), (PARKING_TOPIC, 1)] {
+        broker.create_topic(topic, partitions, 1)?;
+    }
+    let bootstrap = broker.bootstrap_servers();
+    let settings = demo_settings(settings, &bootstrap, options);
+    let store = Store::connect(&settings.database).await.context(
+        "connecting to PostgreSQL (set DATABASE_URL, default postgres://postgres@127.0.0.1:5432/postgres)",
+    )?;
+    sqlx::query(&format!("DROP SCHEMA IF EXISTS {} CASCADE", store.schema()))
+        .execute(store.pool())
+        .await?;
+    store.migrate().await?;
+
+    println!("redrive demo");
+    println!("  Kafka-protocol broker (in-process): {bootstrap}");
+    println!("  dead-letter topic {DEAD_LETTER_TOPIC} -> republish to the original topic ({TARGET_TOPIC}); permanent failures parked on {PARKING_TOPIC}");
+    println!("  PostgreSQL schema {:?} (recreated for this run)", store.schema());
+    println!(
+        "  faults injected: {:.0}% transient, {:.0}% permanent",
+        options.transient * 100.0,
+        options.permanent * 100.0
+    );
+    println!("  add your own failures while it runs: echo oops | kcat -b {bootstrap} -t {DEAD_LETTER_TOPIC} -P");
+    if let Some(addr) = options.metrics {
+        println!("  metrics: http://{addr}/metrics");
+    }
+    println!();
+
+    let republish = RepublishHandler::new(&settings.kafka, &settings.republish)?;
+    let fleet = Fleet::builder(settings.clone())
+        .handler("log", LogHandler)
+        .handler(
+            "republish",
+            FaultInjecting::new(republish, options.transient, options.permanent),
+        )
+        .build()?;
+    let metrics = fleet.metrics().clone();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let member = tokio::spawn(fleet.run_with_store(store.clone(), shutdown.clone()));
+    let producer: FutureProducer = client_config(&settings.kafka).create()?;
+    let feeding = tokio::spawn(feed(producer, options.messages, options.rate, shutdown.clone()));
+
+    let started = Instant::now();
+    let live = std::io::stdout().is_terminal();
+    let mut ticker = tokio::time::interval(Duration::from_millis(500));
+    let mut counts = StatusCounts::default();
+    let mut ticks = 0u64;
+    loop {
+        ticks += 1;
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = ticker.tick() => {}
+        }
+        counts = store.status_counts().await?;
+        let retrying = retrying(&store).await?;
+        let line = format!(
+            "ingested {:>6}   resolved {:>6}   retrying {:>5}   permanent {:>5}   ({:.0}s)",
+            counts.total(),
+            counts.resolved,
+            retrying,
+            counts.permanent_failure,
+            started.elapsed().as_secs_f64()
+        );
+        if live {
+            print!("\r{line}");
+            std::io::stdout().flush()?;
+        } else if ticks % 4 == 1 {
+            println!("{line}");
+        }
+        let finished = counts.total() - counts.failed;
+        if !options.keep_running && counts.failed == 0 && finished >= options.messages as i64 {
+            shutdown.cancel();
+        }
+    }
+    if live {
+        println!();
+    }
+    feeding.abort();
+    member.await??;
+    let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM recovery_attempt")
+        .fetch_one(store.pool())
+        .await?;
+    println!("\nsummary after {:.1}s", started.elapsed().as_secs_f64());
+    let parked = metrics.parked.with_label_values(&["produced"]).get();
+    println!("  tasks ingested          {}", counts.total());
+    println!("  resolved (republished)  {}", counts.resolved);
+    println!("  permanent failures      {} (parked on {PARKING_TOPIC}: {parked})", counts.permanent_failure);
+    println!("  still failed            {}", counts.failed);
+    println!("  attempts made           {attempts}");
+    drop(broker);
+    Ok(())
+}
+
+fn demo_settings(base: &Settings, bootstrap: &str, options: &DemoOptions) -> Settings {
+    let mut settings = base.clone();
+    if let Ok(url) = std::env::var("DATABASE_URL") {
+        settings.database.url = url.into();
+    }
+    settings.database.schema = "redrive_demo".into();
+    settings.database.migrate_on_start = false;
+    settings.kafka.bootstrap_servers = bootstrap.to_owned();
+    settings.kafka.group_id = "redrive-demo".into();
+    settings.worker.poll_interval = Duration::from_millis(200);
+    settings.retry.max_attempts = 6;
+    settings.retry.backoff_base = Duration::from_millis(200);
+    settings.retry.backoff_cap = Duration::from_secs(3);
+    settings.metrics.listen = options.metrics;
+    settings.parking.topic = Some(PARKING_TOPIC.into());
+    settings.routes = vec![RouteSettings {
+        name: "orders".into(),
+        topics: vec![DEAD_LETTER_TOPIC.into()],
+        pattern: None,
+        mode: RouteMode::Capture,
+        handler: "republish".into(),
+        event_type: Some("order.sync_failed".into()),
+        max_attempts: None,
+        timeout: None,
+        backoff_base: None,
+        backoff_cap: None,
+        backoff_factor: None,
+        jitter: None,
+    }];
+    settings
+}
+
+async fn retrying(store: &Store) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar("SELECT count(*) FROM recovery_task WHERE status = 'failed' AND attempts > 0")
+        .fetch_one(store.pool())
+        .await?)
+}
+
+/// Produces `count` sample failures, Spring Kafka style, at `rate` per second.
+async fn feed(producer: FutureProducer, count: usize, rate: u32, stop: CancellationToken) {
+    let exceptions = [
+        ("org.springframework.web.client.HttpServerErrorException", "503 Service Unavailable from inventory"),
+        ("java.net.SocketTimeoutException", "Read timed out"),
+        ("org.example.orders.ValidationException", "currency EURO is not ISO 4217"),
+    ];
+    let pause = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
+    for i in 0..count {
+        if stop.is_cancelled() {
+            return;
+        }
+        let (class, message) = exceptions[i % exceptions.len()];
+        let value: Vec<u8> = if i % 10 == 9 {
+            vec![0xde, 0xad, 0xbe, 0xef, 0x00, 0xff] // not UTF-8: kept byte for byte
+        } else {
+            format!(r#"{{"order_id":{i},"amount":{}.{:02},"currency":"EUR"}}"#, 10 + i % 90, i % 100).into_bytes()
+        };
+        let key = format!("order-{i}");
+        let partition = (i % 3).to_string();
+        let offset = (i / 3).to_string();
+        let headers = OwnedHeaders::new()
+            .insert(KafkaHeader { key: "kafka_dlt-original-topic", value: Some(TARGET_TOPIC) })
+            .insert(KafkaHeader { key: "kafka_dlt-original-partition", value: Some(partition.as_str()) })
+            .insert(KafkaHeader { key: "kafka_dlt-original-offset", value: Some(offset.as_str()) })
+            .insert(KafkaHeader { key: "kafka_dlt-exception-fqcn", value: Some(class) })
+            .insert(KafkaHeader { key: "kafka_dlt-exception-message", value: Some(message) });
+        let record = FutureRecord::to(DEAD_LETTER_TOPIC).key(&key).payload(&value).headers(headers);
+        if let Err((error, _)) = producer.send(record, Timeout::After(Duration::from_secs(10))).await {
+            tracing::warn!(%error, "demo producer could not write a sample failure");
+        }
+        tokio::time::sleep(pause).await;
+    }
+}
