@@ -6,7 +6,7 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::bench::{self, BenchOptions};
+use crate::bench::{self, BenchArgs};
 use crate::config::{parse_duration, Settings};
 use crate::demo::{self, DemoOptions};
 use crate::fleet::{Fleet, FleetBuilder};
@@ -36,8 +36,8 @@ pub enum Command {
     Migrate,
     /// Store a recovery task from a file or standard input.
     Enqueue(EnqueueArgs),
-    /// Measure enqueue and drain throughput against the configured PostgreSQL.
-    Bench(BenchOptions),
+    /// Measure throughput: the queue (enqueue, drain), or `ingest` (Kafka to PostgreSQL).
+    Bench(BenchArgs),
     /// Run the whole loop with an in-process Kafka broker and the local PostgreSQL.
     Demo(DemoOptions),
 }

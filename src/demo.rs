@@ -51,7 +51,11 @@ pub struct DemoOptions {
 /// Runs the demo with `settings` (database, worker and retry tuning) as a base.
 pub async fn run(settings: &Settings, options: &DemoOptions) -> anyhow::Result<()> {
     let broker = MockCluster::new(1).context("starting the in-process Kafka broker")?;
-    for (topic, partitions) in [(DEAD_LETTER_TOPIC, 3), (TARGET_TOPIC, 3), (PARKING_TOPIC, 1)] {
+    for (topic, partitions) in [
+        (DEAD_LETTER_TOPIC, 3),
+        (TARGET_TOPIC, 3),
+        (PARKING_TOPIC, 1),
+    ] {
         broker.create_topic(topic, partitions, 1)?;
     }
     let bootstrap = broker.bootstrap_servers();
@@ -67,7 +71,10 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> anyhow::Result<(
     println!("redrive demo");
     println!("  Kafka-protocol broker (in-process): {bootstrap}");
     println!("  dead-letter topic {DEAD_LETTER_TOPIC} -> republish to the original topic ({TARGET_TOPIC}); permanent failures parked on {PARKING_TOPIC}");
-    println!("  PostgreSQL schema {:?} (recreated for this run)", store.schema());
+    println!(
+        "  PostgreSQL schema {:?} (recreated for this run)",
+        store.schema()
+    );
     println!(
         "  faults injected: {:.0}% transient, {:.0}% permanent",
         options.transient * 100.0,
@@ -92,7 +99,12 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> anyhow::Result<(
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     let member = tokio::spawn(fleet.run_with_store(store.clone(), shutdown.clone()));
     let producer: FutureProducer = client_config(&settings.kafka).create()?;
-    let feeding = tokio::spawn(feed(producer, options.messages, options.rate, shutdown.clone()));
+    let feeding = tokio::spawn(feed(
+        producer,
+        options.messages,
+        options.rate,
+        shutdown.clone(),
+    ));
 
     let started = Instant::now();
     let live = std::io::stdout().is_terminal();
@@ -138,7 +150,10 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> anyhow::Result<(
     let parked = metrics.parked.with_label_values(&["produced"]).get();
     println!("  tasks ingested          {}", counts.total());
     println!("  resolved (republished)  {}", counts.resolved);
-    println!("  permanent failures      {} (parked on {PARKING_TOPIC}: {parked})", counts.permanent_failure);
+    println!(
+        "  permanent failures      {} (parked on {PARKING_TOPIC}: {parked})",
+        counts.permanent_failure
+    );
     println!("  still failed            {}", counts.failed);
     println!("  attempts made           {attempts}");
     drop(broker);
@@ -178,17 +193,25 @@ fn demo_settings(base: &Settings, bootstrap: &str, options: &DemoOptions) -> Set
 }
 
 async fn retrying(store: &Store) -> anyhow::Result<i64> {
-    Ok(sqlx::query_scalar("SELECT count(*) FROM recovery_task WHERE status = 'failed' AND attempts > 0")
-        .fetch_one(store.pool())
-        .await?)
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM recovery_task WHERE status = 'failed' AND attempts > 0",
+    )
+    .fetch_one(store.pool())
+    .await?)
 }
 
 /// Produces `count` sample failures, Spring Kafka style, at `rate` per second.
 async fn feed(producer: FutureProducer, count: usize, rate: u32, stop: CancellationToken) {
     let exceptions = [
-        ("org.springframework.web.client.HttpServerErrorException", "503 Service Unavailable from inventory"),
+        (
+            "org.springframework.web.client.HttpServerErrorException",
+            "503 Service Unavailable from inventory",
+        ),
         ("java.net.SocketTimeoutException", "Read timed out"),
-        ("org.example.orders.ValidationException", "currency EURO is not ISO 4217"),
+        (
+            "org.example.orders.ValidationException",
+            "currency EURO is not ISO 4217",
+        ),
     ];
     let pause = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
     for i in 0..count {
@@ -199,19 +222,45 @@ async fn feed(producer: FutureProducer, count: usize, rate: u32, stop: Cancellat
         let value: Vec<u8> = if i % 10 == 9 {
             vec![0xde, 0xad, 0xbe, 0xef, 0x00, 0xff] // not UTF-8: kept byte for byte
         } else {
-            format!(r#"{{"order_id":{i},"amount":{}.{:02},"currency":"EUR"}}"#, 10 + i % 90, i % 100).into_bytes()
+            format!(
+                r#"{{"order_id":{i},"amount":{}.{:02},"currency":"EUR"}}"#,
+                10 + i % 90,
+                i % 100
+            )
+            .into_bytes()
         };
         let key = format!("order-{i}");
         let partition = (i % 3).to_string();
         let offset = (i / 3).to_string();
         let headers = OwnedHeaders::new()
-            .insert(KafkaHeader { key: "kafka_dlt-original-topic", value: Some(TARGET_TOPIC) })
-            .insert(KafkaHeader { key: "kafka_dlt-original-partition", value: Some(partition.as_str()) })
-            .insert(KafkaHeader { key: "kafka_dlt-original-offset", value: Some(offset.as_str()) })
-            .insert(KafkaHeader { key: "kafka_dlt-exception-fqcn", value: Some(class) })
-            .insert(KafkaHeader { key: "kafka_dlt-exception-message", value: Some(message) });
-        let record = FutureRecord::to(DEAD_LETTER_TOPIC).key(&key).payload(&value).headers(headers);
-        if let Err((error, _)) = producer.send(record, Timeout::After(Duration::from_secs(10))).await {
+            .insert(KafkaHeader {
+                key: "kafka_dlt-original-topic",
+                value: Some(TARGET_TOPIC),
+            })
+            .insert(KafkaHeader {
+                key: "kafka_dlt-original-partition",
+                value: Some(partition.as_str()),
+            })
+            .insert(KafkaHeader {
+                key: "kafka_dlt-original-offset",
+                value: Some(offset.as_str()),
+            })
+            .insert(KafkaHeader {
+                key: "kafka_dlt-exception-fqcn",
+                value: Some(class),
+            })
+            .insert(KafkaHeader {
+                key: "kafka_dlt-exception-message",
+                value: Some(message),
+            });
+        let record = FutureRecord::to(DEAD_LETTER_TOPIC)
+            .key(&key)
+            .payload(&value)
+            .headers(headers);
+        if let Err((error, _)) = producer
+            .send(record, Timeout::After(Duration::from_secs(10)))
+            .await
+        {
             tracing::warn!(%error, "demo producer could not write a sample failure");
         }
         tokio::time::sleep(pause).await;

@@ -79,7 +79,9 @@ impl TryFrom<String> for RouteMode {
         match mode.as_str() {
             "capture" => Ok(RouteMode::Capture),
             "process" => Ok(RouteMode::Process),
-            other => Err(format!("unknown mode {other:?}: expected \"capture\" or \"process\"")),
+            other => Err(format!(
+                "unknown mode {other:?}: expected \"capture\" or \"process\""
+            )),
         }
     }
 }

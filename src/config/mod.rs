@@ -344,6 +344,10 @@ fn from_config_error(err: config::ConfigError) -> ConfigError {
         _ => "config".to_owned(),
     };
     // The config crate writes array keys as `routes[0]mode`.
-    let key = key.replace("]", "].").replace("]..", "].").trim_end_matches('.').to_owned();
+    let key = key
+        .replace("]", "].")
+        .replace("]..", "].")
+        .trim_end_matches('.')
+        .to_owned();
     ConfigError::new(key, message)
 }

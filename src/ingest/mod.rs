@@ -9,9 +9,9 @@ use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext, Rebalance, Stream
 use rdkafka::error::KafkaResult;
 use rdkafka::message::OwnedMessage;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -22,6 +22,10 @@ use crate::store::Store;
 use crate::telemetry::Metrics;
 use flush::{Flusher, Offsets};
 use routes::RouteTable;
+
+/// Batches being written at once: enough to overlap one insert's commit with the next
+/// batch's round trip.
+const FLUSHES_IN_FLIGHT: usize = 3;
 
 /// Logs rebalances; commits are explicit, so a revocation needs no work here.
 struct IngestContext;
@@ -120,7 +124,8 @@ impl Ingest {
         let batch_size = self.limits.batch_size as usize;
         let mut batch: Vec<OwnedMessage> = Vec::with_capacity(batch_size);
         let mut linger_until = None;
-        let mut in_flight: Option<JoinHandle<Option<Offsets>>> = None;
+        // Flushes run concurrently; their offsets are committed strictly in order.
+        let mut in_flight: VecDeque<JoinHandle<Option<Offsets>>> = VecDeque::new();
         loop {
             let linger = async {
                 match linger_until {
@@ -128,16 +133,16 @@ impl Ingest {
                     None => std::future::pending().await,
                 }
             };
-            let flushed = async {
-                match in_flight.as_mut() {
+            let oldest_flushed = async {
+                match in_flight.front_mut() {
                     Some(handle) => handle.await.ok().flatten(),
                     None => std::future::pending().await,
                 }
             };
             let full = tokio::select! {
                 _ = shutdown.cancelled() => break,
-                offsets = flushed => {
-                    in_flight = None;
+                offsets = oldest_flushed => {
+                    in_flight.pop_front();
                     commit(&consumer, offsets, CommitMode::Async);
                     false
                 }
@@ -156,30 +161,35 @@ impl Ingest {
                 },
             };
             if full && !batch.is_empty() {
-                // One flush in flight: the next batch fills while the previous one is written.
-                if let Some(previous) = in_flight.take() {
-                    commit(&consumer, previous.await.ok().flatten(), CommitMode::Async);
+                if in_flight.len() >= FLUSHES_IN_FLIGHT {
+                    let oldest = in_flight.pop_front().expect("non-empty");
+                    commit(&consumer, oldest.await.ok().flatten(), CommitMode::Async);
                 }
                 let messages = std::mem::replace(&mut batch, Vec::with_capacity(batch_size));
                 linger_until = None;
-                in_flight = Some(tokio::spawn(
+                in_flight.push_back(tokio::spawn(
                     self.flusher.clone().flush(messages, shutdown.clone()),
                 ));
             }
         }
 
-        // Shutdown: finish what was consumed; a flush cut short by an outage commits nothing.
-        if let Some(previous) = in_flight.take() {
-            commit(&consumer, previous.await.ok().flatten(), CommitMode::Sync);
-        }
-        if !batch.is_empty() {
-            let offsets = self.flusher.clone().flush(batch, CancellationToken::new());
-            let offsets = tokio::time::timeout(
-                self.limits.linger.max(std::time::Duration::from_secs(10)),
-                offsets,
-            )
-            .await;
-            commit(&consumer, offsets.ok().flatten(), CommitMode::Sync);
+        // Shutdown: finish what was consumed, in order. A flush cut short by an outage
+        // commits nothing, and nothing after it is committed either.
+        let final_flush = (!batch.is_empty()).then(|| {
+            let flush = self.flusher.clone().flush(batch, CancellationToken::new());
+            tokio::spawn(async move {
+                tokio::time::timeout(Duration::from_secs(10), flush)
+                    .await
+                    .ok()
+                    .flatten()
+            })
+        });
+        in_flight.extend(final_flush);
+        for handle in in_flight {
+            let Some(offsets) = handle.await.ok().flatten() else {
+                break;
+            };
+            commit(&consumer, Some(offsets), CommitMode::Sync);
         }
         consumer.unsubscribe();
         tracing::info!("ingest stopped");

@@ -175,7 +175,11 @@ fn route_toml(body: &str) -> Result<Settings, redrive::ConfigError> {
 
 #[test]
 fn invalid_routes_are_refused_with_the_key() {
-    assert_refused(route_toml("mode = \"capture\"\nhandler = \"log\""), "routes[0].topics", "topics or a pattern");
+    assert_refused(
+        route_toml("mode = \"capture\"\nhandler = \"log\""),
+        "routes[0].topics",
+        "topics or a pattern",
+    );
     assert_refused(
         route_toml("topics = [\"a\"]\nmode = \"replay\"\nhandler = \"log\""),
         "routes[0].mode",
@@ -195,8 +199,16 @@ fn invalid_routes_are_refused_with_the_key() {
 
 #[test]
 fn a_route_to_an_unknown_handler_refuses_to_start() {
-    let settings = route_toml("topics = [\"orders.dlt\"]\nmode = \"capture\"\nhandler = \"sync\"").unwrap();
-    let err = Fleet::builder(settings).handler("log", LogHandler).build().err().unwrap();
+    let settings =
+        route_toml("topics = [\"orders.dlt\"]\nmode = \"capture\"\nhandler = \"sync\"").unwrap();
+    let err = Fleet::builder(settings)
+        .handler("log", LogHandler)
+        .build()
+        .err()
+        .unwrap();
     let text = err.to_string();
-    assert!(text.contains("routes[0].handler") && text.contains("unknown handler \"sync\""), "{text}");
+    assert!(
+        text.contains("routes[0].handler") && text.contains("unknown handler \"sync\""),
+        "{text}"
+    );
 }

@@ -1,5 +1,8 @@
 //! `redrive bench`: enqueue and drain throughput, and pick-up latency, on the configured
-//! PostgreSQL. Each run uses a fresh schema (`<schema>_bench`), dropped afterwards.
+//! PostgreSQL; `redrive bench ingest`: Kafka to PostgreSQL. Each run uses a fresh schema
+//! (`<schema>_bench`), dropped afterwards.
+
+pub mod ingest;
 
 use anyhow::Context;
 use async_trait::async_trait;
@@ -13,7 +16,26 @@ use crate::handlers::{Handler, HandlerContext, HandlerError};
 use crate::store::Store;
 use crate::task::{NewTask, Task};
 
-/// Options of `redrive bench`.
+/// `redrive bench [ingest]`.
+#[derive(Debug, Clone, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchArgs {
+    /// Which benchmark; without one, the queue (enqueue and drain).
+    #[command(subcommand)]
+    pub which: Option<BenchKind>,
+    /// Options of the queue benchmark.
+    #[command(flatten)]
+    pub queue: BenchOptions,
+}
+
+/// The benchmarks besides the queue one.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum BenchKind {
+    /// Kafka to PostgreSQL: messages persisted per second through the mock cluster.
+    Ingest(ingest::IngestBenchOptions),
+}
+
+/// Options of the queue benchmark.
 #[derive(Debug, Clone, Args)]
 pub struct BenchOptions {
     /// Tasks enqueued, then drained, per run.
@@ -61,10 +83,26 @@ struct RunFigures {
     p99_ms: f64,
 }
 
-/// Runs the benchmark and prints its figures.
-pub async fn run(settings: &Settings, options: &BenchOptions) -> anyhow::Result<()> {
+/// Runs the chosen benchmark.
+pub async fn run(settings: &Settings, args: &BenchArgs) -> anyhow::Result<()> {
     let mut settings = settings.clone();
     settings.database.schema = format!("{}_bench", settings.database.schema);
+    match &args.which {
+        Some(BenchKind::Ingest(options)) => ingest::run(&settings, options).await,
+        None => run_queue(&settings, &args.queue).await,
+    }
+}
+
+/// The middle value (the upper one of an even count).
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
+/// Runs the queue benchmark and prints its figures.
+async fn run_queue(settings: &Settings, options: &BenchOptions) -> anyhow::Result<()> {
+    let mut settings = settings.clone();
     settings.database.max_connections = settings
         .database
         .max_connections
@@ -83,11 +121,7 @@ pub async fn run(settings: &Settings, options: &BenchOptions) -> anyhow::Result<
         for _ in 0..options.runs.max(1) {
             runs.push(one_run(&settings, options, batch, concurrency).await?);
         }
-        let median = |f: fn(&RunFigures) -> f64| {
-            let mut values: Vec<f64> = runs.iter().map(f).collect();
-            values.sort_by(f64::total_cmp);
-            values[values.len() / 2]
-        };
+        let median = |f: fn(&RunFigures) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
         println!(
             "{:>6} {:>11} {:>12.0} {:>12.0} {:>10.1} {:>10.1}",
             batch,
