@@ -165,7 +165,7 @@ fn demo_settings(base: &Settings, bootstrap: &str, options: &DemoOptions) -> Set
     if let Ok(url) = std::env::var("DATABASE_URL") {
         settings.database.url = url.into();
     }
-    settings.database.schema = "redrive_demo".into();
+    settings.database.schema = format!("{}_demo", base.database.schema);
     settings.database.migrate_on_start = false;
     settings.kafka.bootstrap_servers = bootstrap.to_owned();
     settings.kafka.group_id = "redrive-demo".into();

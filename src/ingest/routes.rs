@@ -55,3 +55,42 @@ impl RouteTable {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RouteMode;
+
+    fn route(name: &str, topics: &[&str], pattern: Option<&str>) -> RouteSettings {
+        RouteSettings {
+            name: name.into(),
+            topics: topics.iter().map(|t| t.to_string()).collect(),
+            pattern: pattern.map(str::to_owned),
+            mode: RouteMode::Capture,
+            handler: "log".into(),
+            event_type: None,
+            max_attempts: None,
+            timeout: None,
+            backoff_base: None,
+            backoff_cap: None,
+            backoff_factor: None,
+            jitter: None,
+        }
+    }
+
+    #[test]
+    fn exact_topics_win_over_patterns_and_patterns_match_whole_names() {
+        let table = RouteTable::new(vec![
+            route("all-dlt", &[], Some(r"^.*\.dlt")),
+            route("orders", &["orders.dlt"], None),
+        ]);
+        assert_eq!(table.route_for("orders.dlt").unwrap().name, "orders");
+        assert_eq!(table.route_for("payments.dlt").unwrap().name, "all-dlt");
+        assert!(table.route_for("payments.dlt.archive").is_none());
+        assert!(table.route_for("payments").is_none());
+        assert_eq!(
+            table.subscriptions(),
+            vec![r"^.*\.dlt".to_owned(), "orders.dlt".to_owned()]
+        );
+    }
+}

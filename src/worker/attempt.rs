@@ -28,11 +28,11 @@ pub(crate) async fn run_attempt(
     let started_at = Utc::now();
     let clock = Instant::now();
 
-    // Attempts beyond the limit were started by workers that died mid-call.
+    // Attempts beyond the limit were used up elsewhere: by workers that died or lost
+    // their lease mid-call, or by process mode's inline attempt.
     let verdict = if attempt > max_attempts {
         Err(HandlerError::Permanent(format!(
-            "attempt {attempt} exceeds max attempts {max_attempts}: earlier workers died \
-             or lost their lease while handling this task"
+            "no attempts left: attempt {attempt} exceeds max attempts {max_attempts}"
         )))
     } else {
         let ctx = HandlerContext {

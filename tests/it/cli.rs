@@ -133,3 +133,46 @@ async fn bad_input_is_refused_with_the_key_or_name_and_a_non_zero_exit() {
     let out = redrive(&settings).args(["run", "--help"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("--no-migrate"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_runs_the_whole_loop_and_stops_by_itself() {
+    let (_store, settings) = fresh_store().await;
+    use secrecy::ExposeSecret;
+    let out = redrive(&settings)
+        .args([
+            "demo",
+            "--messages",
+            "60",
+            "--rate",
+            "500",
+            "--transient",
+            "0.3",
+            "--permanent",
+            "0.1",
+        ])
+        .env("DATABASE_URL", settings.database.url.expose_secret())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("Kafka-protocol broker (in-process): 127.0.0.1:"),
+        "{stdout}"
+    );
+    let figure = |label: &str| -> i64 {
+        let line = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(label))
+            .unwrap_or_else(|| panic!("{label} in {stdout}"));
+        line.split_whitespace()
+            .find_map(|w| w.parse().ok())
+            .unwrap()
+    };
+    assert_eq!(figure("tasks ingested"), 60);
+    assert_eq!(figure("resolved") + figure("permanent failures"), 60);
+    assert_eq!(figure("still failed"), 0);
+}

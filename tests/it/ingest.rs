@@ -238,11 +238,10 @@ async fn dead_letter_headers_fill_the_failure_context() {
 async fn a_message_over_the_size_limit_is_stored_in_minimal_form() {
     let broker = cluster(&[("big.dlt", 1)]);
     let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &broker.bootstrap_servers(),
-        vec![route(&["big.dlt"], RouteMode::Capture, "log")],
-    );
+    // Subscribed by pattern, to cover pattern routes too.
+    let mut by_pattern = route(&[], RouteMode::Capture, "log");
+    by_pattern.pattern = Some(r"big\..*".into());
+    use_cluster(&mut settings, &broker.bootstrap_servers(), vec![by_pattern]);
     settings.worker.enabled = false;
     settings.ingest.max_message_bytes = 1000;
     let producer = producer(&broker.bootstrap_servers());
@@ -347,4 +346,48 @@ async fn process_mode_stores_only_failures_as_their_first_attempt() {
         );
         assert_eq!(task.original.as_ref(), task.source.as_ref());
     }
+}
+
+/// Sleeps, then succeeds.
+struct Slow;
+
+#[async_trait]
+impl Handler for Slow {
+    async fn handle(&self, _ctx: &HandlerContext, _task: &Task) -> Result<(), HandlerError> {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routes_policy_overrides_the_handlers() {
+    let broker = cluster(&[("slow.dlt", 1)]);
+    let (store, mut settings) = fresh_store().await;
+    let mut strict = route(&["slow.dlt"], RouteMode::Capture, "slow");
+    strict.timeout = Some(Duration::from_millis(50));
+    strict.max_attempts = Some(2);
+    strict.backoff_base = Some(Duration::from_millis(10));
+    use_cluster(&mut settings, &broker.bootstrap_servers(), vec![strict]);
+    produce(
+        &producer(&broker.bootstrap_servers()),
+        "slow.dlt",
+        &Sample {
+            value: Some(b"x".to_vec()),
+            ..Sample::default()
+        },
+    )
+    .await;
+    let fleet = Fleet::builder(settings.clone())
+        .handler("slow", Slow)
+        .build()
+        .unwrap();
+    let running = Running::start(fleet, &store);
+    eventually(Duration::from_secs(30), "a permanent failure", || async {
+        store.status_counts().await.unwrap().permanent_failure == 1
+    })
+    .await;
+    running.stop().await;
+    let task = task_at(&store, "slow.dlt", 0, 0).await;
+    assert_eq!((task.attempts, task.max_attempts), (2, Some(2)));
+    assert!(task.last_error.unwrap().contains("timed out after 50ms"));
 }
