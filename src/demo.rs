@@ -175,20 +175,10 @@ fn demo_settings(base: &Settings, bootstrap: &str, options: &DemoOptions) -> Set
     settings.retry.backoff_cap = Duration::from_secs(3);
     settings.metrics.listen = options.metrics;
     settings.parking.topic = Some(PARKING_TOPIC.into());
-    settings.routes = vec![RouteSettings {
-        name: "orders".into(),
-        topics: vec![DEAD_LETTER_TOPIC.into()],
-        pattern: None,
-        mode: RouteMode::Capture,
-        handler: "republish".into(),
-        event_type: Some("order.sync_failed".into()),
-        max_attempts: None,
-        timeout: None,
-        backoff_base: None,
-        backoff_cap: None,
-        backoff_factor: None,
-        jitter: None,
-    }];
+    let mut route = RouteSettings::new(&[DEAD_LETTER_TOPIC], RouteMode::Capture, "republish");
+    route.name = "orders".into();
+    route.event_type = Some("order.sync_failed".into());
+    settings.routes = vec![route];
     settings
 }
 

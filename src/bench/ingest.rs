@@ -69,20 +69,7 @@ async fn one_run(base: &Settings, options: &IngestBenchOptions) -> anyhow::Resul
     settings.kafka.group_id = format!("bench-{:x}", rand::random::<u32>());
     settings.ingest.batch_size = options.batch_size;
     settings.worker.enabled = false;
-    settings.routes = vec![RouteSettings {
-        name: "bench".into(),
-        topics: vec![TOPIC.into()],
-        pattern: None,
-        mode: RouteMode::Capture,
-        handler: "log".into(),
-        event_type: None,
-        max_attempts: None,
-        timeout: None,
-        backoff_base: None,
-        backoff_cap: None,
-        backoff_factor: None,
-        jitter: None,
-    }];
+    settings.routes = vec![RouteSettings::new(&[TOPIC], RouteMode::Capture, "log")];
     let store = fresh_store(&settings).await?;
     let fleet = Fleet::builder(settings.clone())
         .handler("log", LogHandler)
@@ -92,7 +79,7 @@ async fn one_run(base: &Settings, options: &IngestBenchOptions) -> anyhow::Resul
     let stop = CancellationToken::new();
     let running = tokio::spawn(ingest.run(stop.clone()));
 
-    let watcher = committed_watcher(&bootstrap, &settings.kafka.group_id, options.partitions)?;
+    let watcher = committed_watcher(&bootstrap, &settings.kafka.group_id)?;
     let target = options.messages as i64;
     let limit = Instant::now() + Duration::from_secs(600);
     loop {
@@ -140,11 +127,8 @@ fn produce(bootstrap: &str, options: &IngestBenchOptions) -> anyhow::Result<()> 
     Ok(())
 }
 
-fn committed_watcher(
-    bootstrap: &str,
-    group: &str,
-    _partitions: i32,
-) -> anyhow::Result<BaseConsumer> {
+/// A consumer of `group` that never joins it, to read its committed offsets.
+fn committed_watcher(bootstrap: &str, group: &str) -> anyhow::Result<BaseConsumer> {
     Ok(ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", group)

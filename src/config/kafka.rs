@@ -138,6 +138,25 @@ pub struct ParkingSettings {
 }
 
 impl RouteSettings {
+    /// A route of `topics` in `mode` to `handler`, with no policy overrides; the name is
+    /// filled in at validation.
+    pub fn new(topics: &[&str], mode: RouteMode, handler: &str) -> RouteSettings {
+        RouteSettings {
+            name: String::new(),
+            topics: topics.iter().map(|t| t.to_string()).collect(),
+            pattern: None,
+            mode,
+            handler: handler.to_owned(),
+            event_type: None,
+            max_attempts: None,
+            timeout: None,
+            backoff_base: None,
+            backoff_cap: None,
+            backoff_factor: None,
+            jitter: None,
+        }
+    }
+
     /// The subscription strings of this route (`^` marks a pattern for librdkafka).
     pub fn subscriptions(&self) -> Vec<String> {
         let mut subs = self.topics.clone();

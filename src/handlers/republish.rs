@@ -109,3 +109,25 @@ impl Handler for RepublishHandler {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_topics_and_oversized_messages_are_permanent_other_errors_transient() {
+        let produce = |code| KafkaError::MessageProduction(code);
+        assert!(is_permanent(&produce(
+            RDKafkaErrorCode::UnknownTopicOrPartition
+        )));
+        assert!(is_permanent(&produce(RDKafkaErrorCode::UnknownTopic)));
+        assert!(is_permanent(&produce(
+            RDKafkaErrorCode::MessageSizeTooLarge
+        )));
+        assert!(!is_permanent(&produce(RDKafkaErrorCode::MessageTimedOut)));
+        assert!(!is_permanent(&produce(
+            RDKafkaErrorCode::BrokerTransportFailure
+        )));
+        assert!(!is_permanent(&produce(RDKafkaErrorCode::NotEnoughReplicas)));
+    }
+}

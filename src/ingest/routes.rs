@@ -62,20 +62,10 @@ mod tests {
     use crate::config::RouteMode;
 
     fn route(name: &str, topics: &[&str], pattern: Option<&str>) -> RouteSettings {
-        RouteSettings {
-            name: name.into(),
-            topics: topics.iter().map(|t| t.to_string()).collect(),
-            pattern: pattern.map(str::to_owned),
-            mode: RouteMode::Capture,
-            handler: "log".into(),
-            event_type: None,
-            max_attempts: None,
-            timeout: None,
-            backoff_base: None,
-            backoff_cap: None,
-            backoff_factor: None,
-            jitter: None,
-        }
+        let mut route = RouteSettings::new(topics, RouteMode::Capture, "log");
+        route.name = name.into();
+        route.pattern = pattern.map(str::to_owned);
+        route
     }
 
     #[test]

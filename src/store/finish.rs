@@ -91,6 +91,9 @@ impl Store {
         if results.is_empty() {
             return Ok(Vec::new());
         }
+        // Rows are locked in id order, as by heartbeats and releases: no deadlocks.
+        let mut results: Vec<&Finish> = results.iter().collect();
+        results.sort_unstable_by_key(|r| r.lease.id);
         let rows = sqlx::query(FINISH)
             .bind(results.iter().map(|r| r.lease.id.0).collect::<Vec<_>>())
             .bind(results.iter().map(|r| r.lease.version).collect::<Vec<_>>())

@@ -129,8 +129,12 @@ impl Store {
     }
 }
 
+/// Ids and versions in id order: every multi-row write locks rows in that order, so a
+/// heartbeat and a finish on overlapping tasks cannot deadlock.
 fn split(leases: &[Lease]) -> (Vec<i64>, Vec<i64>) {
-    leases.iter().map(|l| (l.id.0, l.version)).unzip()
+    let mut pairs: Vec<(i64, i64)> = leases.iter().map(|l| (l.id.0, l.version)).collect();
+    pairs.sort_unstable();
+    pairs.into_iter().unzip()
 }
 
 /// A duration in whole milliseconds for SQL interval arithmetic.

@@ -39,20 +39,7 @@ pub fn use_cluster(settings: &mut Settings, bootstrap: &str, routes: Vec<RouteSe
 
 /// A route of `topics` in `mode` to `handler`.
 pub fn route(topics: &[&str], mode: RouteMode, handler: &str) -> RouteSettings {
-    RouteSettings {
-        name: String::new(),
-        topics: topics.iter().map(|t| t.to_string()).collect(),
-        pattern: None,
-        mode,
-        handler: handler.into(),
-        event_type: None,
-        max_attempts: None,
-        timeout: None,
-        backoff_base: None,
-        backoff_cap: None,
-        backoff_factor: None,
-        jitter: None,
-    }
+    RouteSettings::new(topics, mode, handler)
 }
 
 /// A producer for the test's own messages.

@@ -199,3 +199,45 @@ async fn a_postgres_outage_stops_commits_then_ingest_resumes_with_nothing_lost()
     running.stop().await;
     assert_each_message_once(&store, 400).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_outage_pauses_the_worker_pool_which_then_finishes_every_task_once() {
+    let (store, settings) = fresh_store().await;
+    let proxy = PgProxy::start().await;
+    let mut through_proxy = proxy.route(&settings);
+    through_proxy.worker.lease = std::time::Duration::from_secs(3);
+    through_proxy.worker.heartbeat = std::time::Duration::from_secs(1);
+    let tasks_in: Vec<redrive::NewTask> = (0..300)
+        .map(|i| redrive::NewTask::new("log", format!("failure {i}")))
+        .collect();
+    store.enqueue_many(&tasks_in[..100]).await.unwrap();
+    let proxied_store = Store::connect(&through_proxy.database).await.unwrap();
+    let running = Running::start(fleet(&through_proxy), &proxied_store);
+    eventually(
+        Duration::from_secs(30),
+        "the first 100 resolved",
+        || async { store.status_counts().await.unwrap().resolved == 100 },
+    )
+    .await;
+    proxy.cut();
+    store.enqueue_many(&tasks_in[100..]).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        store.status_counts().await.unwrap().resolved,
+        100,
+        "no work while cut off"
+    );
+    proxy.restore();
+    eventually(Duration::from_secs(60), "all 300 resolved", || async {
+        store.status_counts().await.unwrap().resolved == 300
+    })
+    .await;
+    running.stop().await;
+    assert_each_message_once(&store, 300).await;
+    let resolved_attempts = scalar(
+        &store,
+        "SELECT count(*) FROM recovery_attempt WHERE outcome = 'resolved'",
+    )
+    .await;
+    assert_eq!(resolved_attempts, 300, "each task finished once");
+}
