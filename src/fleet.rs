@@ -29,6 +29,9 @@ pub enum FleetError {
     /// A Kafka client could not be created or failed.
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    /// Ingest stopped with an error.
+    #[error("ingest: {0}")]
+    Ingest(#[from] crate::ingest::IngestError),
     /// The metrics endpoint could not be served.
     #[error("metrics endpoint: {0}")]
     Metrics(#[from] std::io::Error),

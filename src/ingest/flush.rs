@@ -2,7 +2,7 @@
 //! tasks, and only then report the offsets that may be committed.
 
 use futures::stream::{self, StreamExt};
-use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::message::Message;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::routes::RouteTable;
 use crate::config::{IngestSettings, RouteMode, RouteSettings};
 use crate::handlers::{HandlerContext, Registered};
-use crate::kafka::message::{minimal_form, to_task};
+use crate::kafka::message::{minimal_form, to_task, Consumed};
 use crate::store::{Enqueued, Store, StoreError};
 use crate::task::NewTask;
 use crate::telemetry::Metrics;
@@ -35,11 +35,11 @@ impl Flusher {
     /// came while the database was unreachable (nothing committed, nothing lost).
     pub(crate) async fn flush(
         self,
-        messages: Vec<OwnedMessage>,
+        messages: Vec<Consumed>,
         shutdown: CancellationToken,
     ) -> Option<Offsets> {
         let mut offsets = Offsets::new();
-        for m in &messages {
+        for m in messages.iter().map(|c| &c.message) {
             let next = offsets
                 .entry((m.topic().to_owned(), m.partition()))
                 .or_insert(0);
@@ -53,13 +53,13 @@ impl Flusher {
     }
 
     /// Capture-mode messages become tasks; process-mode ones only if their handler fails.
-    async fn to_tasks(&self, messages: Vec<OwnedMessage>) -> Vec<NewTask> {
+    async fn to_tasks(&self, messages: Vec<Consumed>) -> Vec<NewTask> {
         let concurrency = self.limits.process_concurrency as usize;
         let outcomes: Vec<Option<NewTask>> = stream::iter(messages)
             .map(|message| async move {
-                let Some(route) = self.routes.route_for(message.topic()) else {
+                let Some(route) = self.routes.route_for(message.message.topic()) else {
                     tracing::error!(
-                        topic = message.topic(),
+                        topic = message.message.topic(),
                         "message on a topic no route claims; not stored"
                     );
                     return None;
@@ -76,7 +76,7 @@ impl Flusher {
     }
 
     /// Runs the route's handler on a message; a failure becomes a task at attempt 1.
-    async fn process(&self, message: &OwnedMessage, route: &RouteSettings) -> Option<NewTask> {
+    async fn process(&self, message: &Consumed, route: &RouteSettings) -> Option<NewTask> {
         let registered = &self.handlers[&route.handler];
         let preview = to_task(message, route, &self.limits, None).unsaved();
         let ctx = HandlerContext {

@@ -7,7 +7,6 @@ mod routes;
 
 use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::KafkaResult;
-use rdkafka::message::OwnedMessage;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, OnceLock};
@@ -18,10 +17,22 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{IngestSettings, KafkaSettings, RouteSettings};
 use crate::handlers::Registered;
 use crate::kafka::client_config;
+use crate::kafka::message::Consumed;
 use crate::store::Store;
 use crate::telemetry::Metrics;
 use flush::{Flusher, Offsets};
 use routes::RouteTable;
+
+/// Why ingest stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    /// The consumer could not be created or subscribed.
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    /// Writing a batch failed unexpectedly (a bug): later offsets must not be committed.
+    #[error("a batch could not be persisted ({0}); no later offset is committed")]
+    FlushFailed(String),
+}
 
 /// Batches being written at once: enough to overlap one insert's commit with the next
 /// batch's round trip.
@@ -103,7 +114,7 @@ impl Ingest {
     }
 
     /// Consumes until `shutdown` fires; then persists what was consumed and commits it.
-    pub async fn run(self, shutdown: CancellationToken) -> KafkaResult<()> {
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), IngestError> {
         let consumer: StreamConsumer<IngestContext> = client_config(&self.kafka)
             .set("group.id", &self.kafka.group_id)
             .set("enable.auto.commit", "false")
@@ -122,10 +133,11 @@ impl Ingest {
         tracing::info!(?topics, group = %self.kafka.group_id, "ingest started");
 
         let batch_size = self.limits.batch_size as usize;
-        let mut batch: Vec<OwnedMessage> = Vec::with_capacity(batch_size);
+        let mut batch: Vec<Consumed> = Vec::with_capacity(batch_size);
         let mut linger_until = None;
         // Flushes run concurrently; their offsets are committed strictly in order.
         let mut in_flight: VecDeque<JoinHandle<Option<Offsets>>> = VecDeque::new();
+        let mut failure = None;
         loop {
             let linger = async {
                 match linger_until {
@@ -135,22 +147,28 @@ impl Ingest {
             };
             let oldest_flushed = async {
                 match in_flight.front_mut() {
-                    Some(handle) => handle.await.ok().flatten(),
+                    Some(handle) => handle.await,
                     None => std::future::pending().await,
                 }
             };
             let full = tokio::select! {
                 _ = shutdown.cancelled() => break,
-                offsets = oldest_flushed => {
+                outcome = oldest_flushed => {
                     in_flight.pop_front();
-                    commit(&consumer, offsets, CommitMode::Async);
+                    match outcome {
+                        Ok(offsets) => commit(&consumer, offsets, CommitMode::Async),
+                        Err(panic) => {
+                            failure = Some(IngestError::FlushFailed(panic.to_string()));
+                            break;
+                        }
+                    }
                     false
                 }
                 _ = linger => true,
                 received = consumer.recv() => match received {
                     Ok(message) => {
                         self.progress.first_consumed.get_or_init(Instant::now);
-                        batch.push(message.detach());
+                        batch.push(Consumed::new(&message));
                         linger_until.get_or_insert_with(|| tokio::time::Instant::now() + self.limits.linger);
                         batch.len() >= batch_size
                     }
@@ -163,7 +181,13 @@ impl Ingest {
             if full && !batch.is_empty() {
                 if in_flight.len() >= FLUSHES_IN_FLIGHT {
                     let oldest = in_flight.pop_front().expect("non-empty");
-                    commit(&consumer, oldest.await.ok().flatten(), CommitMode::Async);
+                    match oldest.await {
+                        Ok(offsets) => commit(&consumer, offsets, CommitMode::Async),
+                        Err(panic) => {
+                            failure = Some(IngestError::FlushFailed(panic.to_string()));
+                            break;
+                        }
+                    }
                 }
                 let messages = std::mem::replace(&mut batch, Vec::with_capacity(batch_size));
                 linger_until = None;
@@ -173,6 +197,15 @@ impl Ingest {
             }
         }
 
+        if let Some(failure) = failure {
+            // Nothing after a batch that was not persisted may be committed: stop, and let
+            // the group redeliver from the last committed offsets.
+            for handle in in_flight {
+                handle.abort();
+            }
+            tracing::error!(%failure, "ingest stopped");
+            return Err(failure);
+        }
         // Shutdown: finish what was consumed, in order. A flush cut short by an outage
         // commits nothing, and nothing after it is committed either.
         let final_flush = (!batch.is_empty()).then(|| {

@@ -1,25 +1,84 @@
 //! A consumed Kafka message as a task, bytes kept exactly as they came.
 
 use chrono::{DateTime, Utc};
-use rdkafka::message::{Headers, Message, Timestamp};
+use rdkafka::message::{BorrowedMessage, Message, OwnedMessage, Timestamp};
+use rdkafka_sys as rdsys;
 
 use super::dlt;
 use crate::config::{IngestSettings, RouteMode, RouteSettings};
 use crate::headers::Header;
 use crate::task::{NewTask, SourceCoordinates};
 
-/// Every header of `message`, in order, duplicates and absent values kept.
-pub fn headers_of(message: &impl Message) -> Vec<Header> {
-    let Some(headers) = message.headers() else {
-        return Vec::new();
-    };
-    headers
-        .iter()
-        .map(|h| Header {
-            name: h.key.to_owned(),
-            value: h.value.map(<[u8]>::to_vec),
-        })
-        .collect()
+/// A consumed message, detached from the consumer, with its headers read byte-safely.
+#[derive(Debug, Clone)]
+pub struct Consumed {
+    /// Key, value, coordinates and timestamp.
+    pub message: OwnedMessage,
+    /// Every header, in order, duplicates and absent values kept.
+    pub headers: Vec<Header>,
+    /// Set when a header name was not UTF-8 (kept with replacement characters).
+    pub header_note: Option<String>,
+}
+
+impl Consumed {
+    /// Copies what redrive needs out of the consumer's buffer.
+    pub fn new(message: &BorrowedMessage<'_>) -> Consumed {
+        let mut native: *mut rdsys::rd_kafka_headers_t = std::ptr::null_mut();
+        // SAFETY: `message.ptr()` is a live message; librdkafka returns a header list
+        // owned by the message (or an error and no list), valid while `message` is.
+        let found = unsafe { rdsys::rd_kafka_message_headers(message.ptr(), &mut native) };
+        let (headers, header_note) =
+            if found == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && !native.is_null()
+            {
+                // SAFETY: `native` is the message's live header list.
+                unsafe { read_native_headers(native) }
+            } else {
+                (Vec::new(), None)
+            };
+        Consumed {
+            message: message.detach(),
+            headers,
+            header_note,
+        }
+    }
+}
+
+/// Reads a native header list. librdkafka's safe accessors panic on a header name that
+/// is not UTF-8; here such a name is kept with replacement characters and noted.
+///
+/// # Safety
+/// `native` must point to a live `rd_kafka_headers_t`.
+pub unsafe fn read_native_headers(
+    native: *const rdsys::rd_kafka_headers_t,
+) -> (Vec<Header>, Option<String>) {
+    let mut headers = Vec::new();
+    let mut lossy = Vec::new();
+    for index in 0.. {
+        let mut name: *const std::os::raw::c_char = std::ptr::null();
+        let mut value: *const std::os::raw::c_void = std::ptr::null();
+        let mut size = 0usize;
+        let err = rdsys::rd_kafka_header_get_all(native, index, &mut name, &mut value, &mut size);
+        if err != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || name.is_null() {
+            break;
+        }
+        let raw_name = std::ffi::CStr::from_ptr(name).to_bytes();
+        let name = match std::str::from_utf8(raw_name) {
+            Ok(name) => name.to_owned(),
+            Err(_) => {
+                lossy.push(index);
+                String::from_utf8_lossy(raw_name).into_owned()
+            }
+        };
+        let value = (!value.is_null())
+            .then(|| std::slice::from_raw_parts(value.cast::<u8>(), size).to_vec());
+        headers.push(Header { name, value });
+    }
+    let note = (!lossy.is_empty()).then(|| {
+        format!(
+            "header names at positions {lossy:?} are not UTF-8; stored with replacement characters"
+        )
+    });
+    (headers, note)
 }
 
 /// The message's own coordinates.
@@ -34,13 +93,14 @@ pub fn coordinates_of(message: &impl Message) -> SourceCoordinates {
 /// The task recording `message` for `route`. In process mode `error` is the inline
 /// attempt's failure, which counts as attempt 1.
 pub fn to_task(
-    message: &impl Message,
+    consumed: &Consumed,
     route: &RouteSettings,
     limits: &IngestSettings,
     error: Option<String>,
 ) -> NewTask {
+    let message = &consumed.message;
     let source = coordinates_of(message);
-    let headers = headers_of(message);
+    let headers = consumed.headers.clone();
     let (timestamp, timestamp_type) = timestamp_of(message.timestamp());
     let key = message.key().map(<[u8]>::to_vec);
     let value = message.payload().map(<[u8]>::to_vec);
@@ -55,7 +115,7 @@ pub fn to_task(
         value_size: i32::try_from(value_size).ok(),
         ..NewTask::default()
     };
-    let mut notes = Vec::new();
+    let mut notes: Vec<String> = consumed.header_note.iter().cloned().collect();
     match route.mode {
         RouteMode::Capture => {
             let ctx = dlt::read(&headers, limits.stacktrace_max_bytes as usize);
@@ -122,4 +182,48 @@ fn timestamp_of(timestamp: Timestamp) -> (Option<DateTime<Utc>>, Option<String>)
         DateTime::from_timestamp_millis(millis),
         Some(kind.to_owned()),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_names_that_are_not_utf8_are_kept_and_noted_not_a_panic() {
+        let entries: [(&[u8], Option<&[u8]>); 3] = [
+            (b"ok", Some(b"\x00\xff")),
+            (b"bad\xff\xfe", Some(b"v")),
+            (b"absent", None),
+        ];
+        // SAFETY: a header list created, read and destroyed here.
+        unsafe {
+            let native = rdsys::rd_kafka_headers_new(4);
+            for (name, value) in entries {
+                let (ptr, len) = match value {
+                    Some(v) => (v.as_ptr().cast(), v.len() as isize),
+                    None => (std::ptr::null(), 0),
+                };
+                rdsys::rd_kafka_header_add(
+                    native,
+                    name.as_ptr().cast(),
+                    name.len() as isize,
+                    ptr,
+                    len,
+                );
+            }
+            let (headers, note) = read_native_headers(native);
+            rdsys::rd_kafka_headers_destroy(native);
+            assert_eq!(headers.len(), 3);
+            assert_eq!(headers[0], Header::new("ok", vec![0x00, 0xff]));
+            assert_eq!(headers[1].name, "bad\u{fffd}\u{fffd}");
+            assert_eq!(
+                headers[2],
+                Header {
+                    name: "absent".into(),
+                    value: None
+                }
+            );
+            assert!(note.unwrap().contains("positions [1]"));
+        }
+    }
 }

@@ -118,7 +118,17 @@ pub fn consume(
 
 /// Headers of a consumed message as redrive stores them.
 pub fn headers_of(message: &OwnedMessage) -> Vec<Header> {
-    redrive::kafka::message::headers_of(message)
+    use rdkafka::message::Headers;
+    let Some(headers) = message.headers() else {
+        return Vec::new();
+    };
+    headers
+        .iter()
+        .map(|h| Header {
+            name: h.key.to_owned(),
+            value: h.value.map(<[u8]>::to_vec),
+        })
+        .collect()
 }
 
 /// The committed offsets of `group` on `topic`, partition by partition.
