@@ -3,12 +3,10 @@
 //! stays recorded in PostgreSQL.
 
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::util::Timeout;
-use std::time::Duration;
+use rdkafka::producer::FutureProducer;
 
 use crate::config::KafkaSettings;
-use crate::handlers::republish::outgoing_headers;
+use crate::handlers::republish::produce_task;
 use crate::kafka::dlt::own;
 use crate::kafka::producer_config;
 use crate::task::Task;
@@ -54,21 +52,9 @@ impl Parking {
             context.push((own::ORIGINAL_PARTITION, origin.partition.to_string()));
             context.push((own::ORIGINAL_OFFSET, origin.offset.to_string()));
         }
-        let mut record: FutureRecord<'_, [u8], [u8]> =
-            FutureRecord::to(&self.topic).headers(outgoing_headers(task, &context));
-        if let Some(key) = task.key.as_deref() {
-            record = record.key(key);
-        }
-        if let Some(value) = task.value.as_deref() {
-            record = record.payload(value);
-        }
-        match self
-            .producer
-            .send(record, Timeout::After(Duration::from_secs(30)))
-            .await
-        {
-            Ok(_) => self.metrics.parked.with_label_values(&["produced"]).inc(),
-            Err((error, _)) => {
+        match produce_task(&self.producer, &self.topic, task, &context).await {
+            Ok(()) => self.metrics.parked.with_label_values(&["produced"]).inc(),
+            Err(error) => {
                 self.metrics.parked.with_label_values(&["failed"]).inc();
                 tracing::warn!(task = %task.id, topic = %self.topic, %error,
                     "could not park the permanent failure; it stays recorded in PostgreSQL");

@@ -35,7 +35,7 @@ impl RepublishHandler {
 
 /// The headers to produce: the task's own minus context headers of earlier hops, then
 /// `extra`.
-pub fn outgoing_headers(task: &Task, extra: &[(&str, String)]) -> OwnedHeaders {
+fn outgoing_headers(task: &Task, extra: &[(&str, String)]) -> OwnedHeaders {
     let mut headers = OwnedHeaders::new_with_capacity(task.headers.len() + extra.len());
     for h in task.headers.iter().filter(|h| !is_context_header(&h.name)) {
         headers = headers.insert(KafkaHeader {
@@ -50,6 +50,28 @@ pub fn outgoing_headers(task: &Task, extra: &[(&str, String)]) -> OwnedHeaders {
         });
     }
     headers
+}
+
+/// Produces the task's key, value and headers (context headers of earlier hops replaced
+/// by `extra`) to `topic`, returning once the broker acknowledged the write.
+pub async fn produce_task(
+    producer: &FutureProducer,
+    topic: &str,
+    task: &Task,
+    extra: &[(&str, String)],
+) -> Result<(), KafkaError> {
+    let mut record: FutureRecord<'_, [u8], [u8]> =
+        FutureRecord::to(topic).headers(outgoing_headers(task, extra));
+    if let Some(key) = task.key.as_deref() {
+        record = record.key(key);
+    }
+    if let Some(value) = task.value.as_deref() {
+        record = record.payload(value);
+    }
+    let acknowledged = producer
+        .send(record, Timeout::After(Duration::from_secs(30)))
+        .await;
+    acknowledged.map(|_| ()).map_err(|(error, _)| error)
 }
 
 /// Broker refusals that a retry cannot fix.
@@ -86,24 +108,12 @@ impl Handler for RepublishHandler {
             (own::TASK_ID, task.id.to_string()),
             (own::ATTEMPT, ctx.attempt.to_string()),
         ];
-        let mut record: FutureRecord<'_, [u8], [u8]> =
-            FutureRecord::to(topic).headers(outgoing_headers(task, &extra));
-        if let Some(key) = task.key.as_deref() {
-            record = record.key(key);
-        }
-        if let Some(value) = task.value.as_deref() {
-            record = record.payload(value);
-        }
-        match self
-            .producer
-            .send(record, Timeout::After(Duration::from_secs(30)))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err((error, _)) if is_permanent(&error) => Err(HandlerError::permanent(format!(
+        match produce_task(&self.producer, topic, task, &extra).await {
+            Ok(()) => Ok(()),
+            Err(error) if is_permanent(&error) => Err(HandlerError::permanent(format!(
                 "republish to {topic} refused: {error}"
             ))),
-            Err((error, _)) => Err(HandlerError::transient(format!(
+            Err(error) => Err(HandlerError::transient(format!(
                 "republish to {topic} failed: {error}"
             ))),
         }
