@@ -54,35 +54,21 @@ async fn enqueue_then_run_resolves_tasks_and_sigterm_stops_cleanly() {
     );
 
     let binary = [0xff, 0x00, 0xc3, 0x28];
-    let out = enqueue(
-        &settings,
-        &[
-            "--handler",
-            "log",
-            "--dedup-key",
-            "bin-1",
-            "--header",
-            "a=1",
-        ],
-        &binary,
-    );
+    let keyed = [
+        "--handler",
+        "log",
+        "--dedup-key",
+        "bin-1",
+        "--header",
+        "a=1",
+    ];
+    let out = enqueue(&settings, &keyed, &binary);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let again = enqueue(
-        &settings,
-        &[
-            "--handler",
-            "log",
-            "--dedup-key",
-            "bin-1",
-            "--header",
-            "a=1",
-        ],
-        &binary,
-    );
+    let again = enqueue(&settings, &keyed, &binary);
     assert!(String::from_utf8_lossy(&again.stdout).contains("already exists"));
     let value: Vec<u8> =
         sqlx::query_scalar("SELECT msg_value FROM recovery_task WHERE dedup_key = 'bin-1'")

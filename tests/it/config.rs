@@ -101,15 +101,19 @@ fn unparsable_database_url_is_refused() {
     );
 }
 
+/// The error of building a fleet with only the `log` handler.
+fn build_error_with_log_handler(settings: Settings) -> String {
+    let built = Fleet::builder(settings).handler("log", LogHandler).build();
+    built
+        .err()
+        .expect("the fleet should be refused")
+        .to_string()
+}
+
 #[test]
 fn unknown_handler_name_is_refused() {
     let settings = load_env(&[("REDRIVE__WORKER__HANDLERS", "log,orders")]).unwrap();
-    let err = Fleet::builder(settings)
-        .handler("log", LogHandler)
-        .build()
-        .err()
-        .unwrap();
-    let text = err.to_string();
+    let text = build_error_with_log_handler(settings);
     assert!(
         text.contains("worker.handlers") && text.contains("unknown handler \"orders\""),
         "{text}"
@@ -201,12 +205,7 @@ fn invalid_routes_are_refused_with_the_key() {
 fn a_route_to_an_unknown_handler_refuses_to_start() {
     let settings =
         route_toml("topics = [\"orders.dlt\"]\nmode = \"capture\"\nhandler = \"sync\"").unwrap();
-    let err = Fleet::builder(settings)
-        .handler("log", LogHandler)
-        .build()
-        .err()
-        .unwrap();
-    let text = err.to_string();
+    let text = build_error_with_log_handler(settings);
     assert!(
         text.contains("routes[0].handler") && text.contains("unknown handler \"sync\""),
         "{text}"
