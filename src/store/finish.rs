@@ -80,14 +80,14 @@ done AS (
 history AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
     SELECT id, version, attempts, $9, started_at, duration_ms, outcome, error FROM done)
-SELECT id FROM done
+SELECT id, version FROM done
 "#;
 
 impl Store {
-    /// Writes many attempt results at once. Returns the ids that were written; a result
-    /// whose fencing token is stale (the task was taken over, discarded or finished)
-    /// changes nothing and is absent from the answer.
-    pub async fn finish(&self, worker: &str, results: &[Finish]) -> Result<Vec<TaskId>> {
+    /// Writes many attempt results at once. Returns the leases whose results were
+    /// written; a result whose fencing token is stale (the task was taken over,
+    /// discarded or finished) changes nothing and is absent from the answer.
+    pub async fn finish(&self, worker: &str, results: &[Finish]) -> Result<Vec<Lease>> {
         if results.is_empty() {
             return Ok(Vec::new());
         }
@@ -134,6 +134,13 @@ impl Store {
             .bind(worker)
             .fetch_all(&self.pool)
             .await?;
-        rows.iter().map(|r| Ok(TaskId(r.try_get("id")?))).collect()
+        rows.iter()
+            .map(|r| {
+                Ok(Lease {
+                    id: TaskId(r.try_get("id")?),
+                    version: r.try_get("version")?,
+                })
+            })
+            .collect()
     }
 }

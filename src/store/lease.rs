@@ -36,7 +36,7 @@ SET next_attempt_at = now() + $3 * interval '1 millisecond', updated_at = now()
 FROM unnest($1::bigint[], $2::bigint[]) AS l(id, version)
 WHERE t.id = l.id AND t.lease_version = l.version
   AND t.status = 'failed' AND t.lease_owner IS NOT NULL
-RETURNING t.id
+RETURNING t.id, t.lease_version
 "#;
 
 const RELEASE: &str = r#"
@@ -83,9 +83,9 @@ impl Store {
         tasks_from_rows(&rows)
     }
 
-    /// Extends the leases still held; returns the ids whose lease was extended. A lease
+    /// Extends the leases still held; returns the leases that were extended. A lease
     /// missing from the answer was taken over (or its task finished by someone else).
-    pub async fn heartbeat(&self, leases: &[Lease], lease: Duration) -> Result<Vec<TaskId>> {
+    pub async fn heartbeat(&self, leases: &[Lease], lease: Duration) -> Result<Vec<Lease>> {
         if leases.is_empty() {
             return Ok(Vec::new());
         }
@@ -96,7 +96,14 @@ impl Store {
             .bind(millis(lease))
             .fetch_all(&self.pool)
             .await?;
-        rows.iter().map(|r| Ok(TaskId(r.try_get("id")?))).collect()
+        rows.iter()
+            .map(|r| {
+                Ok(Lease {
+                    id: TaskId(r.try_get("id")?),
+                    version: r.try_get("lease_version")?,
+                })
+            })
+            .collect()
     }
 
     /// Gives leases back so another worker can take the tasks at once. The interrupted

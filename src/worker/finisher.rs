@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::inflight::InFlight;
 use crate::parking::Parking;
 use crate::store::{Finish, FinishOutcome, Store};
-use crate::task::{Task, TaskId};
+use crate::task::{Lease, Task};
 use crate::telemetry::Metrics;
 
 /// Finish statements in flight at once: enough to overlap one batch's commit with the
@@ -84,17 +84,17 @@ impl Finisher {
                 }
             }
         };
-        self.in_flight.remove(results.iter().map(|r| r.lease.id));
+        self.in_flight.remove(results.iter().map(|r| r.lease));
         self.metrics.in_flight.sub(results.len() as i64);
         let Some(written) = written else { return };
         self.account(&batch, written.into_iter().collect());
     }
 
-    fn account(&self, batch: &[Completion], written: HashSet<TaskId>) {
+    fn account(&self, batch: &[Completion], written: HashSet<Lease>) {
         let mut retry_scheduled = false;
         for completion in batch {
             let finish = &completion.finish;
-            if written.contains(&finish.lease.id) {
+            if written.contains(&finish.lease) {
                 let label = finish.outcome.history_label();
                 self.metrics
                     .attempts

@@ -1,18 +1,22 @@
 //! The leases this process holds, and the heartbeat that keeps them alive.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::Store;
-use crate::task::{Lease, TaskId};
+use crate::task::Lease;
 use crate::telemetry::Metrics;
 
 /// Leases held by this process, each with the token that tells its handler it was lost.
+///
+/// Keyed by the whole lease, `(id, version)`: after a lapse the same process may hold a
+/// newer lease on the same task while the old attempt is still running, and the old
+/// attempt's bookkeeping must never touch the new lease's entry.
 #[derive(Default)]
 pub(crate) struct InFlight {
-    leases: Mutex<HashMap<TaskId, (i64, CancellationToken)>>,
+    leases: Mutex<HashMap<Lease, CancellationToken>>,
 }
 
 impl InFlight {
@@ -20,34 +24,28 @@ impl InFlight {
     pub(crate) fn insert(&self, lease: Lease) -> CancellationToken {
         let token = CancellationToken::new();
         let mut leases = self.leases.lock().expect("in-flight lock");
-        leases.insert(lease.id, (lease.version, token.clone()));
+        leases.insert(lease, token.clone());
         token
     }
 
     /// Forgets leases whose results were written (or given up on).
-    pub(crate) fn remove(&self, ids: impl IntoIterator<Item = TaskId>) {
+    pub(crate) fn remove(&self, done: impl IntoIterator<Item = Lease>) {
         let mut leases = self.leases.lock().expect("in-flight lock");
-        for id in ids {
-            leases.remove(&id);
+        for lease in done {
+            leases.remove(&lease);
         }
     }
 
     /// Every lease held now.
     pub(crate) fn snapshot(&self) -> Vec<Lease> {
         let leases = self.leases.lock().expect("in-flight lock");
-        leases
-            .iter()
-            .map(|(&id, &(version, _))| Lease { id, version })
-            .collect()
+        leases.keys().copied().collect()
     }
 
     /// Removes and returns every lease (at shutdown, to release them).
     pub(crate) fn drain(&self) -> Vec<Lease> {
         let mut leases = self.leases.lock().expect("in-flight lock");
-        leases
-            .drain()
-            .map(|(id, (version, _))| Lease { id, version })
-            .collect()
+        leases.drain().map(|(lease, _)| lease).collect()
     }
 
     /// Marks leases as lost: their handlers are told to stop, their results are dropped.
@@ -55,11 +53,7 @@ impl InFlight {
         let mut leases = self.leases.lock().expect("in-flight lock");
         let mut count = 0;
         for lease in lost {
-            if leases
-                .get(&lease.id)
-                .is_some_and(|(v, _)| *v == lease.version)
-            {
-                let (_, token) = leases.remove(&lease.id).expect("present");
+            if let Some(token) = leases.remove(lease) {
                 token.cancel();
                 count += 1;
             }
@@ -91,10 +85,10 @@ pub(crate) async fn heartbeat_loop(
         }
         match store.heartbeat(&held, lease).await {
             Ok(extended) => {
-                let extended: std::collections::HashSet<TaskId> = extended.into_iter().collect();
+                let extended: HashSet<Lease> = extended.into_iter().collect();
                 let lost: Vec<Lease> = held
                     .into_iter()
-                    .filter(|l| !extended.contains(&l.id))
+                    .filter(|l| !extended.contains(l))
                     .collect();
                 let count = in_flight.lose(&lost);
                 if count > 0 {

@@ -218,13 +218,13 @@ async fn a_late_worker_cannot_finish_or_heartbeat_a_task_taken_over() {
 
     assert_eq!(
         store.heartbeat(&[new.lease()], LEASE).await.unwrap(),
-        vec![new.id]
+        vec![new.lease()]
     );
     let written = store
         .finish("fast", &[finish(&new, FinishOutcome::Resolved)])
         .await
         .unwrap();
-    assert_eq!(written, vec![new.id]);
+    assert_eq!(written, vec![new.lease()]);
     // A second write of the same result (say, a retry after a lost reply) changes nothing.
     assert!(store
         .finish("fast", &[finish(&new, FinishOutcome::Resolved)])
@@ -325,7 +325,7 @@ async fn a_database_error_during_finish_leaves_the_task_to_come_back_after_its_l
             .finish("next", &[finish(&again, FinishOutcome::Resolved)])
             .await
             .unwrap(),
-        vec![id]
+        vec![again.lease()]
     );
     assert_eq!(store.attempts(id).await.unwrap().len(), 1, "finished once");
 }

@@ -420,3 +420,82 @@ async fn a_lost_lease_cancels_the_handler_and_drops_its_result() {
         "no result written for the lost lease"
     );
 }
+
+/// Ignores cancellation: the first attempt takes 1.5 s, later ones 4 s.
+struct Stubborn {
+    calls: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl Handler for Stubborn {
+    async fn handle(&self, ctx: &HandlerContext, _task: &Task) -> Result<(), HandlerError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let secs = if ctx.attempt == 1 { 1.5 } else { 4.0 };
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        Ok(())
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        Some(Duration::from_secs(60))
+    }
+}
+
+/// Regression: in-flight leases were keyed by task id alone, so when this process
+/// re-claimed a task whose lease had lapsed, the old attempt's (fenced) result removed
+/// the new lease's entry; the new lease was no longer heartbeated, lapsed in turn, and
+/// a handler that always succeeds never got its result written.
+#[tokio::test]
+async fn a_lapsed_lease_reclaimed_by_the_same_process_keeps_its_new_lease_alive() {
+    let (store, mut settings) = fresh_store().await;
+    settings.worker.lease = Duration::from_secs(1);
+    settings.worker.heartbeat = Duration::from_millis(300);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let shutdown = CancellationToken::new();
+    let fleet = fleet(
+        &settings,
+        Stubborn {
+            calls: calls.clone(),
+        },
+    );
+    let run = tokio::spawn(fleet.run_with_store(store.clone(), shutdown.clone()));
+    let id = store
+        .enqueue(&NewTask::new("h", b"x".to_vec()))
+        .await
+        .unwrap()
+        .id();
+    eventually(Duration::from_secs(10), "the first lease", || async {
+        status(&store, id).await.lease_owner.is_some()
+    })
+    .await;
+    // The lease lapses (as after a stalled heartbeat); a new task's notification wakes
+    // the claim loop, which takes the lapsed task again. Repeated until it wins the race
+    // with the heartbeat.
+    eventually(Duration::from_secs(10), "the same process re-claims", || async {
+        sqlx::query(
+            "UPDATE recovery_task SET next_attempt_at = now() - interval '1 second' \
+             WHERE id = $1 AND lease_version = 1",
+        )
+        .bind(id.0)
+        .execute(store.pool())
+        .await
+        .unwrap();
+        store
+            .enqueue(&NewTask::new("h", b"wake".to_vec()))
+            .await
+            .unwrap();
+        status(&store, id).await.lease_version >= 2
+    })
+    .await;
+    eventually(Duration::from_secs(30), "the task final", || async {
+        status(&store, id).await.status.is_final()
+    })
+    .await;
+    let task = status(&store, id).await;
+    assert_eq!(
+        (task.status, task.lease_version),
+        (Status::Resolved, 2),
+        "the second lease's result is written, no third lease"
+    );
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+}
