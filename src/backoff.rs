@@ -75,7 +75,7 @@ impl Backoff {
             Jitter::Full => rng.random_range(0.0..=capped),
             Jitter::Equal => capped / 2.0 + rng.random_range(0.0..=capped / 2.0),
         };
-        Duration::from_secs_f64(jittered.clamp(0.0, cap))
+        Duration::try_from_secs_f64(jittered.clamp(0.0, cap)).unwrap_or(self.cap)
     }
 }
 

@@ -9,6 +9,7 @@ use crate::handlers::{
     Handler, HandlerRegistry, LogHandler, Registered, RegistryError, RepublishHandler,
 };
 use crate::ingest::Ingest;
+use crate::finals::{FinalSink, Finals};
 use crate::parking::Parking;
 use crate::store::{Store, StoreError};
 use crate::telemetry::{self, Metrics};
@@ -32,6 +33,9 @@ pub enum FleetError {
     /// Ingest stopped with an error.
     #[error("ingest: {0}")]
     Ingest(#[from] crate::ingest::IngestError),
+    /// A part of the member panicked (a bug); the others were stopped.
+    #[error("a part of this member panicked: {0}")]
+    Panicked(String),
     /// The metrics endpoint could not be served.
     #[error("metrics endpoint: {0}")]
     Metrics(#[from] std::io::Error),
@@ -86,12 +90,12 @@ impl FleetBuilder {
             settings.routes.iter().map(|r| r.handler.clone()).collect();
         let ingest_handlers = self.registry.select(&route_handlers, &settings.retry)?;
         let metrics = Metrics::new();
-        let parking = match &settings.parking.topic {
-            Some(topic) => Some(Parking::new(
+        let parking: Option<Arc<dyn FinalSink>> = match &settings.parking.topic {
+            Some(topic) => Some(Arc::new(Parking::new(
                 &settings.kafka,
                 topic.clone(),
                 metrics.clone(),
-            )?),
+            )?)),
             None => None,
         };
         Ok(Fleet {
@@ -99,7 +103,7 @@ impl FleetBuilder {
             handlers,
             ingest_handlers: Arc::new(ingest_handlers),
             metrics,
-            parking,
+            finals: Finals::new(parking),
         })
     }
 }
@@ -110,7 +114,7 @@ pub struct Fleet {
     handlers: BTreeMap<String, Registered>,
     ingest_handlers: Arc<BTreeMap<String, Registered>>,
     metrics: Metrics,
-    parking: Option<Parking>,
+    finals: Finals,
 }
 
 impl Fleet {
@@ -162,6 +166,15 @@ impl Fleet {
         store: Store,
         shutdown: CancellationToken,
     ) -> Result<(), FleetError> {
+        let ingest = self.ingest(store.clone());
+        if ingest.is_none() && !self.settings.worker.enabled {
+            return Err(ConfigError::new(
+                "worker.enabled",
+                "nothing to do: the worker pool is off and no ingest route is configured \
+                 (add [[routes]] or set worker.enabled = true)",
+            )
+            .into());
+        }
         let mut parts = tokio::task::JoinSet::new();
         if let Some(listen) = self.settings.metrics.listen {
             let listener = tokio::net::TcpListener::bind(listen).await?;
@@ -169,7 +182,7 @@ impl Fleet {
             let serve = telemetry::serve_metrics(listener, self.metrics.clone(), shutdown.clone());
             parts.spawn(async move { serve.await.map_err(FleetError::from) });
         }
-        if let Some(ingest) = self.ingest(store.clone()) {
+        if let Some(ingest) = ingest {
             let stop = shutdown.clone();
             parts.spawn(async move { ingest.run(stop).await.map_err(FleetError::from) });
         }
@@ -192,10 +205,14 @@ impl Fleet {
                 Err(panic) => {
                     tracing::error!(%panic, "a part of this member panicked; stopping the others");
                     shutdown.cancel();
+                    if outcome.is_ok() {
+                        outcome = Err(FleetError::Panicked(panic.to_string()));
+                    }
                 }
                 _ => {}
             }
         }
+        self.finals.drain(self.settings.worker.shutdown_timeout).await;
         outcome
     }
 
@@ -212,7 +229,8 @@ impl Fleet {
             self.ingest_handlers.clone(),
             self.metrics.clone(),
             format!("ingest-{}", std::process::id()),
-        ))
+        )
+        .with_finals(self.finals.clone()))
     }
 
     /// A worker pool on `store` without running it: for stepping with
@@ -225,7 +243,7 @@ impl Fleet {
             self.metrics.clone(),
         )
         .with_routes(&self.settings.routes)
-        .with_parking(self.parking.clone())
+        .with_finals(self.finals.clone())
     }
 }
 

@@ -19,6 +19,7 @@ pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod finals;
 pub mod fleet;
 pub mod handlers;
 pub mod headers;

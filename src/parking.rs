@@ -62,3 +62,10 @@ impl Parking {
         }
     }
 }
+
+#[async_trait::async_trait]
+impl crate::finals::FinalSink for Parking {
+    async fn permanent_failure(&self, task: &Task, error: Option<&str>) {
+        self.park(task, error).await;
+    }
+}

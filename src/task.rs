@@ -20,10 +20,11 @@ impl fmt::Display for TaskId {
 
 /// The business outcome of a task. `Failed` is the only state in which work happens;
 /// the other three are final.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     /// Waiting for (or in) an attempt.
+    #[default]
     Failed,
     /// A handler succeeded.
     Resolved,
@@ -94,7 +95,7 @@ impl SourceCoordinates {
 }
 
 /// A failure to record: everything known about it when it is enqueued.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NewTask {
     /// Name of the handler that will retry it.
     pub handler: String,
@@ -130,12 +131,36 @@ pub struct NewTask {
     pub ingest_note: Option<String>,
     /// Size of the message value as it came, in bytes.
     pub value_size: Option<i32>,
+    /// Whether key, value and headers are stored; false for a message kept in minimal
+    /// form (over the size limit, or refused by the database): then they are absent
+    /// because they were left out, not because the message had none.
+    pub payload_stored: bool,
     /// Attempts already made before the task was stored (process mode counts one).
     pub attempts: i32,
     /// Overrides the handler's max attempts for this task.
     pub max_attempts: Option<i32>,
     /// When the first attempt is due; `None` means now.
     pub next_attempt_at: Option<DateTime<Utc>>,
+    /// `Failed` (the default), or `PermanentFailure` when the inline attempt already
+    /// said retrying cannot help.
+    pub status: Status,
+    /// The attempt made before the task was stored (process mode), for the history.
+    pub inline_attempt: Option<InlineAttempt>,
+}
+
+/// An attempt made before its task was stored: process mode's inline handler call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InlineAttempt {
+    /// The member that made it.
+    pub worker: String,
+    /// When the handler was called.
+    pub started_at: DateTime<Utc>,
+    /// How long it ran, in milliseconds.
+    pub duration_ms: i32,
+    /// `retry` or `permanent_failure`, as in the attempt history.
+    pub outcome: String,
+    /// What went wrong.
+    pub error: Option<String>,
 }
 
 impl NewTask {
@@ -147,6 +172,39 @@ impl NewTask {
             ..NewTask::default()
         }
     }
+}
+
+impl Default for NewTask {
+    fn default() -> Self {
+        NewTask {
+            handler: String::new(),
+            dedup_key: None,
+            event_type: None,
+            correlation_id: None,
+            source: None,
+            source_timestamp: None,
+            source_timestamp_type: None,
+            key: None,
+            value: None,
+            headers: Vec::new(),
+            original: None,
+            error_class: None,
+            error_message: None,
+            error_stacktrace: None,
+            route: None,
+            ingest_note: None,
+            value_size: None,
+            payload_stored: true,
+            attempts: 0,
+            max_attempts: None,
+            next_attempt_at: None,
+            status: Status::Failed,
+            inline_attempt: None,
+        }
+    }
+}
+
+impl NewTask {
 
     /// The dedup key that will be stored: the explicit one, else the source coordinates.
     pub fn effective_dedup_key(&self) -> Option<String> {
@@ -178,7 +236,8 @@ impl NewTask {
             route: self.route.clone(),
             ingest_note: self.ingest_note.clone(),
             value_size: self.value_size,
-            status: Status::Failed,
+            payload_stored: self.payload_stored,
+            status: self.status,
             attempts: 1,
             max_attempts: self.max_attempts,
             next_attempt_at: now,
@@ -193,14 +252,43 @@ impl NewTask {
         }
     }
 
-    /// Whether `task` records the same failure (used to tell a repeat from a conflict).
+    /// Whether `task` records the same failure (used to tell a repeat from a conflict):
+    /// the same message (bytes, size, timestamp, coordinates) for the same handler, with
+    /// the same caller-chosen policy.
     pub fn same_content_as(&self, task: &Task) -> bool {
         self.handler == task.handler
             && self.event_type == task.event_type
+            && self.correlation_id == task.correlation_id
+            && self.max_attempts == task.max_attempts
             && self.source == task.source
+            && self.source_timestamp == task.source_timestamp
             && self.key == task.key
             && self.value == task.value
             && self.headers == task.headers
+            && self.value_size == task.value_size
+            && self.payload_stored == task.payload_stored
+    }
+
+    /// A digest of the message's content (key, value, headers, size, timestamp): tells
+    /// two messages apart that claim the same coordinates.
+    pub fn content_digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut hasher = Sha256::new();
+        for part in [self.key.as_deref(), self.value.as_deref()] {
+            match part {
+                Some(bytes) => {
+                    hasher.update((bytes.len() as u64).to_be_bytes());
+                    hasher.update(bytes);
+                }
+                None => hasher.update(u64::MAX.to_be_bytes()),
+            }
+        }
+        hasher.update(crate::headers::encode(&self.headers));
+        hasher.update(self.value_size.unwrap_or(-1).to_be_bytes());
+        let millis = self.source_timestamp.map_or(i64::MIN, |t| t.timestamp_millis());
+        hasher.update(millis.to_be_bytes());
+        let digest = hasher.finalize();
+        digest[..16].iter().map(|b| format!("{b:02x}")).collect()
     }
 }
 
@@ -225,6 +313,8 @@ pub struct Task {
     pub route: Option<String>,
     pub ingest_note: Option<String>,
     pub value_size: Option<i32>,
+    /// Whether key, value and headers are stored (false: minimal form, payload left out).
+    pub payload_stored: bool,
     pub status: Status,
     /// Attempts started so far, including the current one while leased.
     pub attempts: i32,

@@ -37,6 +37,8 @@ pub struct Metrics {
     pub ingested: IntCounterVec,
     /// Permanent failures produced to the parking topic, by result.
     pub parked: IntCounterVec,
+    /// Errors the Kafka consumer reported, by librdkafka error code.
+    pub consumer_errors: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -95,6 +97,14 @@ impl Metrics {
             &["result"],
         )
         .unwrap();
+        let consumer_errors = IntCounterVec::new(
+            Opts::new(
+                "redrive_consumer_errors_total",
+                "Errors reported by the Kafka consumer, by librdkafka error code",
+            ),
+            &["code"],
+        )
+        .unwrap();
         for metric in [
             Box::new(claimed.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(attempts.clone()),
@@ -104,6 +114,7 @@ impl Metrics {
             Box::new(database_errors.clone()),
             Box::new(ingested.clone()),
             Box::new(parked.clone()),
+            Box::new(consumer_errors.clone()),
         ] {
             registry.register(metric).expect("metric names are unique");
         }
@@ -117,6 +128,7 @@ impl Metrics {
             database_errors,
             ingested,
             parked,
+            consumer_errors,
         }
     }
 

@@ -37,6 +37,10 @@ pub struct IngestSettings {
     pub enabled: bool,
     /// Messages per insert statement.
     pub batch_size: u32,
+    /// Bytes (keys, values, headers) per insert statement: a batch closes at whichever
+    /// of `batch_size` and `batch_bytes` comes first. Ingest holds at most four batches
+    /// (three being written, one filling), which bounds its memory.
+    pub batch_bytes: u32,
     /// Longest a partial batch waits for more messages.
     #[serde(deserialize_with = "duration")]
     pub linger: Duration,
@@ -47,6 +51,11 @@ pub struct IngestSettings {
     pub stacktrace_max_bytes: u32,
     /// Process-mode handler calls run at once per batch.
     pub process_concurrency: u32,
+    /// Longest a batch's process-mode handler calls may take together; messages not
+    /// attempted by then are stored for the worker pool. Keeps a batch well under
+    /// librdkafka's `max.poll.interval.ms` when the downstream hangs.
+    #[serde(deserialize_with = "duration")]
+    pub process_budget: Duration,
 }
 
 impl Default for IngestSettings {
@@ -54,10 +63,12 @@ impl Default for IngestSettings {
         IngestSettings {
             enabled: true,
             batch_size: 500,
+            batch_bytes: 32 * 1024 * 1024,
             linger: Duration::from_millis(20),
             max_message_bytes: 16 * 1024 * 1024,
             stacktrace_max_bytes: 8 * 1024,
             process_concurrency: 32,
+            process_budget: Duration::from_secs(60),
         }
     }
 }

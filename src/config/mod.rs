@@ -265,6 +265,26 @@ impl Settings {
             self.ingest.process_concurrency,
         )?;
         nonzero("ingest.linger", self.ingest.linger)?;
+        positive("ingest.batch_bytes", self.ingest.batch_bytes)?;
+        if self.ingest.max_message_bytes > MAX_MESSAGE_BYTES {
+            return Err(ConfigError::new(
+                "ingest.max_message_bytes",
+                format!("must be at most {MAX_MESSAGE_BYTES} (PostgreSQL refuses larger rows)"),
+            ));
+        }
+        if self.ingest.batch_bytes > MAX_BATCH_BYTES {
+            return Err(ConfigError::new(
+                "ingest.batch_bytes",
+                format!("must be at most {MAX_BATCH_BYTES} (PostgreSQL refuses a statement over 1 GiB)"),
+            ));
+        }
+        nonzero("ingest.process_budget", self.ingest.process_budget)?;
+        if self.ingest.process_budget > MAX_PROCESS_BUDGET {
+            return Err(ConfigError::new(
+                "ingest.process_budget",
+                "must be at most 4m, well under librdkafka's max.poll.interval.ms (5m)",
+            ));
+        }
         if self.kafka.group_id.is_empty() {
             return Err(ConfigError::new("kafka.group_id", "must not be empty"));
         }
@@ -295,6 +315,13 @@ impl DatabaseSettings {
             .application_name("redrive"))
     }
 }
+
+/// Largest message stored with its payload: a row must stay far below PostgreSQL's 1 GiB.
+const MAX_MESSAGE_BYTES: u32 = 256 * 1024 * 1024;
+/// Largest batch in bytes: one insert statement binds all of it.
+const MAX_BATCH_BYTES: u32 = 512 * 1024 * 1024;
+/// Longest process-mode budget per batch.
+const MAX_PROCESS_BUDGET: Duration = Duration::from_secs(240);
 
 fn positive(key: &str, value: u32) -> Result<(), ConfigError> {
     if value == 0 {

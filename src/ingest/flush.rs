@@ -6,18 +6,39 @@ use rdkafka::message::Message;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::routes::RouteTable;
 use crate::config::{IngestSettings, RouteMode, RouteSettings};
+use crate::finals::Finals;
+use crate::handlers::invoke::invoke;
 use crate::handlers::{HandlerContext, Registered};
-use crate::kafka::message::{minimal_form, to_task, Consumed};
-use crate::store::{Enqueued, Store, StoreError};
-use crate::task::NewTask;
+use crate::kafka::message::{minimal_form, to_task, with_payload, Consumed};
+use crate::store::{Enqueued, FinishOutcome, Store, StoreError};
+use crate::task::{InlineAttempt, NewTask, Status, TaskId};
 use crate::telemetry::Metrics;
 
 /// Next offset to commit per (topic, partition).
 pub(crate) type Offsets = BTreeMap<(String, i32), i64>;
+
+/// Why a batch cannot be persisted; its offsets and every later batch's stay uncommitted.
+#[derive(Debug, thiserror::Error)]
+pub enum FlushError {
+    /// The subscription delivered a topic that no route claims (a routing bug).
+    #[error("no route claims topic {topic:?} (partition {partition}, offset {offset}); the subscription and the route table disagree")]
+    Unrouted {
+        /// The topic.
+        topic: String,
+        /// Its partition.
+        partition: i32,
+        /// The message's offset.
+        offset: i64,
+    },
+    /// Two different messages claimed the same coordinates and the same content digest.
+    #[error("dedup key {0:?} is taken by a task with other content even with its content digest")]
+    DigestCollision(String),
+}
 
 /// What a flush needs; cheap to clone into a spawned task.
 #[derive(Clone)]
@@ -28,16 +49,13 @@ pub(crate) struct Flusher {
     pub(crate) limits: IngestSettings,
     pub(crate) metrics: Metrics,
     pub(crate) worker_id: String,
+    pub(crate) finals: Finals,
 }
 
 impl Flusher {
-    /// Persists `messages`; returns the offsets now safe to commit, or `None` if shutdown
-    /// came while the database was unreachable (nothing committed, nothing lost).
-    pub(crate) async fn flush(
-        self,
-        messages: Vec<Consumed>,
-        shutdown: CancellationToken,
-    ) -> Option<Offsets> {
+    /// Persists `messages` and returns the offsets now safe to commit. Retries the
+    /// insert while the database is unreachable; the caller decides how long to wait.
+    pub(crate) async fn flush(self, messages: Vec<Consumed>) -> Result<Offsets, FlushError> {
         let mut offsets = Offsets::new();
         for m in messages.iter().map(|c| &c.message) {
             let next = offsets
@@ -45,75 +63,151 @@ impl Flusher {
                 .or_insert(0);
             *next = (*next).max(m.offset() + 1);
         }
-        let tasks = self.to_tasks(messages).await;
-        if !tasks.is_empty() && !self.insert(&tasks, &shutdown).await {
-            return None;
+        let tasks = self.to_tasks(messages).await?;
+        if !tasks.is_empty() {
+            self.insert(tasks).await?;
         }
-        Some(offsets)
+        Ok(offsets)
     }
 
-    /// Capture-mode messages become tasks; process-mode ones only if their handler fails.
-    async fn to_tasks(&self, messages: Vec<Consumed>) -> Vec<NewTask> {
+    /// Capture-mode messages become tasks; process-mode ones only if their handler
+    /// fails. Inline attempts share the batch's time budget.
+    async fn to_tasks(&self, messages: Vec<Consumed>) -> Result<Vec<NewTask>, FlushError> {
+        let mut routed = Vec::with_capacity(messages.len());
+        for message in messages {
+            let m = &message.message;
+            let Some(route) = self.routes.route_for(m.topic()) else {
+                return Err(FlushError::Unrouted {
+                    topic: m.topic().to_owned(),
+                    partition: m.partition(),
+                    offset: m.offset(),
+                });
+            };
+            routed.push((message, route.clone()));
+        }
+        let deadline = Instant::now() + self.limits.process_budget;
         let concurrency = self.limits.process_concurrency as usize;
-        let outcomes: Vec<Option<NewTask>> = stream::iter(messages)
-            .map(|message| async move {
-                let Some(route) = self.routes.route_for(message.message.topic()) else {
-                    tracing::error!(
-                        topic = message.message.topic(),
-                        "message on a topic no route claims; not stored"
-                    );
-                    return None;
-                };
-                match route.mode {
-                    RouteMode::Capture => Some(to_task(&message, route, &self.limits, None)),
-                    RouteMode::Process => self.process(&message, route).await,
-                }
-            })
+        let outcomes: Vec<Option<NewTask>> = stream::iter(routed)
+            .map(|(message, route)| self.to_task(message, route, deadline))
             .buffered(concurrency)
             .collect()
             .await;
-        outcomes.into_iter().flatten().collect()
+        Ok(outcomes.into_iter().flatten().collect())
     }
 
-    /// Runs the route's handler on a message; a failure becomes a task at attempt 1.
-    async fn process(&self, message: &Consumed, route: &RouteSettings) -> Option<NewTask> {
-        let registered = &self.handlers[&route.handler];
-        let preview = to_task(message, route, &self.limits, None).unsaved();
+    /// The task of one message: every capture-mode message, a process-mode one only if
+    /// its handler fails.
+    async fn to_task(
+        &self,
+        message: Consumed,
+        route: Arc<RouteSettings>,
+        deadline: Instant,
+    ) -> Option<NewTask> {
+        let task = to_task(&message, &route, &self.limits);
+        match route.mode {
+            RouteMode::Capture => Some(task),
+            RouteMode::Process => self.process(&message, &route, task, deadline).await,
+        }
+    }
+
+    /// Runs the route's handler on a message (the whole message, even one too large to
+    /// store) through the same invocation as the worker pool. Success stores nothing; a
+    /// failure becomes a task with the verdict kept: retry at the time it says, or a
+    /// permanent failure at once. A message the budget left no time for is stored
+    /// unattempted, for the pool.
+    async fn process(
+        &self,
+        message: &Consumed,
+        route: &RouteSettings,
+        mut task: NewTask,
+        deadline: Instant,
+    ) -> Option<NewTask> {
+        let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+            task.ingest_note = Some(append_note(
+                task.ingest_note.take(),
+                "not attempted inline: the batch's time budget (ingest.process_budget) ran out",
+            ));
+            self.count(route, "deferred");
+            return Some(task);
+        };
+        let mut registered = self.handlers[&route.handler].clone();
+        registered.policy = registered.policy.for_route(route);
+        registered.policy.timeout = registered.policy.timeout.min(left.max(MIN_INLINE_TIME));
+        let preview = with_payload(&task, message).unsaved();
         let ctx = HandlerContext {
             worker_id: self.worker_id.clone(),
             attempt: 1,
             cancellation: CancellationToken::new(),
         };
-        let timeout = route.timeout.unwrap_or(registered.policy.timeout);
-        let call = registered.handler.handle(&ctx, &preview);
-        let error = match tokio::time::timeout(timeout, call).await {
-            Ok(Ok(())) => {
-                self.metrics
-                    .ingested
-                    .with_label_values(&[&route.name, "processed"])
-                    .inc();
+        let attempted = invoke(&registered, &ctx, &preview).await;
+        task.attempts = 1;
+        let outcome = match attempted.outcome {
+            FinishOutcome::Resolved => {
+                self.count(route, "processed");
                 return None;
             }
-            Ok(Err(error)) => error.to_string(),
-            Err(_) => format!(
-                "handler timed out after {}",
-                humantime::format_duration(timeout)
-            ),
+            FinishOutcome::Retry { at } => {
+                task.next_attempt_at = Some(at);
+                "retry"
+            }
+            FinishOutcome::PermanentFailure => {
+                task.status = Status::PermanentFailure;
+                "permanent_failure"
+            }
         };
-        Some(to_task(message, route, &self.limits, Some(error)))
+        task.error_message = attempted.error.clone();
+        task.inline_attempt = Some(InlineAttempt {
+            worker: self.worker_id.clone(),
+            started_at: attempted.started_at,
+            duration_ms: i32::try_from(attempted.duration.as_millis()).unwrap_or(i32::MAX),
+            outcome: outcome.to_owned(),
+            error: attempted.error,
+        });
+        Some(task)
     }
 
     /// Inserts until it works. Rows the database refuses as data go in one by one, and
-    /// a row refused alone is stored in its minimal form. Returns false on shutdown.
-    async fn insert(&self, tasks: &[NewTask], shutdown: &CancellationToken) -> bool {
+    /// a row refused alone is stored in its minimal form. A new message at coordinates
+    /// that already hold another message's task is stored as a task of its own.
+    async fn insert(&self, tasks: Vec<NewTask>) -> Result<(), FlushError> {
+        let outcomes = self.insert_retrying(&tasks).await;
+        let mut collided = Vec::new();
+        for (task, outcome) in tasks.into_iter().zip(outcomes) {
+            match outcome {
+                Enqueued::Conflict(existing) => collided.push(collision(task, existing)),
+                outcome => self.stored(task, outcome, "stored"),
+            }
+        }
+        if collided.is_empty() {
+            return Ok(());
+        }
+        tracing::warn!(
+            count = collided.len(),
+            "messages at coordinates already recorded with other content (topic recreated, \
+             or two clusters share this database); each is stored as a task of its own"
+        );
+        let outcomes = self.insert_retrying(&collided).await;
+        for (task, outcome) in collided.into_iter().zip(outcomes) {
+            if let Enqueued::Conflict(_) = outcome {
+                return Err(FlushError::DigestCollision(
+                    task.dedup_key.unwrap_or_default(),
+                ));
+            }
+            self.stored(task, outcome, "collision");
+        }
+        Ok(())
+    }
+
+    /// One outcome per task, retrying while the database is unreachable.
+    async fn insert_retrying(&self, tasks: &[NewTask]) -> Vec<Enqueued> {
         let mut pause = Duration::from_millis(100);
         loop {
             let result = match self.store.enqueue_many(tasks).await {
                 Err(error) if is_data_error(&error) => self.insert_one_by_one(tasks).await,
-                other => other.map(|outcomes| self.count(tasks, &outcomes)),
+                other => other,
             };
             match result {
-                Ok(()) => return true,
+                Ok(outcomes) => return outcomes,
                 Err(error) => {
                     self.metrics
                         .database_errors
@@ -123,15 +217,13 @@ impl Flusher {
                         "cannot store consumed failures; offsets stay uncommitted");
                 }
             }
-            tokio::select! {
-                _ = shutdown.cancelled() => return false,
-                _ = tokio::time::sleep(pause) => {}
-            }
+            tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(5));
         }
     }
 
-    async fn insert_one_by_one(&self, tasks: &[NewTask]) -> Result<(), StoreError> {
+    async fn insert_one_by_one(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError> {
+        let mut outcomes = Vec::with_capacity(tasks.len());
         for task in tasks {
             let outcome = match self.store.enqueue_many(std::slice::from_ref(task)).await {
                 Err(error) if is_data_error(&error) => {
@@ -142,28 +234,60 @@ impl Flusher {
                 }
                 other => other?,
             };
-            self.count(std::slice::from_ref(task), &outcome);
+            outcomes.extend(outcome);
         }
-        Ok(())
+        Ok(outcomes)
     }
 
-    fn count(&self, tasks: &[NewTask], outcomes: &[Enqueued]) {
-        for (task, outcome) in tasks.iter().zip(outcomes) {
-            let route = task.route.as_deref().unwrap_or("");
-            let label = match outcome {
-                Enqueued::Created(_) => "stored",
-                Enqueued::Existing(_) => "redelivered",
-                Enqueued::Conflict(id) => {
-                    tracing::warn!(task = %id, source = ?task.source,
-                        "a task already records these coordinates with other content; kept the first");
-                    "redelivered"
-                }
-            };
-            self.metrics
-                .ingested
-                .with_label_values(&[route, label])
-                .inc();
+    /// Counts a stored (or redelivered) task and reports a new permanent failure.
+    fn stored(&self, task: NewTask, outcome: Enqueued, label: &str) {
+        let route = task.route.as_deref().unwrap_or("");
+        let label = match outcome {
+            Enqueued::Existing(_) => "redelivered",
+            _ => label,
+        };
+        self.metrics
+            .ingested
+            .with_label_values(&[route, label])
+            .inc();
+        if let Enqueued::Created(id) = outcome {
+            if task.status == Status::PermanentFailure && self.finals.wanted() {
+                let error = task.error_message.clone();
+                let mut stored = task.unsaved();
+                stored.id = id;
+                self.finals.permanent_failure(Arc::new(stored), error);
+            }
         }
+    }
+
+    fn count(&self, route: &RouteSettings, outcome: &str) {
+        self.metrics
+            .ingested
+            .with_label_values(&[&route.name, outcome])
+            .inc();
+    }
+}
+
+/// The shortest time an inline attempt gets, even when the budget is nearly spent.
+const MIN_INLINE_TIME: Duration = Duration::from_millis(100);
+
+/// `task`, whose coordinates already belong to task `existing` with other content, under
+/// a dedup key that also carries its content digest: its redelivery still finds it.
+fn collision(mut task: NewTask, existing: TaskId) -> NewTask {
+    let key = task.effective_dedup_key().unwrap_or_default();
+    task.dedup_key = Some(format!("{key}#{}", task.content_digest()));
+    let note = format!(
+        "task {existing} already records these coordinates with other content \
+         (topic recreated, or another cluster); stored under the content digest"
+    );
+    task.ingest_note = Some(append_note(task.ingest_note.take(), &note));
+    task
+}
+
+fn append_note(note: Option<String>, more: &str) -> String {
+    match note {
+        Some(note) => format!("{note}; {more}"),
+        None => more.to_owned(),
     }
 }
 

@@ -2,12 +2,13 @@
 
 use regex::Regex;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::config::RouteSettings;
 
 /// Routes indexed by exact topic, then by pattern.
 pub(crate) struct RouteTable {
-    routes: Vec<RouteSettings>,
+    routes: Vec<Arc<RouteSettings>>,
     exact: HashMap<String, usize>,
     patterns: Vec<(Regex, usize)>,
 }
@@ -30,14 +31,14 @@ impl RouteTable {
             }
         }
         RouteTable {
-            routes,
+            routes: routes.into_iter().map(Arc::new).collect(),
             exact,
             patterns,
         }
     }
 
     /// The route of `topic`, exact names first.
-    pub(crate) fn route_for(&self, topic: &str) -> Option<&RouteSettings> {
+    pub(crate) fn route_for(&self, topic: &str) -> Option<&Arc<RouteSettings>> {
         let index = self.exact.get(topic).copied().or_else(|| {
             self.patterns
                 .iter()
@@ -51,7 +52,7 @@ impl RouteTable {
     pub(crate) fn subscriptions(&self) -> Vec<String> {
         self.routes
             .iter()
-            .flat_map(RouteSettings::subscriptions)
+            .flat_map(|route| route.subscriptions())
             .collect()
     }
 }

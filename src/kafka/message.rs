@@ -90,14 +90,43 @@ pub fn coordinates_of(message: &impl Message) -> SourceCoordinates {
     }
 }
 
-/// The task recording `message` for `route`. In process mode `error` is the inline
-/// attempt's failure, which counts as attempt 1.
-pub fn to_task(
-    consumed: &Consumed,
-    route: &RouteSettings,
-    limits: &IngestSettings,
-    error: Option<String>,
-) -> NewTask {
+impl Consumed {
+    /// Bytes of key, value and headers: what the message weighs in a batch and a row.
+    pub fn size(&self) -> usize {
+        let message = &self.message;
+        message.key().map_or(0, <[u8]>::len)
+            + message.payload().map_or(0, <[u8]>::len)
+            + self
+                .headers
+                .iter()
+                .map(|h| h.name.len() + h.value.as_ref().map_or(0, Vec::len))
+                .sum::<usize>()
+    }
+
+    /// A message of `size` value bytes on `test`/0, for unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_test(size: usize) -> Consumed {
+        let message = OwnedMessage::new(
+            Some(vec![0; size]),
+            None,
+            "test".into(),
+            Timestamp::NotAvailable,
+            0,
+            0,
+            None,
+        );
+        Consumed {
+            message,
+            headers: Vec::new(),
+            header_note: None,
+        }
+    }
+}
+
+/// The task recording `message` for `route`, before any inline attempt. A message over
+/// `ingest.max_message_bytes` is kept in minimal form: coordinates, size and the reason,
+/// with `payload_stored` false.
+pub fn to_task(consumed: &Consumed, route: &RouteSettings, limits: &IngestSettings) -> NewTask {
     let message = &consumed.message;
     let source = coordinates_of(message);
     let headers = consumed.headers.clone();
@@ -127,22 +156,16 @@ pub fn to_task(
         }
         RouteMode::Process => {
             task.original = Some(source.clone());
-            task.attempts = 1;
             task.error_class = Some("redrive.ProcessModeFailure".into());
-            task.error_message = error;
         }
     }
-    let size = key.as_ref().map_or(0, Vec::len)
-        + value_size
-        + headers
-            .iter()
-            .map(|h| h.name.len() + h.value.as_ref().map_or(0, Vec::len))
-            .sum::<usize>();
+    let size = consumed.size();
     if size > limits.max_message_bytes as usize {
         notes.push(format!(
             "message of {size} bytes exceeds ingest.max_message_bytes ({}); key, value and headers not stored",
             limits.max_message_bytes
         ));
+        task.payload_stored = false;
     } else {
         task.key = key;
         task.value = value;
@@ -155,9 +178,28 @@ pub fn to_task(
     task
 }
 
+/// `task` with the whole message's key, value and headers, even where they are too
+/// large to store: what a process-mode handler sees.
+pub fn with_payload(task: &NewTask, consumed: &Consumed) -> NewTask {
+    let mut full = task.clone();
+    full.key = consumed.message.key().map(<[u8]>::to_vec);
+    full.value = consumed.message.payload().map(<[u8]>::to_vec);
+    full.headers = consumed.headers.clone();
+    full.payload_stored = true;
+    full
+}
+
 /// The minimal form of a task the database refused: coordinates, size and the reason.
 pub fn minimal_form(task: &NewTask, reason: &str) -> NewTask {
     NewTask {
+        payload_stored: false,
+        dedup_key: task.dedup_key.clone(),
+        original: task.original.clone(),
+        source_timestamp: task.source_timestamp,
+        status: task.status,
+        next_attempt_at: task.next_attempt_at,
+        error_message: task.error_message.clone(),
+        inline_attempt: task.inline_attempt.clone(),
         handler: task.handler.clone(),
         route: task.route.clone(),
         source: task.source.clone(),

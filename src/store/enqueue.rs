@@ -6,7 +6,7 @@ use std::collections::{HashMap, VecDeque};
 use super::row::tasks_from_rows;
 use super::{Result, Store, StoreError};
 use crate::headers;
-use crate::task::{NewTask, TaskId};
+use crate::task::{InlineAttempt, NewTask, TaskId};
 
 /// What enqueueing one task did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,37 +35,45 @@ INSERT INTO recovery_task (
     msg_key, msg_value, msg_headers, error_class, error_message,
     attempts, max_attempts, next_attempt_at, last_error,
     original_topic, original_partition, original_offset, error_stacktrace,
-    route, ingest_note, value_size)
+    route, ingest_note, value_size, payload_stored, status, finished_at)
 SELECT i.dedup_key, i.handler, i.event_type, i.correlation_id,
        i.source_topic, i.source_partition, i.source_offset, i.source_timestamp, i.source_timestamp_type,
        i.msg_key, i.msg_value, i.msg_headers, i.error_class, i.error_message,
        i.attempts, i.max_attempts, COALESCE(i.next_attempt_at, now()),
        CASE WHEN i.attempts > 0 THEN i.error_message END,
        i.original_topic, i.original_partition, i.original_offset, i.error_stacktrace,
-       i.route, i.ingest_note, i.value_size
+       i.route, i.ingest_note, i.value_size, i.payload_stored, i.status,
+       CASE WHEN i.status <> 'failed' THEN now() END
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],
             $5::text[], $6::int[], $7::bigint[], $8::timestamptz[], $9::text[],
             $10::bytea[], $11::bytea[], $12::bytea[], $13::text[], $14::text[],
             $15::int[], $16::int[], $17::timestamptz[],
             $18::text[], $19::int[], $20::bigint[], $21::text[],
-            $22::text[], $23::text[], $24::int[])
+            $22::text[], $23::text[], $24::int[], $25::bool[], $26::text[])
     WITH ORDINALITY AS i(dedup_key, handler, event_type, correlation_id,
             source_topic, source_partition, source_offset, source_timestamp, source_timestamp_type,
             msg_key, msg_value, msg_headers, error_class, error_message,
             attempts, max_attempts, next_attempt_at,
             original_topic, original_partition, original_offset, error_stacktrace,
-            route, ingest_note, value_size, ord)
+            route, ingest_note, value_size, payload_stored, status, ord)
 ORDER BY i.ord
 ON CONFLICT (dedup_key) DO NOTHING
 RETURNING id, dedup_key
+"#;
+
+/// The attempt history of tasks stored with an inline attempt (process mode).
+const INLINE_HISTORY: &str = r#"
+INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
+SELECT id, 0, 1, worker, started_at, duration_ms, outcome, error
+FROM unnest($1::bigint[], $2::text[], $3::timestamptz[], $4::int[], $5::text[], $6::text[])
+    AS a(id, worker, started_at, duration_ms, outcome, error)
 "#;
 
 impl Store {
     /// Stores one task. A repeat of an existing task returns it; the same dedup key with
     /// different content is a [`StoreError::Conflict`].
     pub async fn enqueue(&self, task: &NewTask) -> Result<Enqueued> {
-        let mut conn = self.pool.acquire().await?;
-        let outcome = enqueue_many_in(&mut conn, std::slice::from_ref(task)).await?[0];
+        let outcome = self.enqueue_many(std::slice::from_ref(task)).await?[0];
         match outcome {
             Enqueued::Conflict(existing) => Err(StoreError::Conflict {
                 dedup_key: task.effective_dedup_key().unwrap_or_default(),
@@ -76,9 +84,17 @@ impl Store {
     }
 
     /// Stores many tasks in one statement; the result has one entry per input, in order.
+    /// Tasks with an inline attempt are stored with their history row atomically.
     pub async fn enqueue_many(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>> {
-        let mut conn = self.pool.acquire().await?;
-        enqueue_many_in(&mut conn, tasks).await
+        if tasks.iter().any(|t| t.inline_attempt.is_some()) {
+            let mut tx = self.pool.begin().await?;
+            let outcomes = enqueue_many_in(&mut tx, tasks).await?;
+            tx.commit().await?;
+            Ok(outcomes)
+        } else {
+            let mut conn = self.pool.acquire().await?;
+            enqueue_many_in(&mut conn, tasks).await
+        }
     }
 }
 
@@ -185,6 +201,13 @@ pub async fn enqueue_many_in(conn: &mut PgConnection, tasks: &[NewTask]) -> Resu
                 .collect::<Vec<_>>(),
         )
         .bind(tasks.iter().map(|t| t.value_size).collect::<Vec<_>>())
+        .bind(tasks.iter().map(|t| t.payload_stored).collect::<Vec<_>>())
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.status.as_str())
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(&mut *conn)
         .await?;
 
@@ -218,10 +241,41 @@ pub async fn enqueue_many_in(conn: &mut PgConnection, tasks: &[NewTask]) -> Resu
     if !repeated.is_empty() {
         resolve_repeats(conn, tasks, &keys, &repeated, &mut results).await?;
     }
-    Ok(results
+    let results: Vec<Enqueued> = results
         .into_iter()
         .map(|r| r.expect("every input resolved"))
-        .collect())
+        .collect();
+    record_inline_attempts(conn, tasks, &results).await?;
+    Ok(results)
+}
+
+/// Writes the history row of every created task that carries an inline attempt.
+async fn record_inline_attempts(
+    conn: &mut PgConnection,
+    tasks: &[NewTask],
+    results: &[Enqueued],
+) -> Result<()> {
+    let attempts: Vec<(TaskId, &InlineAttempt)> = tasks
+        .iter()
+        .zip(results)
+        .filter_map(|(task, result)| match (result, &task.inline_attempt) {
+            (Enqueued::Created(id), Some(attempt)) => Some((*id, attempt)),
+            _ => None,
+        })
+        .collect();
+    if attempts.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(INLINE_HISTORY)
+        .bind(attempts.iter().map(|(id, _)| id.0).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|(_, a)| a.worker.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|(_, a)| a.started_at).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|(_, a)| a.duration_ms).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|(_, a)| a.outcome.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|(_, a)| a.error.as_deref()).collect::<Vec<_>>())
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }
 
 /// Compares inputs whose key was taken with the stored tasks holding those keys.

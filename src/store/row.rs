@@ -38,6 +38,7 @@ pub(crate) fn task_from_row(row: &PgRow) -> Result<Task> {
         route: row.try_get("route")?,
         ingest_note: row.try_get("ingest_note")?,
         value_size: row.try_get("value_size")?,
+        payload_stored: row.try_get("payload_stored")?,
         status,
         attempts: row.try_get("attempts")?,
         max_attempts: row.try_get("max_attempts")?,

@@ -95,7 +95,7 @@ impl Claimer {
     fn start(&self, task: Task, slot: tokio::sync::OwnedSemaphorePermit) {
         let lease_lost = self.in_flight.insert(task.lease());
         let registered = self.pool.registered_for(&task);
-        let keep_task = self.pool.parking.is_some();
+        let keep_task = self.pool.finals.wanted();
         let worker_id = self.pool.worker_id.clone();
         let completions = self.completions.clone();
         let metrics = self.pool.metrics.clone();

@@ -8,7 +8,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::inflight::InFlight;
-use crate::parking::Parking;
+use crate::finals::Finals;
 use crate::store::{Finish, FinishOutcome, Store};
 use crate::task::{Lease, Task};
 use crate::telemetry::Metrics;
@@ -22,7 +22,7 @@ const CONCURRENT_FLUSHES: usize = 3;
 pub(crate) struct Completion {
     pub(crate) finish: Finish,
     pub(crate) handler: Arc<str>,
-    /// The task, kept when it may have to be parked.
+    /// The task, kept when it became a permanent failure and someone wants to know.
     pub(crate) task: Option<Arc<Task>>,
     pub(crate) _slot: OwnedSemaphorePermit,
 }
@@ -40,8 +40,8 @@ pub(crate) struct Finisher {
     pub(crate) give_up_after: Duration,
     /// Poked after a retry is scheduled, so the claim loop recomputes its next wake-up.
     pub(crate) wake: Arc<Notify>,
-    /// Where permanent failures are also produced, if anywhere.
-    pub(crate) parking: Option<Parking>,
+    /// Told about permanent failures once they are written.
+    pub(crate) finals: Finals,
 }
 
 impl Finisher {
@@ -101,10 +101,9 @@ impl Finisher {
                     .with_label_values(&[&*completion.handler, label])
                     .inc();
                 retry_scheduled |= matches!(finish.outcome, FinishOutcome::Retry { .. });
-                if let (Some(parking), Some(task)) = (&self.parking, &completion.task) {
-                    let (parking, task) = (parking.clone(), task.clone());
-                    let error = finish.error.clone();
-                    tokio::spawn(async move { parking.park(&task, error.as_deref()).await });
+                if let Some(task) = &completion.task {
+                    self.finals
+                        .permanent_failure(task.clone(), finish.error.clone());
                 }
             } else {
                 self.metrics

@@ -16,7 +16,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{RouteSettings, WorkerSettings};
 use crate::handlers::Registered;
-use crate::parking::Parking;
+use crate::finals::Finals;
 use crate::store::{FinishOutcome, Result, Store};
 use crate::task::{Task, TaskId};
 use crate::telemetry::Metrics;
@@ -45,7 +45,7 @@ pub struct WorkerPool {
     settings: WorkerSettings,
     metrics: Metrics,
     routes: Arc<HashMap<String, RouteSettings>>,
-    parking: Option<Parking>,
+    finals: Finals,
 }
 
 impl WorkerPool {
@@ -65,7 +65,7 @@ impl WorkerPool {
             settings,
             metrics,
             routes: Arc::default(),
-            parking: None,
+            finals: Finals::default(),
         }
     }
 
@@ -76,9 +76,9 @@ impl WorkerPool {
         self
     }
 
-    /// Produces tasks that become permanent failures to a parking topic.
-    pub fn with_parking(mut self, parking: Option<Parking>) -> WorkerPool {
-        self.parking = parking;
+    /// Reports tasks that become permanent failures (parking).
+    pub(crate) fn with_finals(mut self, finals: Finals) -> WorkerPool {
+        self.finals = finals;
         self
     }
 
@@ -138,7 +138,7 @@ impl WorkerPool {
                 batch_size: self.settings.batch_size as usize,
                 give_up_after: self.settings.lease,
                 wake: wake.clone(),
-                parking: self.parking.clone(),
+                finals: self.finals.clone(),
             }
             .run(completions_rx),
         );

@@ -1,0 +1,264 @@
+//! The consume loop: batch consumed messages, persist batches concurrently, and commit
+//! their offsets strictly in consumption order.
+//!
+//! A batch whose rows are not stored is a barrier: nothing consumed after it is
+//! committed. Flushes never give up while the member runs (they retry the insert until
+//! it works), so the loop only ever commits the oldest flush, after it stored its rows.
+//! At shutdown, flushes get a deadline; the first one that misses it stops every later
+//! commit, and the group redelivers from the last committed offsets.
+
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::{Offset, TopicPartitionList};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::flush::{FlushError, Flusher, Offsets};
+use super::{IngestContext, IngestError, IngestProgress};
+use crate::config::IngestSettings;
+use crate::kafka::message::Consumed;
+use crate::telemetry::Metrics;
+
+/// Batches being written at once: enough to overlap one insert's commit with the next
+/// batch's round trip. Ingest holds at most this many batches plus the one being filled.
+pub(crate) const FLUSHES_IN_FLIGHT: usize = 3;
+
+/// How long flushes still running at shutdown may take before they are abandoned.
+const SHUTDOWN_FLUSH_DEADLINE: Duration = Duration::from_secs(10);
+
+/// The batch being filled: it closes at `batch_size` messages, at `batch_bytes`, or when
+/// its linger time has passed.
+struct Batch {
+    messages: Vec<Consumed>,
+    bytes: usize,
+    linger_until: Option<tokio::time::Instant>,
+    max_messages: usize,
+    max_bytes: usize,
+    linger: Duration,
+}
+
+impl Batch {
+    fn new(limits: &IngestSettings) -> Batch {
+        Batch {
+            messages: Vec::new(),
+            bytes: 0,
+            linger_until: None,
+            max_messages: limits.batch_size as usize,
+            max_bytes: limits.batch_bytes as usize,
+            linger: limits.linger,
+        }
+    }
+
+    fn push(&mut self, message: Consumed) {
+        self.bytes += message.size();
+        self.messages.push(message);
+        self.linger_until
+            .get_or_insert_with(|| tokio::time::Instant::now() + self.linger);
+    }
+
+    /// Full by count or by bytes: consume no more until it is flushed.
+    fn is_full(&self) -> bool {
+        self.messages.len() >= self.max_messages || self.bytes >= self.max_bytes
+    }
+
+    /// Ready to be flushed: full, or lingered long enough.
+    fn is_ready(&self) -> bool {
+        !self.messages.is_empty()
+            && (self.is_full()
+                || self
+                    .linger_until
+                    .is_some_and(|at| at <= tokio::time::Instant::now()))
+    }
+
+    fn take(&mut self) -> Vec<Consumed> {
+        self.bytes = 0;
+        self.linger_until = None;
+        std::mem::take(&mut self.messages)
+    }
+}
+
+/// Flushes in consumption order.
+type Flushes = VecDeque<JoinHandle<Result<Offsets, FlushError>>>;
+
+/// Consumes `consumer` until `shutdown` fires or a batch cannot be persisted.
+pub(crate) async fn consume(
+    consumer: &StreamConsumer<IngestContext>,
+    flusher: &Flusher,
+    limits: &IngestSettings,
+    progress: &IngestProgress,
+    shutdown: &CancellationToken,
+) -> Result<(), IngestError> {
+    let metrics = &flusher.metrics;
+    let mut batch = Batch::new(limits);
+    let mut flushes: Flushes = VecDeque::new();
+    let mut errors = ConsumerErrors::default();
+    loop {
+        if batch.is_ready() && flushes.len() < FLUSHES_IN_FLIGHT {
+            flushes.push_back(tokio::spawn(flusher.clone().flush(batch.take())));
+        }
+        let linger_until = batch.linger_until;
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            flushed = oldest(&mut flushes) => {
+                flushes.pop_front();
+                match flushed {
+                    Ok(Ok(offsets)) => commit(consumer, offsets, CommitMode::Async),
+                    Ok(Err(error)) => return Err(abandon(flushes, error.into())),
+                    Err(panic) => {
+                        let error = IngestError::FlushFailed(panic.to_string());
+                        return Err(abandon(flushes, error));
+                    }
+                }
+            }
+            _ = sleep_until(linger_until), if !batch.messages.is_empty() => {}
+            received = consumer.recv(), if !batch.is_full() => match received {
+                Ok(message) => {
+                    progress.first_consumed.get_or_init(Instant::now);
+                    errors.recovered();
+                    batch.push(Consumed::new(&message));
+                }
+                Err(error) => errors.seen(&error, metrics),
+            },
+        }
+    }
+    finish(consumer, flusher, batch, flushes).await;
+    Ok(())
+}
+
+/// At shutdown: persist what was consumed, committing in order until the first batch
+/// that is not stored within the deadline.
+async fn finish(
+    consumer: &StreamConsumer<IngestContext>,
+    flusher: &Flusher,
+    mut batch: Batch,
+    mut flushes: Flushes,
+) {
+    if !batch.messages.is_empty() {
+        flushes.push_back(tokio::spawn(flusher.clone().flush(batch.take())));
+    }
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_FLUSH_DEADLINE;
+    while let Some(flush) = flushes.pop_front() {
+        match tokio::time::timeout_at(deadline, flush).await {
+            Ok(Ok(Ok(offsets))) => commit(consumer, offsets, CommitMode::Sync),
+            outcome => {
+                let reason = match outcome {
+                    Err(_) => "not stored before the shutdown deadline".to_owned(),
+                    Ok(Ok(Err(error))) => error.to_string(),
+                    Ok(Err(panic)) => panic.to_string(),
+                    Ok(Ok(Ok(_))) => unreachable!("matched above"),
+                };
+                tracing::warn!(%reason, "a consumed batch was not stored; it and every later \
+                    batch stay uncommitted and will be redelivered");
+                abandon(flushes, IngestError::FlushFailed(reason));
+                return;
+            }
+        }
+    }
+}
+
+/// Aborts every flush after a failed one: none of their offsets may be committed.
+fn abandon(flushes: Flushes, error: IngestError) -> IngestError {
+    for flush in flushes {
+        flush.abort();
+    }
+    error
+}
+
+/// The oldest flush, or never when there is none.
+async fn oldest(
+    flushes: &mut Flushes,
+) -> Result<Result<Offsets, FlushError>, tokio::task::JoinError> {
+    match flushes.front_mut() {
+        Some(flush) => flush.await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Commits `offsets` for the partitions still assigned to this consumer; offsets of
+/// partitions lost in a rebalance are left to their new owner.
+fn commit(consumer: &StreamConsumer<IngestContext>, offsets: Offsets, mode: CommitMode) {
+    let assignment = match consumer.assignment() {
+        Ok(assignment) => assignment,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the assignment; not committing");
+            return;
+        }
+    };
+    let mut tpl = TopicPartitionList::new();
+    for ((topic, partition), next) in offsets {
+        if assignment.find_partition(&topic, partition).is_some() {
+            if let Err(error) = tpl.add_partition_offset(&topic, partition, Offset::Offset(next)) {
+                tracing::warn!(%error, "bad offset");
+            }
+        }
+    }
+    if tpl.count() == 0 {
+        return;
+    }
+    if let Err(error) = consumer.commit(&tpl, mode) {
+        tracing::warn!(%error, "offset commit failed; the messages will be redelivered and deduplicated");
+    }
+}
+
+/// Consumer errors, counted every time and logged once per change of state.
+#[derive(Default)]
+struct ConsumerErrors {
+    current: Option<String>,
+}
+
+impl ConsumerErrors {
+    fn seen(&mut self, error: &rdkafka::error::KafkaError, metrics: &Metrics) {
+        let kind = error
+            .rdkafka_error_code()
+            .map_or_else(|| "other".to_owned(), |code| format!("{code:?}"));
+        metrics.consumer_errors.with_label_values(&[&kind]).inc();
+        if self.current.as_deref() != Some(kind.as_str()) {
+            tracing::warn!(%error, "consumer error (logged once until it changes; counted in \
+                redrive_consumer_errors_total)");
+            self.current = Some(kind);
+        }
+    }
+
+    fn recovered(&mut self) {
+        if let Some(kind) = self.current.take() {
+            tracing::info!(previous = %kind, "consumer receives messages again");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_closes_by_count_or_by_bytes() {
+        let limits = IngestSettings {
+            batch_size: 3,
+            batch_bytes: 1000,
+            ..IngestSettings::default()
+        };
+        let mut batch = Batch::new(&limits);
+        assert!(!batch.is_ready(), "an empty batch is never flushed");
+        batch.push(Consumed::for_test(400));
+        batch.push(Consumed::for_test(400));
+        assert!(!batch.is_full());
+        batch.push(Consumed::for_test(400));
+        assert!(batch.is_full(), "1200 bytes");
+        assert!(batch.is_ready());
+        assert_eq!(batch.take().len(), 3);
+        assert_eq!(batch.bytes, 0);
+        for _ in 0..3 {
+            batch.push(Consumed::for_test(1));
+        }
+        assert!(batch.is_full(), "3 messages");
+    }
+}
