@@ -17,30 +17,31 @@ pub trait FinalSink: Send + Sync + 'static {
     async fn permanent_failure(&self, task: &Task, error: Option<&str>);
 }
 
-/// The sink of a fleet member, if any, and its reports still running.
+/// The sinks of a fleet member, and their reports still running.
 #[derive(Clone, Default)]
 pub(crate) struct Finals {
-    sink: Option<Arc<dyn FinalSink>>,
+    sinks: Arc<[Arc<dyn FinalSink>]>,
     running: TaskTracker,
 }
 
 impl Finals {
-    /// Reports go to `sink`; with `None` they are not made at all.
-    pub(crate) fn new(sink: Option<Arc<dyn FinalSink>>) -> Finals {
+    /// Reports go to every sink; with none they are not made at all.
+    pub(crate) fn new(sinks: Vec<Arc<dyn FinalSink>>) -> Finals {
         Finals {
-            sink,
+            sinks: sinks.into(),
             running: TaskTracker::new(),
         }
     }
 
     /// Whether anyone listens: callers keep the task only then.
     pub(crate) fn wanted(&self) -> bool {
-        self.sink.is_some()
+        !self.sinks.is_empty()
     }
 
-    /// Reports `task` in the background.
+    /// Reports `task` to every sink in the background.
     pub(crate) fn permanent_failure(&self, task: Arc<Task>, error: Option<String>) {
-        if let Some(sink) = self.sink.clone() {
+        for sink in self.sinks.iter().cloned() {
+            let (task, error) = (task.clone(), error.clone());
             self.running.spawn(async move {
                 sink.permanent_failure(&task, error.as_deref()).await;
             });

@@ -45,6 +45,7 @@ pub enum FleetError {
 pub struct FleetBuilder {
     settings: Settings,
     registry: HandlerRegistry,
+    sinks: Vec<Arc<dyn FinalSink>>,
     problems: Vec<FleetError>,
 }
 
@@ -54,6 +55,14 @@ impl FleetBuilder {
         if let Err(problem) = self.registry.register(name, handler) {
             self.problems.push(problem.into());
         }
+        self
+    }
+
+    /// Adds a sink told about every task that becomes a permanent failure, after its
+    /// row says so (parking is one, when `parking.topic` is set). Shutdown waits for
+    /// running reports up to `worker.shutdown_timeout`.
+    pub fn final_sink(mut self, sink: impl FinalSink) -> Self {
+        self.sinks.push(Arc::new(sink));
         self
     }
 
@@ -90,20 +99,17 @@ impl FleetBuilder {
             settings.routes.iter().map(|r| r.handler.clone()).collect();
         let ingest_handlers = self.registry.select(&route_handlers, &settings.retry)?;
         let metrics = Metrics::new();
-        let parking: Option<Arc<dyn FinalSink>> = match &settings.parking.topic {
-            Some(topic) => Some(Arc::new(Parking::new(
-                &settings.kafka,
-                topic.clone(),
-                metrics.clone(),
-            )?)),
-            None => None,
-        };
+        let mut sinks = self.sinks;
+        if let Some(topic) = &settings.parking.topic {
+            let parking = Parking::new(&settings.kafka, topic.clone(), metrics.clone())?;
+            sinks.push(Arc::new(parking));
+        }
         Ok(Fleet {
             settings: self.settings,
             handlers,
             ingest_handlers: Arc::new(ingest_handlers),
             metrics,
-            finals: Finals::new(parking),
+            finals: Finals::new(sinks),
         })
     }
 }
@@ -123,6 +129,7 @@ impl Fleet {
         FleetBuilder {
             settings,
             registry: HandlerRegistry::default(),
+            sinks: Vec::new(),
             problems: Vec::new(),
         }
     }

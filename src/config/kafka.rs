@@ -107,7 +107,7 @@ pub struct RouteSettings {
     /// Topic names.
     #[serde(default)]
     pub topics: Vec<String>,
-    /// A regular expression of topic names (subscribed as librdkafka's `^...`).
+    /// A regular expression matching whole topic names (see [`super::pattern`]).
     pub pattern: Option<String>,
     /// `capture` or `process`.
     pub mode: RouteMode,
@@ -168,16 +168,11 @@ impl RouteSettings {
         }
     }
 
-    /// The subscription strings of this route (`^` marks a pattern for librdkafka).
+    /// The subscription strings of this route: its topics, and its pattern in the
+    /// anchored form (`^(?:PATTERN)$`) that the route table matches too.
     pub fn subscriptions(&self) -> Vec<String> {
         let mut subs = self.topics.clone();
-        if let Some(pattern) = &self.pattern {
-            subs.push(if pattern.starts_with('^') {
-                pattern.clone()
-            } else {
-                format!("^{pattern}")
-            });
-        }
+        subs.extend(self.pattern.as_deref().map(super::pattern::anchored));
         subs
     }
 }
@@ -198,9 +193,7 @@ pub(crate) fn validate_routes(
             ));
         }
         if let Some(pattern) = &route.pattern {
-            regex::Regex::new(pattern).map_err(|e| {
-                ConfigError::new(key("pattern"), format!("not a regular expression: {e}"))
-            })?;
+            super::pattern::check(pattern).map_err(|e| ConfigError::new(key("pattern"), e))?;
         }
         for topic in &route.topics {
             if topic.is_empty() || topic.starts_with('^') {

@@ -12,6 +12,7 @@ use std::time::Duration;
 use crate::backoff::{Backoff, Jitter};
 
 mod kafka;
+pub mod pattern;
 
 pub(crate) use kafka::validate_routes;
 pub use kafka::{

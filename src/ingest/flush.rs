@@ -299,3 +299,33 @@ fn is_data_error(error: &StoreError) -> bool {
     db.code()
         .is_some_and(|c| c.starts_with("22") || c.starts_with("54"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RouteSettings;
+
+    /// Regression: a message on a topic that no route claimed was logged and dropped,
+    /// and its offset committed. It is an error now, and the batch reports no offsets.
+    #[tokio::test]
+    async fn a_message_no_route_claims_fails_the_batch() {
+        let mut route = RouteSettings::new(&[], RouteMode::Capture, "log");
+        route.name = "orders".into();
+        route.pattern = Some("orders".into());
+        let flusher = Flusher {
+            store: Store::unreachable_for_test(),
+            routes: Arc::new(RouteTable::new(vec![route])),
+            handlers: Arc::default(),
+            limits: IngestSettings::default(),
+            metrics: Metrics::new(),
+            worker_id: "test".into(),
+            finals: Finals::default(),
+        };
+        let stray = Consumed::for_test(10); // on topic "test"
+        let outcome = flusher.flush(vec![stray]).await;
+        assert!(
+            matches!(&outcome, Err(FlushError::Unrouted { topic, .. }) if topic == "test"),
+            "{outcome:?}"
+        );
+    }
+}

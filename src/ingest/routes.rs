@@ -4,7 +4,7 @@ use regex::Regex;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::config::RouteSettings;
+use crate::config::{pattern, RouteSettings};
 
 /// Routes indexed by exact topic, then by pattern.
 pub(crate) struct RouteTable {
@@ -23,10 +23,8 @@ impl RouteTable {
                 exact.insert(topic.clone(), index);
             }
             if let Some(pattern) = &route.pattern {
-                let anchored = format!(
-                    "^(?:{})$",
-                    pattern.trim_start_matches('^').trim_end_matches('$')
-                );
+                // The very string librdkafka subscribes: both engines read it alike.
+                let anchored = pattern::anchored(pattern);
                 patterns.push((Regex::new(&anchored).expect("validated at start-up"), index));
             }
         }
@@ -81,7 +79,7 @@ mod tests {
         assert!(table.route_for("payments").is_none());
         assert_eq!(
             table.subscriptions(),
-            vec![r"^.*\.dlt".to_owned(), "orders.dlt".to_owned()]
+            vec![r"^(.*\.dlt)$".to_owned(), "orders.dlt".to_owned()]
         );
     }
 }

@@ -109,6 +109,18 @@ impl Store {
         &self.schema
     }
 
+    /// A store that never connects: for unit tests of code that must fail before it
+    /// touches the database.
+    #[cfg(test)]
+    pub(crate) fn unreachable_for_test() -> Store {
+        Store {
+            pool: PgPoolOptions::new()
+                .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+                .expect("a lazy pool"),
+            schema: "none".into(),
+        }
+    }
+
     /// The LISTEN channel notified when tasks are inserted.
     pub fn due_channel(&self) -> String {
         format!("{}_due", self.schema)

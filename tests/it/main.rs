@@ -4,6 +4,7 @@
 mod broker;
 mod cli;
 mod config;
+mod guarantees;
 mod ingest;
 mod outage;
 mod process;
