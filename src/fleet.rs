@@ -201,24 +201,7 @@ impl Fleet {
                 Ok(())
             });
         }
-        let mut outcome = Ok(());
-        while let Some(joined) = parts.join_next().await {
-            match joined {
-                Ok(Err(error)) if outcome.is_ok() => {
-                    tracing::error!(%error, "a part of this member failed; stopping the others");
-                    shutdown.cancel();
-                    outcome = Err(error);
-                }
-                Err(panic) => {
-                    tracing::error!(%panic, "a part of this member panicked; stopping the others");
-                    shutdown.cancel();
-                    if outcome.is_ok() {
-                        outcome = Err(FleetError::Panicked(panic.to_string()));
-                    }
-                }
-                _ => {}
-            }
-        }
+        let outcome = supervise(parts, &shutdown).await;
         self.finals.drain(self.settings.worker.shutdown_timeout).await;
         outcome
     }
@@ -254,6 +237,28 @@ impl Fleet {
     }
 }
 
+/// Waits for every part of a member. The first part that fails or panics stops the
+/// others and decides the outcome: any abnormal end is an error (a non-zero exit).
+async fn supervise(
+    mut parts: tokio::task::JoinSet<Result<(), FleetError>>,
+    shutdown: &CancellationToken,
+) -> Result<(), FleetError> {
+    let mut outcome = Ok(());
+    while let Some(joined) = parts.join_next().await {
+        let error = match joined {
+            Ok(Ok(())) => continue,
+            Ok(Err(error)) => error,
+            Err(panic) => FleetError::Panicked(panic.to_string()),
+        };
+        tracing::error!(%error, "a part of this member failed; stopping the others");
+        shutdown.cancel();
+        if outcome.is_ok() {
+            outcome = Err(error);
+        }
+    }
+    outcome
+}
+
 /// Fires `shutdown` on the first SIGTERM or SIGINT.
 pub async fn cancel_on_signal(shutdown: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
@@ -265,4 +270,29 @@ pub async fn cancel_on_signal(shutdown: CancellationToken) {
     };
     tracing::info!(signal = name, "shutdown requested");
     shutdown.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: a part that panicked ended the member with success (exit code 0), so
+    /// a supervisor would not restart it.
+    #[tokio::test]
+    async fn a_panicking_part_is_an_error_and_stops_the_others() {
+        let shutdown = CancellationToken::new();
+        let mut parts = tokio::task::JoinSet::new();
+        let stop = shutdown.clone();
+        parts.spawn(async move {
+            stop.cancelled().await;
+            Ok(())
+        });
+        parts.spawn(async { panic!("a bug in a part") });
+        let outcome = supervise(parts, &shutdown).await;
+        assert!(
+            matches!(&outcome, Err(FleetError::Panicked(m)) if m.contains("panic")),
+            "{outcome:?}"
+        );
+        assert!(shutdown.is_cancelled());
+    }
 }

@@ -94,6 +94,14 @@ pub fn is_permanent(error: &KafkaError) -> bool {
 #[async_trait]
 impl Handler for RepublishHandler {
     async fn handle(&self, ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
+        if !task.payload_stored {
+            // Producing the absent payload would write an empty record: on a compacted
+            // topic, a delete.
+            return Err(HandlerError::permanent(
+                "the payload was not stored (minimal form, see ingest_note); \
+                 republishing it would produce an empty record",
+            ));
+        }
         let topic = self
             .target_topic
             .as_deref()

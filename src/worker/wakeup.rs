@@ -1,6 +1,6 @@
 //! Wakes the idle claim loop when tasks are inserted (PostgreSQL LISTEN/NOTIFY).
 
-use sqlx::postgres::PgListener;
+use sqlx::postgres::{PgListener, PgPoolOptions};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -13,9 +13,14 @@ use crate::store::Store;
 /// notifications sent meanwhile are gone.
 pub(crate) async fn listen(store: Store, wake: Arc<Notify>, stop: CancellationToken) {
     let channel = store.due_channel();
+    // The listener holds its connection for good: it gets its own, outside the store's
+    // pool, so even a pool of one connection is left to the claims.
+    let own = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy_with((*store.pool().connect_options()).clone());
     loop {
         let listener = async {
-            let mut listener = PgListener::connect_with(store.pool()).await?;
+            let mut listener = PgListener::connect_with(&own).await?;
             listener.listen(&channel).await?;
             Ok::<_, sqlx::Error>(listener)
         };

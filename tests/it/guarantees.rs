@@ -477,3 +477,55 @@ fn accepted_patterns_mean_the_same_to_librdkafka_and_the_route_table() {
         }
     }
 }
+
+/// Regression: a task stored in minimal form (payload left out) was republished as an
+/// empty record (a delete on a compacted topic) and marked resolved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn republish_refuses_a_task_whose_payload_was_not_stored() {
+    let broker = cluster(&[("orders", 1)]);
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(&mut settings, &broker.bootstrap_servers(), Vec::new());
+    let mut minimal = NewTask {
+        handler: "republish".into(),
+        payload_stored: false,
+        value_size: Some(20_000_000),
+        ..NewTask::default()
+    };
+    minimal.original = Some(SourceCoordinates {
+        topic: "orders".into(),
+        partition: 0,
+        offset: 7,
+    });
+    let id = store.enqueue(&minimal).await.unwrap().id();
+    let pool = fleet(&settings).worker_pool(store.clone());
+    let processed = pool.process_next().await.unwrap().unwrap();
+    assert_eq!(processed.outcome, redrive::store::FinishOutcome::PermanentFailure);
+    let task = store.get(id).await.unwrap().unwrap();
+    assert!(task.last_error.unwrap().contains("payload was not stored"));
+    let produced = consume(
+        &settings.kafka.bootstrap_servers,
+        "orders",
+        1,
+        1,
+        Duration::from_secs(2),
+    );
+    assert!(produced.is_empty(), "nothing produced");
+}
+
+/// `redrive run` with the worker pool off and no routes has nothing to do: it refuses
+/// to start (a supervisor would otherwise keep an idle process "healthy").
+#[tokio::test]
+async fn run_with_nothing_to_do_refuses_to_start() {
+    let (_store, settings) = fresh_store().await;
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .arg("run")
+        .env("REDRIVE__DATABASE__URL", crate::support::database_url())
+        .env("REDRIVE__DATABASE__SCHEMA", &settings.database.schema)
+        .env("REDRIVE__WORKER__ENABLED", "false")
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("nothing to do"), "{stderr}");
+}

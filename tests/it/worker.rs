@@ -499,3 +499,26 @@ async fn a_lapsed_lease_reclaimed_by_the_same_process_keeps_its_new_lease_alive(
     shutdown.cancel();
     run.await.unwrap().unwrap();
 }
+
+/// Regression: with `database.max_connections = 1` the LISTEN connection took the
+/// pool's only slot and nothing was ever claimed.
+#[tokio::test]
+async fn a_pool_of_one_connection_still_claims() {
+    let (store, mut settings) = fresh_store().await;
+    settings.database.max_connections = 1;
+    let small = Store::connect(&settings.database).await.unwrap();
+    let shutdown = CancellationToken::new();
+    let fleet = fleet(&settings, Scripted(Duration::from_millis(10)));
+    let run = tokio::spawn(fleet.run_with_store(small, shutdown.clone()));
+    let id = store
+        .enqueue(&NewTask::new("h", b"ok".to_vec()))
+        .await
+        .unwrap()
+        .id();
+    eventually(Duration::from_secs(10), "resolved", || async {
+        status(&store, id).await.status == Status::Resolved
+    })
+    .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+}
