@@ -529,3 +529,29 @@ async fn run_with_nothing_to_do_refuses_to_start() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("nothing to do"), "{stderr}");
 }
+
+/// Regression: enqueueing with a dedup key that exists, but another max attempts or
+/// correlation id, silently kept the first task's values. It is a conflict now.
+#[tokio::test]
+async fn a_repeat_with_other_policy_or_correlation_is_a_conflict() {
+    let (store, _settings) = fresh_store().await;
+    let mut first = NewTask::new("log", b"order 7".to_vec());
+    first.dedup_key = Some("order-7".into());
+    first.max_attempts = Some(3);
+    first.correlation_id = Some("c-1".into());
+    let id = store.enqueue(&first).await.unwrap().id();
+    assert_eq!(
+        store.enqueue(&first).await.unwrap(),
+        redrive::Enqueued::Existing(id)
+    );
+    let mut more_attempts = first.clone();
+    more_attempts.max_attempts = Some(5);
+    let mut other_correlation = first.clone();
+    other_correlation.correlation_id = Some("c-2".into());
+    for changed in [more_attempts, other_correlation] {
+        assert!(matches!(
+            store.enqueue(&changed).await,
+            Err(redrive::StoreError::Conflict { existing, .. }) if existing == id
+        ));
+    }
+}
