@@ -6,6 +6,7 @@ mod cli;
 mod config;
 mod guarantees;
 mod ingest;
+mod ingest_faults;
 mod outage;
 mod process;
 mod republish;
