@@ -40,8 +40,8 @@ impl Finals {
 
     /// Reports `task` to every sink in the background.
     pub(crate) fn permanent_failure(&self, task: Arc<Task>, error: Option<String>) {
-        for sink in self.sinks.iter().cloned() {
-            let (task, error) = (task.clone(), error.clone());
+        for sink in self.sinks.iter() {
+            let (sink, task, error) = (sink.clone(), task.clone(), error.clone());
             self.running.spawn(async move {
                 sink.permanent_failure(&task, error.as_deref()).await;
             });

@@ -5,11 +5,11 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{validate_routes, ConfigError, Settings};
+use crate::finals::{FinalSink, Finals};
 use crate::handlers::{
     Handler, HandlerRegistry, LogHandler, Registered, RegistryError, RepublishHandler,
 };
 use crate::ingest::Ingest;
-use crate::finals::{FinalSink, Finals};
 use crate::parking::Parking;
 use crate::store::{Store, StoreError};
 use crate::telemetry::{self, Metrics};
@@ -202,7 +202,9 @@ impl Fleet {
             });
         }
         let outcome = supervise(parts, &shutdown).await;
-        self.finals.drain(self.settings.worker.shutdown_timeout).await;
+        self.finals
+            .drain(self.settings.worker.shutdown_timeout)
+            .await;
         outcome
     }
 
@@ -211,16 +213,18 @@ impl Fleet {
         if !self.settings.ingest.enabled || self.settings.routes.is_empty() {
             return None;
         }
-        Some(Ingest::new(
-            store,
-            self.settings.kafka.clone(),
-            self.settings.ingest.clone(),
-            self.settings.routes.clone(),
-            self.ingest_handlers.clone(),
-            self.metrics.clone(),
-            format!("ingest-{}", std::process::id()),
+        Some(
+            Ingest::new(
+                store,
+                self.settings.kafka.clone(),
+                self.settings.ingest.clone(),
+                self.settings.routes.clone(),
+                self.ingest_handlers.clone(),
+                self.metrics.clone(),
+                format!("ingest-{}", std::process::id()),
+            )
+            .with_finals(self.finals.clone()),
         )
-        .with_finals(self.finals.clone()))
     }
 
     /// A worker pool on `store` without running it: for stepping with

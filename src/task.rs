@@ -205,7 +205,6 @@ impl Default for NewTask {
 }
 
 impl NewTask {
-
     /// The dedup key that will be stored: the explicit one, else the source coordinates.
     pub fn effective_dedup_key(&self) -> Option<String> {
         self.dedup_key
@@ -285,7 +284,9 @@ impl NewTask {
         }
         hasher.update(crate::headers::encode(&self.headers));
         hasher.update(self.value_size.unwrap_or(-1).to_be_bytes());
-        let millis = self.source_timestamp.map_or(i64::MIN, |t| t.timestamp_millis());
+        let millis = self
+            .source_timestamp
+            .map_or(i64::MIN, |t| t.timestamp_millis());
         hasher.update(millis.to_be_bytes());
         let digest = hasher.finalize();
         digest[..16].iter().map(|b| format!("{b:02x}")).collect()

@@ -276,7 +276,9 @@ impl Settings {
         if self.ingest.batch_bytes > MAX_BATCH_BYTES {
             return Err(ConfigError::new(
                 "ingest.batch_bytes",
-                format!("must be at most {MAX_BATCH_BYTES} (PostgreSQL refuses a statement over 1 GiB)"),
+                format!(
+                    "must be at most {MAX_BATCH_BYTES} (PostgreSQL refuses a statement over 1 GiB)"
+                ),
             ));
         }
         nonzero("ingest.process_budget", self.ingest.process_budget)?;

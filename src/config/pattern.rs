@@ -38,9 +38,11 @@ pub fn check(pattern: &str) -> Result<(), String> {
             '*' | '+' | '?' | '|' | '(' | ')' | '$' if !in_class => {}
             '\\' if !in_class => {
                 if chars.next() != Some('.') {
-                    return Err("only the escape \\. is allowed: other escapes (\\d, \\w, ...) \
+                    return Err(
+                        "only the escape \\. is allowed: other escapes (\\d, \\w, ...) \
                         are read differently by librdkafka's POSIX regex"
-                        .into());
+                            .into(),
+                    );
                 }
             }
             other => {
@@ -82,7 +84,16 @@ mod tests {
             assert_eq!(check(ok), Ok(()), "{ok}");
         }
         for bad in [
-            r"\d+", "(?i)orders", "a{2}", "(?:a|b)", r"\w", "", "(unclosed", "é", r"[\.]", "[a",
+            r"\d+",
+            "(?i)orders",
+            "a{2}",
+            "(?:a|b)",
+            r"\w",
+            "",
+            "(unclosed",
+            "é",
+            r"[\.]",
+            "[a",
         ] {
             assert!(check(bad).is_err(), "{bad} should be refused");
         }

@@ -33,7 +33,11 @@ pub struct Attempted {
 /// (a timeout or a panic is a transient failure), then classifies the verdict against
 /// the attempt budget. An attempt beyond the budget (attempts used up by workers that
 /// died mid-call) ends the task without calling the handler.
-pub(crate) async fn invoke(registered: &Registered, ctx: &HandlerContext, task: &Task) -> Attempted {
+pub(crate) async fn invoke(
+    registered: &Registered,
+    ctx: &HandlerContext,
+    task: &Task,
+) -> Attempted {
     let policy = &registered.policy;
     let max_attempts = task
         .max_attempts
@@ -110,7 +114,8 @@ pub(crate) fn classify(
 pub(crate) fn retry_time(now: DateTime<Utc>, delay: Duration) -> DateTime<Utc> {
     let delay = chrono::Duration::from_std(delay.min(MAX_RETRY_DELAY))
         .expect("MAX_RETRY_DELAY fits a chrono duration");
-    now.checked_add_signed(delay).unwrap_or(DateTime::<Utc>::MAX_UTC)
+    now.checked_add_signed(delay)
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
 fn panic_message(panic: &(dyn Any + Send)) -> String {
@@ -196,8 +201,14 @@ mod tests {
                 panic!("expected a retry")
             };
             let delay = (at - before).to_std().unwrap();
-            assert!(delay <= MAX_RETRY_DELAY + Duration::from_secs(1), "{delay:?}");
-            assert!(delay >= MAX_RETRY_DELAY - Duration::from_secs(60), "{delay:?}");
+            assert!(
+                delay <= MAX_RETRY_DELAY + Duration::from_secs(1),
+                "{delay:?}"
+            );
+            assert!(
+                delay >= MAX_RETRY_DELAY - Duration::from_secs(60),
+                "{delay:?}"
+            );
         }
         assert_eq!(
             retry_time(DateTime::<Utc>::MAX_UTC, Duration::from_secs(1)),

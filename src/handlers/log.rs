@@ -66,7 +66,10 @@ mod tests {
         LogHandler.handle(&ctx, &task).await.unwrap();
         let logged = String::from_utf8(lines.lock().unwrap().clone()).unwrap();
         assert!(!logged.contains("4111"), "{logged}");
-        assert!(logged.contains(&format!("value_bytes={}", secret.len())), "{logged}");
+        assert!(
+            logged.contains(&format!("value_bytes={}", secret.len())),
+            "{logged}"
+        );
         assert!(logged.contains(&digest(&secret)), "{logged}");
     }
 

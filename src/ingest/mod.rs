@@ -20,9 +20,12 @@ use crate::config::{IngestSettings, KafkaSettings, RouteSettings};
 use crate::finals::Finals;
 use crate::handlers::Registered;
 use crate::kafka::client_config;
+use crate::kafka::context::QuietContext;
 use crate::store::Store;
 use crate::telemetry::Metrics;
 use flush::Flusher;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::KafkaError;
 use routes::RouteTable;
 
 /// Why ingest stopped.
@@ -40,9 +43,21 @@ pub enum IngestError {
 }
 
 /// Logs rebalances; commits are explicit, so a revocation needs no work here.
-struct IngestContext;
+/// librdkafka's own reports are logged once per change, not per repeat.
+#[derive(Default)]
+struct IngestContext {
+    quiet: QuietContext,
+}
 
-impl ClientContext for IngestContext {}
+impl ClientContext for IngestContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        self.quiet.log_line(level, fac, log_message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.quiet.client_error(&error, reason);
+    }
+}
 
 impl ConsumerContext for IngestContext {
     fn pre_rebalance(
@@ -134,7 +149,7 @@ impl Ingest {
                     .get("auto.offset.reset")
                     .map_or("earliest", String::as_str),
             )
-            .create_with_context(IngestContext)?;
+            .create_with_context(IngestContext::default())?;
         let subscriptions = self.flusher.routes.subscriptions();
         let topics: Vec<&str> = subscriptions.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
@@ -150,7 +165,9 @@ impl Ingest {
         consumer.unsubscribe();
         match &outcome {
             Ok(()) => tracing::info!("ingest stopped"),
-            Err(error) => tracing::error!(%error, "ingest stopped: nothing after the failed batch is committed"),
+            Err(error) => {
+                tracing::error!(%error, "ingest stopped: nothing after the failed batch is committed")
+            }
         }
         outcome
     }

@@ -1,5 +1,6 @@
 //! Kafka plumbing shared by ingest, republish and parking.
 
+pub mod context;
 pub mod dlt;
 pub mod message;
 

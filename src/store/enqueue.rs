@@ -202,12 +202,7 @@ pub async fn enqueue_many_in(conn: &mut PgConnection, tasks: &[NewTask]) -> Resu
         )
         .bind(tasks.iter().map(|t| t.value_size).collect::<Vec<_>>())
         .bind(tasks.iter().map(|t| t.payload_stored).collect::<Vec<_>>())
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.status.as_str())
-                .collect::<Vec<_>>(),
-        )
+        .bind(tasks.iter().map(|t| t.status.as_str()).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
         .await?;
 
@@ -268,11 +263,36 @@ async fn record_inline_attempts(
     }
     sqlx::query(INLINE_HISTORY)
         .bind(attempts.iter().map(|(id, _)| id.0).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|(_, a)| a.worker.as_str()).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|(_, a)| a.started_at).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|(_, a)| a.duration_ms).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|(_, a)| a.outcome.as_str()).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|(_, a)| a.error.as_deref()).collect::<Vec<_>>())
+        .bind(
+            attempts
+                .iter()
+                .map(|(_, a)| a.worker.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            attempts
+                .iter()
+                .map(|(_, a)| a.started_at)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            attempts
+                .iter()
+                .map(|(_, a)| a.duration_ms)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            attempts
+                .iter()
+                .map(|(_, a)| a.outcome.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            attempts
+                .iter()
+                .map(|(_, a)| a.error.as_deref())
+                .collect::<Vec<_>>(),
+        )
         .execute(&mut *conn)
         .await?;
     Ok(())

@@ -86,10 +86,7 @@ pub(crate) async fn heartbeat_loop(
         match store.heartbeat(&held, lease).await {
             Ok(extended) => {
                 let extended: HashSet<Lease> = extended.into_iter().collect();
-                let lost: Vec<Lease> = held
-                    .into_iter()
-                    .filter(|l| !extended.contains(l))
-                    .collect();
+                let lost: Vec<Lease> = held.into_iter().filter(|l| !extended.contains(l)).collect();
                 let count = in_flight.lose(&lost);
                 if count > 0 {
                     metrics

@@ -15,8 +15,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{RouteSettings, WorkerSettings};
-use crate::handlers::Registered;
 use crate::finals::Finals;
+use crate::handlers::Registered;
 use crate::store::{FinishOutcome, Result, Store};
 use crate::task::{Task, TaskId};
 use crate::telemetry::Metrics;

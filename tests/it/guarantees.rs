@@ -122,9 +122,11 @@ async fn an_unstored_batch_is_a_barrier_for_every_later_commit() {
         produce(&producer, "dlt", &value(text)).await;
     }
     let running = Running::start(fleet(&settings), &store);
-    eventually(Duration::from_secs(30), "the batches after it stored", || async {
-        tasks(&store).await >= 3
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the batches after it stored",
+        || async { tasks(&store).await >= 3 },
+    )
     .await;
     running.stop().await;
     let committed = committed_now(&settings, "dlt", 1).await;
@@ -176,12 +178,7 @@ async fn a_new_message_at_old_coordinates_is_stored_not_dropped() {
         let running = Running::start(fleet, &store);
         committed_reaches(&settings, "dlt", vec![1]).await;
         running.stop().await;
-        let ingested = |outcome: &str| {
-            metrics
-                .ingested
-                .with_label_values(&["dlt", outcome])
-                .get()
-        };
+        let ingested = |outcome: &str| metrics.ingested.with_label_values(&["dlt", outcome]).get();
         assert_eq!(
             (ingested("collision"), ingested("redelivered")),
             if run == 0 { (1, 0) } else { (0, 1) }
@@ -215,10 +212,7 @@ impl Handler for Verdicts {
         match value.as_slice() {
             b"panic" => panic!("handler bug"),
             b"bad" => Err(HandlerError::permanent("invalid order")),
-            b"later" => Err(HandlerError::retry_after(
-                Duration::from_secs(3600),
-                "429",
-            )),
+            b"later" => Err(HandlerError::retry_after(Duration::from_secs(3600), "429")),
             b"hang" => {
                 std::future::pending::<()>().await;
                 Ok(())
@@ -295,7 +289,10 @@ async fn process_mode_survives_panics_and_keeps_each_verdict() {
 
     let later = task_at(&store, "orders", 0, 3).await;
     let wait = later.next_attempt_at - chrono::Utc::now();
-    assert!(wait > chrono::Duration::minutes(55), "Retry-After kept: {wait}");
+    assert!(
+        wait > chrono::Duration::minutes(55),
+        "Retry-After kept: {wait}"
+    );
     assert_eq!(store.attempts(later.id).await.unwrap()[0].outcome, "retry");
 
     let oversize = task_at(&store, "orders", 0, 4).await;
@@ -342,7 +339,11 @@ async fn a_hanging_downstream_cannot_hold_a_batch_past_its_budget() {
         "SELECT count(*) FROM recovery_task WHERE attempts = 0 AND ingest_note LIKE '%time budget%'",
     )
     .await;
-    assert_eq!(attempted + deferred, 6, "{attempted} cut off, {deferred} deferred");
+    assert_eq!(
+        attempted + deferred,
+        6,
+        "{attempted} cut off, {deferred} deferred"
+    );
     assert!(attempted >= 2, "the first calls ran until the budget");
 }
 
@@ -434,7 +435,11 @@ fn posix_matches(pattern: &str, text: &str) -> bool {
     unsafe {
         let mut re: libc::regex_t = std::mem::zeroed();
         let flags = libc::REG_EXTENDED | libc::REG_NOSUB;
-        assert_eq!(libc::regcomp(&mut re, pattern.as_ptr(), flags), 0, "{pattern:?}");
+        assert_eq!(
+            libc::regcomp(&mut re, pattern.as_ptr(), flags),
+            0,
+            "{pattern:?}"
+        );
         let found = libc::regexec(&re, text.as_ptr(), 0, std::ptr::null_mut(), 0) == 0;
         libc::regfree(&mut re);
         found
@@ -449,7 +454,9 @@ fn accepted_patterns_mean_the_same_to_librdkafka_and_the_route_table() {
     use redrive::config::pattern;
     let seed = rand::random::<u64>();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let atoms = ["a", "b", "-", "_", ".", r"\.", "[ab]", "[^a]", "[a-c_]", "(a|b.)", "(x)"];
+    let atoms = [
+        "a", "b", "-", "_", ".", r"\.", "[ab]", "[^a]", "[a-c_]", "(a|b.)", "(x)",
+    ];
     let quantifiers = ["", "", "*", "+", "?"];
     for _ in 0..500 {
         let mut p = String::new();
@@ -499,7 +506,10 @@ async fn republish_refuses_a_task_whose_payload_was_not_stored() {
     let id = store.enqueue(&minimal).await.unwrap().id();
     let pool = fleet(&settings).worker_pool(store.clone());
     let processed = pool.process_next().await.unwrap().unwrap();
-    assert_eq!(processed.outcome, redrive::store::FinishOutcome::PermanentFailure);
+    assert_eq!(
+        processed.outcome,
+        redrive::store::FinishOutcome::PermanentFailure
+    );
     let task = store.get(id).await.unwrap().unwrap();
     assert!(task.last_error.unwrap().contains("payload was not stored"));
     let produced = consume(

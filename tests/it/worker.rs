@@ -470,21 +470,25 @@ async fn a_lapsed_lease_reclaimed_by_the_same_process_keeps_its_new_lease_alive(
     // The lease lapses (as after a stalled heartbeat); a new task's notification wakes
     // the claim loop, which takes the lapsed task again. Repeated until it wins the race
     // with the heartbeat.
-    eventually(Duration::from_secs(10), "the same process re-claims", || async {
-        sqlx::query(
-            "UPDATE recovery_task SET next_attempt_at = now() - interval '1 second' \
+    eventually(
+        Duration::from_secs(10),
+        "the same process re-claims",
+        || async {
+            sqlx::query(
+                "UPDATE recovery_task SET next_attempt_at = now() - interval '1 second' \
              WHERE id = $1 AND lease_version = 1",
-        )
-        .bind(id.0)
-        .execute(store.pool())
-        .await
-        .unwrap();
-        store
-            .enqueue(&NewTask::new("h", b"wake".to_vec()))
+            )
+            .bind(id.0)
+            .execute(store.pool())
             .await
             .unwrap();
-        status(&store, id).await.lease_version >= 2
-    })
+            store
+                .enqueue(&NewTask::new("h", b"wake".to_vec()))
+                .await
+                .unwrap();
+            status(&store, id).await.lease_version >= 2
+        },
+    )
     .await;
     eventually(Duration::from_secs(30), "the task final", || async {
         status(&store, id).await.status.is_final()
