@@ -293,43 +293,71 @@ impl NewTask {
     }
 }
 
-/// A stored recovery task.
+/// A stored recovery task, as handlers and operators see it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Task {
+    /// Primary key.
     pub id: TaskId,
+    /// Idempotency key: `kafka:topic:partition:offset` for ingested messages (with
+    /// `#digest` when another message already held those coordinates), or a caller's key.
     pub dedup_key: Option<String>,
+    /// Name of the handler that retries it.
     pub handler: String,
+    /// Application-defined type of the event.
     pub event_type: Option<String>,
+    /// Correlation id to follow the failure across systems.
     pub correlation_id: Option<String>,
+    /// Kafka coordinates of the consumed message (the dead letter in capture mode).
     pub source: Option<SourceCoordinates>,
+    /// Timestamp of the consumed message.
     pub source_timestamp: Option<DateTime<Utc>>,
+    /// Kafka timestamp type (`create_time` or `log_append_time`).
     pub source_timestamp_type: Option<String>,
+    /// Message key as it came; `None` when the message had none (or see `payload_stored`).
     pub key: Option<Vec<u8>>,
+    /// Message value as it came; `None` for a tombstone (or see `payload_stored`).
     pub value: Option<Vec<u8>>,
+    /// Message headers, order, duplicates and absent values kept.
     pub headers: Vec<Header>,
+    /// Where the message lived before it was dead-lettered, from its headers.
     pub original: Option<SourceCoordinates>,
+    /// Class of the error that caused the failure.
     pub error_class: Option<String>,
+    /// Message of the error that caused the failure.
     pub error_message: Option<String>,
+    /// Stack trace of the error, cut at ingest.
     pub error_stacktrace: Option<String>,
+    /// The ingest route whose policy applies.
     pub route: Option<String>,
+    /// What ingest could not read or left out, in words.
     pub ingest_note: Option<String>,
+    /// Size of the message value as it came, in bytes.
     pub value_size: Option<i32>,
     /// Whether key, value and headers are stored (false: minimal form, payload left out).
     pub payload_stored: bool,
+    /// The business outcome; `Failed` until it is final.
     pub status: Status,
     /// Attempts started so far, including the current one while leased.
     pub attempts: i32,
+    /// Overrides the handler's max attempts for this task.
     pub max_attempts: Option<i32>,
     /// When the next attempt is due; while leased, the lease deadline.
     pub next_attempt_at: DateTime<Utc>,
+    /// The last attempt's error.
     pub last_error: Option<String>,
+    /// The worker holding the lease, if any.
     pub lease_owner: Option<String>,
-    /// Fencing token: bumped by every claim.
+    /// Fencing token: bumped by every claim and every operator action.
     pub lease_version: i64,
+    /// When the current lease was taken.
     pub leased_at: Option<DateTime<Utc>>,
+    /// The handler's recovery point (JSON), if it saved one.
     pub checkpoint: Option<serde_json::Value>,
+    /// When the failure was recorded.
     pub created_at: DateTime<Utc>,
+    /// Last change.
     pub updated_at: DateTime<Utc>,
+    /// When it became final.
     pub finished_at: Option<DateTime<Utc>>,
 }
 

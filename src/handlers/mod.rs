@@ -19,7 +19,10 @@ use crate::backoff::Backoff;
 use crate::task::Task;
 
 /// A handler's verdict on a failed attempt. The handler classifies; the worker never guesses.
+/// Build one with [`HandlerError::transient`], [`HandlerError::permanent`] or
+/// [`HandlerError::retry_after`]; more variants may come.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum HandlerError {
     /// Worth retrying with backoff (a timeout, a 503, a lost connection).
     #[error("{0}")]

@@ -10,16 +10,25 @@ use tokio_util::task::TaskTracker;
 use super::attempt;
 use super::finisher::Completion;
 use super::inflight::InFlight;
-use super::WorkerPool;
-use crate::store::FinishOutcome;
+use super::served::Served;
+use crate::config::WorkerSettings;
+use crate::store::{FinishOutcome, Store};
 use crate::task::Task;
+use crate::telemetry::Metrics;
 
 /// Claim loops per pool: two keep one claim's round trip overlapping the other's.
 pub(crate) const CLAIM_LOOPS: usize = 2;
 
 /// State shared by the claim loops of one pool.
 pub(crate) struct Claimer {
-    pub(crate) pool: WorkerPool,
+    pub(crate) store: Store,
+    pub(crate) worker_id: Arc<str>,
+    pub(crate) served: Arc<Served>,
+    /// Batch size, lease and poll interval.
+    pub(crate) settings: WorkerSettings,
+    pub(crate) metrics: Metrics,
+    /// Keep the task of a permanent failure for the final sinks.
+    pub(crate) keep_final_tasks: bool,
     /// One permit per task between claim and written result: the pool's concurrency.
     pub(crate) slots: Arc<Semaphore>,
     pub(crate) in_flight: Arc<InFlight>,
@@ -34,7 +43,7 @@ pub(crate) struct Claimer {
 impl Claimer {
     /// Claims and starts attempts until `shutdown` fires.
     pub(crate) async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        let settings = &self.pool.settings;
+        let settings = &self.settings;
         let batch_size = settings.batch_size as usize;
         let mut pause = Duration::ZERO;
         loop {
@@ -45,13 +54,12 @@ impl Claimer {
                     permit.expect("the semaphore is never closed")
                 }
             };
-            let pool = &self.pool;
-            let claimed = pool
+            let claimed = self
                 .store
                 .claim(
-                    &pool.handler_names,
+                    self.served.names(),
                     wanted as u32,
-                    &pool.worker_id,
+                    &self.worker_id,
                     settings.lease,
                 )
                 .await;
@@ -62,7 +70,7 @@ impl Claimer {
                 }
                 Err(error) => {
                     drop(permit);
-                    pool.metrics
+                    self.metrics
                         .database_errors
                         .with_label_values(&["claim"])
                         .inc();
@@ -75,8 +83,8 @@ impl Claimer {
                 }
             };
             let drained = tasks.len() < wanted;
-            pool.metrics.claimed.inc_by(tasks.len() as u64);
-            pool.metrics.in_flight.add(tasks.len() as i64);
+            self.metrics.claimed.inc_by(tasks.len() as u64);
+            self.metrics.in_flight.add(tasks.len() as i64);
             for task in tasks {
                 let slot = permit.split(1).expect("one permit per claimed task");
                 self.start(task, slot);
@@ -94,11 +102,11 @@ impl Claimer {
     /// Starts one attempt; its result goes to the finisher with the slot.
     fn start(&self, task: Task, slot: tokio::sync::OwnedSemaphorePermit) {
         let lease_lost = self.in_flight.insert(task.lease());
-        let registered = self.pool.registered_for(&task);
-        let keep_task = self.pool.finals.wanted();
-        let worker_id = self.pool.worker_id.clone();
+        let registered = self.served.registered_for(&task);
+        let keep_task = self.keep_final_tasks;
+        let worker_id = self.worker_id.clone();
         let completions = self.completions.clone();
-        let metrics = self.pool.metrics.clone();
+        let metrics = self.metrics.clone();
         let interrupt = self.interrupt.clone();
         let work = async move {
             let finish =
@@ -134,16 +142,15 @@ impl Claimer {
     /// Waits for a notification, the next due task or the poll interval, whichever comes
     /// first. Returns true if shutdown was asked for meanwhile.
     async fn idle(&self, shutdown: &CancellationToken) -> bool {
-        let pool = &self.pool;
-        let poll = pool.settings.poll_interval;
-        let wait = match pool.store.next_due(&pool.handler_names).await {
+        let poll = self.settings.poll_interval;
+        let wait = match self.store.next_due(self.served.names()).await {
             Ok(Some(due)) => (due - Utc::now())
                 .to_std()
                 .unwrap_or(Duration::ZERO)
                 .min(poll),
             Ok(None) => poll,
             Err(error) => {
-                pool.metrics
+                self.metrics
                     .database_errors
                     .with_label_values(&["next_due"])
                     .inc();

@@ -5,9 +5,10 @@ mod attempt;
 mod claimer;
 mod finisher;
 mod inflight;
+mod served;
 mod wakeup;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio::task::JoinSet;
@@ -17,8 +18,9 @@ use tokio_util::task::TaskTracker;
 use crate::config::{RouteSettings, WorkerSettings};
 use crate::finals::Finals;
 use crate::handlers::Registered;
+use served::Served;
 use crate::store::{FinishOutcome, Result, Store};
-use crate::task::{Task, TaskId};
+use crate::task::TaskId;
 use crate::telemetry::Metrics;
 use claimer::{Claimer, CLAIM_LOOPS};
 use finisher::Finisher;
@@ -40,11 +42,9 @@ pub struct Processed {
 pub struct WorkerPool {
     store: Store,
     worker_id: Arc<str>,
-    handlers: Arc<BTreeMap<String, Registered>>,
-    handler_names: Arc<[String]>,
+    served: Arc<Served>,
     settings: WorkerSettings,
     metrics: Metrics,
-    routes: Arc<HashMap<String, RouteSettings>>,
     finals: Finals,
 }
 
@@ -56,23 +56,19 @@ impl WorkerPool {
         settings: WorkerSettings,
         metrics: Metrics,
     ) -> WorkerPool {
-        let handler_names: Arc<[String]> = handlers.keys().cloned().collect();
         WorkerPool {
             store,
             worker_id: worker_id().into(),
-            handlers: Arc::new(handlers),
-            handler_names,
+            served: Arc::new(Served::new(handlers)),
             settings,
             metrics,
-            routes: Arc::default(),
             finals: Finals::default(),
         }
     }
 
     /// Applies the policy overrides of these routes to their tasks.
     pub fn with_routes(mut self, routes: &[RouteSettings]) -> WorkerPool {
-        let routes = routes.iter().map(|r| (r.name.clone(), r.clone())).collect();
-        self.routes = Arc::new(routes);
+        self.served = Arc::new(Served::clone(&self.served).with_routes(routes));
         self
     }
 
@@ -80,15 +76,6 @@ impl WorkerPool {
     pub(crate) fn with_finals(mut self, finals: Finals) -> WorkerPool {
         self.finals = finals;
         self
-    }
-
-    /// The handler of `task` with the policy of its route.
-    fn registered_for(&self, task: &Task) -> Registered {
-        let mut registered = self.handlers[&task.handler].clone();
-        if let Some(route) = task.route.as_ref().and_then(|r| self.routes.get(r)) {
-            registered.policy = registered.policy.for_route(route);
-        }
-        registered
     }
 
     /// This worker's identity as written in leases and the attempt history.
@@ -102,23 +89,27 @@ impl WorkerPool {
         let lease = self.settings.lease;
         let claimed = self
             .store
-            .claim(&self.handler_names, 1, &self.worker_id, lease)
+            .claim(self.served.names(), 1, &self.worker_id, lease)
             .await?;
         let Some(task) = claimed.into_iter().next() else {
             return Ok(None);
         };
-        let registered = self.registered_for(&task);
+        let registered = self.served.registered_for(&task);
         let never_lost = CancellationToken::new();
         let finish = attempt::run_attempt(&registered, &task, &self.worker_id, never_lost).await;
         let written = self
             .store
             .finish(&self.worker_id, std::slice::from_ref(&finish))
             .await?;
-        Ok(Some(Processed {
+        let processed = Processed {
             id: task.id,
             outcome: finish.outcome,
             written: !written.is_empty(),
-        }))
+        };
+        if processed.written && processed.outcome == FinishOutcome::PermanentFailure {
+            self.finals.permanent_failure(Arc::new(task), finish.error);
+        }
+        Ok(Some(processed))
     }
 
     /// Runs until `shutdown` fires, then stops claiming, lets running handlers finish for
@@ -155,12 +146,17 @@ impl WorkerPool {
             wake.clone(),
             background_stop.clone(),
         ));
-        tracing::info!(worker = %self.worker_id, handlers = ?self.handler_names,
+        tracing::info!(worker = %self.worker_id, handlers = ?self.served.names(),
             concurrency = self.settings.concurrency, batch_size = self.settings.batch_size,
             "worker pool started");
 
         let claimer = Arc::new(Claimer {
-            pool: self.clone(),
+            store: self.store.clone(),
+            worker_id: self.worker_id.clone(),
+            served: self.served.clone(),
+            settings: self.settings.clone(),
+            metrics: self.metrics.clone(),
+            keep_final_tasks: self.finals.wanted(),
             slots: Arc::new(Semaphore::new(self.settings.concurrency as usize)),
             in_flight: in_flight.clone(),
             wake,
