@@ -21,7 +21,7 @@ struct OrderSync;
 #[async_trait]
 impl Handler for OrderSync {
     async fn handle(&self, ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
-        let bytes = task.value.as_deref().unwrap_or_default();
+        let bytes = task.failure.value.as_deref().unwrap_or_default();
         let order: serde_json::Value = serde_json::from_slice(bytes)
             .map_err(|e| HandlerError::permanent(format!("not an order: {e}")))?;
         tracing::info!(task = %task.id, attempt = ctx.attempt, %order, "order synced");

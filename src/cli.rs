@@ -12,7 +12,7 @@ use crate::demo::{self, DemoOptions};
 use crate::fleet::{Fleet, FleetBuilder};
 use crate::headers::Header;
 use crate::store::{Enqueued, Store};
-use crate::task::NewTask;
+use crate::task::{Failure, NewTask};
 use crate::telemetry;
 
 /// redrive: durable recovery of failed Kafka messages.
@@ -161,11 +161,14 @@ async fn enqueue(store: &Store, args: EnqueueArgs) -> anyhow::Result<()> {
         .map(|value| NewTask {
             handler: args.handler.clone(),
             dedup_key: args.dedup_key.clone(),
-            event_type: args.event_type.clone(),
-            correlation_id: args.correlation_id.clone(),
-            key: args.key.as_ref().map(|k| k.as_bytes().to_vec()),
-            value: Some(value),
-            headers: args.headers.clone(),
+            failure: Failure {
+                event_type: args.event_type.clone(),
+                correlation_id: args.correlation_id.clone(),
+                key: args.key.as_ref().map(|k| k.as_bytes().to_vec()),
+                value: Some(value),
+                headers: args.headers.clone(),
+                ..Failure::default()
+            },
             max_attempts: args.max_attempts,
             next_attempt_at,
             ..NewTask::default()

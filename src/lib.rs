@@ -39,5 +39,5 @@ pub use handlers::{
 };
 pub use headers::Header;
 pub use store::{Enqueued, Store, StoreError};
-pub use task::{Lease, NewTask, SourceCoordinates, Status, Task, TaskId};
+pub use task::{Failure, InlineAttempt, Lease, NewTask, SourceCoordinates, Status, Task, TaskId};
 pub use worker::{Processed, WorkerPool};

@@ -32,19 +32,23 @@ impl Parking {
 
     /// Produces `task`, which just became a permanent failure with `error`.
     pub async fn park(&self, task: &Task, error: Option<&str>) {
-        let origin = task.original.as_ref().or(task.source.as_ref());
+        let origin = task
+            .failure
+            .original
+            .as_ref()
+            .or(task.failure.source.as_ref());
         let mut context = vec![
             (own::TASK_ID, task.id.to_string()),
             (own::ATTEMPTS, task.attempts.to_string()),
             (
                 own::ERROR_MESSAGE,
                 error
-                    .or(task.error_message.as_deref())
+                    .or(task.failure.error_message.as_deref())
                     .unwrap_or_default()
                     .to_owned(),
             ),
         ];
-        if let Some(class) = &task.error_class {
+        if let Some(class) = &task.failure.error_class {
             context.push((own::ERROR_CLASS, class.clone()));
         }
         if let Some(origin) = origin {

@@ -94,47 +94,127 @@ impl SourceCoordinates {
     }
 }
 
-/// A failure to record: everything known about it when it is enqueued.
+/// A failed message and what is known about its failure: the part of a task that is
+/// recorded once, when the failure is stored, and never changes afterwards.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NewTask {
-    /// Name of the handler that will retry it.
-    pub handler: String,
-    /// Idempotency key; when `None` and `source` is set, the source coordinates are used.
-    pub dedup_key: Option<String>,
+pub struct Failure {
     /// Application-defined type of the event.
     pub event_type: Option<String>,
     /// Correlation id to follow the failure across systems.
     pub correlation_id: Option<String>,
-    /// Kafka coordinates of the original message.
+    /// Kafka coordinates of the consumed message (the dead letter in capture mode).
     pub source: Option<SourceCoordinates>,
-    /// Timestamp of the original message.
+    /// Timestamp of the consumed message.
     pub source_timestamp: Option<DateTime<Utc>>,
     /// Kafka timestamp type (`create_time` or `log_append_time`).
     pub source_timestamp_type: Option<String>,
-    /// Message key, `None` when the message had none.
+    /// Message key as it came; `None` when the message had none (or see `payload_stored`).
     pub key: Option<Vec<u8>>,
-    /// Message value, `None` when the message had none (a tombstone).
+    /// Message value as it came; `None` for a tombstone (or see `payload_stored`).
     pub value: Option<Vec<u8>>,
-    /// Message headers, order and duplicates kept.
+    /// Message headers, order, duplicates and absent values kept.
     pub headers: Vec<Header>,
+    /// Whether key, value and headers are stored; false for a message kept in minimal
+    /// form (over the size limit, or refused by the database): then they are absent
+    /// because they were left out, not because the message had none.
+    pub payload_stored: bool,
+    /// Size of the message value as it came, in bytes.
+    pub value_size: Option<i32>,
     /// Where the message lived before it was dead-lettered, from its headers.
     pub original: Option<SourceCoordinates>,
     /// Class of the error that caused the failure.
     pub error_class: Option<String>,
     /// Message of the error that caused the failure.
     pub error_message: Option<String>,
-    /// Stack trace of the error, truncated at ingest.
+    /// Stack trace of the error, cut at ingest.
     pub error_stacktrace: Option<String>,
     /// The ingest route whose policy applies.
     pub route: Option<String>,
     /// What ingest could not read or left out, in words.
     pub ingest_note: Option<String>,
-    /// Size of the message value as it came, in bytes.
-    pub value_size: Option<i32>,
-    /// Whether key, value and headers are stored; false for a message kept in minimal
-    /// form (over the size limit, or refused by the database): then they are absent
-    /// because they were left out, not because the message had none.
-    pub payload_stored: bool,
+}
+
+impl Default for Failure {
+    fn default() -> Self {
+        Failure {
+            event_type: None,
+            correlation_id: None,
+            source: None,
+            source_timestamp: None,
+            source_timestamp_type: None,
+            key: None,
+            value: None,
+            headers: Vec::new(),
+            payload_stored: true,
+            value_size: None,
+            original: None,
+            error_class: None,
+            error_message: None,
+            error_stacktrace: None,
+            route: None,
+            ingest_note: None,
+        }
+    }
+}
+
+impl Failure {
+    /// A failure whose message has only `value`.
+    pub fn with_value(value: impl Into<Vec<u8>>) -> Self {
+        Failure {
+            value: Some(value.into()),
+            ..Failure::default()
+        }
+    }
+
+    /// Whether `other` records the same message (bytes, size, timestamp, coordinates)
+    /// with the same event type and correlation id.
+    pub fn same_message_as(&self, other: &Failure) -> bool {
+        self.event_type == other.event_type
+            && self.correlation_id == other.correlation_id
+            && self.source == other.source
+            && self.source_timestamp == other.source_timestamp
+            && self.key == other.key
+            && self.value == other.value
+            && self.headers == other.headers
+            && self.value_size == other.value_size
+            && self.payload_stored == other.payload_stored
+    }
+
+    /// A digest of the message's content (key, value, headers, size, timestamp): tells
+    /// two messages apart that claim the same coordinates.
+    pub fn content_digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut hasher = Sha256::new();
+        for part in [self.key.as_deref(), self.value.as_deref()] {
+            match part {
+                Some(bytes) => {
+                    hasher.update((bytes.len() as u64).to_be_bytes());
+                    hasher.update(bytes);
+                }
+                None => hasher.update(u64::MAX.to_be_bytes()),
+            }
+        }
+        hasher.update(crate::headers::encode(&self.headers));
+        hasher.update(self.value_size.unwrap_or(-1).to_be_bytes());
+        let millis = self
+            .source_timestamp
+            .map_or(i64::MIN, |t| t.timestamp_millis());
+        hasher.update(millis.to_be_bytes());
+        let digest = hasher.finalize();
+        digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// A failure to record: everything known about it when it is enqueued.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NewTask {
+    /// Name of the handler that will retry it.
+    pub handler: String,
+    /// Idempotency key; when `None` and `failure.source` is set, the source
+    /// coordinates are used.
+    pub dedup_key: Option<String>,
+    /// The failed message and its context.
+    pub failure: Failure,
     /// Attempts already made before the task was stored (process mode counts one).
     pub attempts: i32,
     /// Overrides the handler's max attempts for this task.
@@ -168,48 +248,19 @@ impl NewTask {
     pub fn new(handler: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
         NewTask {
             handler: handler.into(),
-            value: Some(value.into()),
+            failure: Failure::with_value(value),
             ..NewTask::default()
         }
     }
-}
 
-impl Default for NewTask {
-    fn default() -> Self {
-        NewTask {
-            handler: String::new(),
-            dedup_key: None,
-            event_type: None,
-            correlation_id: None,
-            source: None,
-            source_timestamp: None,
-            source_timestamp_type: None,
-            key: None,
-            value: None,
-            headers: Vec::new(),
-            original: None,
-            error_class: None,
-            error_message: None,
-            error_stacktrace: None,
-            route: None,
-            ingest_note: None,
-            value_size: None,
-            payload_stored: true,
-            attempts: 0,
-            max_attempts: None,
-            next_attempt_at: None,
-            status: Status::Failed,
-            inline_attempt: None,
-        }
-    }
-}
-
-impl NewTask {
     /// The dedup key that will be stored: the explicit one, else the source coordinates.
     pub fn effective_dedup_key(&self) -> Option<String> {
-        self.dedup_key
-            .clone()
-            .or_else(|| self.source.as_ref().map(SourceCoordinates::dedup_key))
+        self.dedup_key.clone().or_else(|| {
+            self.failure
+                .source
+                .as_ref()
+                .map(SourceCoordinates::dedup_key)
+        })
     }
 
     /// The task as a handler sees it before it is stored (process mode): id 0,
@@ -220,22 +271,7 @@ impl NewTask {
             id: TaskId(0),
             dedup_key: self.effective_dedup_key(),
             handler: self.handler.clone(),
-            event_type: self.event_type.clone(),
-            correlation_id: self.correlation_id.clone(),
-            source: self.source.clone(),
-            source_timestamp: self.source_timestamp,
-            source_timestamp_type: self.source_timestamp_type.clone(),
-            key: self.key.clone(),
-            value: self.value.clone(),
-            headers: self.headers.clone(),
-            original: self.original.clone(),
-            error_class: self.error_class.clone(),
-            error_message: self.error_message.clone(),
-            error_stacktrace: self.error_stacktrace.clone(),
-            route: self.route.clone(),
-            ingest_note: self.ingest_note.clone(),
-            value_size: self.value_size,
-            payload_stored: self.payload_stored,
+            failure: self.failure.clone(),
             status: self.status,
             attempts: 1,
             max_attempts: self.max_attempts,
@@ -252,44 +288,11 @@ impl NewTask {
     }
 
     /// Whether `task` records the same failure (used to tell a repeat from a conflict):
-    /// the same message (bytes, size, timestamp, coordinates) for the same handler, with
-    /// the same caller-chosen policy.
+    /// the same message for the same handler, with the same caller-chosen policy.
     pub fn same_content_as(&self, task: &Task) -> bool {
         self.handler == task.handler
-            && self.event_type == task.event_type
-            && self.correlation_id == task.correlation_id
             && self.max_attempts == task.max_attempts
-            && self.source == task.source
-            && self.source_timestamp == task.source_timestamp
-            && self.key == task.key
-            && self.value == task.value
-            && self.headers == task.headers
-            && self.value_size == task.value_size
-            && self.payload_stored == task.payload_stored
-    }
-
-    /// A digest of the message's content (key, value, headers, size, timestamp): tells
-    /// two messages apart that claim the same coordinates.
-    pub fn content_digest(&self) -> String {
-        use sha2::{Digest, Sha256};
-        let mut hasher = Sha256::new();
-        for part in [self.key.as_deref(), self.value.as_deref()] {
-            match part {
-                Some(bytes) => {
-                    hasher.update((bytes.len() as u64).to_be_bytes());
-                    hasher.update(bytes);
-                }
-                None => hasher.update(u64::MAX.to_be_bytes()),
-            }
-        }
-        hasher.update(crate::headers::encode(&self.headers));
-        hasher.update(self.value_size.unwrap_or(-1).to_be_bytes());
-        let millis = self
-            .source_timestamp
-            .map_or(i64::MIN, |t| t.timestamp_millis());
-        hasher.update(millis.to_be_bytes());
-        let digest = hasher.finalize();
-        digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+            && self.failure.same_message_as(&task.failure)
     }
 }
 
@@ -303,38 +306,9 @@ pub struct Task {
     pub dedup_key: Option<String>,
     /// Name of the handler that retries it.
     pub handler: String,
-    /// Application-defined type of the event.
-    pub event_type: Option<String>,
-    /// Correlation id to follow the failure across systems.
-    pub correlation_id: Option<String>,
-    /// Kafka coordinates of the consumed message (the dead letter in capture mode).
-    pub source: Option<SourceCoordinates>,
-    /// Timestamp of the consumed message.
-    pub source_timestamp: Option<DateTime<Utc>>,
-    /// Kafka timestamp type (`create_time` or `log_append_time`).
-    pub source_timestamp_type: Option<String>,
-    /// Message key as it came; `None` when the message had none (or see `payload_stored`).
-    pub key: Option<Vec<u8>>,
-    /// Message value as it came; `None` for a tombstone (or see `payload_stored`).
-    pub value: Option<Vec<u8>>,
-    /// Message headers, order, duplicates and absent values kept.
-    pub headers: Vec<Header>,
-    /// Where the message lived before it was dead-lettered, from its headers.
-    pub original: Option<SourceCoordinates>,
-    /// Class of the error that caused the failure.
-    pub error_class: Option<String>,
-    /// Message of the error that caused the failure.
-    pub error_message: Option<String>,
-    /// Stack trace of the error, cut at ingest.
-    pub error_stacktrace: Option<String>,
-    /// The ingest route whose policy applies.
-    pub route: Option<String>,
-    /// What ingest could not read or left out, in words.
-    pub ingest_note: Option<String>,
-    /// Size of the message value as it came, in bytes.
-    pub value_size: Option<i32>,
-    /// Whether key, value and headers are stored (false: minimal form, payload left out).
-    pub payload_stored: bool,
+    /// The failed message and its context.
+    #[serde(flatten)]
+    pub failure: Failure,
     /// The business outcome; `Failed` until it is final.
     pub status: Status,
     /// Attempts started so far, including the current one while leased.
@@ -403,7 +377,7 @@ mod tests {
     fn dedup_key_falls_back_to_source_coordinates() {
         let mut t = NewTask::new("log", b"x".to_vec());
         assert_eq!(t.effective_dedup_key(), None);
-        t.source = Some(SourceCoordinates {
+        t.failure.source = Some(SourceCoordinates {
             topic: "orders.dlt".into(),
             partition: 3,
             offset: 42,

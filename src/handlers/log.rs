@@ -15,16 +15,16 @@ pub struct LogHandler;
 #[async_trait]
 impl Handler for LogHandler {
     async fn handle(&self, ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
-        let value = task.value.as_deref();
+        let value = task.failure.value.as_deref();
         tracing::info!(
             task = %task.id,
             attempt = ctx.attempt,
-            event_type = task.event_type.as_deref().unwrap_or(""),
-            key_bytes = task.key.as_ref().map_or(0, Vec::len),
+            event_type = task.failure.event_type.as_deref().unwrap_or(""),
+            key_bytes = task.failure.key.as_ref().map_or(0, Vec::len),
             value_bytes = value.map_or(0, <[u8]>::len),
             value_sha256 = %value.map(digest).unwrap_or_default(),
-            headers = task.headers.len(),
-            payload_stored = task.payload_stored,
+            headers = task.failure.headers.len(),
+            payload_stored = task.failure.payload_stored,
             "log handler resolved task"
         );
         Ok(())

@@ -82,7 +82,7 @@ pub struct HandlerContext {
 /// #[async_trait::async_trait]
 /// impl Handler for SyncOrder {
 ///     async fn handle(&self, _ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
-///         match task.value.as_deref() {
+///         match task.failure.value.as_deref() {
 ///             Some(b"") | None => Err(HandlerError::permanent("empty order")),
 ///             Some(_) => Ok(()),
 ///         }

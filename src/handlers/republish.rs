@@ -36,8 +36,13 @@ impl RepublishHandler {
 /// The headers to produce: the task's own minus context headers of earlier hops, then
 /// `extra`.
 fn outgoing_headers(task: &Task, extra: &[(&str, String)]) -> OwnedHeaders {
-    let mut headers = OwnedHeaders::new_with_capacity(task.headers.len() + extra.len());
-    for h in task.headers.iter().filter(|h| !is_context_header(&h.name)) {
+    let mut headers = OwnedHeaders::new_with_capacity(task.failure.headers.len() + extra.len());
+    for h in task
+        .failure
+        .headers
+        .iter()
+        .filter(|h| !is_context_header(&h.name))
+    {
         headers = headers.insert(KafkaHeader {
             key: &h.name,
             value: h.value.as_deref(),
@@ -62,10 +67,10 @@ pub async fn produce_task(
 ) -> Result<(), KafkaError> {
     let mut record: FutureRecord<'_, [u8], [u8]> =
         FutureRecord::to(topic).headers(outgoing_headers(task, extra));
-    if let Some(key) = task.key.as_deref() {
+    if let Some(key) = task.failure.key.as_deref() {
         record = record.key(key);
     }
-    if let Some(value) = task.value.as_deref() {
+    if let Some(value) = task.failure.value.as_deref() {
         record = record.payload(value);
     }
     let acknowledged = producer
@@ -94,7 +99,7 @@ pub fn is_permanent(error: &KafkaError) -> bool {
 #[async_trait]
 impl Handler for RepublishHandler {
     async fn handle(&self, ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
-        if !task.payload_stored {
+        if !task.failure.payload_stored {
             // Producing the absent payload would write an empty record: on a compacted
             // topic, a delete.
             return Err(HandlerError::permanent(
@@ -105,7 +110,7 @@ impl Handler for RepublishHandler {
         let topic = self
             .target_topic
             .as_deref()
-            .or(task.original.as_ref().map(|o| o.topic.as_str()))
+            .or(task.failure.original.as_ref().map(|o| o.topic.as_str()))
             .ok_or_else(|| {
                 HandlerError::permanent(
                     "no topic to republish to: the message carried no known dead-letter \

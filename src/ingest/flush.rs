@@ -123,8 +123,8 @@ impl Flusher {
         deadline: Instant,
     ) -> Option<NewTask> {
         let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-            task.ingest_note = Some(append_note(
-                task.ingest_note.take(),
+            task.failure.ingest_note = Some(append_note(
+                task.failure.ingest_note.take(),
                 "not attempted inline: the batch's time budget (ingest.process_budget) ran out",
             ));
             self.count(route, "deferred");
@@ -155,7 +155,7 @@ impl Flusher {
                 "permanent_failure"
             }
         };
-        task.error_message = attempted.error.clone();
+        task.failure.error_message = attempted.error.clone();
         task.inline_attempt = Some(InlineAttempt {
             worker: self.worker_id.clone(),
             started_at: attempted.started_at,
@@ -227,7 +227,7 @@ impl Flusher {
         for task in tasks {
             let outcome = match self.store.enqueue_many(std::slice::from_ref(task)).await {
                 Err(error) if is_data_error(&error) => {
-                    tracing::warn!(%error, source = ?task.source, "message refused by the database; storing its minimal form");
+                    tracing::warn!(%error, source = ?task.failure.source, "message refused by the database; storing its minimal form");
                     self.store
                         .enqueue_many(&[minimal_form(task, &error.to_string())])
                         .await?
@@ -241,7 +241,7 @@ impl Flusher {
 
     /// Counts a stored (or redelivered) task and reports a new permanent failure.
     fn stored(&self, task: NewTask, outcome: Enqueued, label: &str) {
-        let route = task.route.as_deref().unwrap_or("");
+        let route = task.failure.route.as_deref().unwrap_or("");
         let label = match outcome {
             Enqueued::Existing(_) => "redelivered",
             _ => label,
@@ -252,7 +252,7 @@ impl Flusher {
             .inc();
         if let Enqueued::Created(id) = outcome {
             if task.status == Status::PermanentFailure && self.finals.wanted() {
-                let error = task.error_message.clone();
+                let error = task.failure.error_message.clone();
                 let mut stored = task.unsaved();
                 stored.id = id;
                 self.finals.permanent_failure(Arc::new(stored), error);
@@ -275,12 +275,12 @@ const MIN_INLINE_TIME: Duration = Duration::from_millis(100);
 /// a dedup key that also carries its content digest: its redelivery still finds it.
 fn collision(mut task: NewTask, existing: TaskId) -> NewTask {
     let key = task.effective_dedup_key().unwrap_or_default();
-    task.dedup_key = Some(format!("{key}#{}", task.content_digest()));
+    task.dedup_key = Some(format!("{key}#{}", task.failure.content_digest()));
     let note = format!(
         "task {existing} already records these coordinates with other content \
          (topic recreated, or another cluster); stored under the content digest"
     );
-    task.ingest_note = Some(append_note(task.ingest_note.take(), &note));
+    task.failure.ingest_note = Some(append_note(task.failure.ingest_note.take(), &note));
     task
 }
 

@@ -7,7 +7,7 @@ use rdkafka_sys as rdsys;
 use super::dlt;
 use crate::config::{IngestSettings, RouteMode, RouteSettings};
 use crate::headers::Header;
-use crate::task::{NewTask, SourceCoordinates};
+use crate::task::{Failure, NewTask, SourceCoordinates};
 
 /// A consumed message, detached from the consumer, with its headers read byte-safely.
 #[derive(Debug, Clone)]
@@ -136,27 +136,30 @@ pub fn to_task(consumed: &Consumed, route: &RouteSettings, limits: &IngestSettin
     let value_size = value.as_ref().map_or(0, Vec::len);
     let mut task = NewTask {
         handler: route.handler.clone(),
-        route: Some(route.name.clone()),
-        event_type: route.event_type.clone(),
         max_attempts: route.max_attempts.map(|m| m as i32),
-        source_timestamp: timestamp,
-        source_timestamp_type: timestamp_type,
-        value_size: i32::try_from(value_size).ok(),
+        failure: Failure {
+            route: Some(route.name.clone()),
+            event_type: route.event_type.clone(),
+            source_timestamp: timestamp,
+            source_timestamp_type: timestamp_type,
+            value_size: i32::try_from(value_size).ok(),
+            ..Failure::default()
+        },
         ..NewTask::default()
     };
     let mut notes: Vec<String> = consumed.header_note.iter().cloned().collect();
     match route.mode {
         RouteMode::Capture => {
             let ctx = dlt::read(&headers, limits.stacktrace_max_bytes as usize);
-            task.original = ctx.original;
-            task.error_class = ctx.error_class;
-            task.error_message = ctx.error_message;
-            task.error_stacktrace = ctx.stacktrace;
+            task.failure.original = ctx.original;
+            task.failure.error_class = ctx.error_class;
+            task.failure.error_message = ctx.error_message;
+            task.failure.error_stacktrace = ctx.stacktrace;
             notes.extend(ctx.notes);
         }
         RouteMode::Process => {
-            task.original = Some(source.clone());
-            task.error_class = Some("redrive.ProcessModeFailure".into());
+            task.failure.original = Some(source.clone());
+            task.failure.error_class = Some("redrive.ProcessModeFailure".into());
         }
     }
     let size = consumed.size();
@@ -165,15 +168,15 @@ pub fn to_task(consumed: &Consumed, route: &RouteSettings, limits: &IngestSettin
             "message of {size} bytes exceeds ingest.max_message_bytes ({}); key, value and headers not stored",
             limits.max_message_bytes
         ));
-        task.payload_stored = false;
+        task.failure.payload_stored = false;
     } else {
-        task.key = key;
-        task.value = value;
-        task.headers = headers;
+        task.failure.key = key;
+        task.failure.value = value;
+        task.failure.headers = headers;
     }
-    task.source = Some(source);
+    task.failure.source = Some(source);
     if !notes.is_empty() {
-        task.ingest_note = Some(notes.join("; "));
+        task.failure.ingest_note = Some(notes.join("; "));
     }
     task
 }
@@ -182,35 +185,40 @@ pub fn to_task(consumed: &Consumed, route: &RouteSettings, limits: &IngestSettin
 /// large to store: what a process-mode handler sees.
 pub fn with_payload(task: &NewTask, consumed: &Consumed) -> NewTask {
     let mut full = task.clone();
-    full.key = consumed.message.key().map(<[u8]>::to_vec);
-    full.value = consumed.message.payload().map(<[u8]>::to_vec);
-    full.headers = consumed.headers.clone();
-    full.payload_stored = true;
+    full.failure.key = consumed.message.key().map(<[u8]>::to_vec);
+    full.failure.value = consumed.message.payload().map(<[u8]>::to_vec);
+    full.failure.headers = consumed.headers.clone();
+    full.failure.payload_stored = true;
     full
 }
 
 /// The minimal form of a task the database refused: coordinates, size and the reason.
 pub fn minimal_form(task: &NewTask, reason: &str) -> NewTask {
+    let failure = &task.failure;
     NewTask {
-        payload_stored: false,
-        dedup_key: task.dedup_key.clone(),
-        original: task.original.clone(),
-        source_timestamp: task.source_timestamp,
-        status: task.status,
-        next_attempt_at: task.next_attempt_at,
-        error_message: task.error_message.clone(),
-        inline_attempt: task.inline_attempt.clone(),
+        failure: Failure {
+            payload_stored: false,
+            original: failure.original.clone(),
+            source: failure.source.clone(),
+            source_timestamp: failure.source_timestamp,
+            route: failure.route.clone(),
+            event_type: failure.event_type.clone(),
+            correlation_id: failure.correlation_id.clone(),
+            value_size: failure.value_size,
+            error_message: failure.error_message.clone(),
+            error_class: Some("redrive.IngestRejected".into()),
+            ingest_note: Some(format!(
+                "the database refused the message, stored without payload: {reason}"
+            )),
+            ..Failure::default()
+        },
         handler: task.handler.clone(),
-        route: task.route.clone(),
-        source: task.source.clone(),
-        value_size: task.value_size,
+        dedup_key: task.dedup_key.clone(),
         attempts: task.attempts,
         max_attempts: task.max_attempts,
-        error_class: Some("redrive.IngestRejected".into()),
-        ingest_note: Some(format!(
-            "the database refused the message, stored without payload: {reason}"
-        )),
-        ..NewTask::default()
+        next_attempt_at: task.next_attempt_at,
+        status: task.status,
+        inline_attempt: task.inline_attempt.clone(),
     }
 }
 

@@ -112,58 +112,73 @@ pub async fn enqueue_many_in(conn: &mut PgConnection, tasks: &[NewTask]) -> Resu
         .bind(
             tasks
                 .iter()
-                .map(|t| t.event_type.as_deref())
+                .map(|t| t.failure.event_type.as_deref())
                 .collect::<Vec<_>>(),
         )
         .bind(
             tasks
                 .iter()
-                .map(|t| t.correlation_id.as_deref())
+                .map(|t| t.failure.correlation_id.as_deref())
                 .collect::<Vec<_>>(),
         )
         .bind(
             tasks
                 .iter()
-                .map(|t| t.source.as_ref().map(|s| s.topic.as_str()))
+                .map(|t| t.failure.source.as_ref().map(|s| s.topic.as_str()))
                 .collect::<Vec<_>>(),
         )
         .bind(
             tasks
                 .iter()
-                .map(|t| t.source.as_ref().map(|s| s.partition))
+                .map(|t| t.failure.source.as_ref().map(|s| s.partition))
                 .collect::<Vec<_>>(),
         )
         .bind(
             tasks
                 .iter()
-                .map(|t| t.source.as_ref().map(|s| s.offset))
-                .collect::<Vec<_>>(),
-        )
-        .bind(tasks.iter().map(|t| t.source_timestamp).collect::<Vec<_>>())
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.source_timestamp_type.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(tasks.iter().map(|t| t.key.as_deref()).collect::<Vec<_>>())
-        .bind(tasks.iter().map(|t| t.value.as_deref()).collect::<Vec<_>>())
-        .bind(
-            tasks
-                .iter()
-                .map(|t| headers::encode(&t.headers))
+                .map(|t| t.failure.source.as_ref().map(|s| s.offset))
                 .collect::<Vec<_>>(),
         )
         .bind(
             tasks
                 .iter()
-                .map(|t| t.error_class.as_deref())
+                .map(|t| t.failure.source_timestamp)
                 .collect::<Vec<_>>(),
         )
         .bind(
             tasks
                 .iter()
-                .map(|t| t.error_message.as_deref())
+                .map(|t| t.failure.source_timestamp_type.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.failure.key.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.failure.value.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| headers::encode(&t.failure.headers))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.failure.error_class.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.failure.error_message.as_deref())
                 .collect::<Vec<_>>(),
         )
         .bind(tasks.iter().map(|t| t.attempts).collect::<Vec<_>>())
@@ -172,36 +187,51 @@ pub async fn enqueue_many_in(conn: &mut PgConnection, tasks: &[NewTask]) -> Resu
         .bind(
             tasks
                 .iter()
-                .map(|t| t.original.as_ref().map(|s| s.topic.as_str()))
+                .map(|t| t.failure.original.as_ref().map(|s| s.topic.as_str()))
                 .collect::<Vec<_>>(),
         )
         .bind(
             tasks
                 .iter()
-                .map(|t| t.original.as_ref().map(|s| s.partition))
+                .map(|t| t.failure.original.as_ref().map(|s| s.partition))
                 .collect::<Vec<_>>(),
         )
         .bind(
             tasks
                 .iter()
-                .map(|t| t.original.as_ref().map(|s| s.offset))
+                .map(|t| t.failure.original.as_ref().map(|s| s.offset))
                 .collect::<Vec<_>>(),
         )
         .bind(
             tasks
                 .iter()
-                .map(|t| t.error_stacktrace.as_deref())
+                .map(|t| t.failure.error_stacktrace.as_deref())
                 .collect::<Vec<_>>(),
         )
-        .bind(tasks.iter().map(|t| t.route.as_deref()).collect::<Vec<_>>())
         .bind(
             tasks
                 .iter()
-                .map(|t| t.ingest_note.as_deref())
+                .map(|t| t.failure.route.as_deref())
                 .collect::<Vec<_>>(),
         )
-        .bind(tasks.iter().map(|t| t.value_size).collect::<Vec<_>>())
-        .bind(tasks.iter().map(|t| t.payload_stored).collect::<Vec<_>>())
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.failure.ingest_note.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.failure.value_size)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.failure.payload_stored)
+                .collect::<Vec<_>>(),
+        )
         .bind(tasks.iter().map(|t| t.status.as_str()).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
         .await?;

@@ -5,7 +5,7 @@ use sqlx::Row;
 
 use super::{Result, StoreError};
 use crate::headers;
-use crate::task::{SourceCoordinates, Task, TaskId};
+use crate::task::{Failure, SourceCoordinates, Task, TaskId};
 
 /// Builds a task from a row that has every column of `recovery_task`.
 pub(crate) fn task_from_row(row: &PgRow) -> Result<Task> {
@@ -23,22 +23,24 @@ pub(crate) fn task_from_row(row: &PgRow) -> Result<Task> {
         id,
         dedup_key: row.try_get("dedup_key")?,
         handler: row.try_get("handler")?,
-        event_type: row.try_get("event_type")?,
-        correlation_id: row.try_get("correlation_id")?,
-        source,
-        source_timestamp: row.try_get("source_timestamp")?,
-        source_timestamp_type: row.try_get("source_timestamp_type")?,
-        key: row.try_get("msg_key")?,
-        value: row.try_get("msg_value")?,
-        headers,
-        original,
-        error_class: row.try_get("error_class")?,
-        error_message: row.try_get("error_message")?,
-        error_stacktrace: row.try_get("error_stacktrace")?,
-        route: row.try_get("route")?,
-        ingest_note: row.try_get("ingest_note")?,
-        value_size: row.try_get("value_size")?,
-        payload_stored: row.try_get("payload_stored")?,
+        failure: Failure {
+            event_type: row.try_get("event_type")?,
+            correlation_id: row.try_get("correlation_id")?,
+            source,
+            source_timestamp: row.try_get("source_timestamp")?,
+            source_timestamp_type: row.try_get("source_timestamp_type")?,
+            key: row.try_get("msg_key")?,
+            value: row.try_get("msg_value")?,
+            headers,
+            payload_stored: row.try_get("payload_stored")?,
+            value_size: row.try_get("value_size")?,
+            original,
+            error_class: row.try_get("error_class")?,
+            error_message: row.try_get("error_message")?,
+            error_stacktrace: row.try_get("error_stacktrace")?,
+            route: row.try_get("route")?,
+            ingest_note: row.try_get("ingest_note")?,
+        },
         status,
         attempts: row.try_get("attempts")?,
         max_attempts: row.try_get("max_attempts")?,

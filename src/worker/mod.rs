@@ -18,13 +18,13 @@ use tokio_util::task::TaskTracker;
 use crate::config::{RouteSettings, WorkerSettings};
 use crate::finals::Finals;
 use crate::handlers::Registered;
-use served::Served;
 use crate::store::{FinishOutcome, Result, Store};
 use crate::task::TaskId;
 use crate::telemetry::Metrics;
 use claimer::{Claimer, CLAIM_LOOPS};
 use finisher::Finisher;
 use inflight::InFlight;
+use served::Served;
 
 /// What [`WorkerPool::process_next`] did with one task.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -41,7 +41,7 @@ impl Served {
     /// served handlers.
     pub(crate) fn registered_for(&self, task: &Task) -> Registered {
         let mut registered = self.handlers[&task.handler].clone();
-        if let Some(route) = task.route.as_ref().and_then(|r| self.routes.get(r)) {
+        if let Some(route) = task.failure.route.as_ref().and_then(|r| self.routes.get(r)) {
             registered.policy = registered.policy.for_route(route);
         }
         registered

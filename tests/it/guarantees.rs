@@ -159,7 +159,7 @@ async fn a_new_message_at_old_coordinates_is_stored_not_dropped() {
     );
     settings.worker.enabled = false;
     let mut old = NewTask::new("log", b"from the old topic".to_vec());
-    old.source = Some(SourceCoordinates {
+    old.failure.source = Some(SourceCoordinates {
         topic: "dlt".into(),
         partition: 0,
         offset: 0,
@@ -191,9 +191,13 @@ async fn a_new_message_at_old_coordinates_is_stored_not_dropped() {
         .await
         .unwrap();
     let new = store.get(redrive::TaskId(new)).await.unwrap().unwrap();
-    assert_eq!(new.value.as_deref(), Some(&b"from the new topic"[..]));
+    assert_eq!(
+        new.failure.value.as_deref(),
+        Some(&b"from the new topic"[..])
+    );
     assert!(new.dedup_key.unwrap().starts_with("kafka:dlt:0:0#"));
     assert!(new
+        .failure
         .ingest_note
         .unwrap()
         .contains(&format!("task {old_id} already records these coordinates")));
@@ -207,7 +211,7 @@ struct Verdicts {
 #[async_trait]
 impl Handler for Verdicts {
     async fn handle(&self, _ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
-        let value = task.value.clone().unwrap_or_default();
+        let value = task.failure.value.clone().unwrap_or_default();
         self.seen_sizes.lock().unwrap().push(value.len());
         match value.as_slice() {
             b"panic" => panic!("handler bug"),
@@ -296,7 +300,7 @@ async fn process_mode_survives_panics_and_keeps_each_verdict() {
     assert_eq!(store.attempts(later.id).await.unwrap()[0].outcome, "retry");
 
     let oversize = task_at(&store, "orders", 0, 4).await;
-    assert!(!oversize.payload_stored && oversize.value.is_none());
+    assert!(!oversize.failure.payload_stored && oversize.failure.value.is_none());
     assert!(
         seen_sizes.lock().unwrap().contains(&300),
         "the inline handler saw the whole message"
@@ -494,11 +498,14 @@ async fn republish_refuses_a_task_whose_payload_was_not_stored() {
     use_cluster(&mut settings, &broker.bootstrap_servers(), Vec::new());
     let mut minimal = NewTask {
         handler: "republish".into(),
-        payload_stored: false,
-        value_size: Some(20_000_000),
+        failure: redrive::task::Failure {
+            payload_stored: false,
+            value_size: Some(20_000_000),
+            ..Default::default()
+        },
         ..NewTask::default()
     };
-    minimal.original = Some(SourceCoordinates {
+    minimal.failure.original = Some(SourceCoordinates {
         topic: "orders".into(),
         partition: 0,
         offset: 7,
@@ -548,7 +555,7 @@ async fn a_repeat_with_other_policy_or_correlation_is_a_conflict() {
     let mut first = NewTask::new("log", b"order 7".to_vec());
     first.dedup_key = Some("order-7".into());
     first.max_attempts = Some(3);
-    first.correlation_id = Some("c-1".into());
+    first.failure.correlation_id = Some("c-1".into());
     let id = store.enqueue(&first).await.unwrap().id();
     assert_eq!(
         store.enqueue(&first).await.unwrap(),
@@ -557,7 +564,7 @@ async fn a_repeat_with_other_policy_or_correlation_is_a_conflict() {
     let mut more_attempts = first.clone();
     more_attempts.max_attempts = Some(5);
     let mut other_correlation = first.clone();
-    other_correlation.correlation_id = Some("c-2".into());
+    other_correlation.failure.correlation_id = Some("c-2".into());
     for changed in [more_attempts, other_correlation] {
         assert!(matches!(
             store.enqueue(&changed).await,

@@ -109,15 +109,21 @@ async fn capture_keeps_every_byte_of_odd_messages() {
     running.stop().await;
     for (sample, (partition, offset)) in samples.iter().zip(coordinates) {
         let task = task_at(&store, "odd.dlt", partition, offset).await;
-        assert_eq!(task.key, sample.key, "key at {partition}/{offset}");
-        assert_eq!(task.value, sample.value, "value at {partition}/{offset}");
+        assert_eq!(task.failure.key, sample.key, "key at {partition}/{offset}");
         assert_eq!(
-            task.headers, sample.headers,
+            task.failure.value, sample.value,
+            "value at {partition}/{offset}"
+        );
+        assert_eq!(
+            task.failure.headers, sample.headers,
             "headers at {partition}/{offset}"
         );
-        assert_eq!(task.source_timestamp_type.as_deref(), Some("create_time"));
-        assert!(task.source_timestamp.is_some());
-        assert_eq!(task.route.as_deref(), Some("odd.dlt"));
+        assert_eq!(
+            task.failure.source_timestamp_type.as_deref(),
+            Some("create_time")
+        );
+        assert!(task.failure.source_timestamp.is_some());
+        assert_eq!(task.failure.route.as_deref(), Some("odd.dlt"));
         assert_eq!(
             task.dedup_key,
             Some(format!("kafka:odd.dlt:{partition}:{offset}"))
@@ -198,38 +204,47 @@ async fn dead_letter_headers_fill_the_failure_context() {
     running.stop().await;
 
     let spring = task_at(&store, "mixed.dlt", 0, 0).await;
-    let original = spring.original.clone().unwrap();
+    let original = spring.failure.original.clone().unwrap();
     assert_eq!(
         (original.topic.as_str(), original.partition, original.offset),
         ("orders", 2, 40)
     );
     assert_eq!(
-        spring.error_class.as_deref(),
+        spring.failure.error_class.as_deref(),
         Some("org.example.ValidationException")
     );
-    assert_eq!(spring.error_message.as_deref(), Some("amount < 0"));
-    assert!(spring.error_stacktrace.unwrap().ends_with("(truncated)"));
+    assert_eq!(spring.failure.error_message.as_deref(), Some("amount < 0"));
+    assert!(spring
+        .failure
+        .error_stacktrace
+        .unwrap()
+        .ends_with("(truncated)"));
     let connect = task_at(&store, "mixed.dlt", 0, 1).await;
-    assert_eq!(connect.original.unwrap().topic, "payments");
-    assert_eq!(connect.error_message.as_deref(), Some("bad schema"));
+    assert_eq!(connect.failure.original.unwrap().topic, "payments");
+    assert_eq!(connect.failure.error_message.as_deref(), Some("bad schema"));
     let karafka = task_at(&store, "mixed.dlt", 0, 2).await;
-    assert_eq!(karafka.original.unwrap().offset, 99);
+    assert_eq!(karafka.failure.original.unwrap().offset, 99);
     let own = task_at(&store, "mixed.dlt", 0, 3).await;
-    assert_eq!(own.error_message.as_deref(), Some("gave up"));
+    assert_eq!(own.failure.error_message.as_deref(), Some("gave up"));
     let malformed = task_at(&store, "mixed.dlt", 0, 4).await;
-    assert_eq!(malformed.original, None);
+    assert_eq!(malformed.failure.original, None);
     assert!(malformed
+        .failure
         .ingest_note
         .unwrap()
         .contains("spring headers incomplete or malformed"));
     assert_eq!(
-        malformed.value.as_deref(),
+        malformed.failure.value.as_deref(),
         Some(&b"{}"[..]),
         "stored all the same"
     );
     let unknown = task_at(&store, "mixed.dlt", 0, 5).await;
     assert_eq!(
-        (unknown.original, unknown.error_class, unknown.ingest_note),
+        (
+            unknown.failure.original,
+            unknown.failure.error_class,
+            unknown.failure.ingest_note
+        ),
         (None, None, None)
     );
 }
@@ -264,15 +279,20 @@ async fn a_message_over_the_size_limit_is_stored_in_minimal_form() {
     running.stop().await;
     let task = task_at(&store, "big.dlt", 0, 0).await;
     assert_eq!(
-        (task.key, task.value, task.value_size),
+        (
+            task.failure.key,
+            task.failure.value,
+            task.failure.value_size
+        ),
         (None, None, Some(2000))
     );
     assert!(task
+        .failure
         .ingest_note
         .unwrap()
         .contains("exceeds ingest.max_message_bytes (1000)"));
     assert_eq!(
-        task_at(&store, "big.dlt", 0, 1).await.value,
+        task_at(&store, "big.dlt", 0, 1).await.failure.value,
         Some(vec![7; 10]),
         "the partition moved on"
     );
@@ -284,7 +304,7 @@ struct Validate;
 #[async_trait]
 impl Handler for Validate {
     async fn handle(&self, _ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
-        match task.value.as_deref() {
+        match task.failure.value.as_deref() {
             Some(v) if v.starts_with(b"bad") => {
                 Err(HandlerError::transient("validation service said no"))
             }
@@ -344,7 +364,7 @@ async fn process_mode_stores_only_failures_as_their_first_attempt() {
             task.last_error.as_deref(),
             Some("validation service said no")
         );
-        assert_eq!(task.original.as_ref(), task.source.as_ref());
+        assert_eq!(task.failure.original.as_ref(), task.failure.source.as_ref());
     }
 }
 

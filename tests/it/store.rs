@@ -2,6 +2,7 @@
 
 use chrono::Utc;
 use redrive::store::{enqueue_many_in, Finish, FinishOutcome};
+use redrive::task::Failure;
 use redrive::{Enqueued, Header, NewTask, SourceCoordinates, Status, StoreError};
 use std::time::Duration;
 
@@ -28,39 +29,42 @@ async fn stored_bytes_come_back_exactly() {
     let (store, _) = fresh_store().await;
     let task = NewTask {
         handler: "h".into(),
-        source: Some(SourceCoordinates {
-            topic: "orders.dlt".into(),
-            partition: 2,
-            offset: 99,
-        }),
-        key: None,
-        value: Some(vec![0xff, 0xfe, 0x00, 0x80, b'{']),
-        headers: vec![
-            Header::new("trace", vec![0x00, 0xff]),
-            Header {
-                name: "empty".into(),
-                value: None,
-            },
-            Header::new("trace", b"second".to_vec()),
-        ],
-        error_class: Some("java.lang.IllegalStateException".into()),
-        error_message: Some("boom".into()),
-        event_type: Some("order.created".into()),
-        correlation_id: Some("c-1".into()),
+        failure: Failure {
+            source: Some(SourceCoordinates {
+                topic: "orders.dlt".into(),
+                partition: 2,
+                offset: 99,
+            }),
+            key: None,
+            value: Some(vec![0xff, 0xfe, 0x00, 0x80, b'{']),
+            headers: vec![
+                Header::new("trace", vec![0x00, 0xff]),
+                Header {
+                    name: "empty".into(),
+                    value: None,
+                },
+                Header::new("trace", b"second".to_vec()),
+            ],
+            error_class: Some("java.lang.IllegalStateException".into()),
+            error_message: Some("boom".into()),
+            event_type: Some("order.created".into()),
+            correlation_id: Some("c-1".into()),
+            ..Failure::default()
+        },
         ..NewTask::default()
     };
     let id = store.enqueue(&task).await.unwrap().id();
     let stored = store.get(id).await.unwrap().unwrap();
     assert!(task.same_content_as(&stored));
-    assert_eq!(stored.key, None);
+    assert_eq!(stored.failure.key, None);
     assert_eq!(
-        stored.value.as_deref(),
+        stored.failure.value.as_deref(),
         Some(&[0xff, 0xfe, 0x00, 0x80, b'{'][..])
     );
     assert_eq!(stored.dedup_key.as_deref(), Some("kafka:orders.dlt:2:99"));
     assert_eq!(stored.status, Status::Failed);
     assert_eq!(
-        stored.error_class.as_deref(),
+        stored.failure.error_class.as_deref(),
         Some("java.lang.IllegalStateException")
     );
 
@@ -70,7 +74,7 @@ async fn stored_bytes_come_back_exactly() {
         .unwrap()
         .id();
     assert_eq!(
-        store.get(empty).await.unwrap().unwrap().value,
+        store.get(empty).await.unwrap().unwrap().failure.value,
         Some(Vec::new())
     );
 }
@@ -88,7 +92,7 @@ async fn enqueue_is_idempotent_on_the_dedup_key_and_reports_conflicts() {
     );
 
     let mut different = task.clone();
-    different.value = Some(b"other payload".to_vec());
+    different.failure.value = Some(b"other payload".to_vec());
     match store.enqueue(&different).await {
         Err(StoreError::Conflict {
             dedup_key,

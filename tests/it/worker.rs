@@ -19,7 +19,7 @@ struct Scripted(Duration);
 #[async_trait]
 impl Handler for Scripted {
     async fn handle(&self, ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
-        match task.value.as_deref().unwrap_or_default() {
+        match task.failure.value.as_deref().unwrap_or_default() {
             b"ok" => Ok(()),
             b"transient" => Err(HandlerError::transient("downstream unavailable")),
             b"permanent" => Err(HandlerError::permanent("invalid order")),
