@@ -6,8 +6,10 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::time::Duration;
 
+#[cfg(feature = "bench")]
 use crate::bench::{self, BenchArgs};
 use crate::config::{parse_duration, Settings};
+#[cfg(feature = "demo")]
 use crate::demo::{self, DemoOptions};
 use crate::fleet::{Fleet, FleetBuilder};
 use crate::headers::Header;
@@ -37,9 +39,24 @@ pub enum Command {
     /// Store a recovery task from a file or standard input.
     Enqueue(EnqueueArgs),
     /// Measure throughput: the queue (enqueue, drain), or `ingest` (Kafka to PostgreSQL).
+    #[cfg(feature = "bench")]
     Bench(BenchArgs),
     /// Run the whole loop with an in-process Kafka broker and the local PostgreSQL.
+    #[cfg(feature = "demo")]
     Demo(DemoOptions),
+}
+
+impl Command {
+    /// The demo and the benchmark print their own figures; their logs stay at warnings.
+    fn prints_its_own_figures(&self) -> bool {
+        match self {
+            #[cfg(feature = "bench")]
+            Command::Bench(_) => true,
+            #[cfg(feature = "demo")]
+            Command::Demo(_) => true,
+            _ => false,
+        }
+    }
 }
 
 /// Options of `redrive run`.
@@ -97,7 +114,7 @@ fn parse_header(text: &str) -> Result<Header, String> {
 pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> anyhow::Result<()> {
     let cli = Cli::parse();
     // The demo and the benchmark print their own figures; keep their logs to warnings.
-    let quiet = matches!(cli.command, Command::Demo(_) | Command::Bench(_));
+    let quiet = cli.command.prints_its_own_figures();
     telemetry::init_logging(if quiet { "warn" } else { "info" });
     let settings = Settings::load(cli.config.as_deref(), None)?;
     match cli.command {
@@ -126,7 +143,9 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
             store.migrate().await?;
             enqueue(&store, args).await?;
         }
+        #[cfg(feature = "bench")]
         Command::Bench(options) => bench::run(&settings, &options).await?,
+        #[cfg(feature = "demo")]
         Command::Demo(options) => demo::run(&settings, &options).await?,
     }
     Ok(())

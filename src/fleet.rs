@@ -209,7 +209,7 @@ impl Fleet {
     }
 
     /// The ingest of this member, if it has routes and ingest is enabled.
-    pub fn ingest(&self, store: Store) -> Option<Ingest> {
+    pub(crate) fn ingest(&self, store: Store) -> Option<Ingest> {
         if !self.settings.ingest.enabled || self.settings.routes.is_empty() {
             return None;
         }

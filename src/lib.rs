@@ -14,22 +14,26 @@
 //! # }
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod backoff;
-pub mod bench;
+#[cfg(feature = "bench")]
+mod bench;
 pub mod cli;
 pub mod config;
-pub mod demo;
+#[cfg(feature = "demo")]
+mod demo;
 pub mod finals;
 pub mod fleet;
 pub mod handlers;
 pub mod headers;
-pub mod ingest;
-pub mod kafka;
-pub mod parking;
+mod ingest;
+mod kafka;
+mod parking;
 pub mod store;
 pub mod task;
 pub mod telemetry;
-pub mod worker;
+mod worker;
 
 pub use backoff::{Backoff, Jitter};
 pub use config::{ConfigError, Settings};
@@ -40,4 +44,5 @@ pub use handlers::{
 pub use headers::Header;
 pub use store::{Enqueued, Store, StoreError};
 pub use task::{Failure, InlineAttempt, Lease, NewTask, SourceCoordinates, Status, Task, TaskId};
+pub use ingest::{FlushError, IngestError};
 pub use worker::{Processed, WorkerPool};

@@ -1,6 +1,7 @@
 //! The handler API: what developers implement to retry a failure.
 
-pub mod faults;
+#[cfg(feature = "demo")]
+pub(crate) mod faults;
 pub mod invoke;
 mod log;
 mod registry;

@@ -132,6 +132,7 @@ impl Ingest {
     }
 
     /// Shared progress of this ingest.
+    #[cfg(feature = "bench")]
     pub fn progress(&self) -> Arc<IngestProgress> {
         self.progress.clone()
     }
