@@ -42,7 +42,7 @@ pub use handlers::{
     Handler, HandlerContext, HandlerError, HandlerRegistry, LogHandler, RepublishHandler,
 };
 pub use headers::Header;
+pub use ingest::{FlushError, IngestError};
 pub use store::{Enqueued, Store, StoreError};
 pub use task::{Failure, InlineAttempt, Lease, NewTask, SourceCoordinates, Status, Task, TaskId};
-pub use ingest::{FlushError, IngestError};
 pub use worker::{Processed, WorkerPool};

@@ -526,3 +526,46 @@ async fn a_pool_of_one_connection_still_claims() {
     shutdown.cancel();
     run.await.unwrap().unwrap();
 }
+
+/// Asks to be retried in about 10^12 years.
+struct FarFuture;
+
+#[async_trait]
+impl Handler for FarFuture {
+    async fn handle(&self, _ctx: &HandlerContext, _task: &Task) -> Result<(), HandlerError> {
+        Err(HandlerError::retry_after(
+            Duration::MAX,
+            "come back much later",
+        ))
+    }
+}
+
+/// Regression: a huge Retry-After (or backoff cap) overflowed `now + delay` outside
+/// the handler's panic guard; the lease was then heartbeated forever and the task never
+/// ended. The delay is clamped and the retry written.
+#[tokio::test]
+async fn a_huge_retry_after_is_clamped_and_written() {
+    let (store, settings) = fresh_store().await;
+    let shutdown = CancellationToken::new();
+    let run =
+        tokio::spawn(fleet(&settings, FarFuture).run_with_store(store.clone(), shutdown.clone()));
+    let id = store
+        .enqueue(&NewTask::new("h", b"x".to_vec()))
+        .await
+        .unwrap()
+        .id();
+    eventually(Duration::from_secs(10), "the retry written", || async {
+        let task = status(&store, id).await;
+        task.attempts == 1 && task.lease_owner.is_none()
+    })
+    .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+    let task = status(&store, id).await;
+    let wait = task.next_attempt_at - chrono::Utc::now();
+    assert!(
+        wait > chrono::Duration::days(360) && wait <= chrono::Duration::days(367),
+        "{wait}"
+    );
+    assert_eq!(store.attempts(id).await.unwrap()[0].outcome, "retry");
+}
