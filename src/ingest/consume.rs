@@ -97,7 +97,10 @@ pub(crate) async fn consume(
         if batch.is_ready() && flushes.len() < FLUSHES_IN_FLIGHT {
             flushes.push_back(tokio::spawn(flusher.clone().flush(batch.take())));
         }
+        // Lingering matters only when a flush could start once it ends: with every flush
+        // slot taken, an expired linger would fire on every turn (a busy loop).
         let linger_until = batch.linger_until;
+        let may_flush = flushes.len() < FLUSHES_IN_FLIGHT;
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
@@ -112,7 +115,7 @@ pub(crate) async fn consume(
                     }
                 }
             }
-            _ = sleep_until(linger_until), if !batch.messages.is_empty() => {}
+            _ = sleep_until(linger_until), if may_flush && !batch.messages.is_empty() => {}
             received = consumer.recv(), if !batch.is_full() => match received {
                 Ok(message) => {
                     progress.first_consumed.get_or_init(Instant::now);
