@@ -80,9 +80,26 @@ pub struct EnqueueArgs {
     /// Attempts before a permanent failure (overrides the handler's policy).
     #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
     pub max_attempts: Option<i32>,
-    /// Delay before the first attempt, e.g. "30s".
-    #[arg(long, value_parser = parse_duration)]
+    /// Delay before the first attempt, e.g. "30s" (at most 10 years).
+    #[arg(long, value_parser = parse_delay)]
     pub delay: Option<Duration>,
+    /// Store a task even when the input is empty (refused otherwise, as a likely mistake).
+    #[arg(long, conflicts_with = "lines")]
+    pub allow_empty: bool,
+}
+
+/// Longest `--delay`: later is surely a typo, and far enough on it overflows time.
+const MAX_DELAY: Duration = Duration::from_secs(10 * 31_557_600);
+
+fn parse_delay(text: &str) -> Result<Duration, String> {
+    let delay = parse_duration(text)?;
+    if delay > MAX_DELAY {
+        return Err(format!(
+            "must be at most 10years (got {})",
+            humantime::format_duration(delay)
+        ));
+    }
+    Ok(delay)
 }
 
 fn parse_header(text: &str) -> Result<Header, String> {
@@ -122,9 +139,10 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
                     fleet.handler_names().join(", ")
                 );
             }
+            let values = read_values(&args, settings.ingest.max_message_bytes)?;
             let store = Store::connect(&settings.database).await?;
             store.migrate().await?;
-            enqueue(&store, args).await?;
+            enqueue(&store, args, values).await?;
         }
         Command::Bench(options) => bench::run(&settings, &options).await?,
         Command::Demo(options) => demo::run(&settings, &options).await?,
@@ -132,30 +150,76 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
     Ok(())
 }
 
-async fn enqueue(store: &Store, args: EnqueueArgs) -> anyhow::Result<()> {
-    let mut input = Vec::new();
-    match &args.file {
-        Some(path) => {
-            input = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?
-        }
-        None => {
-            std::io::stdin()
-                .read_to_end(&mut input)
-                .context("reading standard input")?;
-        }
-    }
-    let values: Vec<Vec<u8>> = if args.lines {
-        input
-            .split(|&b| b == b'\n')
-            .filter(|line| !line.is_empty())
-            .map(<[u8]>::to_vec)
-            .collect()
-    } else {
-        vec![input]
+/// The values to enqueue from the file or standard input: each at most `max_bytes` with
+/// the key and headers (as ingest counts), none empty unless `--allow-empty`; checked
+/// all before any is stored.
+fn read_values(args: &EnqueueArgs, max_bytes: u32) -> anyhow::Result<Vec<Vec<u8>>> {
+    let mut source: Box<dyn Read> = match &args.file {
+        Some(path) => Box::new(
+            std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?,
+        ),
+        None => Box::new(std::io::stdin()),
     };
-    let next_attempt_at = args.delay.map(|d| {
-        chrono::Utc::now() + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
-    });
+    let limit = u64::from(max_bytes);
+    let mut input = Vec::new();
+    let read = if args.lines {
+        source.read_to_end(&mut input)
+    } else {
+        // One byte past the limit is enough to know the input is too large.
+        source.take(limit + 1).read_to_end(&mut input)
+    };
+    read.context("reading the input")?;
+    let extra = args.key.as_ref().map_or(0, String::len)
+        + args
+            .headers
+            .iter()
+            .map(|h| h.name.len() + h.value.as_ref().map_or(0, Vec::len))
+            .sum::<usize>();
+    let too_large = |value: &[u8]| (value.len() + extra) as u64 > limit;
+    if !args.lines {
+        if too_large(&input) {
+            bail!(
+                "the input is larger than ingest.max_message_bytes ({max_bytes} bytes, key \
+                 and headers included); nothing was stored"
+            );
+        }
+        if input.is_empty() && !args.allow_empty {
+            bail!("the input is empty; pass --allow-empty to store a task without a value");
+        }
+        return Ok(vec![input]);
+    }
+    let mut values = Vec::new();
+    for (number, line) in input.split(|&b| b == b'\n').enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        if too_large(line) {
+            bail!(
+                "line {} is {} bytes with key and headers, over ingest.max_message_bytes \
+                 ({max_bytes}); nothing was stored",
+                number + 1,
+                line.len() + extra
+            );
+        }
+        values.push(line.to_vec());
+    }
+    if values.is_empty() {
+        bail!("the input has no line to enqueue (empty lines are skipped); nothing was stored");
+    }
+    Ok(values)
+}
+
+/// Stores one task per value.
+async fn enqueue(store: &Store, args: EnqueueArgs, values: Vec<Vec<u8>>) -> anyhow::Result<()> {
+    let next_attempt_at = match args.delay {
+        Some(delay) => Some(
+            chrono::TimeDelta::from_std(delay)
+                .ok()
+                .and_then(|delay| chrono::Utc::now().checked_add_signed(delay))
+                .context("--delay is too far in the future")?,
+        ),
+        None => None,
+    };
     let tasks: Vec<NewTask> = values
         .into_iter()
         .map(|value| NewTask {

@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{IngestSettings, KafkaSettings, RouteSettings};
 use crate::handlers::Registered;
-use crate::kafka::client_config;
 use crate::kafka::message::Consumed;
+use crate::kafka::{client_config, redact_error};
 use crate::store::Store;
 use crate::telemetry::Metrics;
 use flush::{Flusher, Offsets};
@@ -126,7 +126,8 @@ impl Ingest {
                     .get("auto.offset.reset")
                     .map_or("earliest", String::as_str),
             )
-            .create_with_context(IngestContext)?;
+            .create_with_context(IngestContext)
+            .map_err(|e| redact_error(e, &self.kafka))?;
         let subscriptions = self.flusher.routes.subscriptions();
         let topics: Vec<&str> = subscriptions.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
