@@ -240,11 +240,22 @@ async fn planted_secrets_never_reach_standard_error() {
 #[tokio::test]
 async fn every_verb_reads_database_url() {
     let (store, settings) = fresh_store().await;
+    // DATABASE_URL beats the file's URL (which leads nowhere) for `migrate` too.
+    let mut file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    writeln!(
+        file,
+        "[database]\nurl = \"postgres://postgres@127.0.0.1:1/nowhere\""
+    )
+    .unwrap();
+    let schema = crate::support::unique_schema();
     let out = redrive(&settings)
         .arg("migrate")
+        .arg("--config")
+        .arg(file.path())
         .env_remove("REDRIVE__DATABASE__URL")
         .env("DATABASE_URL", settings.database.url.expose_secret())
-        .env("REDRIVE__DATABASE__SCHEMA", "t_database_url_rule")
+        .env("REDRIVE__DATABASE__SCHEMA", &schema)
+        .env("REDRIVE__DATABASE__CONNECT_TIMEOUT", "2s")
         .output()
         .unwrap();
     assert!(
@@ -252,7 +263,7 @@ async fn every_verb_reads_database_url() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    sqlx::query("DROP SCHEMA t_database_url_rule CASCADE")
+    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
         .execute(store.pool())
         .await
         .unwrap();
