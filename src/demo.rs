@@ -162,9 +162,6 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> anyhow::Result<(
 
 fn demo_settings(base: &Settings, bootstrap: &str, options: &DemoOptions) -> Settings {
     let mut settings = base.clone();
-    if let Ok(url) = std::env::var("DATABASE_URL") {
-        settings.database.url = url.into();
-    }
     settings.database.schema = format!("{}_demo", base.database.schema);
     settings.database.migrate_on_start = false;
     settings.kafka.bootstrap_servers = bootstrap.to_owned();

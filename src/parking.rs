@@ -8,7 +8,7 @@ use rdkafka::producer::FutureProducer;
 use crate::config::KafkaSettings;
 use crate::handlers::republish::produce_task;
 use crate::kafka::dlt::own;
-use crate::kafka::producer_config;
+use crate::kafka::{producer_config, redact_error};
 use crate::task::Task;
 use crate::telemetry::Metrics;
 
@@ -24,7 +24,9 @@ impl Parking {
     /// A parking producer for `topic`.
     pub fn new(kafka: &KafkaSettings, topic: String, metrics: Metrics) -> Result<Self, KafkaError> {
         Ok(Parking {
-            producer: producer_config(kafka).create()?,
+            producer: producer_config(kafka)
+                .create()
+                .map_err(|e| redact_error(e, kafka))?,
             topic,
             metrics,
         })

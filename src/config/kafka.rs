@@ -2,13 +2,16 @@
 
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashSet};
+use std::fmt;
 use std::time::Duration;
 
+use super::checks::{at_most, attempts, within, ONE_DAY, ONE_YEAR};
 use super::{duration, optional_duration, ConfigError};
 use crate::backoff::Jitter;
 
-/// `[kafka]`: the cluster every client of this process talks to.
-#[derive(Debug, Clone, Deserialize)]
+/// `[kafka]`: the cluster every client of this process talks to. Its `Debug` output shows
+/// property names, never their values.
+#[derive(Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct KafkaSettings {
     /// `bootstrap.servers`.
@@ -17,6 +20,33 @@ pub struct KafkaSettings {
     pub group_id: String,
     /// Any librdkafka property, passed to every consumer and producer (SASL, TLS, tuning).
     pub properties: BTreeMap<String, String>,
+}
+
+impl fmt::Debug for KafkaSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let properties: BTreeMap<&str, &str> = self
+            .properties
+            .keys()
+            .map(|key| (key.as_str(), crate::kafka::REDACTED))
+            .collect();
+        f.debug_struct("KafkaSettings")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("group_id", &self.group_id)
+            .field("properties", &properties)
+            .finish()
+    }
+}
+
+impl KafkaSettings {
+    /// Checks every pass-through property with librdkafka itself, without starting a
+    /// client; the error names the property, never its value.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        for (key, value) in &self.properties {
+            crate::kafka::check_property(key, value)
+                .map_err(|reason| ConfigError::new(format!("kafka.properties.{key}"), reason))?;
+        }
+        Ok(())
+    }
 }
 
 impl Default for KafkaSettings {
@@ -168,8 +198,39 @@ impl RouteSettings {
         }
     }
 
+    /// Checks the policy overrides; `key` turns a field into its dotted key.
+    fn check_policy(&self, key: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+        if let Some(max) = self.max_attempts {
+            attempts(&key("max_attempts"), max)?;
+        }
+        if let Some(timeout) = self.timeout {
+            within(&key("timeout"), timeout, ONE_DAY)?;
+        }
+        if let Some(base) = self.backoff_base {
+            at_most(&key("backoff_base"), base, ONE_YEAR)?;
+        }
+        if let Some(cap) = self.backoff_cap {
+            at_most(&key("backoff_cap"), cap, ONE_YEAR)?;
+            if self.backoff_base.is_some_and(|base| cap < base) {
+                return Err(ConfigError::new(
+                    key("backoff_cap"),
+                    "must not be shorter than backoff_base",
+                ));
+            }
+        }
+        if let Some(factor) = self.backoff_factor {
+            if !(factor.is_finite() && factor >= 1.0) {
+                return Err(ConfigError::new(
+                    key("backoff_factor"),
+                    "must be a number >= 1.0",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The subscription strings of this route: its topics, and its pattern in the
-    /// anchored form (`^(?:PATTERN)$`) that the route table matches too.
+    /// anchored form (`^(PATTERN)$`) that the route table matches too.
     pub fn subscriptions(&self) -> Vec<String> {
         let mut subs = self.topics.clone();
         subs.extend(self.pattern.as_deref().map(super::pattern::anchored));
@@ -223,17 +284,7 @@ pub(crate) fn validate_routes(
                 format!("route name {:?} is used twice", route.name),
             ));
         }
-        if route.max_attempts == Some(0) {
-            return Err(ConfigError::new(key("max_attempts"), "must be at least 1"));
-        }
-        if let Some(factor) = route.backoff_factor {
-            if !(factor.is_finite() && factor >= 1.0) {
-                return Err(ConfigError::new(
-                    key("backoff_factor"),
-                    "must be a number >= 1.0",
-                ));
-            }
-        }
+        route.check_policy(&key)?;
         if let Some(handlers) = handlers {
             if !handlers.contains(&route.handler) {
                 return Err(ConfigError::new(

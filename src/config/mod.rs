@@ -10,9 +10,13 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::backoff::{Backoff, Jitter};
+use checks::{at_most, attempts, within, ONE_DAY, ONE_HOUR, ONE_MINUTE, ONE_YEAR};
 
+mod checks;
+mod env;
 mod kafka;
 pub mod pattern;
+mod source_error;
 
 pub(crate) use kafka::validate_routes;
 pub use kafka::{
@@ -191,6 +195,11 @@ impl RetrySettings {
 impl Settings {
     /// Loads defaults, then `file` (if any), then `env` (the process environment when
     /// `None`), and validates the result.
+    ///
+    /// From the environment: `REDRIVE__SECTION__KEY`; `REDRIVE__KAFKA__PROPERTIES__NAME`
+    /// sets the librdkafka property `name` lower-cased with `_` read as `.`
+    /// (`..._SASL_PASSWORD` is `sasl.password`; `log_level` and `enabled_events` keep
+    /// their `_`); `DATABASE_URL` stands in for `REDRIVE__DATABASE__URL` when that is unset.
     pub fn load(
         file: Option<&Path>,
         env: Option<HashMap<String, String>>,
@@ -205,67 +214,41 @@ impl Settings {
             }
             builder = builder.add_source(config::File::from(path));
         }
+        let env = env::EnvLayer::read(env)?;
         let environment = config::Environment::with_prefix("REDRIVE")
             .prefix_separator("__")
             .separator("__")
             .try_parsing(true)
             .list_separator(",")
             .with_list_parse_key("worker.handlers")
-            .source(env);
+            .source(Some(env.vars));
         let mut settings: Settings = builder
             .add_source(environment)
             .build()
             .and_then(config::Config::try_deserialize)
-            .map_err(from_config_error)?;
+            .map_err(source_error::from_config_error)?;
+        settings.kafka.properties.extend(env.properties);
+        for handler in &mut settings.worker.handlers {
+            *handler = handler.trim().to_owned();
+        }
         validate_routes(&mut settings.routes, None)?;
         settings.validate()?;
         Ok(settings)
     }
 
-    /// Checks values that parse but make no sense.
+    /// Checks values that parse but make no sense, and the upper bounds of durations
+    /// and counts (see redrive.example.toml).
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.database.connect_options()?;
-        let schema = &self.database.schema;
-        let valid_ident = !schema.is_empty()
-            && schema.len() <= 50
-            && schema.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
-            && schema
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-        if !valid_ident {
-            return Err(ConfigError::new(
-                "database.schema",
-                "must be 1 to 50 characters of a-z, 0-9 and _, not starting with a digit",
-            ));
-        }
-        positive("database.max_connections", self.database.max_connections)?;
-        positive("worker.concurrency", self.worker.concurrency)?;
-        positive("worker.batch_size", self.worker.batch_size)?;
-        positive("retry.max_attempts", self.retry.max_attempts)?;
-        nonzero("worker.lease", self.worker.lease)?;
-        nonzero("worker.heartbeat", self.worker.heartbeat)?;
-        nonzero("worker.poll_interval", self.worker.poll_interval)?;
-        nonzero("retry.timeout", self.retry.timeout)?;
-        if self.worker.heartbeat >= self.worker.lease {
-            return Err(ConfigError::new(
-                "worker.heartbeat",
-                "must be shorter than worker.lease, or leases lapse between heartbeats",
-            ));
-        }
-        let factor = self.retry.backoff_factor;
-        if !(factor.is_finite() && factor >= 1.0) {
-            return Err(ConfigError::new(
-                "retry.backoff_factor",
-                format!("must be a number >= 1.0, got {factor}"),
-            ));
-        }
+        self.database.validate()?;
+        self.worker.validate()?;
+        self.retry.validate()?;
         positive("ingest.batch_size", self.ingest.batch_size)?;
         positive("ingest.max_message_bytes", self.ingest.max_message_bytes)?;
         positive(
             "ingest.process_concurrency",
             self.ingest.process_concurrency,
         )?;
-        nonzero("ingest.linger", self.ingest.linger)?;
+        within("ingest.linger", self.ingest.linger, ONE_MINUTE)?;
         positive("ingest.batch_bytes", self.ingest.batch_bytes)?;
         if self.ingest.max_message_bytes > MAX_MESSAGE_BYTES {
             return Err(ConfigError::new(
@@ -291,7 +274,49 @@ impl Settings {
         if self.kafka.group_id.is_empty() {
             return Err(ConfigError::new("kafka.group_id", "must not be empty"));
         }
-        if self.retry.backoff_cap < self.retry.backoff_base {
+        self.kafka.validate()
+    }
+}
+
+impl WorkerSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        positive("worker.concurrency", self.concurrency)?;
+        positive("worker.batch_size", self.batch_size)?;
+        within("worker.lease", self.lease, ONE_DAY)?;
+        nonzero("worker.heartbeat", self.heartbeat)?;
+        within("worker.poll_interval", self.poll_interval, ONE_HOUR)?;
+        at_most("worker.shutdown_timeout", self.shutdown_timeout, ONE_HOUR)?;
+        if self.heartbeat >= self.lease {
+            return Err(ConfigError::new(
+                "worker.heartbeat",
+                "must be shorter than worker.lease, or leases lapse between heartbeats",
+            ));
+        }
+        if self.handlers.iter().any(String::is_empty) {
+            return Err(ConfigError::new(
+                "worker.handlers",
+                "empty handler name (in the environment, separate names with commas: \
+                 REDRIVE__WORKER__HANDLERS=log,republish)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl RetrySettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        attempts("retry.max_attempts", self.max_attempts)?;
+        within("retry.timeout", self.timeout, ONE_DAY)?;
+        at_most("retry.backoff_base", self.backoff_base, ONE_YEAR)?;
+        at_most("retry.backoff_cap", self.backoff_cap, ONE_YEAR)?;
+        let factor = self.backoff_factor;
+        if !(factor.is_finite() && factor >= 1.0) {
+            return Err(ConfigError::new(
+                "retry.backoff_factor",
+                format!("must be a number >= 1.0, got {factor}"),
+            ));
+        }
+        if self.backoff_cap < self.backoff_base {
             return Err(ConfigError::new(
                 "retry.backoff_cap",
                 "must not be shorter than retry.backoff_base",
@@ -302,6 +327,13 @@ impl Settings {
 }
 
 impl DatabaseSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.connect_options()?;
+        checks::schema_name(&self.schema)?;
+        positive("database.max_connections", self.max_connections)?;
+        within("database.connect_timeout", self.connect_timeout, ONE_HOUR)
+    }
+
     /// Parsed connection options with the schema as `search_path`.
     pub fn connect_options(&self) -> Result<PgConnectOptions, ConfigError> {
         let url = self.url.expose_secret();
@@ -311,6 +343,7 @@ impl DatabaseSettings {
                 "not a PostgreSQL URL: it must start with postgres:// or postgresql://",
             ));
         }
+        checks::url_parameters(url)?;
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| ConfigError::new("database.url", format!("not a PostgreSQL URL: {e}")))?;
         Ok(options
@@ -363,21 +396,4 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     }
     humantime::parse_duration(text)
         .map_err(|e| format!("{text:?} is not a duration like \"30s\" or \"5m\" ({e})"))
-}
-
-/// Turns the `config` crate's error into one that names the key.
-fn from_config_error(err: config::ConfigError) -> ConfigError {
-    let message = err.to_string();
-    let key = match &err {
-        config::ConfigError::Type { key: Some(key), .. }
-        | config::ConfigError::At { key: Some(key), .. } => key.clone(),
-        _ => "config".to_owned(),
-    };
-    // The config crate writes array keys as `routes[0]mode`.
-    let key = key
-        .replace("]", "].")
-        .replace("]..", "].")
-        .trim_end_matches('.')
-        .to_owned();
-    ConfigError::new(key, message)
 }

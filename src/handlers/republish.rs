@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::{Handler, HandlerContext, HandlerError};
 use crate::config::{KafkaSettings, RepublishSettings};
 use crate::kafka::dlt::{is_context_header, own};
-use crate::kafka::producer_config;
+use crate::kafka::{producer_config, redact_error};
 use crate::task::Task;
 
 /// Produces the task's key, value and headers to its original topic (or the configured
@@ -27,7 +27,9 @@ impl RepublishHandler {
     /// A handler with its own idempotent producer.
     pub fn new(kafka: &KafkaSettings, settings: &RepublishSettings) -> Result<Self, KafkaError> {
         Ok(RepublishHandler {
-            producer: producer_config(kafka).create()?,
+            producer: producer_config(kafka)
+                .create()
+                .map_err(|e| redact_error(e, kafka))?,
             target_topic: settings.target_topic.clone(),
         })
     }

@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{IngestSettings, KafkaSettings, RouteSettings};
 use crate::finals::Finals;
 use crate::handlers::Registered;
-use crate::kafka::client_config;
 use crate::kafka::context::QuietContext;
+use crate::kafka::{client_config, redact_error};
 use crate::store::Store;
 use crate::telemetry::Metrics;
 use flush::Flusher;
@@ -150,7 +150,8 @@ impl Ingest {
                     .get("auto.offset.reset")
                     .map_or("earliest", String::as_str),
             )
-            .create_with_context(IngestContext::default())?;
+            .create_with_context(IngestContext::default())
+            .map_err(|e| redact_error(e, &self.kafka))?;
         let subscriptions = self.flusher.routes.subscriptions();
         let topics: Vec<&str> = subscriptions.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;

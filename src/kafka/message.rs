@@ -136,7 +136,7 @@ pub fn to_task(consumed: &Consumed, route: &RouteSettings, limits: &IngestSettin
     let value_size = value.as_ref().map_or(0, Vec::len);
     let mut task = NewTask {
         handler: route.handler.clone(),
-        max_attempts: route.max_attempts.map(|m| m as i32),
+        max_attempts: route.max_attempts.and_then(|m| i32::try_from(m).ok()),
         failure: Failure {
             route: Some(route.name.clone()),
             event_type: route.event_type.clone(),

@@ -162,3 +162,222 @@ async fn the_demo_runs_the_whole_loop_and_stops_by_itself() {
     assert_eq!(figure("resolved") + figure("permanent failures"), 60);
     assert_eq!(figure("still failed"), 0);
 }
+
+/// Runs `command` with `input` on standard input.
+fn with_input(mut command: Command, input: &[u8]) -> std::process::Output {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// Standard error of a run that must fail.
+fn failed_stderr(out: &std::process::Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "should fail: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+#[tokio::test]
+async fn planted_secrets_never_reach_standard_error() {
+    let (_store, settings) = fresh_store().await;
+    let secret = "hunter2-binary";
+    let mut file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    writeln!(file, "[kafka.properties]\n\"sasl.pasword\" = \"{secret}\"").unwrap();
+    let from_file = redrive(&settings)
+        .arg("run")
+        .arg("--config")
+        .arg(file.path())
+        .output()
+        .unwrap();
+    let from_env = redrive(&settings)
+        .arg("run")
+        .env("REDRIVE__KAFKA__PROPERTIES__SASL_PASWORD", secret)
+        .output()
+        .unwrap();
+    for out in [from_file, from_env] {
+        let stderr = failed_stderr(&out);
+        assert!(stderr.contains("kafka.properties.sasl.pasword"), "{stderr}");
+        assert!(!stderr.contains(secret), "{stderr}");
+    }
+
+    let out = redrive(&settings)
+        .arg("run")
+        .env(
+            "REDRIVE__KAFKA__PROPERTIES__SECURITY_PROTOCOL",
+            "SASL_PLAINTEXT",
+        )
+        .env("REDRIVE__KAFKA__PROPERTIES__SASL_MECHANISMS", "BOGUS")
+        .env("REDRIVE__KAFKA__PROPERTIES__SASL_PASSWORD", secret)
+        .output()
+        .unwrap();
+    let stderr = failed_stderr(&out);
+    assert!(stderr.contains("kafka.properties"), "{stderr}");
+    assert!(!stderr.contains(secret), "{stderr}");
+
+    for url in [
+        format!("postgres://postgres:{secret}@no-such-host.invalid:5432/x"),
+        format!("postgres://postgres@127.0.0.1:5432/x?pasword={secret}"),
+    ] {
+        let out = redrive(&settings)
+            .arg("migrate")
+            .env("REDRIVE__DATABASE__URL", url)
+            .env("REDRIVE__DATABASE__CONNECT_TIMEOUT", "2s")
+            .env("RUST_LOG", "debug")
+            .output()
+            .unwrap();
+        let stderr = failed_stderr(&out);
+        assert!(!stderr.contains(secret), "{stderr}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains(secret));
+    }
+}
+
+#[tokio::test]
+async fn every_verb_reads_database_url() {
+    let (store, settings) = fresh_store().await;
+    // DATABASE_URL beats the file's URL (which leads nowhere) for `migrate` too.
+    let mut file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    writeln!(
+        file,
+        "[database]\nurl = \"postgres://postgres@127.0.0.1:1/nowhere\""
+    )
+    .unwrap();
+    let schema = crate::support::unique_schema();
+    let out = redrive(&settings)
+        .arg("migrate")
+        .arg("--config")
+        .arg(file.path())
+        .env_remove("REDRIVE__DATABASE__URL")
+        .env("DATABASE_URL", settings.database.url.expose_secret())
+        .env("REDRIVE__DATABASE__SCHEMA", &schema)
+        .env("REDRIVE__DATABASE__CONNECT_TIMEOUT", "2s")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn enqueue_refuses_a_delay_beyond_ten_years() {
+    let (store, settings) = fresh_store().await;
+    let out = enqueue(&settings, &["--handler", "log", "--delay", "300000y"], b"x");
+    let stderr = failed_stderr(&out);
+    assert!(
+        stderr.contains("--delay") && stderr.contains("at most 10years"),
+        "{stderr}"
+    );
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_task").await,
+        0
+    );
+    let out = enqueue(&settings, &["--handler", "log", "--delay", "9years"], b"x");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn enqueue_refuses_empty_input_unless_allowed() {
+    let (store, settings) = fresh_store().await;
+    let out = enqueue(&settings, &["--handler", "log"], b"");
+    let stderr = failed_stderr(&out);
+    assert!(
+        stderr.contains("empty") && stderr.contains("--allow-empty"),
+        "{stderr}"
+    );
+    let out = enqueue(&settings, &["--handler", "log", "--lines"], b"\n\n");
+    let stderr = failed_stderr(&out);
+    assert!(stderr.contains("no line"), "{stderr}");
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_task").await,
+        0
+    );
+
+    let out = enqueue(&settings, &["--handler", "log", "--allow-empty"], b"");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let length: i64 =
+        sqlx::query_scalar("SELECT sum(length(msg_value))::bigint FROM recovery_task")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(length, 0, "one empty task");
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_task").await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn enqueue_refuses_input_over_the_message_size_limit() {
+    let (store, settings) = fresh_store().await;
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    file.write_all(&[b'x'; 101]).unwrap();
+    let limited = |args: &[&str], input: &[u8]| {
+        let mut command = redrive(&settings);
+        command
+            .env("REDRIVE__INGEST__MAX_MESSAGE_BYTES", "100")
+            .arg("enqueue")
+            .args(args);
+        with_input(command, input)
+    };
+    let path = file.path().to_str().unwrap();
+    let out = limited(&["--handler", "log", "--file", path], b"");
+    let stderr = failed_stderr(&out);
+    assert!(stderr.contains("ingest.max_message_bytes"), "{stderr}");
+    let mut lines = b"short\n".to_vec();
+    lines.extend_from_slice(&[b'y'; 101]);
+    let out = limited(&["--handler", "log", "--lines"], &lines);
+    let stderr = failed_stderr(&out);
+    assert!(
+        stderr.contains("line 2") && stderr.contains("ingest.max_message_bytes"),
+        "{stderr}"
+    );
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_task").await,
+        0,
+        "nothing stored"
+    );
+    let out = limited(&["--handler", "log"], &[b'z'; 100]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Regression: repeating an enqueue with the same dedup key but another `--delay`
+/// silently kept the first due time. The same delay is a repeat; another is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_with_another_delay_for_an_existing_key_is_refused() {
+    let (store, settings) = fresh_store().await;
+    let args = ["--handler", "log", "--dedup-key", "k-1", "--delay", "1h"];
+    assert!(enqueue(&settings, &args, b"x").status.success());
+    let again = enqueue(&settings, &args, b"x");
+    assert!(again.status.success(), "{again:?}");
+    let other = ["--handler", "log", "--dedup-key", "k-1", "--delay", "5h"];
+    let refused = enqueue(&settings, &other, b"x");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("asks for another time"));
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_task").await,
+        1
+    );
+}

@@ -211,3 +211,284 @@ fn a_route_to_an_unknown_handler_refuses_to_start() {
         "{text}"
     );
 }
+
+/// Panics if `text` holds `secret`.
+fn assert_no_secret(text: &str, secret: &str) {
+    assert!(!text.contains(secret), "the secret leaked: {text}");
+}
+
+/// The error of building a fleet with the built-in handlers.
+fn builtin_build_error(settings: Settings) -> String {
+    match Fleet::builder(settings).with_builtin_handlers().build() {
+        Ok(_) => String::new(),
+        Err(error) => format!("{error} / {error:?}"),
+    }
+}
+
+#[test]
+fn a_misspelt_kafka_property_is_refused_without_its_value() {
+    let secret = "hunter2-misspelt";
+    let err = load_toml(&format!(
+        "[kafka.properties]\n\"sasl.pasword\" = \"{secret}\""
+    ))
+    .unwrap_err();
+    let text = format!("{err} / {err:?}");
+    assert_no_secret(&text, secret);
+    assert_eq!(err.key, "kafka.properties.sasl.pasword", "{text}");
+    assert!(text.contains("not a librdkafka property"), "{text}");
+}
+
+#[test]
+fn an_invalid_kafka_property_value_is_refused_without_the_value() {
+    let secret = "hunter2-invalid";
+    let err = load_toml(&format!(
+        "[kafka.properties]\n\"session.timeout.ms\" = \"{secret}\""
+    ))
+    .unwrap_err();
+    let text = format!("{err} / {err:?}");
+    assert_no_secret(&text, secret);
+    assert_eq!(err.key, "kafka.properties.session.timeout.ms", "{text}");
+    assert!(text.contains("nvalid value"), "{text}");
+}
+
+#[test]
+fn a_wrong_password_with_an_invalid_mechanism_never_shows_the_password() {
+    let secret = "hunter2-mechanism";
+    let toml = format!(
+        "[kafka.properties]\n\"security.protocol\" = \"SASL_PLAINTEXT\"\n\
+         \"sasl.mechanisms\" = \"BOGUS\"\n\"sasl.password\" = \"{secret}\""
+    );
+    let text = match load_toml(&toml) {
+        Err(err) => format!("{err} / {err:?}"),
+        Ok(settings) => {
+            assert_no_secret(&format!("{settings:?}"), secret);
+            builtin_build_error(settings)
+        }
+    };
+    assert!(text.contains("kafka.properties"), "refused: {text}");
+    assert_no_secret(&text, secret);
+}
+
+#[test]
+fn settings_debug_output_hides_property_values() {
+    let settings =
+        load_env(&[("REDRIVE__KAFKA__PROPERTIES__SASL_PASSWORD", "hunter2-debug")]).unwrap();
+    let text = format!("{settings:?}");
+    assert_no_secret(&text, "hunter2-debug");
+    assert!(text.contains("sasl.password"), "{text}");
+}
+
+#[test]
+fn secrets_never_appear_in_configuration_errors() {
+    let secret = "hunter2-db";
+    // An unknown parameter: sqlx would log its value; refuse it first.
+    let err = load_env(&[(
+        "REDRIVE__DATABASE__URL",
+        &format!("postgres://postgres@127.0.0.1/x?pasword={secret}"),
+    )])
+    .unwrap_err();
+    assert_eq!(err.key, "database.url", "{err}");
+    assert!(err.to_string().contains("\"pasword\""), "{err}");
+    assert_no_secret(&format!("{err} / {err:?}"), secret);
+    // The URL written where a table belongs.
+    let err = load_toml(&format!("database = \"postgres://u:{secret}@h/db\"")).unwrap_err();
+    assert_no_secret(&format!("{err} / {err:?}"), secret);
+    assert!(err.to_string().contains("database"), "{err}");
+    let err = load_toml(&format!("[kafka]\nproperties = \"sasl.password={secret}\"")).unwrap_err();
+    assert_no_secret(&format!("{err} / {err:?}"), secret);
+    // A syntax error: the TOML parser quotes the line, which holds the secret.
+    let err = load_toml(&format!(
+        "[kafka.properties]\n\"sasl.password\" = \"{secret}"
+    ))
+    .unwrap_err();
+    let text = format!("{err} / {err:?}");
+    assert_no_secret(&text, secret);
+    assert!(text.contains("line 2"), "{text}");
+}
+
+#[tokio::test]
+async fn a_database_password_is_not_in_the_connect_error() {
+    let secret = "hunter2-connect";
+    let settings = load_env(&[
+        (
+            "REDRIVE__DATABASE__URL",
+            &format!("postgres://postgres:{secret}@no-such-host.invalid:5432/x"),
+        ),
+        ("REDRIVE__DATABASE__CONNECT_TIMEOUT", "2s"),
+    ])
+    .unwrap();
+    assert_no_secret(&format!("{settings:?}"), secret);
+    let err = redrive::Store::connect(&settings.database)
+        .await
+        .unwrap_err();
+    assert_no_secret(&format!("{err} / {err:?}"), secret);
+}
+
+#[test]
+fn kafka_properties_can_be_set_from_the_environment() {
+    let mut file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    writeln!(
+        file,
+        "[kafka.properties]\n\"sasl.password\" = \"from-file\"\n\"sasl.username\" = \"redrive\""
+    )
+    .unwrap();
+    let env = HashMap::from([
+        (
+            "REDRIVE__KAFKA__PROPERTIES__SASL_PASSWORD".to_string(),
+            "from-env".to_string(),
+        ),
+        (
+            "REDRIVE__KAFKA__PROPERTIES__SECURITY_PROTOCOL".to_string(),
+            "SASL_SSL".to_string(),
+        ),
+        (
+            "redrive__kafka__properties__log_level".to_string(),
+            "6".to_string(),
+        ),
+    ]);
+    let settings = Settings::load(Some(file.path()), Some(env)).unwrap();
+    let properties = &settings.kafka.properties;
+    assert_eq!(
+        properties["sasl.password"], "from-env",
+        "env beats the file"
+    );
+    assert_eq!(properties["sasl.username"], "redrive");
+    assert_eq!(properties["security.protocol"], "SASL_SSL");
+    assert_eq!(properties["log_level"], "6", "names with _ are kept");
+    assert_eq!(properties.len(), 4, "{properties:?}");
+
+    assert_refused(
+        load_env(&[("REDRIVE__KAFKA__PROPERTIES__SASL_PASWORD", "x")]),
+        "kafka.properties.sasl.pasword",
+        "not a librdkafka property",
+    );
+}
+
+#[test]
+fn database_url_follows_one_rule_for_every_verb() {
+    let redrive_url = "postgres://a@redrive-var/db";
+    let plain_url = "postgres://b@database-url/db";
+    let url = |s: &Settings| {
+        use secrecy::ExposeSecret;
+        s.database.url.expose_secret().to_owned()
+    };
+    assert_eq!(
+        url(&load_env(&[("DATABASE_URL", plain_url)]).unwrap()),
+        plain_url
+    );
+    let both = load_env(&[
+        ("DATABASE_URL", plain_url),
+        ("REDRIVE__DATABASE__URL", redrive_url),
+    ])
+    .unwrap();
+    assert_eq!(
+        url(&both),
+        redrive_url,
+        "REDRIVE__DATABASE__URL beats DATABASE_URL"
+    );
+    let mut file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    writeln!(file, "[database]\nurl = \"postgres://c@file/db\"").unwrap();
+    let env = HashMap::from([("DATABASE_URL".to_string(), plain_url.to_string())]);
+    let from_file = Settings::load(Some(file.path()), Some(env)).unwrap();
+    assert_eq!(url(&from_file), plain_url, "DATABASE_URL beats the file");
+}
+
+#[test]
+fn lists_in_the_environment_are_comma_separated() {
+    let settings = load_env(&[("REDRIVE__WORKER__HANDLERS", "log, republish")]).unwrap();
+    assert_eq!(settings.worker.handlers, ["log", "republish"]);
+    assert_refused(
+        load_env(&[("REDRIVE__WORKER__HANDLERS", "log,,republish")]),
+        "worker.handlers",
+        "empty handler name",
+    );
+}
+
+#[test]
+fn durations_beyond_their_bound_are_refused() {
+    let cases = [
+        ("REDRIVE__WORKER__LEASE", "1000000y", "worker.lease", "1day"),
+        (
+            "REDRIVE__WORKER__POLL_INTERVAL",
+            "2h",
+            "worker.poll_interval",
+            "1h",
+        ),
+        (
+            "REDRIVE__WORKER__SHUTDOWN_TIMEOUT",
+            "2h",
+            "worker.shutdown_timeout",
+            "1h",
+        ),
+        ("REDRIVE__RETRY__TIMEOUT", "2days", "retry.timeout", "1day"),
+        (
+            "REDRIVE__RETRY__BACKOFF_CAP",
+            "1000y",
+            "retry.backoff_cap",
+            "365days",
+        ),
+        ("REDRIVE__INGEST__LINGER", "61s", "ingest.linger", "1min"),
+        (
+            "REDRIVE__DATABASE__CONNECT_TIMEOUT",
+            "2h",
+            "database.connect_timeout",
+            "1h",
+        ),
+    ];
+    for (var, value, key, bound) in cases {
+        assert_refused(load_env(&[(var, value)]), key, &format!("at most {bound}"));
+    }
+    for (var, value) in [
+        ("REDRIVE__WORKER__LEASE", "1day"),
+        ("REDRIVE__RETRY__BACKOFF_CAP", "365days"),
+        ("REDRIVE__INGEST__LINGER", "1m"),
+    ] {
+        load_env(&[(var, value)]).expect("the bound itself is accepted");
+    }
+    let route = "topics = [\"a\"]\nmode = \"capture\"\nhandler = \"log\"\n";
+    for (field, value, bound) in [
+        ("backoff_cap", "1000000y", "365days"),
+        ("backoff_base", "400days", "365days"),
+        ("timeout", "2days", "1day"),
+    ] {
+        assert_refused(
+            route_toml(&format!("{route}{field} = \"{value}\"")),
+            &format!("routes[0].{field}"),
+            &format!("at most {bound}"),
+        );
+    }
+}
+
+#[test]
+fn max_attempts_must_fit_the_task_column() {
+    assert_refused(
+        route_toml(
+            "topics = [\"a\"]\nmode = \"capture\"\nhandler = \"log\"\nmax_attempts = 4294967295",
+        ),
+        "routes[0].max_attempts",
+        "at most 2147483647",
+    );
+    assert_refused(
+        load_env(&[("REDRIVE__RETRY__MAX_ATTEMPTS", "2147483648")]),
+        "retry.max_attempts",
+        "at most 2147483647",
+    );
+    load_env(&[("REDRIVE__RETRY__MAX_ATTEMPTS", "2147483647")]).unwrap();
+}
+
+#[test]
+fn schema_names_postgresql_reserves_are_refused() {
+    for word in ["select", "user", "table", "current_schema", "verbose"] {
+        assert_refused(
+            load_env(&[("REDRIVE__DATABASE__SCHEMA", word)]),
+            "database.schema",
+            "reserved word",
+        );
+    }
+    assert_refused(
+        load_env(&[("REDRIVE__DATABASE__SCHEMA", "pg_redrive")]),
+        "database.schema",
+        "pg_ is reserved",
+    );
+    load_env(&[("REDRIVE__DATABASE__SCHEMA", "users")]).expect("not a keyword");
+}
