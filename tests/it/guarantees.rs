@@ -572,3 +572,44 @@ async fn a_repeat_with_other_policy_or_correlation_is_a_conflict() {
         ));
     }
 }
+
+/// Regression: librdkafka was built without zstd, so a zstd-compressed dead letter was
+/// never captured and its partition stalled. Every codec a Kafka producer may use is
+/// captured; the binary's librdkafka lists them among its builtin features.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_of_every_compression_codec_are_captured() {
+    let features = rdkafka::ClientConfig::new()
+        .create_native_config()
+        .unwrap()
+        .get("builtin.features")
+        .unwrap();
+    for feature in ["gzip", "snappy", "lz4", "zstd", "ssl", "sasl_scram"] {
+        assert!(features.contains(feature), "{feature} missing from {features}");
+    }
+    let codecs = ["zstd", "lz4", "snappy", "gzip"];
+    let broker = cluster(&[("packed", 1)]);
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(
+        &mut settings,
+        &broker.bootstrap_servers(),
+        vec![route(&["packed"], RouteMode::Capture, "log")],
+    );
+    settings.worker.enabled = false;
+    let compressible = "the same failure, again and again; ".repeat(100);
+    for codec in codecs {
+        let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", broker.bootstrap_servers())
+            .set("compression.type", codec)
+            .create()
+            .unwrap();
+        produce(&producer, "packed", &value(&format!("{codec}: {compressible}"))).await;
+    }
+    let running = Running::start(fleet(&settings), &store);
+    committed_reaches(&settings, "packed", vec![4]).await;
+    running.stop().await;
+    for (offset, codec) in codecs.iter().enumerate() {
+        let task = task_at(&store, "packed", 0, offset as i64).await;
+        let stored = task.failure.value.unwrap();
+        assert_eq!(stored, format!("{codec}: {compressible}").into_bytes());
+    }
+}
