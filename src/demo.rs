@@ -86,7 +86,7 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> anyhow::Result<(
     }
     println!();
 
-    let republish = RepublishHandler::new(&settings.kafka, &settings.republish)?;
+    let republish = RepublishHandler::new(&settings);
     let fleet = Fleet::builder(settings.clone())
         .handler("log", LogHandler)
         .handler(

@@ -66,21 +66,12 @@ impl FleetBuilder {
         self
     }
 
-    /// Registers the built-in handlers: `log` and `republish`.
+    /// Registers the built-in handlers: `log` and `republish` (whose producer is
+    /// created when it first republishes).
     pub fn with_builtin_handlers(self) -> Self {
-        match RepublishHandler::new(&self.settings.kafka, &self.settings.republish) {
-            Ok(republish) => self
-                .handler("log", LogHandler)
-                .handler("republish", republish),
-            Err(error) => {
-                let mut builder = self.handler("log", LogHandler);
-                let reason = format!("cannot create the republish producer: {error}");
-                builder
-                    .problems
-                    .push(ConfigError::new("kafka.properties", reason).into());
-                builder
-            }
-        }
+        let republish = RepublishHandler::new(&self.settings);
+        self.handler("log", LogHandler)
+            .handler("republish", republish)
     }
 
     /// Checks that every handler was registered once and that the handlers the settings
@@ -101,7 +92,12 @@ impl FleetBuilder {
         let metrics = Metrics::new();
         let mut sinks = self.sinks;
         if let Some(topic) = &settings.parking.topic {
-            let parking = Parking::new(&settings.kafka, topic.clone(), metrics.clone())?;
+            let parking = Parking::new(
+                &settings.kafka,
+                settings.ingest.max_message_bytes,
+                topic.clone(),
+                metrics.clone(),
+            )?;
             sinks.push(Arc::new(parking));
         }
         Ok(Fleet {

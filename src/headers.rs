@@ -8,22 +8,33 @@
 
 use serde::{Deserialize, Serialize};
 
-/// One message header.
+/// One message header. Kafka header names are strings by convention only: the name is
+/// kept as the bytes that came, like the value.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Header {
-    /// Header name.
-    pub name: String,
+    /// Header name, as raw bytes (normally UTF-8).
+    pub name: Vec<u8>,
     /// Raw header value; `None` when the header carried no value.
     pub value: Option<Vec<u8>>,
 }
 
 impl Header {
     /// A header with a value.
-    pub fn new(name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+    pub fn new(name: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
         Header {
             name: name.into(),
             value: Some(value.into()),
         }
+    }
+
+    /// The name as text, when it is UTF-8.
+    pub fn name_str(&self) -> Option<&str> {
+        std::str::from_utf8(&self.name).ok()
+    }
+
+    /// Whether the name is exactly `name`.
+    pub fn name_is(&self, name: &str) -> bool {
+        self.name == name.as_bytes()
     }
 }
 
@@ -46,7 +57,7 @@ pub fn encode(headers: &[Header]) -> Vec<u8> {
     let mut out = Vec::with_capacity(size);
     for h in headers {
         out.extend_from_slice(&(h.name.len() as u32).to_be_bytes());
-        out.extend_from_slice(h.name.as_bytes());
+        out.extend_from_slice(&h.name);
         match &h.value {
             Some(v) => {
                 out.extend_from_slice(&(v.len() as i32).to_be_bytes());
@@ -65,11 +76,7 @@ pub fn decode(mut bytes: &[u8]) -> Result<Vec<Header>, MalformedHeaders> {
     while !bytes.is_empty() {
         let at = total - bytes.len();
         let name_len = take_u32(&mut bytes, at)? as usize;
-        let name = take(&mut bytes, name_len, at)?;
-        let name = String::from_utf8(name.to_vec()).map_err(|_| MalformedHeaders {
-            at,
-            reason: "header name is not UTF-8",
-        })?;
+        let name = take(&mut bytes, name_len, at)?.to_vec();
         let value_len = take_u32(&mut bytes, at)? as i32;
         let value = match value_len {
             -1 => None,

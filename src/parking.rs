@@ -3,11 +3,11 @@
 //! stays recorded in PostgreSQL.
 
 use rdkafka::error::KafkaError;
-use rdkafka::producer::FutureProducer;
 
 use crate::config::KafkaSettings;
-use crate::handlers::republish::produce_task;
+use crate::kafka::context::QuietContext;
 use crate::kafka::dlt::own;
+use crate::kafka::produce::{produce_task, Producer};
 use crate::kafka::{producer_config, redact_error};
 use crate::task::Task;
 use crate::telemetry::Metrics;
@@ -15,17 +15,22 @@ use crate::telemetry::Metrics;
 /// Producer of the parking topic.
 #[derive(Clone)]
 pub struct Parking {
-    producer: FutureProducer,
+    producer: Producer,
     topic: String,
     metrics: Metrics,
 }
 
 impl Parking {
-    /// A parking producer for `topic`.
-    pub fn new(kafka: &KafkaSettings, topic: String, metrics: Metrics) -> Result<Self, KafkaError> {
+    /// A parking producer for `topic`, for messages up to `max_message_bytes`.
+    pub fn new(
+        kafka: &KafkaSettings,
+        max_message_bytes: u32,
+        topic: String,
+        metrics: Metrics,
+    ) -> Result<Self, KafkaError> {
         Ok(Parking {
-            producer: producer_config(kafka)
-                .create()
+            producer: producer_config(kafka, max_message_bytes)
+                .create_with_context(QuietContext::default())
                 .map_err(|e| redact_error(e, kafka))?,
             topic,
             metrics,

@@ -1,101 +1,36 @@
 //! The built-in `republish` handler: produce the task back to Kafka, byte for byte.
 
 use async_trait::async_trait;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::util::Timeout;
-use std::time::Duration;
+use std::sync::Arc;
 
 use super::{Handler, HandlerContext, HandlerError};
-use crate::config::{KafkaSettings, RepublishSettings};
-use crate::kafka::dlt::{is_context_header, own};
-use crate::kafka::{producer_config, redact_error};
+use crate::config::Settings;
+use crate::kafka::dlt::own;
+use crate::kafka::produce::{is_permanent, produce_task, LazyProducer};
 use crate::task::Task;
 
 /// Produces the task's key, value and headers to its original topic (or the configured
-/// target) with an idempotent producer. The attempt succeeds when the broker acknowledged
-/// the write. Context headers of earlier hops are replaced by `redrive-task-id` and
-/// `redrive-attempt`.
+/// target) with an idempotent producer, created on first use. The attempt succeeds when
+/// the broker acknowledged the write. Context headers of earlier hops are replaced by
+/// `redrive-task-id` and `redrive-attempt`.
 #[derive(Clone)]
 pub struct RepublishHandler {
-    producer: FutureProducer,
+    producer: Arc<LazyProducer>,
     target_topic: Option<String>,
 }
 
 impl RepublishHandler {
-    /// A handler with its own idempotent producer.
-    pub fn new(kafka: &KafkaSettings, settings: &RepublishSettings) -> Result<Self, KafkaError> {
-        Ok(RepublishHandler {
-            producer: producer_config(kafka)
-                .create()
-                .map_err(|e| redact_error(e, kafka))?,
-            target_topic: settings.target_topic.clone(),
-        })
+    /// A handler for the cluster of `settings.kafka`; its producer admits messages up
+    /// to `ingest.max_message_bytes`, the largest redrive captures.
+    pub fn new(settings: &Settings) -> Self {
+        RepublishHandler {
+            producer: Arc::new(LazyProducer::new(
+                &settings.kafka,
+                settings.ingest.max_message_bytes,
+            )),
+            target_topic: settings.republish.target_topic.clone(),
+        }
     }
-}
-
-/// The headers to produce: the task's own minus context headers of earlier hops, then
-/// `extra`.
-fn outgoing_headers(task: &Task, extra: &[(&str, String)]) -> OwnedHeaders {
-    let mut headers = OwnedHeaders::new_with_capacity(task.failure.headers.len() + extra.len());
-    for h in task
-        .failure
-        .headers
-        .iter()
-        .filter(|h| !is_context_header(&h.name))
-    {
-        headers = headers.insert(KafkaHeader {
-            key: &h.name,
-            value: h.value.as_deref(),
-        });
-    }
-    for (key, value) in extra {
-        headers = headers.insert(KafkaHeader {
-            key,
-            value: Some(value.as_bytes()),
-        });
-    }
-    headers
-}
-
-/// Produces the task's key, value and headers (context headers of earlier hops replaced
-/// by `extra`) to `topic`, returning once the broker acknowledged the write.
-pub async fn produce_task(
-    producer: &FutureProducer,
-    topic: &str,
-    task: &Task,
-    extra: &[(&str, String)],
-) -> Result<(), KafkaError> {
-    let mut record: FutureRecord<'_, [u8], [u8]> =
-        FutureRecord::to(topic).headers(outgoing_headers(task, extra));
-    if let Some(key) = task.failure.key.as_deref() {
-        record = record.key(key);
-    }
-    if let Some(value) = task.failure.value.as_deref() {
-        record = record.payload(value);
-    }
-    let acknowledged = producer
-        .send(record, Timeout::After(Duration::from_secs(30)))
-        .await;
-    acknowledged.map(|_| ()).map_err(|(error, _)| error)
-}
-
-/// Broker refusals that a retry cannot fix.
-pub fn is_permanent(error: &KafkaError) -> bool {
-    use RDKafkaErrorCode::*;
-    matches!(
-        error.rdkafka_error_code(),
-        Some(
-            UnknownTopicOrPartition
-                | UnknownTopic
-                | InvalidTopic
-                | MessageSizeTooLarge
-                | InvalidMessageSize
-                | MessageBatchTooLarge
-                | TopicAuthorizationFailed
-        )
-    )
 }
 
 #[async_trait]
@@ -123,7 +58,10 @@ impl Handler for RepublishHandler {
             (own::TASK_ID, task.id.to_string()),
             (own::ATTEMPT, ctx.attempt.to_string()),
         ];
-        match produce_task(&self.producer, topic, task, &extra).await {
+        let producer = self.producer.get().map_err(|error| {
+            HandlerError::transient(format!("cannot create the republish producer: {error}"))
+        })?;
+        match produce_task(producer, topic, task, &extra).await {
             Ok(()) => Ok(()),
             Err(error) if is_permanent(&error) => Err(HandlerError::permanent(format!(
                 "republish to {topic} refused: {error}"
@@ -139,20 +77,29 @@ impl Handler for RepublishHandler {
 mod tests {
     use super::*;
 
-    #[test]
-    fn unknown_topics_and_oversized_messages_are_permanent_other_errors_transient() {
-        let produce = |code| KafkaError::MessageProduction(code);
-        assert!(is_permanent(&produce(
-            RDKafkaErrorCode::UnknownTopicOrPartition
-        )));
-        assert!(is_permanent(&produce(RDKafkaErrorCode::UnknownTopic)));
-        assert!(is_permanent(&produce(
-            RDKafkaErrorCode::MessageSizeTooLarge
-        )));
-        assert!(!is_permanent(&produce(RDKafkaErrorCode::MessageTimedOut)));
-        assert!(!is_permanent(&produce(
-            RDKafkaErrorCode::BrokerTransportFailure
-        )));
-        assert!(!is_permanent(&produce(RDKafkaErrorCode::NotEnoughReplicas)));
+    /// Regression: every member built with the built-in handlers created a producer,
+    /// which connected (and logged broker errors) even when nothing used Kafka.
+    #[tokio::test]
+    async fn the_producer_is_created_only_when_a_task_is_republished() {
+        let mut settings = Settings::default();
+        settings.kafka.bootstrap_servers = "127.0.0.1:1".into();
+        let handler = RepublishHandler::new(&settings);
+        assert!(!handler.producer.is_created());
+        let mut task = crate::task::NewTask::new("republish", b"v".to_vec()).unsaved();
+        task.failure.original = None;
+        let ctx = HandlerContext {
+            worker_id: "w".into(),
+            attempt: 1,
+            cancellation: Default::default(),
+        };
+        let refused = handler.handle(&ctx, &task).await;
+        assert!(
+            matches!(refused, Err(HandlerError::Permanent(_))),
+            "no topic"
+        );
+        assert!(
+            !handler.producer.is_created(),
+            "nothing to produce, no producer"
+        );
     }
 }

@@ -75,7 +75,12 @@ const FORMATS: [Format; 4] = [
 ];
 
 /// Whether a header is failure context from an earlier hop (stripped on republish).
-pub fn is_context_header(name: &str) -> bool {
+pub fn is_context_header(name: &[u8]) -> bool {
+    std::str::from_utf8(name).is_ok_and(is_context_name)
+}
+
+/// [`is_context_header`] for a UTF-8 name.
+fn is_context_name(name: &str) -> bool {
     name.starts_with("redrive-")
         || name.starts_with("kafka_dlt-")
         || name.starts_with("__connect.errors.")
@@ -103,7 +108,7 @@ pub struct FailureContext {
 
 /// Reads the failure context of the first format whose topic header is present.
 pub fn read(headers: &[Header], stacktrace_max_bytes: usize) -> FailureContext {
-    let find = |name: &str| headers.iter().rev().find(|h| h.name == name);
+    let find = |name: &str| headers.iter().rev().find(|h| h.name_is(name));
     let Some((format, topic)) = FORMATS.iter().find_map(|f| find(f.topic).map(|h| (f, h))) else {
         return FailureContext::default();
     };
@@ -303,10 +308,10 @@ mod tests {
 
     #[test]
     fn context_headers_are_recognised_for_stripping() {
-        assert!(is_context_header("kafka_dlt-exception-message"));
-        assert!(is_context_header("__connect.errors.offset"));
-        assert!(is_context_header("redrive-task-id"));
-        assert!(is_context_header("original_topic"));
-        assert!(!is_context_header("traceparent"));
+        assert!(is_context_header(b"kafka_dlt-exception-message"));
+        assert!(is_context_header(b"__connect.errors.offset"));
+        assert!(is_context_header(b"redrive-task-id"));
+        assert!(is_context_header(b"original_topic"));
+        assert!(!is_context_header(b"traceparent"));
     }
 }

@@ -14,10 +14,8 @@ use crate::task::{Failure, NewTask, SourceCoordinates};
 pub struct Consumed {
     /// Key, value, coordinates and timestamp.
     pub message: OwnedMessage,
-    /// Every header, in order, duplicates and absent values kept.
+    /// Every header, in order, duplicates and absent values kept, names as bytes.
     pub headers: Vec<Header>,
-    /// Set when a header name was not UTF-8 (kept with replacement characters).
-    pub header_note: Option<String>,
 }
 
 impl Consumed {
@@ -27,32 +25,29 @@ impl Consumed {
         // SAFETY: `message.ptr()` is a live message; librdkafka returns a header list
         // owned by the message (or an error and no list), valid while `message` is.
         let found = unsafe { rdsys::rd_kafka_message_headers(message.ptr(), &mut native) };
-        let (headers, header_note) =
-            if found == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && !native.is_null()
-            {
-                // SAFETY: `native` is the message's live header list.
-                unsafe { read_native_headers(native) }
-            } else {
-                (Vec::new(), None)
-            };
+        let headers = if found == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+            && !native.is_null()
+        {
+            // SAFETY: `native` is the message's live header list.
+            unsafe { read_native_headers(native) }
+        } else {
+            Vec::new()
+        };
         Consumed {
             message: message.detach(),
             headers,
-            header_note,
         }
     }
 }
 
-/// Reads a native header list. librdkafka's safe accessors panic on a header name that
-/// is not UTF-8; here such a name is kept with replacement characters and noted.
+/// Reads a native header list, names and values as raw bytes. (rdkafka's safe
+/// accessors panic on a header name that is not UTF-8.) librdkafka hands names out as
+/// C strings: a name with a NUL byte arrives cut at its first NUL.
 ///
 /// # Safety
 /// `native` must point to a live `rd_kafka_headers_t`.
-pub unsafe fn read_native_headers(
-    native: *const rdsys::rd_kafka_headers_t,
-) -> (Vec<Header>, Option<String>) {
+pub(crate) unsafe fn read_native_headers(native: *const rdsys::rd_kafka_headers_t) -> Vec<Header> {
     let mut headers = Vec::new();
-    let mut lossy = Vec::new();
     for index in 0.. {
         let mut name: *const std::os::raw::c_char = std::ptr::null();
         let mut value: *const std::os::raw::c_void = std::ptr::null();
@@ -61,24 +56,12 @@ pub unsafe fn read_native_headers(
         if err != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || name.is_null() {
             break;
         }
-        let raw_name = std::ffi::CStr::from_ptr(name).to_bytes();
-        let name = match std::str::from_utf8(raw_name) {
-            Ok(name) => name.to_owned(),
-            Err(_) => {
-                lossy.push(index);
-                String::from_utf8_lossy(raw_name).into_owned()
-            }
-        };
+        let name = std::ffi::CStr::from_ptr(name).to_bytes().to_vec();
         let value = (!value.is_null())
             .then(|| std::slice::from_raw_parts(value.cast::<u8>(), size).to_vec());
         headers.push(Header { name, value });
     }
-    let note = (!lossy.is_empty()).then(|| {
-        format!(
-            "header names at positions {lossy:?} are not UTF-8; stored with replacement characters"
-        )
-    });
-    (headers, note)
+    headers
 }
 
 /// The message's own coordinates.
@@ -118,7 +101,6 @@ impl Consumed {
         Consumed {
             message,
             headers: Vec::new(),
-            header_note: None,
         }
     }
 }
@@ -147,7 +129,7 @@ pub fn to_task(consumed: &Consumed, route: &RouteSettings, limits: &IngestSettin
         },
         ..NewTask::default()
     };
-    let mut notes: Vec<String> = consumed.header_note.iter().cloned().collect();
+    let mut notes: Vec<String> = Vec::new();
     match route.mode {
         RouteMode::Capture => {
             let ctx = dlt::read(&headers, limits.stacktrace_max_bytes as usize);
@@ -239,7 +221,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn header_names_that_are_not_utf8_are_kept_and_noted_not_a_panic() {
+    fn header_names_that_are_not_utf8_are_kept_byte_for_byte() {
         let entries: [(&[u8], Option<&[u8]>); 3] = [
             (b"ok", Some(b"\x00\xff")),
             (b"bad\xff\xfe", Some(b"v")),
@@ -261,11 +243,11 @@ mod tests {
                     len,
                 );
             }
-            let (headers, note) = read_native_headers(native);
+            let headers = read_native_headers(native);
             rdsys::rd_kafka_headers_destroy(native);
             assert_eq!(headers.len(), 3);
             assert_eq!(headers[0], Header::new("ok", vec![0x00, 0xff]));
-            assert_eq!(headers[1].name, "bad\u{fffd}\u{fffd}");
+            assert_eq!(headers[1].name, b"bad\xff\xfe");
             assert_eq!(
                 headers[2],
                 Header {
@@ -273,7 +255,6 @@ mod tests {
                     value: None
                 }
             );
-            assert!(note.unwrap().contains("positions [1]"));
         }
     }
 }

@@ -3,6 +3,7 @@
 pub mod context;
 pub mod dlt;
 pub mod message;
+pub mod produce;
 
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaConfRes;
@@ -27,19 +28,61 @@ pub fn client_config(kafka: &KafkaSettings) -> ClientConfig {
     config
 }
 
+/// Room for a record batch's framing and headers above the message itself.
+const RECORD_OVERHEAD_BYTES: u32 = 64 * 1024;
+
 /// An idempotent producer configuration: the broker's acknowledgement means written once.
-pub fn producer_config(kafka: &KafkaSettings) -> ClientConfig {
+/// `message.max.bytes` admits every message redrive captures (up to
+/// `max_message_bytes`), unless `kafka.properties` sets it.
+pub fn producer_config(kafka: &KafkaSettings, max_message_bytes: u32) -> ClientConfig {
     let mut config = client_config(kafka);
     config
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("message.timeout.ms", "30000");
+    if !kafka.properties.contains_key("message.max.bytes") {
+        let limit = max_message_bytes
+            .saturating_add(RECORD_OVERHEAD_BYTES)
+            .max(1_000_000);
+        config.set("message.max.bytes", limit.to_string());
+    }
     config
+}
+
+/// librdkafka checks the SASL mechanism only when a client is created, and producers
+/// are created on first use: check it here, against the mechanisms this build has.
+fn check_sasl_mechanism(value: &str) -> Result<(), String> {
+    let features = ClientConfig::new()
+        .create_native_config()
+        .and_then(|config| config.get("builtin.features"))
+        .unwrap_or_default();
+    let supported: Vec<&str> = [
+        ("GSSAPI", "sasl_gssapi"),
+        ("PLAIN", "sasl_plain"),
+        ("SCRAM-SHA-256", "sasl_scram"),
+        ("SCRAM-SHA-512", "sasl_scram"),
+        ("OAUTHBEARER", "sasl_oauthbearer"),
+    ]
+    .into_iter()
+    .filter(|(_, feature)| features.split(',').any(|f| f == *feature))
+    .map(|(mechanism, _)| mechanism)
+    .collect();
+    if supported.contains(&value.trim()) {
+        Ok(())
+    } else {
+        Err(format!(
+            "not a SASL mechanism this build supports (supported: {})",
+            supported.join(", ")
+        ))
+    }
 }
 
 /// Checks one librdkafka property by setting it on a native configuration (no client
 /// is started). The reason never holds the value.
 pub fn check_property(key: &str, value: &str) -> Result<(), String> {
+    if key == "sasl.mechanisms" || key == "sasl.mechanism" {
+        check_sasl_mechanism(value)?;
+    }
     let mut config = ClientConfig::new();
     config.set(key, value);
     match config.create_native_config() {

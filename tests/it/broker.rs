@@ -1,7 +1,7 @@
 //! Kafka for tests: librdkafka's mock cluster, a real Kafka-protocol broker in-process.
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Header as KafkaHeader, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{Message, OwnedHeaders, OwnedMessage};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
@@ -64,10 +64,7 @@ pub struct Sample {
 pub async fn produce(producer: &FutureProducer, topic: &str, sample: &Sample) -> (i32, i64) {
     let mut headers = OwnedHeaders::new();
     for h in &sample.headers {
-        headers = headers.insert(KafkaHeader {
-            key: &h.name,
-            value: h.value.as_deref(),
-        });
+        add_raw_header(&mut headers, &h.name, h.value.as_deref());
     }
     let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
     if let Some(key) = &sample.key {
@@ -116,19 +113,57 @@ pub fn consume(
     messages
 }
 
-/// Headers of a consumed message as redrive stores them.
+/// The native list behind `headers` (the address `as_borrowed` views).
+fn native(headers: &OwnedHeaders) -> *mut rdkafka_sys::rd_kafka_headers_t {
+    std::ptr::from_ref(headers.as_borrowed()).cast_mut().cast()
+}
+
+/// Adds a header whose name is any bytes (rdkafka's `insert` takes `&str` names).
+pub fn add_raw_header(headers: &mut OwnedHeaders, name: &[u8], value: Option<&[u8]>) {
+    let (ptr, len) = value.map_or((std::ptr::null(), 0), |v| (v.as_ptr(), v.len() as isize));
+    // SAFETY: the live list `headers` owns, borrowed mutably; librdkafka copies both.
+    let err = unsafe {
+        rdkafka_sys::rd_kafka_header_add(
+            native(headers),
+            name.as_ptr().cast(),
+            name.len() as isize,
+            ptr.cast(),
+            len,
+        )
+    };
+    assert_eq!(
+        err,
+        rdkafka_sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+    );
+}
+
+/// Headers of a consumed message as redrive stores them, names as bytes (rdkafka's
+/// safe accessor panics on a name that is not UTF-8).
 pub fn headers_of(message: &OwnedMessage) -> Vec<Header> {
-    use rdkafka::message::Headers;
     let Some(headers) = message.headers() else {
         return Vec::new();
     };
-    headers
-        .iter()
-        .map(|h| Header {
-            name: h.key.to_owned(),
-            value: h.value.map(<[u8]>::to_vec),
-        })
-        .collect()
+    let list = native(headers);
+    let mut read = Vec::new();
+    for index in 0.. {
+        let mut name: *const std::os::raw::c_char = std::ptr::null();
+        let mut value: *const std::os::raw::c_void = std::ptr::null();
+        let mut size = 0usize;
+        // SAFETY: reading the list `message` owns, while it lives.
+        unsafe {
+            let err =
+                rdkafka_sys::rd_kafka_header_get_all(list, index, &mut name, &mut value, &mut size);
+            if err != rdkafka_sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+                break;
+            }
+            read.push(Header {
+                name: std::ffi::CStr::from_ptr(name).to_bytes().to_vec(),
+                value: (!value.is_null())
+                    .then(|| std::slice::from_raw_parts(value.cast::<u8>(), size).to_vec()),
+            });
+        }
+    }
+    read
 }
 
 /// The committed offsets of `group` on `topic`, partition by partition.

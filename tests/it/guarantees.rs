@@ -584,7 +584,10 @@ async fn messages_of_every_compression_codec_are_captured() {
         .get("builtin.features")
         .unwrap();
     for feature in ["gzip", "snappy", "lz4", "zstd", "ssl", "sasl_scram"] {
-        assert!(features.contains(feature), "{feature} missing from {features}");
+        assert!(
+            features.contains(feature),
+            "{feature} missing from {features}"
+        );
     }
     let codecs = ["zstd", "lz4", "snappy", "gzip"];
     let broker = cluster(&[("packed", 1)]);
@@ -602,7 +605,12 @@ async fn messages_of_every_compression_codec_are_captured() {
             .set("compression.type", codec)
             .create()
             .unwrap();
-        produce(&producer, "packed", &value(&format!("{codec}: {compressible}"))).await;
+        produce(
+            &producer,
+            "packed",
+            &value(&format!("{codec}: {compressible}")),
+        )
+        .await;
     }
     let running = Running::start(fleet(&settings), &store);
     committed_reaches(&settings, "packed", vec![4]).await;
@@ -612,4 +620,61 @@ async fn messages_of_every_compression_codec_are_captured() {
         let stored = task.failure.value.unwrap();
         assert_eq!(stored, format!("{codec}: {compressible}").into_bytes());
     }
+}
+
+/// Regression: header names that were not UTF-8 were stored and republished with
+/// U+FFFD, and the republish producer kept librdkafka's 1,000,000-byte
+/// `message.max.bytes` while capture accepted far larger messages. A message just under
+/// the capture limit, with odd header names, goes out exactly as it came in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_header_names_and_large_messages_are_republished_byte_for_byte() {
+    let broker = cluster(&[("in.dlt", 1), ("out", 1)]);
+    let (store, mut settings) = fresh_store().await;
+    let bootstrap = broker.bootstrap_servers();
+    use_cluster(
+        &mut settings,
+        &bootstrap,
+        vec![route(&["in.dlt"], RouteMode::Capture, "republish")],
+    );
+    settings.republish.target_topic = Some("out".into());
+    settings.kafka.properties.remove("message.max.bytes");
+    settings.ingest.max_message_bytes = 2_000_000;
+    let headers = vec![
+        redrive::Header::new(b"bad\xff\xfe name".to_vec(), b"v".to_vec()),
+        redrive::Header::new(b"\xc3\x28".to_vec(), vec![0, 1, 2]),
+        redrive::Header::new("plain", b"p".to_vec()),
+    ];
+    let header_bytes: usize = headers
+        .iter()
+        .map(|h| h.name.len() + h.value.as_ref().map_or(0, Vec::len))
+        .sum();
+    let sample = Sample {
+        key: Some(b"k".to_vec()),
+        value: Some(vec![7; 2_000_000 - header_bytes - 1]),
+        headers: headers.clone(),
+        partition: None,
+    };
+    let producer = producer(&bootstrap);
+    produce(&producer, "in.dlt", &sample).await;
+    let running = Running::start(fleet(&settings), &store);
+    let out = tokio::task::spawn_blocking(move || {
+        consume(&bootstrap, "out", 1, 1, Duration::from_secs(30))
+    })
+    .await
+    .unwrap();
+    running.stop().await;
+    let task = task_at(&store, "in.dlt", 0, 0).await;
+    assert!(
+        task.failure.payload_stored,
+        "just under the limit: stored whole"
+    );
+    assert_eq!(task.failure.headers, headers, "names stored as bytes");
+    assert_eq!(out.len(), 1, "republished");
+    assert_eq!(crate::broker::bytes(&out[0]), (sample.key, sample.value));
+    let republished = crate::broker::headers_of(&out[0]);
+    assert_eq!(
+        &republished[..3],
+        &headers[..],
+        "names republished as bytes"
+    );
 }

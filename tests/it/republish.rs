@@ -115,7 +115,7 @@ async fn a_permanent_failure_is_parked_with_its_context() {
     let get = |name: &str| {
         let h = headers
             .iter()
-            .find(|h| h.name == name)
+            .find(|h| h.name_is(name))
             .unwrap_or_else(|| panic!("{name} in {headers:?}"));
         String::from_utf8(h.value.clone().unwrap()).unwrap()
     };
