@@ -5,7 +5,10 @@
 mod flush;
 mod routes;
 
-use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, RebalanceProtocol,
+    StreamConsumer,
+};
 use rdkafka::error::KafkaResult;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::{BTreeMap, VecDeque};
@@ -16,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{IngestSettings, KafkaSettings, RouteSettings};
 use crate::handlers::Registered;
-use crate::kafka::client_config;
+use crate::kafka::consumer_config;
 use crate::kafka::message::Consumed;
 use crate::store::Store;
 use crate::telemetry::Metrics;
@@ -38,25 +41,46 @@ pub enum IngestError {
 /// batch's round trip.
 const FLUSHES_IN_FLIGHT: usize = 3;
 
-/// Logs rebalances; commits are explicit, so a revocation needs no work here.
+/// Logs rebalances. With the cooperative protocol an Assign or a Revoke lists only the
+/// partitions that move, so the partitions held afterwards are logged as well. Commits
+/// are explicit and filtered by the assignment, so a revocation needs no work here;
+/// rdkafka's default `rebalance` applies the change (incrementally when cooperative).
 struct IngestContext;
 
 impl ClientContext for IngestContext {}
 
 impl ConsumerContext for IngestContext {
-    fn pre_rebalance(
-        &self,
-        _consumer: &rdkafka::consumer::BaseConsumer<Self>,
-        rebalance: &Rebalance<'_>,
-    ) {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let protocol = match consumer.rebalance_protocol() {
+            RebalanceProtocol::Cooperative => "cooperative",
+            RebalanceProtocol::Eager => "eager",
+            RebalanceProtocol::None => "none",
+        };
         match rebalance {
-            Rebalance::Revoke(tpl) => {
-                tracing::info!(partitions = tpl.count(), "partitions revoked")
-            }
+            Rebalance::Revoke(tpl) => tracing::info!(
+                protocol = %protocol,
+                lost = consumer.assignment_lost(),
+                partitions = %describe(tpl),
+                "partitions revoked"
+            ),
             Rebalance::Assign(tpl) => {
-                tracing::info!(partitions = tpl.count(), "partitions assigned")
+                tracing::info!(protocol = %protocol, partitions = %describe(tpl), "partitions assigned")
             }
             Rebalance::Error(error) => tracing::warn!(%error, "rebalance error"),
+        }
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if matches!(rebalance, Rebalance::Error(_)) {
+            return;
+        }
+        match consumer.assignment() {
+            Ok(held) => tracing::info!(
+                count = held.count(),
+                partitions = %describe(&held),
+                "partitions held"
+            ),
+            Err(error) => tracing::warn!(%error, "cannot read the assignment"),
         }
     }
 
@@ -65,6 +89,26 @@ impl ConsumerContext for IngestContext {
             tracing::debug!(%error, "offset commit failed; the messages will be redelivered and deduplicated");
         }
     }
+}
+
+/// `topic[0,1,2] other[5]`: a partition list in a line of log.
+fn describe(tpl: &TopicPartitionList) -> String {
+    let mut topics: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+    for element in tpl.elements() {
+        topics
+            .entry(element.topic().to_owned())
+            .or_default()
+            .push(element.partition());
+    }
+    let parts: Vec<String> = topics
+        .into_iter()
+        .map(|(topic, mut partitions)| {
+            partitions.sort_unstable();
+            let list: Vec<String> = partitions.iter().map(i32::to_string).collect();
+            format!("{topic}[{}]", list.join(","))
+        })
+        .collect();
+    parts.join(" ")
 }
 
 /// Ingest progress visible from outside (for the benchmark and the demo).
@@ -115,18 +159,8 @@ impl Ingest {
 
     /// Consumes until `shutdown` fires; then persists what was consumed and commits it.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), IngestError> {
-        let consumer: StreamConsumer<IngestContext> = client_config(&self.kafka)
-            .set("group.id", &self.kafka.group_id)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set(
-                "auto.offset.reset",
-                self.kafka
-                    .properties
-                    .get("auto.offset.reset")
-                    .map_or("earliest", String::as_str),
-            )
-            .create_with_context(IngestContext)?;
+        let consumer: StreamConsumer<IngestContext> =
+            consumer_config(&self.kafka).create_with_context(IngestContext)?;
         let subscriptions = self.flusher.routes.subscriptions();
         let topics: Vec<&str> = subscriptions.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
