@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::broker::{cluster, produce, producer, Sample};
+use crate::broker::{cluster, committed, produce, producer, Sample};
 use crate::support::{eventually, fresh_store, scalar};
 
 const CHILD_ROLE: &str = "REDRIVE_TEST_CHILD";
@@ -358,18 +358,18 @@ async fn sigterm_stops_claiming_and_releases_leases_after_the_deadline() {
 const REBALANCE_TOPIC: &str = "rebalance.dlt";
 const REBALANCE_PARTITIONS: i32 = 6;
 
-/// A configuration file for ingesting members: `topic` captured with the `log` handler,
-/// no worker pool, and librdkafka's group settings left to redrive's defaults.
-fn capture_config(bootstrap: &str) -> tempfile::NamedTempFile {
+/// A configuration file for ingesting members of `group`: the rebalance topic captured
+/// with the `log` handler, no worker pool, and the consumer group settings left to
+/// redrive's defaults.
+fn capture_config(bootstrap: &str, group: &str) -> tempfile::NamedTempFile {
     use std::io::Write;
     let mut file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
     write!(
         file,
-        "[kafka]\nbootstrap_servers = \"{bootstrap}\"\ngroup_id = \"g-{:x}\"\n\n\
+        "[kafka]\nbootstrap_servers = \"{bootstrap}\"\ngroup_id = \"{group}\"\n\n\
          [worker]\nenabled = false\n\n\
          [ingest]\nlinger = \"10ms\"\n\n\
-         [[routes]]\ntopics = [\"{REBALANCE_TOPIC}\"]\nmode = \"capture\"\nhandler = \"log\"\n",
-        rand::random::<u32>()
+         [[routes]]\ntopics = [\"{REBALANCE_TOPIC}\"]\nmode = \"capture\"\nhandler = \"log\"\n"
     )
     .unwrap();
     file
@@ -397,12 +397,14 @@ async fn a_killed_members_partitions_move_to_the_survivor_within_the_session_tim
     let (store, settings) = fresh_store().await;
     let broker = cluster(&[(REBALANCE_TOPIC, REBALANCE_PARTITIONS)]);
     let bootstrap = broker.bootstrap_servers();
-    let config = capture_config(&bootstrap);
+    let group = format!("g-{:x}", rand::random::<u32>());
+    let config = capture_config(&bootstrap, &group);
     let mut doomed = Member::binary(config.path(), &settings);
     let mut survivor = Member::binary(config.path(), &settings);
     let producer = producer(&bootstrap);
-    let per_round = 20 * REBALANCE_PARTITIONS as i64;
-    produce_to_every_partition(&producer, 20).await;
+    let per_partition = 20;
+    let per_round = per_partition as i64 * REBALANCE_PARTITIONS as i64;
+    produce_to_every_partition(&producer, per_partition).await;
     eventually(
         Duration::from_secs(90),
         "both members hold partitions, and every message is stored",
@@ -429,7 +431,7 @@ async fn a_killed_members_partitions_move_to_the_survivor_within_the_session_tim
     doomed.child.kill().unwrap();
     doomed.wait(Duration::from_secs(10)).await;
     let killed = Instant::now();
-    produce_to_every_partition(&producer, 20).await;
+    produce_to_every_partition(&producer, per_partition).await;
     // The group notices a death after the session timeout; librdkafka's mock coordinator
     // then waits a session timeout less one second for the members to rejoin (a real
     // broker goes on as soon as they have), so about two session timeouts pass.
@@ -456,6 +458,17 @@ async fn a_killed_members_partitions_move_to_the_survivor_within_the_session_tim
         2 * per_round,
         "every produced message is exactly one task"
     );
+    // The partitions taken over were added to the survivor's assignment incrementally;
+    // its commits (filtered by that assignment) cover them.
+    eventually(
+        Duration::from_secs(30),
+        "every offset committed",
+        || async {
+            committed(&bootstrap, &group, REBALANCE_TOPIC, REBALANCE_PARTITIONS)
+                == vec![2 * per_partition as i64; REBALANCE_PARTITIONS as usize]
+        },
+    )
+    .await;
 
     survivor.signal(libc::SIGTERM);
     assert!(
