@@ -139,9 +139,12 @@ async fn measure(
     }
     let started = Instant::now();
     wait_settled(members, options, started).await?;
+    let formed = started.elapsed().as_secs_f64();
+    let quiet_from = chrono::Utc::now();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let quiet = longest_pause(store, quiet_from, chrono::Utc::now()).await?;
     println!(
-        "  group formed after {:.1} s",
-        started.elapsed().as_secs_f64()
+        "  group formed after {formed:.1} s; longest pause in 10 s without kills: {quiet:.1} s"
     );
     let mut figures = Vec::new();
     for kill in 1..=options.kills {
