@@ -2,15 +2,12 @@
 //! tasks. An offset is committed only after the rows recording its messages are
 //! committed; redelivered messages find their task by source coordinates.
 
+mod context;
 mod flush;
 mod routes;
 
-use rdkafka::consumer::{
-    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, RebalanceProtocol,
-    StreamConsumer,
-};
-use rdkafka::error::KafkaResult;
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::{Offset, TopicPartitionList};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -23,6 +20,7 @@ use crate::kafka::consumer_config;
 use crate::kafka::message::Consumed;
 use crate::store::Store;
 use crate::telemetry::Metrics;
+use context::IngestContext;
 use flush::{Flusher, Offsets};
 use routes::RouteTable;
 
@@ -40,76 +38,6 @@ pub enum IngestError {
 /// Batches being written at once: enough to overlap one insert's commit with the next
 /// batch's round trip.
 const FLUSHES_IN_FLIGHT: usize = 3;
-
-/// Logs rebalances. With the cooperative protocol an Assign or a Revoke lists only the
-/// partitions that move, so the partitions held afterwards are logged as well. Commits
-/// are explicit and filtered by the assignment, so a revocation needs no work here;
-/// rdkafka's default `rebalance` applies the change (incrementally when cooperative).
-struct IngestContext;
-
-impl ClientContext for IngestContext {}
-
-impl ConsumerContext for IngestContext {
-    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        let protocol = match consumer.rebalance_protocol() {
-            RebalanceProtocol::Cooperative => "cooperative",
-            RebalanceProtocol::Eager => "eager",
-            RebalanceProtocol::None => "none",
-        };
-        match rebalance {
-            Rebalance::Revoke(tpl) => tracing::info!(
-                protocol = %protocol,
-                lost = consumer.assignment_lost(),
-                partitions = %describe(tpl),
-                "partitions revoked"
-            ),
-            Rebalance::Assign(tpl) => {
-                tracing::info!(protocol = %protocol, partitions = %describe(tpl), "partitions assigned")
-            }
-            Rebalance::Error(error) => tracing::warn!(%error, "rebalance error"),
-        }
-    }
-
-    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if matches!(rebalance, Rebalance::Error(_)) {
-            return;
-        }
-        match consumer.assignment() {
-            Ok(held) => tracing::info!(
-                count = held.count(),
-                partitions = %describe(&held),
-                "partitions held"
-            ),
-            Err(error) => tracing::warn!(%error, "cannot read the assignment"),
-        }
-    }
-
-    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
-        if let Err(error) = result {
-            tracing::debug!(%error, "offset commit failed; the messages will be redelivered and deduplicated");
-        }
-    }
-}
-
-/// `topic[0,1,2] other[5]`: a partition list in a line of log.
-fn describe(tpl: &TopicPartitionList) -> String {
-    let mut topics: BTreeMap<String, Vec<i32>> = BTreeMap::new();
-    for element in tpl.elements() {
-        topics
-            .entry(element.topic().to_owned())
-            .or_default()
-            .push(element.partition());
-    }
-    let parts: Vec<String> = topics
-        .into_iter()
-        .map(|(topic, mut partitions)| {
-            partitions.sort_unstable();
-            let list: Vec<String> = partitions.iter().map(i32::to_string).collect();
-            format!("{topic}[{}]", list.join(","))
-        })
-        .collect();
-    parts.join(" ")
-}
 
 /// Ingest progress visible from outside (for the benchmark and the demo).
 #[derive(Debug, Default)]
@@ -160,7 +88,7 @@ impl Ingest {
     /// Consumes until `shutdown` fires; then persists what was consumed and commits it.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), IngestError> {
         let consumer: StreamConsumer<IngestContext> =
-            consumer_config(&self.kafka).create_with_context(IngestContext)?;
+            consumer_config(&self.kafka).create_with_context(IngestContext::default())?;
         let subscriptions = self.flusher.routes.subscriptions();
         let topics: Vec<&str> = subscriptions.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
@@ -286,6 +214,7 @@ fn commit(consumer: &StreamConsumer<IngestContext>, offsets: Option<Offsets>, mo
     if tpl.count() == 0 {
         return;
     }
+    consumer.context().committing(&tpl);
     if let Err(error) = consumer.commit(&tpl, mode) {
         tracing::warn!(%error, "offset commit failed; the messages will be redelivered and deduplicated");
     }
