@@ -1,8 +1,10 @@
 //! `redrive bench`: enqueue and drain throughput, and pick-up latency, on the configured
-//! PostgreSQL; `redrive bench ingest`: Kafka to PostgreSQL. Each run uses a fresh schema
+//! PostgreSQL; `redrive bench ingest`: Kafka to PostgreSQL; `redrive bench rebalance`:
+//! the ingest pause when a fleet member dies. Each run uses a fresh schema
 //! (`<schema>_bench`), dropped afterwards.
 
 pub mod ingest;
+pub mod rebalance;
 
 use anyhow::Context;
 use async_trait::async_trait;
@@ -33,6 +35,9 @@ pub struct BenchArgs {
 pub enum BenchKind {
     /// Kafka to PostgreSQL: messages persisted per second through the mock cluster.
     Ingest(ingest::IngestBenchOptions),
+    /// Fleet members killed with SIGKILL: how long ingest pauses, and when the dead
+    /// member's partitions are consumed again.
+    Rebalance(rebalance::RebalanceBenchOptions),
 }
 
 /// Options of the queue benchmark.
@@ -89,6 +94,7 @@ pub async fn run(settings: &Settings, args: &BenchArgs) -> anyhow::Result<()> {
     settings.database.schema = format!("{}_bench", settings.database.schema);
     match &args.which {
         Some(BenchKind::Ingest(options)) => ingest::run(&settings, options).await,
+        Some(BenchKind::Rebalance(options)) => rebalance::run(&settings, options).await,
         None => run_queue(&settings, &args.queue).await,
     }
 }

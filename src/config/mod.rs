@@ -18,6 +18,8 @@ mod kafka;
 pub mod pattern;
 mod source_error;
 
+/// Consumer group defaults used unless `kafka.properties` sets them.
+pub use crate::kafka::{ASSIGNMENT_STRATEGY, HEARTBEAT_INTERVAL, SESSION_TIMEOUT};
 pub(crate) use kafka::validate_routes;
 pub use kafka::{
     IngestSettings, KafkaSettings, ParkingSettings, RepublishSettings, RouteMode, RouteSettings,

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::context::IngestContext;
 use super::flush::{FlushError, Flusher, Offsets};
-use super::{IngestContext, IngestError, IngestProgress};
+use super::{IngestError, IngestProgress};
 use crate::config::IngestSettings;
 use crate::kafka::message::Consumed;
 use crate::telemetry::Metrics;
@@ -207,6 +208,8 @@ fn commit(consumer: &StreamConsumer<IngestContext>, offsets: Offsets, mode: Comm
     if tpl.count() == 0 {
         return;
     }
+    // Remembered, to be committed again once a rebalance (which refuses commits) ends.
+    consumer.context().committing(&tpl);
     if let Err(error) = consumer.commit(&tpl, mode) {
         tracing::warn!(%error, "offset commit failed; the messages will be redelivered and deduplicated");
     }

@@ -3,14 +3,13 @@
 //! committed; redelivered messages find their task by source coordinates.
 
 mod consume;
+mod context;
 mod flush;
 mod routes;
 
 pub use flush::FlushError;
 
-use rdkafka::consumer::{Consumer, ConsumerContext, Rebalance, StreamConsumer};
-use rdkafka::error::KafkaResult;
-use rdkafka::{ClientContext, TopicPartitionList};
+use rdkafka::consumer::{Consumer, StreamConsumer};
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -19,13 +18,11 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{IngestSettings, KafkaSettings, RouteSettings};
 use crate::finals::Finals;
 use crate::handlers::Registered;
-use crate::kafka::context::QuietContext;
-use crate::kafka::{client_config, redact_error};
+use crate::kafka::{consumer_config, redact_error};
 use crate::store::Store;
 use crate::telemetry::Metrics;
+use context::IngestContext;
 use flush::Flusher;
-use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::error::KafkaError;
 use routes::RouteTable;
 
 /// Why ingest stopped.
@@ -40,47 +37,6 @@ pub enum IngestError {
     /// Writing a batch failed unexpectedly (a bug): later offsets must not be committed.
     #[error("a batch could not be persisted ({0}); no later offset is committed")]
     FlushFailed(String),
-}
-
-/// Logs rebalances; commits are explicit, so a revocation needs no work here.
-/// librdkafka's own reports are logged once per change, not per repeat.
-#[derive(Default)]
-struct IngestContext {
-    quiet: QuietContext,
-}
-
-impl ClientContext for IngestContext {
-    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
-        self.quiet.log_line(level, fac, log_message);
-    }
-
-    fn error(&self, error: KafkaError, reason: &str) {
-        self.quiet.client_error(&error, reason);
-    }
-}
-
-impl ConsumerContext for IngestContext {
-    fn pre_rebalance(
-        &self,
-        _consumer: &rdkafka::consumer::BaseConsumer<Self>,
-        rebalance: &Rebalance<'_>,
-    ) {
-        match rebalance {
-            Rebalance::Revoke(tpl) => {
-                tracing::info!(partitions = tpl.count(), "partitions revoked")
-            }
-            Rebalance::Assign(tpl) => {
-                tracing::info!(partitions = tpl.count(), "partitions assigned")
-            }
-            Rebalance::Error(error) => tracing::warn!(%error, "rebalance error"),
-        }
-    }
-
-    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
-        if let Err(error) = result {
-            tracing::debug!(%error, "offset commit failed; the messages will be redelivered and deduplicated");
-        }
-    }
 }
 
 /// Ingest progress visible from outside (for the benchmark and the demo).
@@ -139,17 +95,7 @@ impl Ingest {
 
     /// Consumes until `shutdown` fires; then persists what was consumed and commits it.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), IngestError> {
-        let consumer: StreamConsumer<IngestContext> = client_config(&self.kafka)
-            .set("group.id", &self.kafka.group_id)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set(
-                "auto.offset.reset",
-                self.kafka
-                    .properties
-                    .get("auto.offset.reset")
-                    .map_or("earliest", String::as_str),
-            )
+        let consumer: StreamConsumer<IngestContext> = consumer_config(&self.kafka)
             .create_with_context(IngestContext::default())
             .map_err(|e| redact_error(e, &self.kafka))?;
         let subscriptions = self.flusher.routes.subscriptions();

@@ -1,5 +1,6 @@
 //! Real processes: two fleet members sharing the work, one killed with SIGKILL, one
-//! stopped with SIGTERM, and the `redrive` binary itself.
+//! stopped with SIGTERM, and the `redrive` binary itself; two ingesting members, one
+//! killed, the other taking over its partitions.
 //!
 //! A fleet member here is this test binary started again with `REDRIVE_TEST_CHILD`
 //! set, running [`child_fleet_member`]: the same `Fleet::run` as `redrive run`, with a
@@ -11,6 +12,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::broker::{cluster, committed, produce, producer, Sample};
 use crate::support::{eventually, fresh_store, scalar};
 
 const CHILD_ROLE: &str = "REDRIVE_TEST_CHILD";
@@ -100,6 +102,46 @@ impl Member {
             child: command.spawn().expect("spawn child"),
             log,
         }
+    }
+
+    /// `redrive run` of the real binary with the TOML file `config`, logging at info.
+    fn binary(config: &std::path::Path, settings: &Settings) -> Member {
+        use secrecy::ExposeSecret;
+        let log = std::env::temp_dir().join(format!("redrive-run-{}.log", rand::random::<u64>()));
+        let child = Command::new(env!("CARGO_BIN_EXE_redrive"))
+            .arg("--config")
+            .arg(config)
+            .arg("run")
+            .env(
+                "REDRIVE__DATABASE__URL",
+                settings.database.url.expose_secret(),
+            )
+            .env("REDRIVE__DATABASE__SCHEMA", &settings.database.schema)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn redrive run");
+        Member { child, log }
+    }
+
+    /// Every line of this member's log that contains `what`.
+    fn log_lines(&self, what: &str) -> Vec<String> {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        text.lines()
+            .filter(|line| line.contains(what))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The partitions this member holds after its last rebalance, per its log.
+    fn partitions_held(&self) -> usize {
+        self.log_lines("partitions held")
+            .last()
+            .and_then(|line| line.split("count=").nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+            .map_or(0, |count| count.parse().expect("a count"))
     }
 
     fn pid(&self) -> i32 {
@@ -310,5 +352,128 @@ async fn sigterm_stops_claiming_and_releases_leases_after_the_deadline() {
         store.status_counts().await.unwrap().failed,
         6,
         "nothing lost or finished"
+    );
+}
+
+const REBALANCE_TOPIC: &str = "rebalance.dlt";
+const REBALANCE_PARTITIONS: i32 = 6;
+
+/// A configuration file for ingesting members of `group`: the rebalance topic captured
+/// with the `log` handler, no worker pool, and the consumer group settings left to
+/// redrive's defaults.
+fn capture_config(bootstrap: &str, group: &str) -> tempfile::NamedTempFile {
+    use std::io::Write;
+    let mut file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    write!(
+        file,
+        "[kafka]\nbootstrap_servers = \"{bootstrap}\"\ngroup_id = \"{group}\"\n\n\
+         [worker]\nenabled = false\n\n\
+         [ingest]\nlinger = \"10ms\"\n\n\
+         [[routes]]\ntopics = [\"{REBALANCE_TOPIC}\"]\nmode = \"capture\"\nhandler = \"log\"\n"
+    )
+    .unwrap();
+    file
+}
+
+/// Produces `per_partition` messages to every partition of the rebalance topic.
+async fn produce_to_every_partition(
+    producer: &rdkafka::producer::FutureProducer,
+    per_partition: usize,
+) {
+    for i in 0..per_partition {
+        for partition in 0..REBALANCE_PARTITIONS {
+            let sample = Sample {
+                value: Some(format!("message {i} of partition {partition}").into_bytes()),
+                partition: Some(partition),
+                ..Sample::default()
+            };
+            produce(producer, REBALANCE_TOPIC, &sample).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_members_partitions_move_to_the_survivor_within_the_session_timeout() {
+    let (store, settings) = fresh_store().await;
+    let broker = cluster(&[(REBALANCE_TOPIC, REBALANCE_PARTITIONS)]);
+    let bootstrap = broker.bootstrap_servers();
+    let group = format!("g-{:x}", rand::random::<u32>());
+    let config = capture_config(&bootstrap, &group);
+    let mut doomed = Member::binary(config.path(), &settings);
+    let mut survivor = Member::binary(config.path(), &settings);
+    let producer = producer(&bootstrap);
+    let per_partition = 20;
+    let per_round = per_partition as i64 * REBALANCE_PARTITIONS as i64;
+    produce_to_every_partition(&producer, per_partition).await;
+    eventually(
+        Duration::from_secs(90),
+        "both members hold partitions, and every message is stored",
+        || async {
+            doomed.partitions_held() > 0
+                && survivor.partitions_held() > 0
+                && doomed.partitions_held() + survivor.partitions_held()
+                    == REBALANCE_PARTITIONS as usize
+                && scalar(&store, "SELECT count(*) FROM recovery_task").await == per_round
+        },
+    )
+    .await;
+    for member in [&doomed, &survivor] {
+        assert!(
+            !member
+                .log_lines("partitions assigned protocol=cooperative")
+                .is_empty(),
+            "the group uses the cooperative protocol; log:\n{}",
+            member.log_tail()
+        );
+    }
+    let revoked_before = survivor.log_lines("partitions revoked").len();
+
+    doomed.child.kill().unwrap();
+    doomed.wait(Duration::from_secs(10)).await;
+    let killed = Instant::now();
+    produce_to_every_partition(&producer, per_partition).await;
+    // The group notices a death after the session timeout; librdkafka's mock coordinator
+    // then waits a session timeout less one second for the members to rejoin (a real
+    // broker goes on as soon as they have), so about two session timeouts pass.
+    let limit = 4 * redrive::config::SESSION_TIMEOUT;
+    eventually(
+        limit.saturating_sub(killed.elapsed()),
+        "every message produced after the kill stored by the survivor",
+        || async { scalar(&store, "SELECT count(*) FROM recovery_task").await == 2 * per_round },
+    )
+    .await;
+    assert_eq!(survivor.partitions_held(), REBALANCE_PARTITIONS as usize);
+    assert_eq!(
+        survivor.log_lines("partitions revoked").len(),
+        revoked_before,
+        "the survivor kept its own partitions through the rebalance; log:\n{}",
+        survivor.log_tail()
+    );
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(DISTINCT (source_partition, source_offset)) FROM recovery_task"
+        )
+        .await,
+        2 * per_round,
+        "every produced message is exactly one task"
+    );
+    // The partitions taken over were added to the survivor's assignment incrementally;
+    // its commits (filtered by that assignment) cover them.
+    eventually(
+        Duration::from_secs(30),
+        "every offset committed",
+        || async {
+            committed(&bootstrap, &group, REBALANCE_TOPIC, REBALANCE_PARTITIONS)
+                == vec![2 * per_partition as i64; REBALANCE_PARTITIONS as usize]
+        },
+    )
+    .await;
+
+    survivor.signal(libc::SIGTERM);
+    assert!(
+        survivor.wait(Duration::from_secs(30)).await.success(),
+        "{}",
+        survivor.log_tail()
     );
 }
