@@ -58,7 +58,10 @@ pub struct Finish {
 
 // The join is driven by the input rows, one primary-key probe each. Do not add
 // `t.id = ANY($1)`: with stale statistics the planner would scan the table first and
-// rescan the input for every row (quadratic in the batch size).
+// rescan the input for every row (quadratic in the batch size). Nor `t.status = 'failed'`
+// (a lease implies it, by a table constraint): statistics taken while no task was
+// unfinished make the planner scan the whole partial due index, believed empty, as the
+// build side of a hash join.
 const FINISH: &str = r#"
 WITH r AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::timestamptz[],
@@ -74,8 +77,7 @@ done AS (
         finished_at = CASE WHEN r.status = 'failed' THEN NULL ELSE now() END,
         updated_at = now()
     FROM r
-    WHERE t.id = r.id AND t.lease_version = r.version AND t.status = 'failed'
-      AND t.lease_owner IS NOT NULL
+    WHERE t.id = r.id AND t.lease_version = r.version AND t.lease_owner IS NOT NULL
     RETURNING t.id, t.attempts, r.version, r.started_at, r.duration_ms, r.outcome, r.error),
 history AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)

@@ -7,17 +7,38 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 use std::time::Duration;
 
-use super::row::tasks_from_rows;
+use super::finish::{Finish, FinishOutcome};
+use super::row::{decode_each, Unreadable};
 use super::{Result, Store};
 use crate::task::{Lease, Task, TaskId};
 
+// The claim and `next_due` read due tasks in due order, walking the partial index
+// `recovery_task_due`. Without fresh statistics (a burst of tasks not analyzed yet, or
+// statistics taken while few tasks were unfinished) the planner believes few rows are due
+// and reads all of them to sort them (a bitmap scan) or aggregate them: seconds per
+// statement at a million rows. Their transaction switches sorting off, so the ordered
+// index walk, which stops after the rows wanted, is the one plan left.
+const DUE_ORDER: &str = "BEGIN; SET LOCAL enable_sort = off";
+
+// A due task still leased lost its attempt when its lease lapsed (the worker died or
+// stalled): the claim that takes it over writes that attempt's history row, so the
+// history holds one row per counted attempt.
 const CLAIM: &str = r#"
 WITH due AS MATERIALIZED (
-    SELECT id FROM recovery_task
+    SELECT id, lease_owner, lease_version, leased_at, next_attempt_at, attempts
+    FROM recovery_task
     WHERE status = 'failed' AND next_attempt_at <= now() AND handler = ANY($1)
     ORDER BY next_attempt_at
     LIMIT $2
-    FOR UPDATE SKIP LOCKED)
+    FOR UPDATE SKIP LOCKED),
+lost AS (
+    INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
+    SELECT id, lease_version, attempts, lease_owner, coalesce(leased_at, next_attempt_at),
+           least(greatest(extract(epoch FROM next_attempt_at - leased_at) * 1000, 0), 2147483647)::int,
+           'lease_expired', 'the lease expired before the attempt was finished; the task was claimed again'
+    FROM due
+    WHERE lease_owner IS NOT NULL
+    ON CONFLICT DO NOTHING)
 UPDATE recovery_task t
 SET lease_version = t.lease_version + 1,
     lease_owner = $3,
@@ -30,12 +51,14 @@ WHERE t.id = due.id
 RETURNING t.*
 "#;
 
+// The fenced writes below match (id, lease_version) with a lease present, which implies
+// an unfinished task (a table constraint). Do not add `status = 'failed'`: with stale
+// statistics the planner would scan the whole due index instead of probing the primary key.
 const HEARTBEAT: &str = r#"
 UPDATE recovery_task t
 SET next_attempt_at = now() + $3 * interval '1 millisecond', updated_at = now()
 FROM unnest($1::bigint[], $2::bigint[]) AS l(id, version)
-WHERE t.id = l.id AND t.lease_version = l.version
-  AND t.status = 'failed' AND t.lease_owner IS NOT NULL
+WHERE t.id = l.id AND t.lease_version = l.version AND t.lease_owner IS NOT NULL
 RETURNING t.id, t.lease_version
 "#;
 
@@ -51,8 +74,7 @@ WITH released AS (
     FROM (SELECT l.id, l.version, o.leased_at
           FROM unnest($1::bigint[], $2::bigint[]) AS l(id, version)
           JOIN recovery_task o ON o.id = l.id) AS l
-    WHERE t.id = l.id AND t.lease_version = l.version AND t.status = 'failed'
-      AND t.lease_owner IS NOT NULL
+    WHERE t.id = l.id AND t.lease_version = l.version AND t.lease_owner IS NOT NULL
     RETURNING t.id, t.attempts + 1 AS attempt, l.version, coalesce(l.leased_at, now()) AS leased_at),
 history AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
@@ -66,6 +88,12 @@ SELECT id FROM released
 impl Store {
     /// Claims up to `limit` due tasks of `handlers` for `owner`, bumping each fencing
     /// token and leasing the task for `lease`. One statement, committed before returning.
+    /// A task whose lease had lapsed gets a `lease_expired` history row for the attempt
+    /// it lost.
+    ///
+    /// A claimed row that cannot be read (say, malformed stored headers) is not returned:
+    /// it ends PERMANENT_FAILURE under its new lease, with the reason as its error, so it
+    /// neither holds up the rest of its batch nor comes back.
     pub async fn claim(
         &self,
         handlers: &[String],
@@ -73,14 +101,44 @@ impl Store {
         owner: &str,
         lease: Duration,
     ) -> Result<Vec<Task>> {
+        let mut tx = self.pool.begin_with(DUE_ORDER).await?;
         let rows = sqlx::query(CLAIM)
             .bind(handlers)
             .bind(i64::from(limit))
             .bind(owner)
             .bind(millis(lease))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
-        tasks_from_rows(&rows)
+        tx.commit().await?;
+        let (tasks, unreadable) = decode_each(&rows)?;
+        if !unreadable.is_empty() {
+            self.end_unreadable(owner, &unreadable).await;
+        }
+        Ok(tasks)
+    }
+
+    /// Ends claimed rows that cannot be read as PERMANENT_FAILURE, in one fenced write
+    /// with their history rows. Should that write fail, the rows come back when their
+    /// leases lapse and are ended then.
+    async fn end_unreadable(&self, owner: &str, unreadable: &[Unreadable]) {
+        let now = Utc::now();
+        let results: Vec<Finish> = unreadable
+            .iter()
+            .map(|row| Finish {
+                lease: row.lease,
+                outcome: FinishOutcome::PermanentFailure,
+                started_at: now,
+                duration: Duration::ZERO,
+                error: Some(row.reason.clone()),
+            })
+            .collect();
+        for row in unreadable {
+            tracing::error!(task = %row.lease.id, reason = %row.reason,
+                "claimed task cannot be read; ending it as permanent failure");
+        }
+        if let Err(error) = self.finish(owner, &results).await {
+            tracing::warn!(%error, "could not end unreadable tasks; they come back after their lease");
+        }
     }
 
     /// Extends the leases still held; returns the leases that were extended. A lease
@@ -125,13 +183,15 @@ impl Store {
     /// When the earliest unfinished task of `handlers` is due (leased tasks count with
     /// their lease deadline), or `None` when there is none.
     pub async fn next_due(&self, handlers: &[String]) -> Result<Option<DateTime<Utc>>> {
+        let mut tx = self.pool.begin_with(DUE_ORDER).await?;
         let due = sqlx::query_scalar(
-            "SELECT min(next_attempt_at) FROM recovery_task \
-             WHERE status = 'failed' AND handler = ANY($1)",
+            "SELECT next_attempt_at FROM recovery_task \
+             WHERE status = 'failed' AND handler = ANY($1) ORDER BY next_attempt_at LIMIT 1",
         )
         .bind(handlers)
-        .fetch_one(&self.pool)
+        .fetch_optional(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(due)
     }
 }

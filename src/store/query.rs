@@ -40,7 +40,8 @@ pub struct Attempt {
     pub started_at: DateTime<Utc>,
     /// How long it ran, in milliseconds.
     pub duration_ms: i32,
-    /// `resolved`, `retry`, `permanent_failure` or `released`.
+    /// `resolved`, `retry`, `permanent_failure`, `released` (lease given back) or
+    /// `lease_expired` (the lease lapsed and another claim took the task over).
     pub outcome: String,
     /// The attempt's error, if any.
     pub error: Option<String>,

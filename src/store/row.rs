@@ -5,7 +5,7 @@ use sqlx::Row;
 
 use super::{Result, StoreError};
 use crate::headers;
-use crate::task::{Failure, SourceCoordinates, Task, TaskId};
+use crate::task::{Failure, Lease, SourceCoordinates, Task, TaskId};
 
 /// Builds a task from a row that has every column of `recovery_task`.
 pub(crate) fn task_from_row(row: &PgRow) -> Result<Task> {
@@ -13,10 +13,10 @@ pub(crate) fn task_from_row(row: &PgRow) -> Result<Task> {
     let status: String = row.try_get("status")?;
     let status = status
         .parse()
-        .map_err(|e| StoreError::MalformedRow(format!("task {id}: {e}")))?;
+        .map_err(|e| StoreError::MalformedRow(format!("task {id}: status: {e}")))?;
     let header_bytes: Vec<u8> = row.try_get("msg_headers")?;
     let headers = headers::decode(&header_bytes)
-        .map_err(|e| StoreError::MalformedRow(format!("task {id}: {e}")))?;
+        .map_err(|e| StoreError::MalformedRow(format!("task {id}: msg_headers: {e}")))?;
     let source = coordinates(row, "source")?;
     let original = coordinates(row, "original")?;
     Ok(Task {
@@ -74,4 +74,33 @@ fn coordinates(row: &PgRow, prefix: &str) -> Result<Option<SourceCoordinates>> {
 /// Decodes every row, stopping at the first malformed one.
 pub(crate) fn tasks_from_rows(rows: &[PgRow]) -> Result<Vec<Task>> {
     rows.iter().map(task_from_row).collect()
+}
+
+/// A claimed row that could not be read into a [`Task`].
+#[derive(Debug)]
+pub(crate) struct Unreadable {
+    /// The lease the row was claimed under.
+    pub(crate) lease: Lease,
+    /// Why it could not be read.
+    pub(crate) reason: String,
+}
+
+/// Decodes each row on its own: one malformed row does not take the others with it.
+/// Fails only when a row lacks even its id or fencing token.
+pub(crate) fn decode_each(rows: &[PgRow]) -> Result<(Vec<Task>, Vec<Unreadable>)> {
+    let mut tasks = Vec::with_capacity(rows.len());
+    let mut unreadable = Vec::new();
+    for row in rows {
+        match task_from_row(row) {
+            Ok(task) => tasks.push(task),
+            Err(error) => unreadable.push(Unreadable {
+                lease: Lease {
+                    id: TaskId(row.try_get("id")?),
+                    version: row.try_get("lease_version")?,
+                },
+                reason: error.to_string(),
+            }),
+        }
+    }
+    Ok((tasks, unreadable))
 }

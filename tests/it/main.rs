@@ -7,6 +7,7 @@ mod config;
 mod guarantees;
 mod ingest;
 mod ingest_faults;
+mod model;
 mod outage;
 mod process;
 mod republish;

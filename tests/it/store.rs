@@ -236,10 +236,13 @@ async fn a_late_worker_cannot_finish_or_heartbeat_a_task_taken_over() {
         .unwrap()
         .is_empty());
     let history = store.attempts(new.id).await.unwrap();
-    assert_eq!(history.len(), 1);
+    let rows: Vec<_> = history
+        .iter()
+        .map(|a| (a.attempt, a.worker.as_str(), a.outcome.as_str()))
+        .collect();
     assert_eq!(
-        (history[0].attempt, history[0].worker.as_str()),
-        (2, "fast")
+        rows,
+        vec![(1, "slow", "lease_expired"), (2, "fast", "resolved")]
     );
 }
 
@@ -331,7 +334,14 @@ async fn a_database_error_during_finish_leaves_the_task_to_come_back_after_its_l
             .unwrap(),
         vec![again.lease()]
     );
-    assert_eq!(store.attempts(id).await.unwrap().len(), 1, "finished once");
+    let outcomes: Vec<String> = store
+        .attempts(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.outcome)
+        .collect();
+    assert_eq!(outcomes, ["lease_expired", "resolved"], "finished once");
 }
 
 #[tokio::test]
@@ -369,4 +379,133 @@ async fn migrations_can_run_again_and_from_two_processes_at_once() {
     let (a, b) = tokio::join!(store.migrate(), other.migrate());
     a.unwrap();
     b.unwrap();
+}
+
+#[tokio::test]
+async fn a_lapsed_lease_taken_over_leaves_the_lost_attempt_in_the_history() {
+    let (store, _) = fresh_store().await;
+    let id = store
+        .enqueue(&NewTask::new("h", b"x".to_vec()))
+        .await
+        .unwrap()
+        .id();
+    let lost = store
+        .claim(&handlers(), 1, "crashed", LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    lapse(&store, id).await;
+    let again = store
+        .claim(&handlers(), 1, "next", LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!((again.attempts, again.lease_version), (2, 2));
+
+    let history = store.attempts(id).await.unwrap();
+    assert_eq!(history.len(), 1, "{history:?}");
+    let expired = &history[0];
+    assert_eq!(
+        (
+            expired.attempt,
+            expired.lease_version,
+            expired.worker.as_str(),
+            expired.outcome.as_str()
+        ),
+        (1, 1, "crashed", "lease_expired")
+    );
+    assert_eq!(Some(expired.started_at), lost.leased_at);
+    assert!(expired.duration_ms >= 0);
+
+    store
+        .finish("next", &[finish(&again, FinishOutcome::Resolved)])
+        .await
+        .unwrap();
+    let history = store.attempts(id).await.unwrap();
+    assert_eq!(
+        history
+            .iter()
+            .map(|a| (a.attempt, a.outcome.as_str()))
+            .collect::<Vec<_>>(),
+        vec![(1, "lease_expired"), (2, "resolved")],
+        "one history row per counted attempt"
+    );
+}
+
+#[tokio::test]
+async fn an_unreadable_row_ends_permanent_and_the_rest_of_its_claim_runs() {
+    let (store, _) = fresh_store().await;
+    let tasks: Vec<NewTask> = (0..4).map(|i| NewTask::new("h", vec![i])).collect();
+    let ids: Vec<_> = store
+        .enqueue_many(&tasks)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Enqueued::id)
+        .collect();
+    let bad = ids[1];
+    sqlx::query("UPDATE recovery_task SET msg_headers = '\\x0100'::bytea WHERE id = $1")
+        .bind(bad.0)
+        .execute(store.pool())
+        .await
+        .unwrap();
+
+    let claimed = store.claim(&handlers(), 10, "w", LEASE).await.unwrap();
+    let mut claimed_ids: Vec<_> = claimed.iter().map(|t| t.id).collect();
+    claimed_ids.sort();
+    assert_eq!(claimed_ids, vec![ids[0], ids[2], ids[3]]);
+
+    let ended = raw_status(&store, bad).await;
+    assert_eq!(ended.0, "permanent_failure");
+    assert_eq!(ended.1, None, "lease given up");
+    let reason = ended.2.expect("the reason is kept");
+    assert!(
+        reason.contains("msg_headers") && reason.contains(&bad.to_string()),
+        "{reason}"
+    );
+    let history = store.attempts(bad).await.unwrap();
+    assert_eq!(history.len(), 1);
+    assert_eq!(
+        (history[0].attempt, history[0].outcome.as_str()),
+        (1, "permanent_failure")
+    );
+    assert_eq!(history[0].error.as_deref(), Some(reason.as_str()));
+
+    // Every lease lapses: the good tasks come back, the unreadable one does not.
+    for id in &ids {
+        lapse(&store, *id).await;
+    }
+    let mut again: Vec<_> = store
+        .claim(&handlers(), 10, "w2", LEASE)
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.id)
+        .collect();
+    again.sort();
+    assert_eq!(again, vec![ids[0], ids[2], ids[3]]);
+}
+
+/// Moves a task's lease deadline (or due time) into the past, as if time had passed.
+async fn lapse(store: &redrive::Store, id: redrive::TaskId) {
+    sqlx::query(
+        "UPDATE recovery_task SET next_attempt_at = now() - interval '1 second' \
+         WHERE id = $1 AND status = 'failed'",
+    )
+    .bind(id.0)
+    .execute(store.pool())
+    .await
+    .unwrap();
+}
+
+/// Status, lease owner and last error of a task, read without decoding the whole row.
+async fn raw_status(
+    store: &redrive::Store,
+    id: redrive::TaskId,
+) -> (String, Option<String>, Option<String>) {
+    sqlx::query_as("SELECT status, lease_owner, last_error FROM recovery_task WHERE id = $1")
+        .bind(id.0)
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
 }
