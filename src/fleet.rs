@@ -11,7 +11,7 @@ use crate::handlers::{
 };
 use crate::ingest::Ingest;
 use crate::parking::Parking;
-use crate::store::{Store, StoreError};
+use crate::store::{Budgets, Store, StoreError};
 use crate::telemetry::{self, Metrics};
 use crate::worker::WorkerPool;
 
@@ -138,6 +138,26 @@ impl Fleet {
     /// Names of the handlers this member's workers serve.
     pub fn handler_names(&self) -> Vec<String> {
         self.handlers.keys().cloned().collect()
+    }
+
+    /// The attempt budgets this member applies: each registered handler's, each route's
+    /// override, and the default for handlers it does not know.
+    pub fn budgets(&self) -> Budgets {
+        let to_i32 = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
+        let mut handlers: BTreeMap<&String, i32> = BTreeMap::new();
+        for (name, registered) in self.handlers.iter().chain(self.ingest_handlers.iter()) {
+            handlers.insert(name, to_i32(registered.policy.max_attempts));
+        }
+        Budgets {
+            routes: self
+                .settings
+                .routes
+                .iter()
+                .filter_map(|r| r.max_attempts.map(|m| (r.name.clone(), to_i32(m))))
+                .collect(),
+            handlers: handlers.into_iter().map(|(n, m)| (n.clone(), m)).collect(),
+            default: to_i32(self.settings.retry.max_attempts),
+        }
     }
 
     /// Its metrics, to expose or inspect.

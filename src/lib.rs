@@ -30,6 +30,8 @@ pub mod headers;
 mod ingest;
 mod kafka;
 mod parking;
+pub mod readable;
+pub mod replay;
 pub mod store;
 pub mod task;
 pub mod telemetry;

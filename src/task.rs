@@ -8,8 +8,21 @@ use std::str::FromStr;
 use crate::headers::Header;
 
 /// Identifier of a recovery task (the table's primary key).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(transparent)]
+#[schema(value_type = i64)]
 pub struct TaskId(pub i64);
 
 impl fmt::Display for TaskId {
@@ -20,7 +33,9 @@ impl fmt::Display for TaskId {
 
 /// The business outcome of a task. `Failed` is the only state in which work happens;
 /// the other three are final.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     /// Waiting for (or in) an attempt.
@@ -275,6 +290,7 @@ impl NewTask {
             status: self.status,
             attempts: 1,
             max_attempts: self.max_attempts,
+            attempt_grants: 0,
             next_attempt_at: now,
             last_error: None,
             lease_owner: None,
@@ -315,6 +331,8 @@ pub struct Task {
     pub attempts: i32,
     /// Overrides the handler's max attempts for this task.
     pub max_attempts: Option<i32>,
+    /// Attempts granted by operators on top of the budget (`tasks retry`).
+    pub attempt_grants: i32,
     /// When the next attempt is due; while leased, the lease deadline.
     pub next_attempt_at: DateTime<Utc>,
     /// The last attempt's error.

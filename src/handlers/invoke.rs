@@ -16,6 +16,10 @@ use crate::task::Task;
 /// so adding it to the current time can never overflow.
 pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(366 * 24 * 3600);
 
+/// How the error of an attempt made past the budget starts (the handler is not called:
+/// a lease that lapsed on the last attempt leads there). `redrive tasks check` knows it.
+pub const NO_ATTEMPTS_LEFT: &str = "no attempts left";
+
 /// What one attempt decided.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Attempted {
@@ -42,12 +46,13 @@ pub(crate) async fn invoke(
     let max_attempts = task
         .max_attempts
         .and_then(|m| u32::try_from(m).ok())
-        .unwrap_or(policy.max_attempts);
+        .unwrap_or(policy.max_attempts)
+        .saturating_add(u32::try_from(task.attempt_grants).unwrap_or(0));
     let started_at = Utc::now();
     let clock = Instant::now();
     let verdict = if ctx.attempt > max_attempts {
         Err(HandlerError::Permanent(format!(
-            "no attempts left: attempt {} exceeds max attempts {max_attempts}",
+            "{NO_ATTEMPTS_LEFT}: attempt {} exceeds max attempts {max_attempts}",
             ctx.attempt
         )))
     } else {

@@ -93,6 +93,9 @@ impl ClientContext for QuietContext {
     }
 }
 
+/// Plain consumers (replay's reader) need no rebalance callbacks.
+impl rdkafka::consumer::ConsumerContext for QuietContext {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,6 +22,9 @@ pub mod own {
     pub const TASK_ID: &str = "redrive-task-id";
     /// Attempt number of a republish.
     pub const ATTEMPT: &str = "redrive-attempt";
+    /// `<job>:<task id>` of a replayed message: how a resumed replay finds what it
+    /// already produced.
+    pub const REPLAY: &str = "redrive-replay";
 }
 
 /// Header names of one format.

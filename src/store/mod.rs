@@ -3,15 +3,35 @@
 //! Every write made on behalf of a worker matches `(id, lease_version)`: a write whose
 //! fencing token is stale changes nothing, and the caller learns which ids it did change.
 
+mod audit;
+mod check;
 mod enqueue;
+mod filter;
 mod finish;
+mod inspect;
 mod lease;
+mod members;
+mod operate;
 mod query;
+mod replays;
+mod retention;
 mod row;
 
+pub use audit::{AuditEntry, AuditQuery};
+pub use check::{Budgets, CheckReport, Violation};
 pub use enqueue::{enqueue_many_in, Enqueued};
+pub use filter::{Selection, TaskFilter};
 pub use finish::{Finish, FinishOutcome};
+pub use inspect::{
+    HeaderView, OldestDue, OutcomeCount, Stats, StatusCount, TaskDetail, TaskPage, TaskSummary,
+    MAX_PAGE,
+};
+pub use members::{Member, MEMBER_BEAT, MEMBER_LIVE_WITHIN};
+pub(crate) use operate::apply_batch;
+pub use operate::{Action, ActionReport, Budget, Operator, ACTION_BATCH};
 pub use query::{Attempt, StatusCounts};
+pub use replays::{Marks, NewReplay, ReplayJob, ReplayRowError, REPLAY_STALE_AFTER};
+pub use retention::RETENTION_BATCH;
 
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::Connection;
@@ -39,6 +59,12 @@ pub enum StoreError {
         /// The task that holds it.
         existing: TaskId,
     },
+    /// Task ids that do not exist (nothing was changed).
+    #[error("no such task: {}", .0.iter().map(|id| id.to_string()).collect::<Vec<_>>().join(", "))]
+    UnknownTasks(Vec<TaskId>),
+    /// A replay job is unknown or not in a state for what was asked.
+    #[error(transparent)]
+    Replay(#[from] ReplayRowError),
     /// A stored row could not be read back.
     #[error("task row is malformed: {0}")]
     MalformedRow(String),

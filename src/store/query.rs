@@ -28,7 +28,7 @@ impl StatusCounts {
 }
 
 /// One row of a task's attempt history.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
 pub struct Attempt {
     /// Attempt number (1 = first).
     pub attempt: i32,
@@ -40,8 +40,10 @@ pub struct Attempt {
     pub started_at: DateTime<Utc>,
     /// How long it ran, in milliseconds.
     pub duration_ms: i32,
-    /// `resolved`, `retry`, `permanent_failure`, `released` (lease given back) or
-    /// `lease_expired` (the lease lapsed and another claim took the task over).
+    /// `resolved`, `retry`, `permanent_failure`, `released` (lease given back),
+    /// `lease_expired` (the lease lapsed and another claim took the task over), `fenced`
+    /// (an operator acted while it ran) or `operator_<action>` (an operator's action, by
+    /// `worker`, for the reason in `error`).
     pub outcome: String,
     /// The attempt's error, if any.
     pub error: Option<String>,

@@ -17,6 +17,15 @@ use crate::store::{Enqueued, Store};
 use crate::task::{Failure, NewTask, TaskId};
 use crate::telemetry;
 
+mod replays;
+mod selection;
+mod table;
+mod tasks;
+
+pub use replays::{AuditArgs, ReplayArgs, ReplaysCommand};
+pub use selection::{FilterArgs, SelectionArgs};
+pub use tasks::TasksCommand;
+
 /// redrive: durable recovery of failed Kafka messages.
 #[derive(Debug, Parser)]
 #[command(name = "redrive", version, about, long_about = None)]
@@ -38,6 +47,14 @@ pub enum Command {
     Migrate,
     /// Store a recovery task from a file or standard input.
     Enqueue(EnqueueArgs),
+    /// Look at tasks and act on them: list, show, retry, discard, resolve, replay, stats, check.
+    #[command(subcommand)]
+    Tasks(TasksCommand),
+    /// Replay jobs: list, cancel, resume.
+    #[command(subcommand)]
+    Replays(ReplaysCommand),
+    /// The audit log of operator actions, newest first.
+    Audit(AuditArgs),
     /// Measure throughput: the queue (enqueue, drain), or `ingest` (Kafka to PostgreSQL).
     #[cfg(feature = "bench")]
     Bench(BenchArgs),
@@ -47,9 +64,11 @@ pub enum Command {
 }
 
 impl Command {
-    /// The demo and the benchmark print their own figures; their logs stay at warnings.
-    fn prints_its_own_figures(&self) -> bool {
+    /// The demo, the benchmark and the operator verbs print their own output; their
+    /// logs stay at warnings.
+    fn prints_its_own_output(&self) -> bool {
         match self {
+            Command::Tasks(_) | Command::Replays(_) | Command::Audit(_) => true,
             #[cfg(feature = "bench")]
             Command::Bench(_) => true,
             #[cfg(feature = "demo")]
@@ -130,8 +149,7 @@ fn parse_header(text: &str) -> Result<Header, String> {
 /// developer's own binary calls this with its handlers to get the same CLI.
 pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> anyhow::Result<()> {
     let cli = Cli::parse();
-    // The demo and the benchmark print their own figures; keep their logs to warnings.
-    let quiet = cli.command.prints_its_own_figures();
+    let quiet = cli.command.prints_its_own_output();
     telemetry::init_logging(if quiet { "warn" } else { "info" });
     let settings = Settings::load(cli.config.as_deref(), None)?;
     match cli.command {
@@ -160,6 +178,20 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
             let store = Store::connect(&settings.database).await?;
             store.migrate().await?;
             enqueue(&store, args, values).await?;
+        }
+        Command::Tasks(command) => {
+            let fleet = register(Fleet::builder(settings.clone())).build()?;
+            let store = Store::connect(&settings.database).await?;
+            tasks::run(command, &fleet, &store).await?;
+        }
+        Command::Replays(command) => {
+            let fleet = register(Fleet::builder(settings.clone())).build()?;
+            let store = Store::connect(&settings.database).await?;
+            replays::run(command, &fleet, &store).await?;
+        }
+        Command::Audit(args) => {
+            let store = Store::connect(&settings.database).await?;
+            replays::audit(args, &store).await?;
         }
         #[cfg(feature = "bench")]
         Command::Bench(options) => bench::run(&settings, &options).await?,

@@ -1,0 +1,323 @@
+//! `redrive tasks replay`, `redrive replays ...` and `redrive audit`.
+
+use anyhow::bail;
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
+use tokio_util::sync::CancellationToken;
+
+use super::selection::{parse_time, FilterArgs};
+use super::table;
+use super::tasks::{cli_operator, confirm};
+use crate::fleet::{cancel_on_signal, Fleet};
+use crate::replay::{check_replay, Replayer};
+use crate::store::{AuditQuery, NewReplay, ReplayJob, Store};
+
+/// Options of `tasks replay`.
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// Which tasks.
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    /// Replay every task (required when no filter option is given).
+    #[arg(long)]
+    pub all: bool,
+    /// Target topic (default: each task's original topic; tasks without one are skipped).
+    #[arg(long)]
+    pub to: Option<String>,
+    /// Mark each replayed task resolved.
+    #[arg(long)]
+    pub mark_resolved: bool,
+    /// Messages per second at most.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Leave the job to the fleet's members instead of running it here.
+    #[arg(long)]
+    pub detach: bool,
+    /// Why (written to the audit log).
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Do not ask for confirmation.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+    /// Print how many tasks it would replay; produce nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print the job as JSON when it ends (or is detached).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The replay job verbs.
+#[derive(Debug, Subcommand)]
+pub enum ReplaysCommand {
+    /// List replay jobs with their progress, newest first.
+    List {
+        /// Jobs to show.
+        #[arg(long, default_value_t = 20)]
+        limit: i64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a job; its runner stops after its current batch.
+    Cancel {
+        /// Job id.
+        id: i64,
+    },
+    /// Continue an interrupted job here (or hand it to the fleet with --detach).
+    Resume {
+        /// Job id.
+        id: i64,
+        /// Hand it to the fleet's members.
+        #[arg(long)]
+        detach: bool,
+    },
+}
+
+/// Options of `redrive audit`.
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// Only this actor.
+    #[arg(long)]
+    pub actor: Option<String>,
+    /// Only this action (retry, discard, resolve, replay, replay_cancel).
+    #[arg(long)]
+    pub action: Option<String>,
+    /// Only entries at or after: RFC 3339 time or a duration ago.
+    #[arg(long, value_parser = parse_time)]
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Entries older than this entry id.
+    #[arg(long)]
+    pub before: Option<i64>,
+    /// Entries to show (at most 1000).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=1000))]
+    pub limit: i64,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// This CLI's name as a replay runner.
+fn runner_name() -> String {
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    format!("cli-{host}-{}", std::process::id())
+}
+
+fn replayer(fleet: &Fleet, store: &Store) -> Replayer {
+    let settings = fleet.settings();
+    Replayer::new(
+        store.clone(),
+        settings.kafka.clone(),
+        settings.ingest.max_message_bytes,
+        runner_name(),
+    )
+}
+
+/// `tasks replay`: checks, records the job, then runs it here with a progress bar
+/// (or leaves it to the fleet with `--detach`).
+pub async fn run_in_foreground(
+    args: ReplayArgs,
+    fleet: &Fleet,
+    store: &Store,
+) -> anyhow::Result<()> {
+    let filter = args.filter.filter()?;
+    if filter.is_everything() && !args.all {
+        bail!("no filter: this would replay every task; pass --all if that is what you mean");
+    }
+    let replay = NewReplay {
+        filter,
+        target_topic: args.to.clone(),
+        mark_resolved: args.mark_resolved,
+        rate: args.rate,
+        detached: args.detach,
+    };
+    check_replay(store, &fleet.settings().kafka, &replay).await?;
+    let count = store
+        .count_selected(&crate::store::Selection::Filter(replay.filter.clone()))
+        .await?;
+    if count == 0 {
+        eprintln!("no task matches the filter; nothing to replay");
+        return Ok(());
+    }
+    let target = args.to.as_deref().unwrap_or("each task's original topic");
+    if args.dry_run {
+        println!(
+            "replay would produce up to {count} message(s) to {target}; nothing produced (dry run)"
+        );
+        return Ok(());
+    }
+    eprintln!("replay: {count} task(s) selected, to {target}");
+    if !confirm(&format!("replay {count} task(s) to {target}?"), args.yes)? {
+        bail!("not confirmed; nothing produced");
+    }
+    let replayer = replayer(fleet, store);
+    let job = store
+        .create_replay(&cli_operator(args.reason), &replay, replayer.runner())
+        .await?;
+    if args.detach {
+        print_job_started(&job, args.json)?;
+        return Ok(());
+    }
+    foreground(&replayer, job, args.json).await
+}
+
+fn print_job_started(job: &ReplayJob, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(job)?);
+    } else {
+        println!(
+            "replay job {} recorded; a fleet member will run it (follow it with `redrive replays list`)",
+            job.id
+        );
+    }
+    Ok(())
+}
+
+/// Runs `job` here until it ends or SIGINT/SIGTERM, with a progress bar on a terminal.
+async fn foreground(replayer: &Replayer, job: ReplayJob, json: bool) -> anyhow::Result<()> {
+    let id = job.id;
+    let progress = if std::io::stderr().is_terminal() {
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{spinner} replay {msg} [{bar:30}] {pos}/{len} ({per_sec}, {eta} left)",
+            )
+            .expect("a valid template")
+            .progress_chars("=> "),
+        );
+        bar.set_message(format!("job {id}"));
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let stop = CancellationToken::new();
+    let signals = tokio::spawn(cancel_on_signal(stop.clone()));
+    let outcome = replayer.run(job, &progress, &stop).await;
+    signals.abort();
+    progress.abandon();
+    let job = outcome?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&job)?);
+    }
+    match job.status.as_str() {
+        "done" => {
+            if !json {
+                println!(
+                    "replay job {id} done: {} produced, {} skipped (no topic or no stored payload)",
+                    job.produced, job.skipped
+                );
+            }
+            Ok(())
+        }
+        "cancelled" => bail!("replay job {id} was cancelled after {} message(s)", job.produced),
+        _ => bail!(
+            "replay job {id} stopped after {} message(s); continue it with `redrive replays resume {id}`",
+            job.produced
+        ),
+    }
+}
+
+/// Runs a `replays` verb.
+pub async fn run(command: ReplaysCommand, fleet: &Fleet, store: &Store) -> anyhow::Result<()> {
+    match command {
+        ReplaysCommand::List { limit, json } => {
+            let jobs = store.replays(limit).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&jobs)?);
+                return Ok(());
+            }
+            let rows: Vec<Vec<String>> = jobs
+                .iter()
+                .map(|j| {
+                    vec![
+                        j.id.to_string(),
+                        j.status.clone(),
+                        format!("{}/{}", j.produced + j.skipped, j.total.unwrap_or(0)),
+                        j.produced.to_string(),
+                        j.target_topic
+                            .clone()
+                            .unwrap_or_else(|| "(original)".into()),
+                        j.runner.clone().unwrap_or_default(),
+                        j.actor.clone(),
+                        j.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                        j.error.clone().unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            table::print(
+                &[
+                    "ID", "STATUS", "DONE", "PRODUCED", "TO", "RUNNER", "BY", "STARTED", "ERROR",
+                ],
+                &rows,
+            );
+            Ok(())
+        }
+        ReplaysCommand::Cancel { id } => {
+            let job = store.cancel_replay(&cli_operator(None), id).await?;
+            println!(
+                "replay job {id} cancelled after {} message(s)",
+                job.produced
+            );
+            Ok(())
+        }
+        ReplaysCommand::Resume { id, detach } => {
+            let replayer = replayer(fleet, store);
+            let job = store
+                .take_replay(id, replayer.runner(), true, detach)
+                .await?;
+            if detach {
+                return print_job_started(&job, false);
+            }
+            foreground(&replayer, job, false).await
+        }
+    }
+}
+
+/// `redrive audit`.
+pub async fn audit(args: AuditArgs, store: &Store) -> anyhow::Result<()> {
+    let entries = store
+        .audit(&AuditQuery {
+            actor: args.actor,
+            action: args.action,
+            since: args.since,
+            before: args.before,
+            limit: Some(args.limit),
+        })
+        .await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&entries)?);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = entries
+        .iter()
+        .map(|e| {
+            let what = match (&e.ids, &e.filter) {
+                (Some(ids), _) => format!(
+                    "ids {}",
+                    ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+                ),
+                (_, Some(filter)) => format!("filter {filter}"),
+                _ => e
+                    .details
+                    .as_ref()
+                    .map(|d| d.to_string())
+                    .unwrap_or_default(),
+            };
+            vec![
+                e.id.to_string(),
+                e.at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                e.actor.clone(),
+                e.action.clone(),
+                e.count.to_string(),
+                what,
+                e.reason.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    table::print(
+        &["ID", "AT", "ACTOR", "ACTION", "COUNT", "ON", "REASON"],
+        &rows,
+    );
+    Ok(())
+}

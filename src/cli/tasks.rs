@@ -1,0 +1,473 @@
+//! `redrive tasks VERB`: look at tasks and act on them, over the store's fenced operations.
+
+use anyhow::{bail, Context};
+use chrono::{DateTime, Utc};
+use clap::{Args, Subcommand};
+use std::io::{IsTerminal, Write};
+
+use super::replays::{run_in_foreground, ReplayArgs};
+use super::selection::{parse_time, FilterArgs, SelectionArgs};
+use super::table;
+use crate::fleet::Fleet;
+use crate::store::{Action, Budget, Operator, Selection, Store, TaskFilter, MAX_PAGE};
+use crate::task::{Status, TaskId};
+
+/// The task verbs.
+#[derive(Debug, Subcommand)]
+pub enum TasksCommand {
+    /// List tasks, newest first, a page at a time.
+    List(ListArgs),
+    /// Show every field of a task, its payload and its attempt history.
+    Show(ShowArgs),
+    /// Make tasks due again (failed, permanent_failure or discarded ones) with a new budget.
+    Retry(RetryArgs),
+    /// Give up on tasks (failed or permanent_failure ones): they become discarded.
+    Discard(DecideArgs),
+    /// Declare tasks handled (failed or permanent_failure ones): they become resolved.
+    Resolve(DecideArgs),
+    /// Produce the stored messages of the tasks a filter selects to a topic.
+    Replay(ReplayArgs),
+    /// Counts by status and handler, due work, the last hour's attempts, live members.
+    Stats(JsonArgs),
+    /// Check the store's invariants; exit status 1 when any is broken.
+    Check(JsonArgs),
+}
+
+/// Just `--json`.
+#[derive(Debug, Args)]
+pub struct JsonArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `tasks list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Which tasks.
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    /// Tasks per page (at most 1000).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=MAX_PAGE))]
+    pub limit: i64,
+    /// Continue after this task id (the previous page's last, as printed).
+    #[arg(long)]
+    pub after: Option<i64>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `tasks show`.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// Task id.
+    pub id: i64,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Confirmation and output options of the bulk verbs.
+#[derive(Debug, Args)]
+pub struct BulkArgs {
+    /// Do not ask for confirmation.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+    /// Print how many tasks it would change and a sample; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `tasks retry`.
+#[derive(Debug, Args)]
+pub struct RetryArgs {
+    /// Which tasks.
+    #[command(flatten)]
+    pub selection: SelectionArgs,
+    /// When the next attempt is due: RFC 3339 time (default: now).
+    #[arg(long, value_parser = parse_future_time)]
+    pub at: Option<DateTime<Utc>>,
+    /// Raise the attempt budget by N instead of granting a whole budget again.
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..=1_000_000))]
+    pub more_attempts: Option<i32>,
+    /// Why (written to the audit log).
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Confirmation and output.
+    #[command(flatten)]
+    pub bulk: BulkArgs,
+}
+
+/// Options of `tasks discard` and `tasks resolve`.
+#[derive(Debug, Args)]
+pub struct DecideArgs {
+    /// Which tasks.
+    #[command(flatten)]
+    pub selection: SelectionArgs,
+    /// Why (written to the audit log).
+    #[arg(long)]
+    pub reason: String,
+    /// Confirmation and output.
+    #[command(flatten)]
+    pub bulk: BulkArgs,
+}
+
+fn parse_future_time(text: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| format!("{text:?} is not an RFC 3339 time: {e}"))
+        .or_else(|error| parse_time(text).map_err(|_| error))
+}
+
+/// The operator acting from this shell: `cli:<user>@<host>`.
+pub fn cli_operator(reason: Option<String>) -> Operator {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| "unknown".into());
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    Operator {
+        actor: format!("cli:{user}@{host}"),
+        reason,
+    }
+}
+
+/// Runs a task verb.
+pub async fn run(command: TasksCommand, fleet: &Fleet, store: &Store) -> anyhow::Result<()> {
+    match command {
+        TasksCommand::List(args) => list(store, args).await,
+        TasksCommand::Show(args) => show(store, args).await,
+        TasksCommand::Retry(args) => {
+            let action = Action::Retry {
+                at: args.at,
+                budget: args.more_attempts.map_or(Budget::Fresh, Budget::More),
+            };
+            bulk(store, &action, &args.selection, args.reason, &args.bulk).await
+        }
+        TasksCommand::Discard(args) => {
+            bulk(
+                store,
+                &Action::Discard,
+                &args.selection,
+                Some(args.reason),
+                &args.bulk,
+            )
+            .await
+        }
+        TasksCommand::Resolve(args) => {
+            bulk(
+                store,
+                &Action::Resolve,
+                &args.selection,
+                Some(args.reason),
+                &args.bulk,
+            )
+            .await
+        }
+        TasksCommand::Replay(args) => run_in_foreground(args, fleet, store).await,
+        TasksCommand::Stats(args) => stats(store, args.json).await,
+        TasksCommand::Check(args) => check(fleet, store, args.json).await,
+    }
+}
+
+async fn list(store: &Store, args: ListArgs) -> anyhow::Result<()> {
+    let filter = args.filter.filter()?;
+    let page = store
+        .list(&filter, args.after.map(TaskId), args.limit)
+        .await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&page)?);
+        return Ok(());
+    }
+    if page.tasks.is_empty() {
+        eprintln!("no task matches");
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = page
+        .tasks
+        .iter()
+        .map(|t| {
+            vec![
+                t.id.to_string(),
+                t.status.to_string(),
+                t.handler.clone(),
+                t.route.clone().unwrap_or_default(),
+                match (&t.topic, t.partition, t.offset) {
+                    (Some(topic), Some(p), Some(o)) => format!("{topic}/{p}/{o}"),
+                    _ => String::new(),
+                },
+                t.key.clone().unwrap_or_default(),
+                t.attempts.to_string(),
+                t.next_attempt_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                t.last_error.clone().unwrap_or_default().replace('\n', " "),
+            ]
+        })
+        .collect();
+    table::print(
+        &[
+            "ID", "STATUS", "HANDLER", "ROUTE", "SOURCE", "KEY", "ATTEMPTS", "NEXT", "ERROR",
+        ],
+        &rows,
+    );
+    if let Some(cursor) = page.next_cursor {
+        eprintln!("more: --after {cursor}");
+    }
+    Ok(())
+}
+
+async fn show(store: &Store, args: ShowArgs) -> anyhow::Result<()> {
+    let Some(detail) = store.detail(TaskId(args.id)).await? else {
+        bail!("no such task: {}", args.id);
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&detail)?);
+        return Ok(());
+    }
+    if let Some(fields) = detail.task.as_object() {
+        for (name, value) in fields {
+            let text = match value {
+                serde_json::Value::String(s) => s.clone(),
+                serde_json::Value::Null => continue,
+                other => other.to_string(),
+            };
+            println!("{name:<22} {text}");
+        }
+    }
+    let render = |r: &crate::readable::Readable| format!("{} ({} bytes)", r.line(), r.size);
+    println!(
+        "{:<22} {}",
+        "key",
+        detail.key.as_ref().map_or("(none)".into(), render)
+    );
+    println!(
+        "{:<22} {}",
+        "value",
+        detail.value.as_ref().map_or("(none)".into(), render)
+    );
+    for header in &detail.headers {
+        println!(
+            "{:<22} {} = {}",
+            "header",
+            header.name.line(),
+            header.value.as_ref().map_or("(no value)".into(), render)
+        );
+    }
+    println!();
+    if detail.history.is_empty() {
+        println!("no attempt yet");
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = detail
+        .history
+        .iter()
+        .map(|a| {
+            vec![
+                a.attempt.to_string(),
+                a.lease_version.to_string(),
+                a.started_at.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
+                format!("{} ms", a.duration_ms),
+                a.outcome.clone(),
+                a.worker.clone(),
+                a.error.clone().unwrap_or_default().replace('\n', " "),
+            ]
+        })
+        .collect();
+    table::print(
+        &[
+            "ATTEMPT", "TOKEN", "STARTED", "TOOK", "OUTCOME", "BY", "ERROR",
+        ],
+        &rows,
+    );
+    Ok(())
+}
+
+/// The selection's filter narrowed to the statuses `action` applies to: what a sample
+/// of the tasks it would change reads.
+fn applicable_filter(action: &Action, selection: &Selection) -> Option<TaskFilter> {
+    let Selection::Filter(filter) = selection else {
+        return None;
+    };
+    let mut filter = filter.clone();
+    let applies = action.applies_to();
+    filter.status = if filter.status.is_empty() {
+        applies.to_vec()
+    } else {
+        filter
+            .status
+            .iter()
+            .copied()
+            .filter(|s| applies.contains(s))
+            .collect()
+    };
+    Some(filter)
+}
+
+/// Asks on the terminal; true to go on. Off a terminal, never asks.
+pub fn confirm(question: &str, yes: bool) -> anyhow::Result<bool> {
+    if yes || !std::io::stdin().is_terminal() {
+        return Ok(true);
+    }
+    eprint!("{question} [y/N] ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin()
+        .read_line(&mut answer)
+        .context("reading the answer")?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
+}
+
+fn names(statuses: &[Status]) -> String {
+    statuses
+        .iter()
+        .map(|s| s.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+async fn bulk(
+    store: &Store,
+    action: &Action,
+    selection: &SelectionArgs,
+    reason: Option<String>,
+    options: &BulkArgs,
+) -> anyhow::Result<()> {
+    let selection = selection.selection()?;
+    if let Selection::Ids(ids) = &selection {
+        store.ensure_exist(ids).await?;
+    }
+    let count = store.count_applicable(action, &selection).await?;
+    let verb = action.name();
+    if count == 0 {
+        let what = match &selection {
+            Selection::Ids(_) => "none of these tasks",
+            Selection::Filter(_) => "no task matching the filter",
+        };
+        if options.json {
+            println!(
+                "{}",
+                serde_json::json!({ "action": verb, "matched": 0, "changed": 0 })
+            );
+        }
+        eprintln!(
+            "{what} is in a status {verb} applies to ({}); nothing changed",
+            names(action.applies_to())
+        );
+        return Ok(());
+    }
+    if options.dry_run {
+        let sample = match applicable_filter(action, &selection) {
+            Some(filter) => store.list(&filter, None, 5).await?.tasks,
+            None => Vec::new(),
+        };
+        if options.json {
+            let report = serde_json::json!({
+                "action": verb, "dry_run": true, "matched": count, "sample": sample,
+            });
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            println!("{verb} would change {count} task(s); nothing changed (dry run)");
+            for task in sample {
+                println!("  {} {} {}", task.id, task.status, task.handler);
+            }
+        }
+        return Ok(());
+    }
+    eprintln!("{verb}: {count} task(s) selected");
+    if !confirm(&format!("{verb} {count} task(s)?"), options.yes)? {
+        bail!("not confirmed; nothing changed");
+    }
+    let report = store.act(&cli_operator(reason), action, &selection).await?;
+    if options.json {
+        let report = serde_json::json!({
+            "action": verb, "matched": count, "changed": report.changed, "audit_id": report.audit_id,
+        });
+        println!("{report}");
+    } else {
+        println!(
+            "{verb}: {} task(s) changed (audit entry {})",
+            report.changed, report.audit_id
+        );
+    }
+    Ok(())
+}
+
+async fn stats(store: &Store, json: bool) -> anyhow::Result<()> {
+    let stats = store.stats().await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&stats)?);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = stats
+        .tasks
+        .iter()
+        .map(|c| vec![c.status.to_string(), c.handler.clone(), c.count.to_string()])
+        .collect();
+    table::print(&["STATUS", "HANDLER", "TASKS"], &rows);
+    println!();
+    let rows: Vec<Vec<String>> = stats
+        .due
+        .iter()
+        .map(|d| {
+            vec![
+                d.handler.clone(),
+                d.due.to_string(),
+                humantime::format_duration(std::time::Duration::from_secs(
+                    d.oldest_due_seconds.max(0.0) as u64,
+                ))
+                .to_string(),
+            ]
+        })
+        .collect();
+    table::print(&["HANDLER", "DUE", "OLDEST DUE FOR"], &rows);
+    println!();
+    let rows: Vec<Vec<String>> = stats
+        .last_hour
+        .iter()
+        .map(|o| vec![o.outcome.clone(), o.count.to_string()])
+        .collect();
+    table::print(&["OUTCOME (LAST HOUR)", "COUNT"], &rows);
+    println!();
+    let rows: Vec<Vec<String>> = stats
+        .members
+        .iter()
+        .map(|m| {
+            vec![
+                m.id.clone(),
+                m.host.clone(),
+                m.version.clone(),
+                m.roles.join(","),
+                m.started_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                m.last_seen.format("%H:%M:%S").to_string(),
+            ]
+        })
+        .collect();
+    table::print(
+        &["MEMBER", "HOST", "VERSION", "ROLES", "STARTED", "SEEN"],
+        &rows,
+    );
+    Ok(())
+}
+
+async fn check(fleet: &Fleet, store: &Store, json: bool) -> anyhow::Result<()> {
+    let report = store.check(&fleet.budgets()).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        for v in &report.violations {
+            println!("task {}: {}: {}", v.task_id, v.kind, v.detail);
+        }
+        for (kind, count) in &report.counts {
+            eprintln!("{kind}: {count} violation(s)");
+        }
+        if report.violations.is_empty() {
+            println!("every invariant holds");
+        }
+    }
+    if !report.violations.is_empty() {
+        std::process::exit(1);
+    }
+    Ok(())
+}

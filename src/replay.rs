@@ -1,0 +1,474 @@
+//! Running a replay job: produce the stored bytes of the tasks its filter selects, in
+//! task id order, batch by batch, without ever producing a message twice on resume.
+//!
+//! Before a batch is produced the job records the batch's last task id and where each
+//! target partition ends (its high watermark). Every replayed message carries
+//! `redrive-replay: <job>:<task id>`. When the batch is acknowledged, the cursor moves
+//! past it (and, with `mark_resolved`, its tasks are resolved) in one transaction. A
+//! runner that dies between the two leaves the batch pending: whoever resumes reads the
+//! target partitions from the recorded marks, learns which of the batch's tasks are
+//! already there, and produces only the others.
+
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use indicatif::ProgressBar;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::FutureProducer;
+use rdkafka::{Offset, TopicPartitionList};
+use std::collections::{BTreeSet, HashSet};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::KafkaSettings;
+use crate::kafka::context::QuietContext;
+use crate::kafka::dlt::own;
+use crate::kafka::produce::{is_permanent, produce_task};
+use crate::kafka::{client_config, producer_config, redact_error};
+use crate::store::{apply_batch, Action, Marks, NewReplay, Operator, ReplayJob, Store, StoreError};
+use crate::task::{Task, TaskId};
+
+/// Tasks per batch at most.
+const REPLAY_BATCH: i64 = 200;
+/// Payload bytes per batch at most (a larger single task goes alone).
+const REPLAY_BATCH_BYTES: i64 = 16 * 1024 * 1024;
+/// How often a runner renews its hold on the job.
+const BEAT_EVERY: Duration = Duration::from_secs(5);
+/// Longest wait for Kafka metadata, watermarks or a read-back.
+const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest `rate`.
+pub const MAX_RATE: f64 = 1_000_000.0;
+
+/// Why a replay could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The database.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Kafka refused or could not be reached.
+    #[error("kafka: {0}")]
+    Kafka(String),
+    /// A target topic does not exist.
+    #[error("topic {0:?} does not exist (nothing was produced)")]
+    UnknownTopic(String),
+    /// The request itself is wrong.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Checks a replay before it is recorded: a valid rate, and every topic it would
+/// produce to exists. Nothing is produced.
+pub async fn check_replay(
+    store: &Store,
+    kafka: &KafkaSettings,
+    replay: &NewReplay,
+) -> Result<(), ReplayError> {
+    if let Some(rate) = replay.rate {
+        if !(rate > 0.0 && rate <= MAX_RATE) {
+            return Err(ReplayError::Invalid(format!(
+                "rate must be more than 0 and at most {MAX_RATE} messages per second (got {rate})"
+            )));
+        }
+    }
+    if let Some(topic) = &replay.target_topic {
+        if topic.is_empty() {
+            return Err(ReplayError::Invalid("the target topic is empty".into()));
+        }
+    }
+    replay.filter.validate().map_err(ReplayError::Invalid)?;
+    let topics = match &replay.target_topic {
+        Some(topic) => vec![topic.clone()],
+        None => store.original_topics(&replay.filter).await?,
+    };
+    let kafka = kafka.clone();
+    tokio::task::spawn_blocking(move || {
+        let reader = Reader::new(&kafka)?;
+        for topic in topics {
+            reader.partitions(&topic)?;
+        }
+        Ok(())
+    })
+    .await
+    .expect("the topic check does not panic")
+}
+
+/// Runs replay jobs for one runner (a CLI or a fleet member).
+pub struct Replayer {
+    store: Store,
+    kafka: KafkaSettings,
+    max_message_bytes: u32,
+    runner: String,
+}
+
+impl Replayer {
+    /// A runner named `runner` producing with the cluster of `kafka`.
+    pub fn new(store: Store, kafka: KafkaSettings, max_message_bytes: u32, runner: String) -> Self {
+        Replayer {
+            store,
+            kafka,
+            max_message_bytes,
+            runner,
+        }
+    }
+
+    /// This runner's name.
+    pub fn runner(&self) -> &str {
+        &self.runner
+    }
+
+    /// Runs `job` (already taken by this runner) until it is done, cancelled, taken
+    /// over, `stop` fires, or an error stops it (recorded on the job as `failed`, to be
+    /// resumed). Answers the job as it is afterwards.
+    pub async fn run(
+        &self,
+        job: ReplayJob,
+        progress: &ProgressBar,
+        stop: &CancellationToken,
+    ) -> Result<ReplayJob, ReplayError> {
+        let id = job.id;
+        let lost = stop.child_token();
+        let beat = tokio::spawn(keep_hold(
+            self.store.clone(),
+            id,
+            self.runner.clone(),
+            lost.clone(),
+        ));
+        let outcome = self.produce_all(job, progress, &lost).await;
+        beat.abort();
+        if let Err(error) = &outcome {
+            tracing::warn!(job = id, %error, "replay stopped; resume it with `redrive replays resume`");
+            let text = error.to_string();
+            self.store
+                .finish_replay(id, &self.runner, Some(&text))
+                .await?;
+        }
+        outcome?;
+        let job = self.store.replay(id).await?.ok_or(StoreError::Replay(
+            crate::store::ReplayRowError::Unknown(id),
+        ))?;
+        Ok(job)
+    }
+
+    async fn produce_all(
+        &self,
+        job: ReplayJob,
+        progress: &ProgressBar,
+        lost: &CancellationToken,
+    ) -> Result<(), ReplayError> {
+        let producer: FutureProducer<QuietContext> =
+            producer_config(&self.kafka, self.max_message_bytes)
+                .create_with_context(QuietContext::default())
+                .map_err(|e| ReplayError::Kafka(redact_error(e, &self.kafka).to_string()))?;
+        let limiter = job.rate.map(rate_limiter);
+        progress.set_length(job.total.unwrap_or(0).max(0) as u64);
+        progress.set_position((job.produced + job.skipped).max(0) as u64);
+        let operator = Operator {
+            actor: job.actor.clone(),
+            reason: Some(format!("replayed by job {}", job.id)),
+        };
+        let mut cursor = job.cursor;
+        // A batch a stopped runner left pending: what of it is already on the topics.
+        let mut pending = match (job.pending_upto, &job.pending_marks) {
+            (Some(upto), Some(marks)) => {
+                let kafka = self.kafka.clone();
+                let marks = marks.clone();
+                let done = tokio::task::spawn_blocking(move || {
+                    Reader::new(&kafka)?.replayed_since(job.id, &marks)
+                })
+                .await
+                .expect("the read-back does not panic")?;
+                tracing::info!(job = job.id, found = done.len(), "resuming a replay batch");
+                Some((upto, done))
+            }
+            _ => None,
+        };
+        loop {
+            if lost.is_cancelled() {
+                return Ok(());
+            }
+            let upto = pending.as_ref().map(|(upto, _)| *upto);
+            let tasks = self
+                .store
+                .replay_batch(&job.filter, cursor, upto, REPLAY_BATCH, REPLAY_BATCH_BYTES)
+                .await?;
+            let Some(last) = tasks.last().map(|t| t.id.0) else {
+                if let Some((upto, _)) = pending.take() {
+                    // The pending batch's tasks no longer match: move past it.
+                    self.commit(&job, &operator, upto, &[], 0).await?;
+                    cursor = upto;
+                    continue;
+                }
+                self.store.finish_replay(job.id, &self.runner, None).await?;
+                progress.finish();
+                return Ok(());
+            };
+            let already: HashSet<i64> = match &pending {
+                Some((_, done)) => done.clone(),
+                None => {
+                    let marks = self.marks_for(&job, &tasks).await?;
+                    if !self
+                        .store
+                        .begin_replay_batch(job.id, &self.runner, last, &marks)
+                        .await?
+                    {
+                        return Ok(());
+                    }
+                    HashSet::new()
+                }
+            };
+            let upto = pending.take().map_or(last, |(upto, _)| upto);
+            let mut sent = Vec::new();
+            let mut skipped = 0;
+            let mut sends = Vec::new();
+            for task in &tasks {
+                let Some(topic) = target_of(&job, task) else {
+                    skipped += 1;
+                    continue;
+                };
+                sent.push(task.id);
+                if already.contains(&task.id.0) {
+                    continue;
+                }
+                if let Some(limiter) = &limiter {
+                    limiter.until_ready().await;
+                }
+                let extra = [
+                    (own::TASK_ID, task.id.to_string()),
+                    (own::REPLAY, format!("{}:{}", job.id, task.id)),
+                ];
+                // Spawned, so each message leaves when the limiter admits it.
+                let (producer, task, topic) = (producer.clone(), task.clone(), topic.to_owned());
+                sends.push(tokio::spawn(async move {
+                    produce_task(&producer, &topic, &task, &extra)
+                        .await
+                        .map_err(|error| (topic, error))
+                }));
+            }
+            for result in futures::future::join_all(sends).await {
+                if let Err((topic, error)) = result.expect("producing does not panic") {
+                    let error = redact_error(error, &self.kafka);
+                    let kind = if is_permanent(&error) {
+                        "refused"
+                    } else {
+                        "failed"
+                    };
+                    return Err(ReplayError::Kafka(format!(
+                        "producing to {topic} {kind}: {error}"
+                    )));
+                }
+            }
+            if !self.commit(&job, &operator, upto, &sent, skipped).await? {
+                return Ok(());
+            }
+            progress.inc((sent.len() + skipped as usize) as u64);
+            cursor = upto;
+        }
+    }
+
+    /// Moves the job past the batch up to `upto`: counts, and with `mark_resolved` the
+    /// replayed tasks resolved, in one transaction. False when the job is no longer ours.
+    async fn commit(
+        &self,
+        job: &ReplayJob,
+        operator: &Operator,
+        upto: i64,
+        sent: &[TaskId],
+        skipped: i64,
+    ) -> Result<bool, ReplayError> {
+        let mut tx = self.store.pool().begin().await.map_err(StoreError::from)?;
+        if job.mark_resolved && !sent.is_empty() {
+            let selection = crate::store::Selection::Ids(sent.to_vec());
+            apply_batch(&mut tx, operator, &Action::Resolve, &selection, 0, None).await?;
+        }
+        let ours = Store::end_replay_batch(
+            &mut tx,
+            job.id,
+            &self.runner,
+            upto,
+            sent.len() as i64,
+            skipped,
+        )
+        .await?;
+        if ours {
+            tx.commit().await.map_err(StoreError::from)?;
+        }
+        Ok(ours)
+    }
+
+    /// The high watermarks of every partition of the batch's target topics.
+    async fn marks_for(&self, job: &ReplayJob, tasks: &[Task]) -> Result<Marks, ReplayError> {
+        let topics: BTreeSet<String> = tasks
+            .iter()
+            .filter_map(|t| target_of(job, t).map(str::to_owned))
+            .collect();
+        let kafka = self.kafka.clone();
+        tokio::task::spawn_blocking(move || {
+            let reader = Reader::new(&kafka)?;
+            let mut marks = Marks::new();
+            for topic in topics {
+                let mut ends = std::collections::BTreeMap::new();
+                for partition in reader.partitions(&topic)? {
+                    ends.insert(partition, reader.high_watermark(&topic, partition)?);
+                }
+                marks.insert(topic, ends);
+            }
+            Ok(marks)
+        })
+        .await
+        .expect("reading watermarks does not panic")
+    }
+}
+
+/// Where `task` is replayed to, or none when it cannot be (no topic known, or its
+/// payload was not stored: producing it would write an empty record).
+fn target_of<'a>(job: &'a ReplayJob, task: &'a Task) -> Option<&'a str> {
+    if !task.failure.payload_stored {
+        return None;
+    }
+    job.target_topic
+        .as_deref()
+        .or(task.failure.original.as_ref().map(|o| o.topic.as_str()))
+}
+
+/// A limiter admitting `rate` messages per second, one at a time.
+fn rate_limiter(rate: f64) -> DefaultDirectRateLimiter {
+    let period = Duration::from_secs_f64(1.0 / rate.clamp(f64::MIN_POSITIVE, MAX_RATE));
+    let quota = Quota::with_period(period.max(Duration::from_nanos(1))).expect("a positive period");
+    RateLimiter::direct(quota)
+}
+
+/// Renews the runner's hold every few seconds; cancels `lost` when the job was
+/// cancelled or taken over.
+async fn keep_hold(store: Store, id: i64, runner: String, lost: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = lost.cancelled() => return,
+            _ = tokio::time::sleep(BEAT_EVERY) => {}
+        }
+        match store.beat_replay(id, &runner).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::info!(job = id, "replay cancelled or taken over; stopping");
+                lost.cancel();
+                return;
+            }
+            Err(error) => tracing::warn!(job = id, %error, "cannot renew the replay's hold"),
+        }
+    }
+}
+
+/// Reads Kafka metadata and partitions (blocking calls, run off the async threads).
+struct Reader {
+    consumer: BaseConsumer<QuietContext>,
+    kafka: KafkaSettings,
+}
+
+impl Reader {
+    fn new(kafka: &KafkaSettings) -> Result<Reader, ReplayError> {
+        let consumer = client_config(kafka)
+            .set("group.id", "redrive-replay-reader")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("allow.auto.create.topics", "false")
+            .set("enable.partition.eof", "true")
+            .create_with_context(QuietContext::default())
+            .map_err(|e| ReplayError::Kafka(redact_error(e, kafka).to_string()))?;
+        Ok(Reader {
+            consumer,
+            kafka: kafka.clone(),
+        })
+    }
+
+    fn kafka_error(&self, error: rdkafka::error::KafkaError) -> ReplayError {
+        ReplayError::Kafka(redact_error(error, &self.kafka).to_string())
+    }
+
+    /// The partitions of `topic`; an error when it does not exist.
+    fn partitions(&self, topic: &str) -> Result<Vec<i32>, ReplayError> {
+        let metadata = self
+            .consumer
+            .fetch_metadata(Some(topic), KAFKA_TIMEOUT)
+            .map_err(|e| self.kafka_error(e))?;
+        let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else {
+            return Err(ReplayError::UnknownTopic(topic.to_owned()));
+        };
+        if found.error().is_some() || found.partitions().is_empty() {
+            return Err(ReplayError::UnknownTopic(topic.to_owned()));
+        }
+        Ok(found.partitions().iter().map(|p| p.id()).collect())
+    }
+
+    fn high_watermark(&self, topic: &str, partition: i32) -> Result<i64, ReplayError> {
+        let (_, high) = self
+            .consumer
+            .fetch_watermarks(topic, partition, KAFKA_TIMEOUT)
+            .map_err(|e| self.kafka_error(e))?;
+        Ok(high)
+    }
+
+    /// Task ids of job `job` found on the marked partitions past their marks.
+    fn replayed_since(&self, job: i64, marks: &Marks) -> Result<HashSet<i64>, ReplayError> {
+        let mut assignment = TopicPartitionList::new();
+        let mut remaining = 0;
+        let mut ends = std::collections::HashMap::new();
+        for (topic, partitions) in marks {
+            for (&partition, &mark) in partitions {
+                let end = self.high_watermark(topic, partition)?;
+                if end > mark {
+                    assignment
+                        .add_partition_offset(topic, partition, Offset::Offset(mark))
+                        .map_err(|e| self.kafka_error(e))?;
+                    ends.insert((topic.clone(), partition), end);
+                    remaining += 1;
+                }
+            }
+        }
+        let mut found = HashSet::new();
+        if remaining == 0 {
+            return Ok(found);
+        }
+        self.consumer
+            .assign(&assignment)
+            .map_err(|e| self.kafka_error(e))?;
+        let prefix = format!("{job}:");
+        let deadline = Instant::now() + KAFKA_TIMEOUT;
+        let mut finished = HashSet::new();
+        while finished.len() < remaining {
+            if Instant::now() > deadline {
+                return Err(ReplayError::Kafka(
+                    "timed out reading back the pending batch from the target topics".into(),
+                ));
+            }
+            let Some(polled) = self.consumer.poll(Duration::from_millis(500)) else {
+                continue;
+            };
+            let message = match polled {
+                Ok(message) => message,
+                Err(rdkafka::error::KafkaError::PartitionEOF(_)) => continue,
+                Err(error) => return Err(self.kafka_error(error)),
+            };
+            let place = (message.topic().to_owned(), message.partition());
+            if let Some(headers) = message.headers() {
+                for header in headers.iter() {
+                    if header.key != own::REPLAY {
+                        continue;
+                    }
+                    let task = header
+                        .value
+                        .and_then(|v| std::str::from_utf8(v).ok())
+                        .and_then(|v| v.strip_prefix(&prefix))
+                        .and_then(|v| v.parse::<i64>().ok());
+                    if let Some(task) = task {
+                        found.insert(task);
+                    }
+                }
+            }
+            if ends
+                .get(&place)
+                .is_some_and(|&end| message.offset() + 1 >= end)
+            {
+                finished.insert(place);
+            }
+        }
+        Ok(found)
+    }
+}

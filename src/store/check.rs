@@ -1,0 +1,184 @@
+//! The invariants a correct store keeps, checked by `redrive tasks check`.
+
+use serde::Serialize;
+use sqlx::Row;
+
+use super::members::MEMBER_LIVE_WITHIN;
+use super::{Result, Store};
+use crate::handlers::invoke::NO_ATTEMPTS_LEFT;
+use crate::task::TaskId;
+
+/// Violations reported per kind at most (the count says how many there are).
+const SHOWN_PER_KIND: i64 = 100;
+
+/// How long past its deadline a lease may stay before a live owner is suspect: its
+/// heartbeats should have extended it long before.
+const EXPIRED_LEASE_GRACE_SECONDS: f64 = 60.0;
+
+/// Attempt budgets as the fleet applies them, for tasks that set none of their own.
+#[derive(Debug, Clone, Default)]
+pub struct Budgets {
+    /// Routes whose policy sets max attempts.
+    pub routes: Vec<(String, i32)>,
+    /// Each handler's max attempts.
+    pub handlers: Vec<(String, i32)>,
+    /// For a handler this process does not know.
+    pub default: i32,
+}
+
+/// One broken invariant.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct Violation {
+    /// Which invariant.
+    pub kind: &'static str,
+    /// The task that breaks it.
+    pub task_id: TaskId,
+    /// What is wrong, in words.
+    pub detail: String,
+}
+
+/// What `check` found.
+#[derive(Debug, Clone, Default, Serialize, utoipa::ToSchema)]
+pub struct CheckReport {
+    /// Up to 100 violations of each kind.
+    pub violations: Vec<Violation>,
+    /// How many violations there are in all, by kind (only kinds with any).
+    pub counts: Vec<(String, i64)>,
+}
+
+/// The parameters a check's query takes.
+#[derive(Clone, Copy, PartialEq)]
+enum Params {
+    None,
+    /// `$1`..`$6`: route names and budgets, handler names and budgets, the default
+    /// budget, and the error of an attempt refused for want of budget.
+    Budgets,
+    /// `$1`: seconds a lease may be past its deadline; `$2`: how recent "live" is.
+    Liveness,
+}
+
+/// The invariants: a name, a query answering `(id, detail)` per violation, its parameters.
+const CHECKS: [(&str, &str, Params); 8] = [
+    (
+        "failed_without_next_attempt",
+        "SELECT id, 'failed, but its next attempt time is ' || next_attempt_at::text \
+         FROM recovery_task WHERE status = 'failed' AND NOT isfinite(next_attempt_at)",
+        Params::None
+    ),
+    (
+        "final_with_lease",
+        "SELECT id, status || ' but leased by ' || lease_owner FROM recovery_task \
+         WHERE status <> 'failed' AND lease_owner IS NOT NULL",
+        Params::None
+    ),
+    (
+        "final_without_finish_time",
+        "SELECT id, status || ' with no finish time' FROM recovery_task \
+         WHERE status <> 'failed' AND finished_at IS NULL",
+        Params::None
+    ),
+    (
+        "failed_with_finish_time",
+        "SELECT id, 'failed, yet finished at ' || finished_at::text FROM recovery_task \
+         WHERE status = 'failed' AND finished_at IS NOT NULL",
+        Params::None
+    ),
+    (
+        "attempts_over_budget",
+        "WITH budgeted AS ( \
+             SELECT t.id, t.attempts, t.attempt_grants + coalesce(t.max_attempts, \
+                 (SELECT m FROM unnest($1::text[], $2::int[]) AS r(name, m) WHERE r.name = t.route), \
+                 (SELECT m FROM unnest($3::text[], $4::int[]) AS h(name, m) WHERE h.name = t.handler), \
+                 $5) AS allowed \
+             FROM recovery_task t) \
+         SELECT b.id, 'handler called on attempt ' || a.attempt || ' of ' || b.allowed || ' allowed' \
+         FROM budgeted b JOIN recovery_attempt a ON a.task_id = b.id \
+         WHERE a.outcome IN ('resolved', 'retry', 'permanent_failure') AND a.attempt > b.allowed \
+           AND coalesce(a.error, '') NOT LIKE $6 || '%' \
+         UNION ALL \
+         SELECT id, attempts || ' attempts counted, ' || allowed || ' allowed (one more may end it unrun)' \
+         FROM budgeted WHERE attempts > allowed + 1",
+        Params::Budgets
+    ),
+    (
+        "history_mismatch",
+        "SELECT t.id, t.attempts || ' attempts counted' || \
+                CASE WHEN t.lease_owner IS NULL THEN '' ELSE ' (one running)' END || \
+                ', ' || count(a.task_id) || ' finished in the history' \
+         FROM recovery_task t LEFT JOIN recovery_attempt a ON a.task_id = t.id \
+              AND a.outcome <> 'released' AND a.outcome NOT LIKE 'operator\\_%' \
+         GROUP BY t.id \
+         HAVING count(a.task_id) <> t.attempts - CASE WHEN t.lease_owner IS NULL THEN 0 ELSE 1 END",
+        Params::None
+    ),
+    (
+        "duplicate_dedup_key",
+        "SELECT unnest(ids[2:]), 'dedup key ' || quote_literal(dedup_key) || ' also held by task ' || ids[1] \
+         FROM (SELECT dedup_key, array_agg(id ORDER BY id) AS ids FROM recovery_task \
+               WHERE dedup_key IS NOT NULL GROUP BY dedup_key HAVING count(*) > 1) d",
+        Params::None
+    ),
+    (
+        "expired_lease_of_live_member",
+        "SELECT t.id, 'lease of live member ' || t.lease_owner || ' expired at ' || t.next_attempt_at::text \
+         FROM recovery_task t JOIN recovery_member m ON m.id = t.lease_owner \
+         WHERE t.status = 'failed' AND t.next_attempt_at < now() - $1 * interval '1 second' \
+           AND m.last_seen > now() - $2 * interval '1 second'",
+        Params::Liveness
+    ),
+];
+
+impl Store {
+    /// Runs every invariant check. Each reads the whole store: an operator's tool.
+    pub async fn check(&self, budgets: &Budgets) -> Result<CheckReport> {
+        let mut report = CheckReport::default();
+        for (kind, query, params) in CHECKS {
+            let statement = format!(
+                "WITH v(id, detail) AS ({query}) \
+                 SELECT id, detail, count(*) OVER () AS total FROM v ORDER BY id LIMIT {SHOWN_PER_KIND}"
+            );
+            let q = sqlx::query(&statement);
+            let q = match params {
+                Params::None => q,
+                Params::Budgets => q
+                    .bind(
+                        budgets
+                            .routes
+                            .iter()
+                            .map(|r| r.0.clone())
+                            .collect::<Vec<_>>(),
+                    )
+                    .bind(budgets.routes.iter().map(|r| r.1).collect::<Vec<_>>())
+                    .bind(
+                        budgets
+                            .handlers
+                            .iter()
+                            .map(|h| h.0.clone())
+                            .collect::<Vec<_>>(),
+                    )
+                    .bind(budgets.handlers.iter().map(|h| h.1).collect::<Vec<_>>())
+                    .bind(budgets.default)
+                    .bind(NO_ATTEMPTS_LEFT),
+                Params::Liveness => q
+                    .bind(EXPIRED_LEASE_GRACE_SECONDS)
+                    .bind(MEMBER_LIVE_WITHIN.as_secs_f64()),
+            };
+            let rows = q.fetch_all(&self.pool).await?;
+            if let Some(first) = rows.first() {
+                report
+                    .counts
+                    .push((kind.to_owned(), first.try_get("total")?));
+            }
+            for row in rows {
+                report.violations.push(Violation {
+                    kind,
+                    task_id: TaskId(row.try_get("id")?),
+                    detail: row
+                        .try_get::<Option<String>, _>("detail")?
+                        .unwrap_or_default(),
+                });
+            }
+        }
+        Ok(report)
+    }
+}

@@ -1,0 +1,147 @@
+//! Which tasks an operator means: a filter, as one fixed SQL condition whose parts are
+//! switched on by their parameters (no SQL is ever built from a filter's text).
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+use sqlx::Postgres;
+
+use crate::task::{Status, TaskId};
+
+/// Tasks selected by their fields; every field left out matches every task.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct TaskFilter {
+    /// Any of these statuses.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub status: Vec<Status>,
+    /// Handler name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handler: Option<String>,
+    /// Ingest route name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
+    /// Topic the failure was consumed from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    /// Message key, exactly (its UTF-8 bytes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Message key starting with these UTF-8 bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_prefix: Option<String>,
+    /// Text in the last error or the reported error message, case-insensitive.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Created at or after.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_after: Option<DateTime<Utc>>,
+    /// Created before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_before: Option<DateTime<Utc>>,
+    /// Last changed at or after.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub updated_after: Option<DateTime<Utc>>,
+    /// Last changed before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub updated_before: Option<DateTime<Utc>>,
+}
+
+impl TaskFilter {
+    /// Whether the filter selects every task (bulk actions ask for `--all` then).
+    pub fn is_everything(&self) -> bool {
+        *self == TaskFilter::default()
+    }
+
+    /// Checks values the database would otherwise refuse or misread.
+    pub fn validate(&self) -> Result<(), String> {
+        let texts = [
+            ("handler", &self.handler),
+            ("route", &self.route),
+            ("topic", &self.topic),
+            ("key", &self.key),
+            ("key_prefix", &self.key_prefix),
+            ("error", &self.error),
+        ];
+        for (name, value) in texts {
+            if value.as_deref().is_some_and(|v| v.contains('\0')) {
+                return Err(format!("{name} must not contain a NUL character"));
+            }
+        }
+        if self.key.is_some() && self.key_prefix.is_some() {
+            return Err("give key or key_prefix, not both".into());
+        }
+        for (name, after, before) in [
+            ("created", self.created_after, self.created_before),
+            ("updated", self.updated_after, self.updated_before),
+        ] {
+            if let (Some(after), Some(before)) = (after, before) {
+                if after >= before {
+                    return Err(format!("{name}_after must be earlier than {name}_before"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Which tasks an action applies to: listed ids, or every task a filter selects.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Selection {
+    /// These tasks.
+    Ids(Vec<TaskId>),
+    /// The tasks this filter selects when each batch is read.
+    Filter(TaskFilter),
+}
+
+/// The condition over `recovery_task` (no alias) for parameters `$1` to `$12`, bound by
+/// [`bind_selection`]; a statement's own parameters start at `$13`. Each part is off
+/// when its parameter is NULL.
+pub(crate) const CONDITION: &str = "\
+    ($1::text[] IS NULL OR status = ANY($1)) \
+    AND ($2::text IS NULL OR handler = $2) \
+    AND ($3::text IS NULL OR route = $3) \
+    AND ($4::text IS NULL OR source_topic = $4) \
+    AND ($5::bytea IS NULL OR msg_key = $5) \
+    AND ($6::bytea IS NULL OR substring(msg_key FROM 1 FOR length($6)) = $6) \
+    AND ($7::text IS NULL OR strpos(lower(coalesce(last_error, '') || ' ' || \
+         coalesce(error_message, '')), lower($7)) > 0) \
+    AND ($8::timestamptz IS NULL OR created_at >= $8) \
+    AND ($9::timestamptz IS NULL OR created_at < $9) \
+    AND ($10::timestamptz IS NULL OR updated_at >= $10) \
+    AND ($11::timestamptz IS NULL OR updated_at < $11) \
+    AND ($12::bigint[] IS NULL OR id = ANY($12))";
+
+/// Binds `$1`..`$12` of [`CONDITION`] for `selection`.
+pub(crate) fn bind_selection<'q>(
+    query: Query<'q, Postgres, PgArguments>,
+    selection: &'q Selection,
+) -> Query<'q, Postgres, PgArguments> {
+    let empty = TaskFilter::default();
+    let (filter, ids) = match selection {
+        Selection::Ids(ids) => (&empty, Some(ids.iter().map(|id| id.0).collect::<Vec<_>>())),
+        Selection::Filter(filter) => (filter, None),
+    };
+    let statuses = (!filter.status.is_empty()).then(|| {
+        filter
+            .status
+            .iter()
+            .map(|s| s.as_str().to_owned())
+            .collect::<Vec<_>>()
+    });
+    query
+        .bind(statuses)
+        .bind(filter.handler.clone())
+        .bind(filter.route.clone())
+        .bind(filter.topic.clone())
+        .bind(filter.key.as_ref().map(|k| k.as_bytes().to_vec()))
+        .bind(filter.key_prefix.as_ref().map(|k| k.as_bytes().to_vec()))
+        .bind(filter.error.clone())
+        .bind(filter.created_after)
+        .bind(filter.created_before)
+        .bind(filter.updated_after)
+        .bind(filter.updated_before)
+        .bind(ids)
+}

@@ -1,0 +1,277 @@
+//! What operators look at: pages of tasks and the store's figures.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::Row;
+
+use super::filter::{bind_selection, Selection, TaskFilter, CONDITION};
+use super::{Result, Store};
+use crate::readable::Readable;
+use crate::task::{Status, TaskId};
+
+/// Largest page [`Store::list`] returns.
+pub const MAX_PAGE: i64 = 1000;
+
+/// Bytes of key and error a list row carries (`show` gives them whole).
+const PREVIEW_BYTES: i32 = 120;
+
+/// A task as one line of a list: no payload, key and error cut short.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct TaskSummary {
+    /// Task id.
+    pub id: TaskId,
+    /// Status.
+    pub status: Status,
+    /// Handler.
+    pub handler: String,
+    /// Ingest route, if ingested.
+    pub route: Option<String>,
+    /// Topic consumed from.
+    pub topic: Option<String>,
+    /// Partition consumed from.
+    pub partition: Option<i32>,
+    /// Offset consumed from.
+    pub offset: Option<i64>,
+    /// The key's first bytes (as `show` renders them: UTF-8, or hex).
+    pub key: Option<String>,
+    /// Attempts started.
+    pub attempts: i32,
+    /// When the next attempt is due (the lease deadline while leased).
+    pub next_attempt_at: DateTime<Utc>,
+    /// The last error's first bytes.
+    pub last_error: Option<String>,
+    /// Worker holding its lease.
+    pub lease_owner: Option<String>,
+    /// When it was recorded.
+    pub created_at: DateTime<Utc>,
+    /// Last change.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One page of a list, newest first.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct TaskPage {
+    /// The tasks.
+    pub tasks: Vec<TaskSummary>,
+    /// Pass as `after` for the next page; absent on the last page.
+    pub next_cursor: Option<TaskId>,
+}
+
+/// Counts of one status and handler.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct StatusCount {
+    /// Status.
+    pub status: Status,
+    /// Handler.
+    pub handler: String,
+    /// Tasks.
+    pub count: i64,
+}
+
+/// The oldest due task of a handler.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct OldestDue {
+    /// Handler.
+    pub handler: String,
+    /// Tasks due now.
+    pub due: i64,
+    /// How long the oldest has been due, in seconds.
+    pub oldest_due_seconds: f64,
+}
+
+/// Attempts of the last hour with one outcome.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct OutcomeCount {
+    /// `resolved`, `retry`, `permanent_failure`, `fenced`, `operator_retry`, ...
+    pub outcome: String,
+    /// How many.
+    pub count: i64,
+}
+
+/// The store's figures, for `redrive tasks stats` and `GET /api/v1/stats`.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Stats {
+    /// Tasks by status and handler.
+    pub tasks: Vec<StatusCount>,
+    /// Per handler with due tasks: how many and the oldest's age.
+    pub due: Vec<OldestDue>,
+    /// History rows of the last hour by outcome.
+    pub last_hour: Vec<OutcomeCount>,
+    /// Members seen recently.
+    pub members: Vec<super::members::Member>,
+}
+
+const LIST: &str = "\
+    SELECT id, status, handler, route, source_topic, source_partition, source_offset, \
+           substring(msg_key FROM 1 FOR $15) AS key, attempts, next_attempt_at, \
+           left(last_error, $15) AS last_error, lease_owner, created_at, updated_at \
+    FROM recovery_task WHERE {CONDITION} AND ($13::bigint IS NULL OR id < $13) \
+    ORDER BY id DESC LIMIT $14";
+
+impl Store {
+    /// A page of the tasks `filter` selects, newest first, after the `after` cursor.
+    pub async fn list(
+        &self,
+        filter: &TaskFilter,
+        after: Option<TaskId>,
+        limit: i64,
+    ) -> Result<TaskPage> {
+        let limit = limit.clamp(1, MAX_PAGE);
+        let selection = Selection::Filter(filter.clone());
+        let statement = LIST.replace("{CONDITION}", CONDITION);
+        let rows = bind_selection(sqlx::query(&statement), &selection)
+            .bind(after.map(|id| id.0))
+            .bind(limit)
+            .bind(PREVIEW_BYTES)
+            .fetch_all(&self.pool)
+            .await?;
+        let tasks = rows
+            .iter()
+            .map(|r| {
+                let status: String = r.try_get("status")?;
+                let key: Option<Vec<u8>> = r.try_get("key")?;
+                Ok(TaskSummary {
+                    id: TaskId(r.try_get("id")?),
+                    status: status
+                        .parse()
+                        .map_err(|e| super::StoreError::MalformedRow(format!("status: {e}")))?,
+                    handler: r.try_get("handler")?,
+                    route: r.try_get("route")?,
+                    topic: r.try_get("source_topic")?,
+                    partition: r.try_get("source_partition")?,
+                    offset: r.try_get("source_offset")?,
+                    key: key.map(|k| Readable::new(&k).line()),
+                    attempts: r.try_get("attempts")?,
+                    next_attempt_at: r.try_get("next_attempt_at")?,
+                    last_error: r.try_get("last_error")?,
+                    lease_owner: r.try_get("lease_owner")?,
+                    created_at: r.try_get("created_at")?,
+                    updated_at: r.try_get("updated_at")?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let next_cursor = (tasks.len() as i64 == limit)
+            .then(|| tasks.last().map(|t| t.id))
+            .flatten();
+        Ok(TaskPage { tasks, next_cursor })
+    }
+
+    /// Counts by status and handler, due work per handler, the last hour's outcomes and
+    /// the live members. The counts read every task: for operators, not for scrapes.
+    pub async fn stats(&self) -> Result<Stats> {
+        let tasks = sqlx::query(
+            "SELECT status, handler, count(*) AS n FROM recovery_task \
+             GROUP BY status, handler ORDER BY status, handler",
+        )
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(|r| {
+            let status: String = r.try_get("status")?;
+            Ok(StatusCount {
+                status: status
+                    .parse()
+                    .map_err(|e| super::StoreError::MalformedRow(format!("status: {e}")))?,
+                handler: r.try_get("handler")?,
+                count: r.try_get("n")?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+        let due = sqlx::query(
+            "SELECT handler, count(*) AS due, \
+                    extract(epoch FROM now() - min(next_attempt_at))::float8 AS age \
+             FROM recovery_task WHERE status = 'failed' AND next_attempt_at <= now() \
+             GROUP BY handler ORDER BY handler",
+        )
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(OldestDue {
+                handler: r.try_get("handler")?,
+                due: r.try_get("due")?,
+                oldest_due_seconds: r.try_get("age")?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+        let last_hour = sqlx::query(
+            "SELECT outcome, count(*) AS n FROM recovery_attempt \
+             WHERE started_at > now() - interval '1 hour' GROUP BY outcome ORDER BY outcome",
+        )
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(OutcomeCount {
+                outcome: r.try_get("outcome")?,
+                count: r.try_get("n")?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+        Ok(Stats {
+            tasks,
+            due,
+            last_hour,
+            members: self.live_members().await?,
+        })
+    }
+}
+
+/// One header, readable.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct HeaderView {
+    /// Its name.
+    pub name: Readable,
+    /// Its value; absent for a header without one.
+    pub value: Option<Readable>,
+}
+
+/// Every field of a task, payload readable, with its attempt history: `tasks show`.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct TaskDetail {
+    /// The task without its payload (key, value and headers are below, readable).
+    #[schema(value_type = Object)]
+    pub task: serde_json::Value,
+    /// Message key.
+    pub key: Option<Readable>,
+    /// Message value.
+    pub value: Option<Readable>,
+    /// Message headers, in order.
+    pub headers: Vec<HeaderView>,
+    /// The attempt history, oldest first.
+    pub history: Vec<super::Attempt>,
+}
+
+impl Store {
+    /// Every field of task `id` and its history; `None` when there is no such task.
+    pub async fn detail(&self, id: TaskId) -> Result<Option<TaskDetail>> {
+        let Some(task) = self.get(id).await? else {
+            return Ok(None);
+        };
+        let history = self.attempts(id).await?;
+        let key = task.failure.key.as_deref().map(Readable::new);
+        let value = task.failure.value.as_deref().map(Readable::new);
+        let headers = task
+            .failure
+            .headers
+            .iter()
+            .map(|h| HeaderView {
+                name: Readable::new(&h.name),
+                value: h.value.as_deref().map(Readable::new),
+            })
+            .collect();
+        let mut fields = serde_json::to_value(&task).expect("a task serializes");
+        if let Some(object) = fields.as_object_mut() {
+            for raw in ["key", "value", "headers"] {
+                object.remove(raw);
+            }
+        }
+        Ok(Some(TaskDetail {
+            task: fields,
+            key,
+            value,
+            headers,
+            history,
+        }))
+    }
+}

@@ -1,0 +1,91 @@
+//! Fleet members: each records itself on a timer; "live" means seen recently.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::Row;
+use std::time::Duration;
+
+use super::{Result, Store};
+
+/// How often a member records itself.
+pub const MEMBER_BEAT: Duration = Duration::from_secs(10);
+
+/// A member not seen for this long is not live (three missed beats).
+pub const MEMBER_LIVE_WITHIN: Duration = Duration::from_secs(30);
+
+/// A member's row is deleted once it has not been seen for a day.
+const MEMBER_FORGOTTEN_AFTER: &str = "1 day";
+
+/// A fleet member as it last recorded itself.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct Member {
+    /// Its worker id (what leases and the history name).
+    pub id: String,
+    /// Host name.
+    pub host: String,
+    /// redrive version.
+    pub version: String,
+    /// What it runs: `worker`, `ingest`, `admin`, `replay`.
+    pub roles: Vec<String>,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// When it last recorded itself.
+    pub last_seen: DateTime<Utc>,
+}
+
+impl Store {
+    /// Records (or refreshes) `member`, with `last_seen` set to the database's now, and
+    /// forgets members gone for a day.
+    pub async fn record_member(&self, member: &Member) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO recovery_member (id, host, version, roles, started_at, last_seen) \
+             VALUES ($1, $2, $3, $4, $5, now()) \
+             ON CONFLICT (id) DO UPDATE SET last_seen = now(), roles = excluded.roles",
+        )
+        .bind(&member.id)
+        .bind(&member.host)
+        .bind(&member.version)
+        .bind(&member.roles)
+        .bind(member.started_at)
+        .execute(&self.pool)
+        .await?;
+        sqlx::query(&format!(
+            "DELETE FROM recovery_member WHERE last_seen < now() - interval '{MEMBER_FORGOTTEN_AFTER}'"
+        ))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Removes `id` (a member that stops cleanly).
+    pub async fn forget_member(&self, id: &str) -> Result<()> {
+        sqlx::query("DELETE FROM recovery_member WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Members seen within [`MEMBER_LIVE_WITHIN`], by id.
+    pub async fn live_members(&self) -> Result<Vec<Member>> {
+        let rows = sqlx::query(
+            "SELECT * FROM recovery_member \
+             WHERE last_seen > now() - $1 * interval '1 millisecond' ORDER BY id",
+        )
+        .bind(MEMBER_LIVE_WITHIN.as_millis() as f64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Member {
+                    id: r.try_get("id")?,
+                    host: r.try_get("host")?,
+                    version: r.try_get("version")?,
+                    roles: r.try_get("roles")?,
+                    started_at: r.try_get("started_at")?,
+                    last_seen: r.try_get("last_seen")?,
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,268 @@
+//! Operator actions: retry, discard and resolve, by ids or by filter.
+//!
+//! An action walks its tasks in id order, a few hundred per transaction, so it runs in
+//! bounded memory on any number of tasks and never holds locks for long. Every change
+//! bumps the fencing token and gives up the lease, so an attempt running at that moment
+//! cannot overwrite the operator's decision (its result is fenced out); that attempt gets
+//! its history row (`fenced`), the action its own (`operator_<action>`). The audit row is
+//! written with the first batch and its count grows in each batch's transaction.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, Row};
+
+use super::filter::{bind_selection, Selection, CONDITION};
+use super::{Result, Store, StoreError};
+use crate::task::{Status, TaskId};
+
+/// Tasks changed per transaction.
+pub const ACTION_BATCH: i64 = 500;
+
+/// Longest wait for a row lock held by a worker before the batch is tried again.
+const LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '5s'";
+
+/// Who acts, and why: written to the audit log.
+#[derive(Debug, Clone)]
+pub struct Operator {
+    /// The actor: an admin token's name, or `cli:<user>`.
+    pub actor: String,
+    /// Why, in the operator's words.
+    pub reason: Option<String>,
+}
+
+/// How many attempts a retried task gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Budget {
+    /// Its whole attempt budget again.
+    #[default]
+    Fresh,
+    /// Its budget grows by this many attempts (a task that used up its budget gets
+    /// exactly this many more).
+    More(i32),
+}
+
+/// What an operator does to tasks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// Back to `failed`, due at `at` (now by default), with a new attempt budget.
+    Retry {
+        /// When the next attempt is due; now when absent.
+        at: Option<DateTime<Utc>>,
+        /// The attempts it gets.
+        budget: Budget,
+    },
+    /// Give up on it: `discarded`.
+    Discard,
+    /// Declare it handled: `resolved`.
+    Resolve,
+}
+
+impl Action {
+    /// The verb, as written in the audit log.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Action::Retry { .. } => "retry",
+            Action::Discard => "discard",
+            Action::Resolve => "resolve",
+        }
+    }
+
+    /// The statuses it changes; tasks in other statuses are left alone. A resolved task
+    /// is never retried (that is what replay is for).
+    pub fn applies_to(&self) -> &'static [Status] {
+        match self {
+            Action::Retry { .. } => &[Status::Failed, Status::PermanentFailure, Status::Discarded],
+            Action::Discard | Action::Resolve => &[Status::Failed, Status::PermanentFailure],
+        }
+    }
+
+    fn new_status(&self) -> Status {
+        match self {
+            Action::Retry { .. } => Status::Failed,
+            Action::Discard => Status::Discarded,
+            Action::Resolve => Status::Resolved,
+        }
+    }
+}
+
+/// What an action did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct ActionReport {
+    /// Its row in the audit log.
+    pub audit_id: i64,
+    /// Tasks changed.
+    pub changed: i64,
+}
+
+const BATCH: &str = r#"
+WITH target AS (
+    SELECT id, lease_owner, lease_version, attempts, leased_at
+    FROM recovery_task
+    WHERE {CONDITION} AND id > $13 AND status = ANY($14)
+    ORDER BY id
+    LIMIT $15
+    FOR UPDATE),
+interrupted AS (
+    INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
+    SELECT id, lease_version, attempts, lease_owner, coalesce(leased_at, now()),
+           least(greatest(extract(epoch FROM now() - leased_at) * 1000, 0), 2147483647)::int,
+           'fenced', 'an operator acted (' || $16 || ') while this attempt ran; its result was dropped'
+    FROM target
+    WHERE lease_owner IS NOT NULL
+    ON CONFLICT DO NOTHING),
+changed AS (
+    UPDATE recovery_task t
+    SET status = $17,
+        lease_owner = NULL,
+        leased_at = NULL,
+        lease_version = t.lease_version + 1,
+        next_attempt_at = CASE WHEN $17 = 'failed' THEN coalesce($18, now()) ELSE t.next_attempt_at END,
+        finished_at = CASE WHEN $17 = 'failed' THEN NULL ELSE now() END,
+        attempt_grants = CASE
+            WHEN $17 <> 'failed' THEN t.attempt_grants
+            WHEN $19::int IS NULL THEN t.attempts
+            ELSE least(t.attempt_grants::bigint + $19, 1000000)::int END,
+        updated_at = now()
+    FROM target
+    WHERE t.id = target.id
+    RETURNING t.id, t.lease_version, t.attempts),
+recorded AS (
+    INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
+    SELECT id, lease_version, attempts, $20, now(), 0, 'operator_' || $16, $21 FROM changed),
+counted AS (
+    UPDATE recovery_audit SET count = count + (SELECT count(*) FROM changed) WHERE id = $22)
+SELECT (SELECT max(id) FROM target) AS scanned_to, (SELECT count(*) FROM changed) AS changed
+"#;
+
+const COUNT: &str = "SELECT count(*) FROM recovery_task WHERE {CONDITION} AND status = ANY($13)";
+
+impl Store {
+    /// Applies `action` to the tasks of `selection` (those in a status it applies to),
+    /// with its audit row. Listed ids that do not exist are an error before anything
+    /// changes.
+    pub async fn act(
+        &self,
+        operator: &Operator,
+        action: &Action,
+        selection: &Selection,
+    ) -> Result<ActionReport> {
+        if let Selection::Ids(ids) = selection {
+            self.ensure_exist(ids).await?;
+        }
+        let mut audit_id = None;
+        let mut cursor = 0_i64;
+        let mut changed = 0_i64;
+        loop {
+            let mut tries = 0;
+            let (scanned_to, batch_changed) = loop {
+                let mut tx = self.pool.begin().await?;
+                let audit = match audit_id {
+                    Some(id) => id,
+                    None => {
+                        self.insert_audit(&mut tx, operator, action.name(), Some(selection), None)
+                            .await?
+                    }
+                };
+                match apply_batch(&mut tx, operator, action, selection, cursor, Some(audit)).await {
+                    Ok(batch) => {
+                        tx.commit().await?;
+                        audit_id = Some(audit);
+                        break batch;
+                    }
+                    Err(StoreError::Database(error)) if tries < 5 && is_contention(&error) => {
+                        tries += 1;
+                        tracing::debug!(%error, "operator batch met a lock; trying again");
+                    }
+                    Err(error) => return Err(error),
+                }
+            };
+            changed += batch_changed;
+            match scanned_to {
+                Some(last) => cursor = last,
+                None => break,
+            }
+        }
+        Ok(ActionReport {
+            audit_id: audit_id.expect("the first batch wrote the audit row"),
+            changed,
+        })
+    }
+
+    /// How many tasks of `selection` `action` would change now.
+    pub async fn count_applicable(&self, action: &Action, selection: &Selection) -> Result<i64> {
+        let applies: Vec<&str> = action.applies_to().iter().map(|s| s.as_str()).collect();
+        let statement = COUNT.replace("{CONDITION}", CONDITION);
+        let row = bind_selection(sqlx::query(&statement), selection)
+            .bind(applies)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.try_get(0)?)
+    }
+
+    /// Fails with [`StoreError::UnknownTasks`] when any of `ids` is not a task.
+    pub async fn ensure_exist(&self, ids: &[TaskId]) -> Result<()> {
+        let raw: Vec<i64> = ids.iter().map(|id| id.0).collect();
+        let missing: Vec<i64> = sqlx::query_scalar(
+            "SELECT i FROM unnest($1::bigint[]) AS i \
+             WHERE NOT EXISTS (SELECT 1 FROM recovery_task WHERE id = i) ORDER BY i",
+        )
+        .bind(raw)
+        .fetch_all(&self.pool)
+        .await?;
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(StoreError::UnknownTasks(
+                missing.into_iter().map(TaskId).collect(),
+            ))
+        }
+    }
+}
+
+/// Applies `action` to the next batch of `selection` after task id `cursor`, in the
+/// caller's transaction, adding the count to audit row `audit` if given. Returns the
+/// last task id the batch looked at (none: nothing was left) and how many it changed.
+pub(crate) async fn apply_batch(
+    conn: &mut PgConnection,
+    operator: &Operator,
+    action: &Action,
+    selection: &Selection,
+    cursor: i64,
+    audit: Option<i64>,
+) -> Result<(Option<i64>, i64)> {
+    let statement = BATCH.replace("{CONDITION}", CONDITION);
+    let applies: Vec<&str> = action.applies_to().iter().map(|s| s.as_str()).collect();
+    let (at, more) = match action {
+        Action::Retry { at, budget } => (
+            *at,
+            match budget {
+                Budget::Fresh => None,
+                Budget::More(n) => Some(*n),
+            },
+        ),
+        _ => (None, None),
+    };
+    sqlx::query(LOCK_TIMEOUT).execute(&mut *conn).await?;
+    let row = bind_selection(sqlx::query(&statement), selection)
+        .bind(cursor)
+        .bind(&applies)
+        .bind(ACTION_BATCH)
+        .bind(action.name())
+        .bind(action.new_status().as_str())
+        .bind(at)
+        .bind(more)
+        .bind(&operator.actor)
+        .bind(&operator.reason)
+        .bind(audit)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok((row.try_get("scanned_to")?, row.try_get("changed")?))
+}
+
+/// A lock wait that timed out or a deadlock the database broke: worth another try.
+fn is_contention(error: &sqlx::Error) -> bool {
+    let code = error.as_database_error().and_then(|e| e.code());
+    matches!(code.as_deref(), Some("55P03" | "40P01" | "40001"))
+}

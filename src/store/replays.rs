@@ -1,0 +1,428 @@
+//! Replay jobs as rows: created with their audit entry, claimed by one runner at a time
+//! (fenced by the runner's name), advanced batch by batch, cancelled by operators.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, Row};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::filter::{bind_selection, Selection, TaskFilter, CONDITION};
+use super::operate::Operator;
+use super::row::task_from_row;
+use super::{Result, Store, StoreError};
+use crate::task::Task;
+
+/// A runner that has not beaten for this long has stopped; another may take the job.
+pub const REPLAY_STALE_AFTER: Duration = Duration::from_secs(30);
+
+/// Where a target partition ended before a batch was produced: topic → partition → the
+/// high watermark. A resume reads from there to learn what the batch already wrote.
+pub type Marks = BTreeMap<String, BTreeMap<i32, i64>>;
+
+/// A replay job, as listed.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct ReplayJob {
+    /// Job id.
+    pub id: i64,
+    /// When it was started.
+    pub created_at: DateTime<Utc>,
+    /// Who started it.
+    pub actor: String,
+    /// The tasks it replays.
+    pub filter: TaskFilter,
+    /// Where to; absent: each task's original topic.
+    pub target_topic: Option<String>,
+    /// Whether each replayed task is marked resolved.
+    pub mark_resolved: bool,
+    /// Messages per second at most.
+    pub rate: Option<f64>,
+    /// Run by fleet members (true) or by the CLI that started it.
+    pub detached: bool,
+    /// `pending`, `running`, `done`, `cancelled` or `failed`.
+    pub status: String,
+    /// Who runs it now.
+    pub runner: Option<String>,
+    /// When its runner last reported.
+    pub heartbeat_at: Option<DateTime<Utc>>,
+    /// Tasks up to this id are done.
+    pub cursor: i64,
+    /// Messages produced.
+    pub produced: i64,
+    /// Tasks skipped (no topic to replay to, or payload not stored).
+    pub skipped: i64,
+    /// Tasks the filter selected when it started.
+    pub total: Option<i64>,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// When it ended.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// A batch being produced (up to this task id), if one is.
+    #[serde(skip)]
+    pub pending_upto: Option<i64>,
+    /// Where target partitions ended before that batch.
+    #[serde(skip)]
+    pub pending_marks: Option<Marks>,
+}
+
+/// What a new replay does.
+#[derive(Debug, Clone)]
+pub struct NewReplay {
+    /// The tasks to replay.
+    pub filter: TaskFilter,
+    /// Target topic; none: each task's original topic.
+    pub target_topic: Option<String>,
+    /// Mark each replayed task resolved.
+    pub mark_resolved: bool,
+    /// Messages per second at most.
+    pub rate: Option<f64>,
+    /// Leave it to fleet members.
+    pub detached: bool,
+}
+
+/// A replay that went as far as it could.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayRowError {
+    /// No such job.
+    #[error("no replay job {0}")]
+    Unknown(i64),
+    /// Another runner holds it, or it has ended.
+    #[error("replay job {id} is {status}{runner}", runner = .runner.as_deref().map(|r| format!(" (run by {r})")).unwrap_or_default())]
+    NotYours {
+        /// The job.
+        id: i64,
+        /// Its status.
+        status: String,
+        /// Its runner.
+        runner: Option<String>,
+    },
+}
+
+fn job_from_row(row: &PgRow) -> Result<ReplayJob> {
+    let filter: serde_json::Value = row.try_get("filter")?;
+    let marks: Option<serde_json::Value> = row.try_get("pending_marks")?;
+    let malformed = |e: serde_json::Error| StoreError::MalformedRow(format!("replay: {e}"));
+    Ok(ReplayJob {
+        id: row.try_get("id")?,
+        created_at: row.try_get("created_at")?,
+        actor: row.try_get("actor")?,
+        filter: serde_json::from_value(filter).map_err(malformed)?,
+        target_topic: row.try_get("target_topic")?,
+        mark_resolved: row.try_get("mark_resolved")?,
+        rate: row.try_get("rate")?,
+        detached: row.try_get("detached")?,
+        status: row.try_get("status")?,
+        runner: row.try_get("runner")?,
+        heartbeat_at: row.try_get("heartbeat_at")?,
+        cursor: row.try_get("cursor")?,
+        produced: row.try_get("produced")?,
+        skipped: row.try_get("skipped")?,
+        total: row.try_get("total")?,
+        error: row.try_get("error")?,
+        finished_at: row.try_get("finished_at")?,
+        pending_upto: row.try_get("pending_upto")?,
+        pending_marks: marks
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(malformed)?,
+    })
+}
+
+impl Store {
+    /// Records a replay job and its audit row. A detached job waits for a fleet member;
+    /// another is running from the start, run by `runner`.
+    pub async fn create_replay(
+        &self,
+        operator: &Operator,
+        replay: &NewReplay,
+        runner: &str,
+    ) -> Result<ReplayJob> {
+        let selection = Selection::Filter(replay.filter.clone());
+        let total = self.count_selected(&selection).await?;
+        let mut tx = self.pool.begin().await?;
+        let details = serde_json::json!({
+            "target_topic": replay.target_topic,
+            "mark_resolved": replay.mark_resolved,
+            "rate": replay.rate,
+            "detached": replay.detached,
+        });
+        let audit = self
+            .insert_audit(&mut tx, operator, "replay", Some(&selection), Some(details))
+            .await?;
+        let row = sqlx::query(
+            "INSERT INTO recovery_replay (actor, filter, target_topic, mark_resolved, rate, \
+                 detached, status, runner, heartbeat_at, total) \
+             VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 THEN 'pending' ELSE 'running' END, \
+                 CASE WHEN $6 THEN NULL ELSE $7 END, now(), $8) RETURNING *",
+        )
+        .bind(&operator.actor)
+        .bind(serde_json::to_value(&replay.filter).expect("a filter serializes"))
+        .bind(&replay.target_topic)
+        .bind(replay.mark_resolved)
+        .bind(replay.rate)
+        .bind(replay.detached)
+        .bind(runner)
+        .bind(total)
+        .fetch_one(&mut *tx)
+        .await?;
+        let job = job_from_row(&row)?;
+        sqlx::query("UPDATE recovery_audit SET details = details || jsonb_build_object('job', $1::bigint) WHERE id = $2")
+            .bind(job.id)
+            .bind(audit)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(job)
+    }
+
+    /// Replay jobs, newest first.
+    pub async fn replays(&self, limit: i64) -> Result<Vec<ReplayJob>> {
+        let rows = sqlx::query("SELECT * FROM recovery_replay ORDER BY id DESC LIMIT $1")
+            .bind(limit.clamp(1, 1000))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(job_from_row).collect()
+    }
+
+    /// One replay job.
+    pub async fn replay(&self, id: i64) -> Result<Option<ReplayJob>> {
+        let row = sqlx::query("SELECT * FROM recovery_replay WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(job_from_row).transpose()
+    }
+
+    /// Cancels a job that has not ended (its runner stops at its next batch), audited.
+    /// Answers the job as it is now.
+    pub async fn cancel_replay(&self, operator: &Operator, id: i64) -> Result<ReplayJob> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(
+            "UPDATE recovery_replay SET status = 'cancelled', finished_at = now() \
+             WHERE id = $1 AND status IN ('pending', 'running', 'failed') RETURNING *",
+        )
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            drop(tx);
+            return match self.replay(id).await? {
+                None => Err(StoreError::Replay(ReplayRowError::Unknown(id))),
+                Some(job) => Err(StoreError::Replay(ReplayRowError::NotYours {
+                    id,
+                    status: job.status,
+                    runner: None,
+                })),
+            };
+        };
+        self.insert_audit(
+            &mut tx,
+            operator,
+            "replay_cancel",
+            None,
+            Some(serde_json::json!({ "job": id })),
+        )
+        .await?;
+        tx.commit().await?;
+        job_from_row(&row)
+    }
+
+    /// Takes job `id` for `runner`: a detached job that waits or whose runner stopped,
+    /// or (with `resume`) any job not ended whose runner stopped. With `detach`, the job
+    /// is handed to the fleet instead.
+    pub async fn take_replay(
+        &self,
+        id: i64,
+        runner: &str,
+        resume: bool,
+        detach: bool,
+    ) -> Result<ReplayJob> {
+        let row = sqlx::query(
+            "UPDATE recovery_replay SET \
+                 status = CASE WHEN $4 THEN 'pending' ELSE 'running' END, \
+                 runner = CASE WHEN $4 THEN NULL ELSE $2 END, \
+                 detached = detached OR $4, heartbeat_at = now(), error = NULL \
+             WHERE id = $1 AND ( \
+                 status = 'pending' AND detached \
+                 OR status IN ('running', 'failed') AND $3 \
+                    AND (runner IS NULL OR heartbeat_at < now() - $5 * interval '1 second' \
+                         OR status = 'failed')) \
+             RETURNING *",
+        )
+        .bind(id)
+        .bind(runner)
+        .bind(resume)
+        .bind(detach)
+        .bind(REPLAY_STALE_AFTER.as_secs_f64())
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            Some(row) => job_from_row(&row),
+            None => match self.replay(id).await? {
+                None => Err(StoreError::Replay(ReplayRowError::Unknown(id))),
+                Some(job) => Err(StoreError::Replay(ReplayRowError::NotYours {
+                    id,
+                    status: job.status,
+                    runner: job.runner,
+                })),
+            },
+        }
+    }
+
+    /// Claims the oldest detached job that waits or whose runner stopped, for `runner`.
+    pub async fn claim_detached_replay(&self, runner: &str) -> Result<Option<ReplayJob>> {
+        let row = sqlx::query(
+            "UPDATE recovery_replay SET status = 'running', runner = $1, heartbeat_at = now() \
+             WHERE id = (SELECT id FROM recovery_replay \
+                         WHERE detached AND (status = 'pending' OR status = 'running' \
+                               AND heartbeat_at < now() - $2 * interval '1 second') \
+                         ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) \
+             RETURNING *",
+        )
+        .bind(runner)
+        .bind(REPLAY_STALE_AFTER.as_secs_f64())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(job_from_row).transpose()
+    }
+
+    /// Keeps `runner`'s hold on job `id`; false when the job was cancelled or taken over.
+    pub async fn beat_replay(&self, id: i64, runner: &str) -> Result<bool> {
+        let beat = sqlx::query(
+            "UPDATE recovery_replay SET heartbeat_at = now() \
+             WHERE id = $1 AND runner = $2 AND status = 'running'",
+        )
+        .bind(id)
+        .bind(runner)
+        .execute(&self.pool)
+        .await?;
+        Ok(beat.rows_affected() == 1)
+    }
+
+    /// Records that the batch up to task `upto` is about to be produced, and where the
+    /// target partitions end. False when the job is no longer `runner`'s.
+    pub async fn begin_replay_batch(
+        &self,
+        id: i64,
+        runner: &str,
+        upto: i64,
+        marks: &Marks,
+    ) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE recovery_replay SET pending_upto = $3, pending_marks = $4, heartbeat_at = now() \
+             WHERE id = $1 AND runner = $2 AND status = 'running'",
+        )
+        .bind(id)
+        .bind(runner)
+        .bind(upto)
+        .bind(serde_json::to_value(marks).expect("marks serialize"))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// In `conn`'s transaction: the batch up to `upto` is produced. Returns false when
+    /// the job is no longer `runner`'s (the caller rolls back).
+    pub(crate) async fn end_replay_batch(
+        conn: &mut PgConnection,
+        id: i64,
+        runner: &str,
+        upto: i64,
+        produced: i64,
+        skipped: i64,
+    ) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE recovery_replay SET cursor = $3, produced = produced + $4, \
+                 skipped = skipped + $5, pending_upto = NULL, pending_marks = NULL, \
+                 heartbeat_at = now() \
+             WHERE id = $1 AND runner = $2 AND status = 'running'",
+        )
+        .bind(id)
+        .bind(runner)
+        .bind(upto)
+        .bind(produced)
+        .bind(skipped)
+        .execute(&mut *conn)
+        .await?;
+        if done.rows_affected() == 1 {
+            sqlx::query(
+                "UPDATE recovery_audit SET count = count + $2 \
+                 WHERE action = 'replay' AND (details->>'job')::bigint = $1",
+            )
+            .bind(id)
+            .bind(produced)
+            .execute(&mut *conn)
+            .await?;
+        }
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Ends job `id` as `done` or `failed` (with the error), if `runner` still holds it.
+    pub async fn finish_replay(&self, id: i64, runner: &str, error: Option<&str>) -> Result<()> {
+        sqlx::query(
+            "UPDATE recovery_replay SET \
+                 status = CASE WHEN $3::text IS NULL THEN 'done' ELSE 'failed' END, \
+                 error = $3, finished_at = CASE WHEN $3::text IS NULL THEN now() END \
+             WHERE id = $1 AND runner = $2 AND status = 'running'",
+        )
+        .bind(id)
+        .bind(runner)
+        .bind(error)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The next tasks of `filter` after task id `after` and up to `upto`, in id order:
+    /// at most `limit`, and no more than `max_bytes` of payload unless the first alone is.
+    pub async fn replay_batch(
+        &self,
+        filter: &TaskFilter,
+        after: i64,
+        upto: Option<i64>,
+        limit: i64,
+        max_bytes: i64,
+    ) -> Result<Vec<Task>> {
+        let selection = Selection::Filter(filter.clone());
+        let statement = format!(
+            "SELECT * FROM (SELECT *, row_number() OVER w AS rn, sum(coalesce(octet_length(msg_key), 0) \
+                 + coalesce(octet_length(msg_value), 0) + octet_length(msg_headers)) OVER w AS running \
+             FROM (SELECT * FROM recovery_task WHERE {CONDITION} AND id > $13 \
+                   AND ($14::bigint IS NULL OR id <= $14) ORDER BY id LIMIT $15) t \
+             WINDOW w AS (ORDER BY id)) b \
+             WHERE rn = 1 OR running <= $16 ORDER BY id"
+        );
+        let rows = bind_selection(sqlx::query(&statement), &selection)
+            .bind(after)
+            .bind(upto)
+            .bind(limit)
+            .bind(max_bytes)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(task_from_row).collect()
+    }
+
+    /// The distinct topics the tasks of `filter` would be replayed to by default (their
+    /// original topics).
+    pub async fn original_topics(&self, filter: &TaskFilter) -> Result<Vec<String>> {
+        let selection = Selection::Filter(filter.clone());
+        let statement = format!(
+            "SELECT DISTINCT original_topic FROM recovery_task \
+             WHERE {CONDITION} AND original_topic IS NOT NULL ORDER BY 1"
+        );
+        let rows = bind_selection(sqlx::query(&statement), &selection)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+    }
+
+    /// How many tasks `selection` selects.
+    pub async fn count_selected(&self, selection: &Selection) -> Result<i64> {
+        let statement = format!("SELECT count(*) FROM recovery_task WHERE {CONDITION}");
+        let row = bind_selection(sqlx::query(&statement), selection)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.try_get(0)?)
+    }
+}
