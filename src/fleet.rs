@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::{self, AppState, Tokens};
 use crate::config::{validate_routes, ConfigError, Settings};
 use crate::finals::{FinalSink, Finals};
 use crate::handlers::{
@@ -11,9 +12,11 @@ use crate::handlers::{
 };
 use crate::ingest::Ingest;
 use crate::parking::Parking;
-use crate::store::{Budgets, Store, StoreError};
+use crate::store::{Budgets, Member, Store, StoreError};
 use crate::telemetry::{self, Metrics};
+use crate::upkeep;
 use crate::worker::WorkerPool;
+use futures::FutureExt;
 
 /// Why a fleet member could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -36,9 +39,9 @@ pub enum FleetError {
     /// A part of the member panicked (a bug); the others were stopped.
     #[error("a part of this member panicked: {0}")]
     Panicked(String),
-    /// The metrics endpoint could not be served.
-    #[error("metrics endpoint: {0}")]
-    Metrics(#[from] std::io::Error),
+    /// An HTTP endpoint (metrics or admin API) failed while serving.
+    #[error("HTTP endpoint: {0}")]
+    Serve(#[from] std::io::Error),
 }
 
 /// Collects settings and handlers; [`FleetBuilder::build`] validates them together.
@@ -199,8 +202,44 @@ impl Fleet {
             .into());
         }
         let mut parts = tokio::task::JoinSet::new();
+        let pool = self.worker_pool(store.clone());
+        let member = self.member(pool.worker_id(), ingest.is_some());
+        parts.spawn(upkeep::keep_member_recorded(store.clone(), member, shutdown.clone()).map(Ok));
+        if self.settings.retention.enabled {
+            parts.spawn(
+                upkeep::apply_retention(
+                    store.clone(),
+                    self.settings.retention.clone(),
+                    self.metrics.clone(),
+                    shutdown.clone(),
+                )
+                .map(Ok),
+            );
+        }
+        parts.spawn(
+            upkeep::run_detached_replays(
+                store.clone(),
+                self.settings.kafka.clone(),
+                self.settings.ingest.max_message_bytes,
+                pool.worker_id().to_owned(),
+                shutdown.clone(),
+            )
+            .map(Ok),
+        );
+        if let Some(listen) = self.settings.admin.listen {
+            let listener = bind(listen, "admin.listen").await?;
+            tracing::info!(%listen, "serving the admin API");
+            let state = AppState {
+                store: store.clone(),
+                kafka: self.settings.kafka.clone(),
+                budgets: self.budgets(),
+            };
+            let app = admin::router(state, Tokens::new(&self.settings.admin));
+            let serve = admin::serve(listener, app, shutdown.clone());
+            parts.spawn(async move { serve.await.map_err(FleetError::from) });
+        }
         if let Some(listen) = self.settings.metrics.listen {
-            let listener = tokio::net::TcpListener::bind(listen).await?;
+            let listener = bind(listen, "metrics.listen").await?;
             tracing::info!(%listen, "serving /metrics");
             let serve = telemetry::serve_metrics(listener, self.metrics.clone(), shutdown.clone());
             parts.spawn(async move { serve.await.map_err(FleetError::from) });
@@ -210,7 +249,6 @@ impl Fleet {
             parts.spawn(async move { ingest.run(stop).await.map_err(FleetError::from) });
         }
         if self.settings.worker.enabled {
-            let pool = self.worker_pool(store);
             let stop = shutdown.clone();
             parts.spawn(async move {
                 pool.run(stop).await;
@@ -222,6 +260,28 @@ impl Fleet {
             .drain(self.settings.worker.shutdown_timeout)
             .await;
         outcome
+    }
+
+    /// This member as recorded in the members table.
+    fn member(&self, id: &str, ingests: bool) -> Member {
+        let roles = [
+            (self.settings.worker.enabled, "worker"),
+            (ingests, "ingest"),
+            (self.settings.admin.listen.is_some(), "admin"),
+            (true, "replay"),
+        ];
+        Member {
+            id: id.to_owned(),
+            host: gethostname::gethostname().to_string_lossy().into_owned(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            roles: roles
+                .iter()
+                .filter(|(on, _)| *on)
+                .map(|(_, role)| (*role).to_owned())
+                .collect(),
+            started_at: chrono::Utc::now(),
+            last_seen: chrono::Utc::now(),
+        }
     }
 
     /// The ingest of this member, if it has routes and ingest is enabled.
@@ -255,6 +315,18 @@ impl Fleet {
         .with_routes(&self.settings.routes)
         .with_finals(self.finals.clone())
     }
+}
+
+/// Binds `listen`; an address that is taken or not this host's names `key`.
+async fn bind(
+    listen: std::net::SocketAddr,
+    key: &str,
+) -> Result<tokio::net::TcpListener, FleetError> {
+    tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|error| {
+            ConfigError::new(key, format!("cannot listen on {listen}: {error}")).into()
+        })
 }
 
 /// Waits for every part of a member. The first part that fails or panics stops the

@@ -16,6 +16,7 @@
 
 #![warn(missing_docs)]
 
+pub mod admin;
 pub mod backoff;
 #[cfg(feature = "bench")]
 mod bench;
@@ -35,6 +36,7 @@ pub mod replay;
 pub mod store;
 pub mod task;
 pub mod telemetry;
+mod upkeep;
 mod worker;
 
 pub use backoff::{Backoff, Jitter};

@@ -142,6 +142,9 @@ impl Replayer {
                 .await?;
         }
         outcome?;
+        if stop.is_cancelled() {
+            self.store.release_replay(id, &self.runner).await?;
+        }
         let job = self.store.replay(id).await?.ok_or(StoreError::Replay(
             crate::store::ReplayRowError::Unknown(id),
         ))?;

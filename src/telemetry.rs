@@ -39,6 +39,8 @@ pub struct Metrics {
     pub parked: IntCounterVec,
     /// Errors the Kafka consumer reported, by librdkafka error code.
     pub consumer_errors: IntCounterVec,
+    /// Final tasks deleted by retention, by status.
+    pub retention_deleted: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -105,8 +107,20 @@ impl Metrics {
             &["code"],
         )
         .unwrap();
+        let retention_deleted = IntCounterVec::new(
+            Opts::new(
+                "redrive_retention_deleted_tasks_total",
+                "Final tasks deleted by retention, by status",
+            ),
+            &["status"],
+        )
+        .unwrap();
+        for status in ["resolved", "discarded", "permanent_failure"] {
+            retention_deleted.with_label_values(&[status]);
+        }
         for metric in [
             Box::new(claimed.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(retention_deleted.clone()),
             Box::new(attempts.clone()),
             Box::new(fenced_writes.clone()),
             Box::new(handler_seconds.clone()),
@@ -129,6 +143,7 @@ impl Metrics {
             ingested,
             parked,
             consumer_errors,
+            retention_deleted,
         }
     }
 

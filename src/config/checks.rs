@@ -25,6 +25,11 @@ pub(crate) const ONE_YEAR: Bound = Bound {
     max: Duration::from_secs(365 * DAY),
     text: "365days",
 };
+/// Retention ages.
+pub(crate) const TEN_YEARS: Bound = Bound {
+    max: Duration::from_secs(3652 * DAY),
+    text: "10years",
+};
 /// `worker.poll_interval`, `worker.shutdown_timeout`, `database.connect_timeout`.
 pub(crate) const ONE_HOUR: Bound = Bound {
     max: Duration::from_secs(HOUR),

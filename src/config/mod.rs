@@ -12,6 +12,7 @@ use std::time::Duration;
 use crate::backoff::{Backoff, Jitter};
 use checks::{at_most, attempts, within, ONE_DAY, ONE_HOUR, ONE_MINUTE, ONE_YEAR};
 
+mod admin;
 mod checks;
 mod env;
 mod kafka;
@@ -20,6 +21,7 @@ mod source_error;
 
 /// Consumer group defaults used unless `kafka.properties` sets them.
 pub use crate::kafka::{ASSIGNMENT_STRATEGY, HEARTBEAT_INTERVAL, SESSION_TIMEOUT};
+pub use admin::{AdminSettings, AdminToken, RetentionSettings, Role, MIN_TOKEN_CHARS};
 pub(crate) use kafka::validate_routes;
 pub use kafka::{
     IngestSettings, KafkaSettings, ParkingSettings, RepublishSettings, RouteMode, RouteSettings,
@@ -67,6 +69,10 @@ pub struct Settings {
     pub parking: ParkingSettings,
     /// `[metrics]`
     pub metrics: MetricsSettings,
+    /// `[admin]`
+    pub admin: AdminSettings,
+    /// `[retention]`
+    pub retention: RetentionSettings,
 }
 
 /// `[metrics]`: the Prometheus endpoint.
@@ -273,6 +279,8 @@ impl Settings {
                 "must be at most 4m, well under librdkafka's max.poll.interval.ms (5m)",
             ));
         }
+        self.admin.validate()?;
+        self.retention.validate()?;
         if self.kafka.group_id.is_empty() {
             return Err(ConfigError::new("kafka.group_id", "must not be empty"));
         }

@@ -30,7 +30,7 @@ pub struct Budgets {
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Violation {
     /// Which invariant.
-    pub kind: &'static str,
+    pub kind: String,
     /// The task that breaks it.
     pub task_id: TaskId,
     /// What is wrong, in words.
@@ -43,7 +43,7 @@ pub struct CheckReport {
     /// Up to 100 violations of each kind.
     pub violations: Vec<Violation>,
     /// How many violations there are in all, by kind (only kinds with any).
-    pub counts: Vec<(String, i64)>,
+    pub counts: std::collections::BTreeMap<String, i64>,
 }
 
 /// The parameters a check's query takes.
@@ -167,11 +167,11 @@ impl Store {
             if let Some(first) = rows.first() {
                 report
                     .counts
-                    .push((kind.to_owned(), first.try_get("total")?));
+                    .insert(kind.to_owned(), first.try_get::<i64, _>("total")?);
             }
             for row in rows {
                 report.violations.push(Violation {
-                    kind,
+                    kind: kind.to_owned(),
                     task_id: TaskId(row.try_get("id")?),
                     detail: row
                         .try_get::<Option<String>, _>("detail")?

@@ -300,6 +300,21 @@ impl Store {
         Ok(beat.rows_affected() == 1)
     }
 
+    /// Lets go of job `id` when `runner` stops before it ends: a detached job waits for
+    /// the next member, a foreground one for `replays resume`.
+    pub async fn release_replay(&self, id: i64, runner: &str) -> Result<()> {
+        sqlx::query(
+            "UPDATE recovery_replay SET runner = NULL, \
+                 status = CASE WHEN detached THEN 'pending' ELSE status END \
+             WHERE id = $1 AND runner = $2 AND status = 'running'",
+        )
+        .bind(id)
+        .bind(runner)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     /// Records that the batch up to task `upto` is about to be produced, and where the
     /// target partitions end. False when the job is no longer `runner`'s.
     pub async fn begin_replay_batch(

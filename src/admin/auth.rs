@@ -1,0 +1,149 @@
+//! Bearer tokens of the admin API: who calls, and what they may do.
+
+use axum::extract::{Request, State};
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::Next;
+use axum::response::Response;
+use secrecy::ExposeSecret;
+use std::sync::Arc;
+use subtle::ConstantTimeEq;
+
+use super::error::ApiError;
+use crate::config::{AdminSettings, Role};
+
+/// The caller of a request, after authentication.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The token's name (the audit actor), or `anonymous` on an open loopback API.
+    pub name: String,
+    /// What it may do.
+    pub role: Role,
+}
+
+impl Caller {
+    /// Refuses a caller that may only read.
+    pub fn must_operate(&self) -> Result<(), ApiError> {
+        match self.role {
+            Role::Operate => Ok(()),
+            Role::Read => Err(ApiError::forbidden(format!(
+                "token {:?} may only read; this needs a token with role \"operate\"",
+                self.name
+            ))),
+        }
+    }
+}
+
+/// The configured tokens, as bytes to compare.
+pub struct Tokens {
+    tokens: Vec<(String, Role, Vec<u8>)>,
+}
+
+impl Tokens {
+    /// The tokens of `settings`.
+    pub fn new(settings: &AdminSettings) -> Tokens {
+        Tokens {
+            tokens: settings
+                .tokens
+                .iter()
+                .map(|(name, t)| {
+                    (
+                        name.clone(),
+                        t.role,
+                        t.token.expose_secret().as_bytes().to_vec(),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// Who presents `presented`. Every configured token is compared, each in constant
+    /// time, so the time taken tells nothing about which bytes matched.
+    pub fn identify(&self, presented: &[u8]) -> Option<Caller> {
+        let mut found = None;
+        for (name, role, token) in &self.tokens {
+            // `ct_eq` on slices of different lengths is false without looking at bytes.
+            if bool::from(token.as_slice().ct_eq(presented)) {
+                found = Some(Caller {
+                    name: name.clone(),
+                    role: *role,
+                });
+            }
+        }
+        found
+    }
+
+    /// Whether no token is configured (an open API, allowed on loopback only).
+    pub fn is_open(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}
+
+/// Middleware: sets the [`Caller`] of the request, or answers 401.
+pub async fn authenticate(
+    State(tokens): State<Arc<Tokens>>,
+    mut request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let caller = if tokens.is_open() {
+        Caller {
+            name: "anonymous".into(),
+            role: Role::Operate,
+        }
+    } else {
+        let presented = request
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+            .ok_or_else(|| {
+                ApiError::unauthorized("missing bearer token (Authorization: Bearer <token>)")
+            })?;
+        tokens
+            .identify(presented)
+            .ok_or_else(|| ApiError::unauthorized("unknown bearer token"))?
+    };
+    request.extensions_mut().insert(caller);
+    Ok(next.run(request).await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::AdminToken;
+
+    fn tokens() -> Tokens {
+        let mut settings = AdminSettings::default();
+        for (name, role, token) in [
+            ("ops", Role::Operate, "operate-token-0123456789"),
+            ("viewer", Role::Read, "read-token-0123456789ab"),
+        ] {
+            settings.tokens.insert(
+                name.into(),
+                AdminToken {
+                    role,
+                    token: token.to_owned().into(),
+                },
+            );
+        }
+        Tokens::new(&settings)
+    }
+
+    #[test]
+    fn a_token_names_its_caller_and_anything_else_is_no_one() {
+        let tokens = tokens();
+        let caller = tokens.identify(b"read-token-0123456789ab").unwrap();
+        assert_eq!((caller.name.as_str(), caller.role), ("viewer", Role::Read));
+        assert_eq!(
+            tokens.identify(b"operate-token-0123456789").unwrap().role,
+            Role::Operate
+        );
+        for wrong in [
+            &b""[..],
+            b"read-token-0123456789a",
+            b"read-token-0123456789abc",
+            b"READ-TOKEN-0123456789AB",
+        ] {
+            assert_eq!(tokens.identify(wrong), None, "{wrong:?}");
+        }
+        assert!(caller.must_operate().is_err());
+    }
+}

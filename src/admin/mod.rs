@@ -1,0 +1,83 @@
+//! The admin HTTP API (`admin.listen`): the operators' verbs as JSON, behind bearer
+//! tokens, with an OpenAPI 3 document generated from the code.
+
+mod auth;
+mod error;
+mod routes;
+
+use axum::routing::{get, post};
+use axum::{middleware, Json, Router};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+pub use auth::{Caller, Tokens};
+pub use error::{ApiError, ErrorBody};
+pub use routes::{ActionRequest, ActionResponse, AppState, ReplayRequest, MAX_IDS};
+
+/// The OpenAPI document of the admin API.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "redrive admin API", description = "Look at recovery tasks and act on them."),
+    paths(
+        routes::list_tasks, routes::get_task, routes::retry, routes::discard, routes::resolve,
+        routes::replay, routes::list_replays, routes::cancel_replay, routes::stats,
+        routes::audit, routes::members, routes::check
+    ),
+    modifiers(&BearerAuth)
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The API's routes over `state`, authenticated by `tokens` (the OpenAPI document is
+/// public).
+pub fn router(state: AppState, tokens: Tokens) -> Router {
+    let api = Router::new()
+        .route("/api/v1/tasks", get(routes::list_tasks))
+        .route("/api/v1/tasks/retry", post(routes::retry))
+        .route("/api/v1/tasks/discard", post(routes::discard))
+        .route("/api/v1/tasks/resolve", post(routes::resolve))
+        .route("/api/v1/tasks/replay", post(routes::replay))
+        .route("/api/v1/tasks/{id}", get(routes::get_task))
+        .route("/api/v1/replays", get(routes::list_replays))
+        .route("/api/v1/replays/{id}/cancel", post(routes::cancel_replay))
+        .route("/api/v1/stats", get(routes::stats))
+        .route("/api/v1/audit", get(routes::audit))
+        .route("/api/v1/members", get(routes::members))
+        .route("/api/v1/check", get(routes::check))
+        .route_layer(middleware::from_fn_with_state(
+            Arc::new(tokens),
+            auth::authenticate,
+        ))
+        .with_state(Arc::new(state));
+    Router::new()
+        .route(
+            "/api/v1/openapi.json",
+            get(|| async { Json(ApiDoc::openapi()) }),
+        )
+        .merge(api)
+        .fallback(|| async { ApiError::not_found("no such endpoint; see /api/v1/openapi.json") })
+}
+
+/// Serves the API on `listener` until `shutdown` fires.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+}

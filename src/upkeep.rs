@@ -1,0 +1,143 @@
+//! What every fleet member does besides ingest and work: record itself as live, delete
+//! expired final tasks, and run detached replay jobs. Each loop outlives database
+//! outages: an error is logged once per change and the loop tries again later.
+
+use indicatif::ProgressBar;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{KafkaSettings, RetentionSettings};
+use crate::replay::Replayer;
+use crate::store::{Member, Store, MEMBER_BEAT, RETENTION_BATCH};
+use crate::task::Status;
+use crate::telemetry::Metrics;
+
+/// How often a member looks for a detached replay job to run.
+const REPLAY_LOOK_EVERY: Duration = Duration::from_secs(2);
+
+/// Logs a loop's failure when it starts failing or fails differently, and its recovery.
+#[derive(Default)]
+struct Trouble {
+    last: Option<String>,
+}
+
+impl Trouble {
+    fn failed(&mut self, what: &str, error: &dyn std::fmt::Display) {
+        let text = error.to_string();
+        if self.last.as_ref() != Some(&text) {
+            tracing::warn!(error = %text, "{what} failed; trying again later");
+            self.last = Some(text);
+        }
+    }
+
+    fn ok(&mut self, what: &str) {
+        if self.last.take().is_some() {
+            tracing::info!("{what} works again");
+        }
+    }
+}
+
+/// Sleeps `period` unless `shutdown` fires first; false when it fired.
+async fn pause(period: Duration, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = shutdown.cancelled() => false,
+        _ = tokio::time::sleep(period) => true,
+    }
+}
+
+/// Records `member` every [`MEMBER_BEAT`] until shutdown, then removes it.
+pub async fn keep_member_recorded(store: Store, member: Member, shutdown: CancellationToken) {
+    let mut trouble = Trouble::default();
+    loop {
+        match store.record_member(&member).await {
+            Ok(()) => trouble.ok("recording this member"),
+            Err(error) => trouble.failed("recording this member", &error),
+        }
+        if !pause(MEMBER_BEAT, &shutdown).await {
+            break;
+        }
+    }
+    if let Err(error) = store.forget_member(&member.id).await {
+        tracing::debug!(%error, "could not remove this member's row; it expires by itself");
+    }
+}
+
+/// Deletes expired final tasks every `retention.interval` until shutdown.
+pub async fn apply_retention(
+    store: Store,
+    retention: RetentionSettings,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) {
+    let ages = [
+        (Status::Resolved, retention.resolved),
+        (Status::Discarded, retention.discarded),
+        (Status::PermanentFailure, retention.permanent_failure),
+    ];
+    let mut trouble = Trouble::default();
+    loop {
+        'statuses: for (status, age) in ages {
+            let Some(age) = age else { continue };
+            loop {
+                if shutdown.is_cancelled() {
+                    return;
+                }
+                match store.delete_expired(status, age).await {
+                    Ok(deleted) => {
+                        trouble.ok("retention");
+                        metrics
+                            .retention_deleted
+                            .with_label_values(&[status.as_str()])
+                            .inc_by(deleted.max(0) as u64);
+                        if deleted < RETENTION_BATCH {
+                            break;
+                        }
+                    }
+                    Err(error) => {
+                        trouble.failed("retention", &error);
+                        break 'statuses;
+                    }
+                }
+            }
+        }
+        if !pause(retention.interval, &shutdown).await {
+            return;
+        }
+    }
+}
+
+/// Runs detached replay jobs, one at a time, until shutdown.
+pub async fn run_detached_replays(
+    store: Store,
+    kafka: KafkaSettings,
+    max_message_bytes: u32,
+    runner: String,
+    shutdown: CancellationToken,
+) {
+    let replayer = Replayer::new(store.clone(), kafka, max_message_bytes, runner);
+    let mut trouble = Trouble::default();
+    loop {
+        match store.claim_detached_replay(replayer.runner()).await {
+            Ok(Some(job)) => {
+                trouble.ok("looking for replay jobs");
+                let id = job.id;
+                tracing::info!(job = id, "running a replay job");
+                match replayer.run(job, &ProgressBar::hidden(), &shutdown).await {
+                    Ok(job) => tracing::info!(
+                        job = id,
+                        status = %job.status,
+                        produced = job.produced,
+                        "replay job stopped"
+                    ),
+                    Err(error) => tracing::warn!(job = id, %error, "replay job failed"),
+                }
+                continue;
+            }
+            Ok(None) => trouble.ok("looking for replay jobs"),
+            Err(error) => trouble.failed("looking for replay jobs", &error),
+        }
+        if !pause(REPLAY_LOOK_EVERY, &shutdown).await {
+            return;
+        }
+    }
+}
