@@ -8,6 +8,7 @@ mod guarantees;
 mod ingest;
 mod ingest_faults;
 mod model;
+mod operators;
 mod outage;
 mod process;
 mod republish;
