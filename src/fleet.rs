@@ -201,7 +201,32 @@ impl Fleet {
             )
             .into());
         }
+        // Listeners first: an address that is taken stops start-up before anything runs.
+        let admin_listener = match self.settings.admin.listen {
+            Some(listen) => Some(bind(listen, "admin.listen").await?),
+            None => None,
+        };
+        let metrics_listener = match self.settings.metrics.listen {
+            Some(listen) => Some(bind(listen, "metrics.listen").await?),
+            None => None,
+        };
         let mut parts = tokio::task::JoinSet::new();
+        if let Some(listener) = admin_listener {
+            tracing::info!(listen = ?self.settings.admin.listen, "serving the admin API");
+            let state = AppState {
+                store: store.clone(),
+                kafka: self.settings.kafka.clone(),
+                budgets: self.budgets(),
+            };
+            let app = admin::router(state, Tokens::new(&self.settings.admin));
+            let serve = admin::serve(listener, app, shutdown.clone());
+            parts.spawn(async move { serve.await.map_err(FleetError::from) });
+        }
+        if let Some(listener) = metrics_listener {
+            tracing::info!(listen = ?self.settings.metrics.listen, "serving /metrics");
+            let serve = telemetry::serve_metrics(listener, self.metrics.clone(), shutdown.clone());
+            parts.spawn(async move { serve.await.map_err(FleetError::from) });
+        }
         let pool = self.worker_pool(store.clone());
         let member = self.member(pool.worker_id(), ingest.is_some());
         parts.spawn(upkeep::keep_member_recorded(store.clone(), member, shutdown.clone()).map(Ok));
@@ -226,24 +251,6 @@ impl Fleet {
             )
             .map(Ok),
         );
-        if let Some(listen) = self.settings.admin.listen {
-            let listener = bind(listen, "admin.listen").await?;
-            tracing::info!(%listen, "serving the admin API");
-            let state = AppState {
-                store: store.clone(),
-                kafka: self.settings.kafka.clone(),
-                budgets: self.budgets(),
-            };
-            let app = admin::router(state, Tokens::new(&self.settings.admin));
-            let serve = admin::serve(listener, app, shutdown.clone());
-            parts.spawn(async move { serve.await.map_err(FleetError::from) });
-        }
-        if let Some(listen) = self.settings.metrics.listen {
-            let listener = bind(listen, "metrics.listen").await?;
-            tracing::info!(%listen, "serving /metrics");
-            let serve = telemetry::serve_metrics(listener, self.metrics.clone(), shutdown.clone());
-            parts.spawn(async move { serve.await.map_err(FleetError::from) });
-        }
         if let Some(ingest) = ingest {
             let stop = shutdown.clone();
             parts.spawn(async move { ingest.run(stop).await.map_err(FleetError::from) });

@@ -1,6 +1,7 @@
 //! Integration tests against the real PostgreSQL on this machine and librdkafka's mock
 //! Kafka cluster.
 
+mod admin_api;
 mod broker;
 mod cli;
 mod config;

@@ -1,0 +1,465 @@
+//! The admin HTTP API over real HTTP: auth, every endpoint, and bad input as 400s.
+
+use redrive::admin::{self, AppState, Tokens};
+use redrive::config::{AdminToken, Role};
+use redrive::{Failure, Fleet, NewTask, Settings, Store, TaskId};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::fresh_store;
+
+const OPERATE: &str = "operate-token-0123456789";
+const READ: &str = "read-token-0123456789ab";
+
+fn with_tokens(mut settings: Settings) -> Settings {
+    for (name, role, token) in [
+        ("ops", Role::Operate, OPERATE),
+        ("viewer", Role::Read, READ),
+    ] {
+        settings.admin.tokens.insert(
+            name.into(),
+            AdminToken {
+                role,
+                token: token.to_owned().into(),
+            },
+        );
+    }
+    settings
+}
+
+/// The API on a loopback port, over `store`.
+struct Api {
+    base: String,
+    client: reqwest::Client,
+    stop: CancellationToken,
+}
+
+impl Api {
+    async fn start(store: &Store, settings: &Settings) -> Api {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address: SocketAddr = listener.local_addr().unwrap();
+        let fleet = Fleet::builder(settings.clone())
+            .with_builtin_handlers()
+            .build()
+            .unwrap();
+        let state = AppState {
+            store: store.clone(),
+            kafka: settings.kafka.clone(),
+            budgets: fleet.budgets(),
+        };
+        let app = admin::router(state, Tokens::new(&settings.admin));
+        let stop = CancellationToken::new();
+        tokio::spawn(admin::serve(listener, app, stop.clone()));
+        Api {
+            base: format!("http://{address}"),
+            client: reqwest::Client::new(),
+            stop,
+        }
+    }
+
+    async fn get(&self, path: &str, token: Option<&str>) -> (StatusCode, Value) {
+        let mut request = self.client.get(format!("{}{path}", self.base));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        answer(request.send().await.unwrap()).await
+    }
+
+    async fn post(&self, path: &str, token: Option<&str>, body: Value) -> (StatusCode, Value) {
+        let mut request = self.client.post(format!("{}{path}", self.base)).json(&body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        answer(request.send().await.unwrap()).await
+    }
+}
+
+impl Drop for Api {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn answer(response: reqwest::Response) -> (StatusCode, Value) {
+    let status = response.status();
+    let text = response.text().await.unwrap();
+    let body = serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text:?}"));
+    (status, body)
+}
+
+async fn keyed_tasks(store: &Store, handler: &str, keys: &[&[u8]]) -> Vec<TaskId> {
+    let tasks: Vec<NewTask> = keys
+        .iter()
+        .map(|key| NewTask {
+            handler: handler.into(),
+            failure: Failure {
+                key: Some(key.to_vec()),
+                value: Some(vec![0xff, 0x00, b'v']),
+                ..Failure::default()
+            },
+            ..NewTask::default()
+        })
+        .collect();
+    store
+        .enqueue_many(&tasks)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.id())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_decide_who_may_read_and_who_may_act() {
+    let (store, settings) = fresh_store().await;
+    let api = Api::start(&store, &with_tokens(settings)).await;
+    let ids = keyed_tasks(&store, "log", &[b"k1"]).await;
+
+    let (status, body) = api.get("/api/v1/tasks", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("bearer"));
+    let (status, _) = api
+        .get("/api/v1/tasks", Some("operate-token-012345678"))
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, body) = api.get("/api/v1/tasks", Some(READ)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["tasks"][0]["id"], ids[0].0);
+
+    let discard = json!({"ids": [ids[0].0], "reason": "bad data"});
+    let (status, body) = api
+        .post("/api/v1/tasks/discard", Some(READ), discard.clone())
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let (status, body) = api
+        .post("/api/v1/tasks/discard", Some(OPERATE), discard)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (body["changed"].as_i64(), body["matched"].as_i64()),
+        (Some(1), Some(1))
+    );
+
+    let (status, audit) = api.get("/api/v1/audit", Some(READ)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(audit[0]["actor"], "ops", "the token's name is the actor");
+    assert_eq!(audit[0]["action"], "discard");
+    assert_eq!(audit[0]["reason"], "bad data");
+    assert_eq!(audit[0]["ids"], json!([ids[0].0]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_a_400_that_says_what_is_wrong() {
+    let (store, settings) = fresh_store().await;
+    let api = Api::start(&store, &with_tokens(settings)).await;
+    keyed_tasks(&store, "log", &[b"k"]).await;
+    for (path, says) in [
+        ("/api/v1/tasks?status=done", "unknown status"),
+        ("/api/v1/tasks?limit=5000", "limit"),
+        ("/api/v1/tasks?limit=0", "limit"),
+        ("/api/v1/tasks?colour=red", "colour"),
+        ("/api/v1/tasks?created_after=yesterday", "created_after"),
+        ("/api/v1/tasks?after=-3", "after"),
+        ("/api/v1/tasks?key=a&key_prefix=b", "not both"),
+        ("/api/v1/tasks/abc", "not a task id"),
+        ("/api/v1/tasks/0", "not a task id"),
+        ("/api/v1/tasks/99999999999999999999", "not a task id"),
+        ("/api/v1/audit?limit=-1", "limit"),
+    ] {
+        let (status, body) = api.get(path, Some(READ)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
+        let error = body["error"].as_str().unwrap();
+        assert!(error.contains(says), "{path}: {error}");
+    }
+    for (path, request, says) in [
+        (
+            "/api/v1/tasks/retry",
+            json!({}),
+            "give \"ids\" or \"filter\"",
+        ),
+        (
+            "/api/v1/tasks/retry",
+            json!({"ids": [1], "filter": {}}),
+            "not both",
+        ),
+        ("/api/v1/tasks/retry", json!({"filter": {}}), "every task"),
+        (
+            "/api/v1/tasks/retry",
+            json!({"filter": {"status": ["nope"]}}),
+            "bad body",
+        ),
+        (
+            "/api/v1/tasks/retry",
+            json!({"filter": {"colour": "red"}}),
+            "colour",
+        ),
+        ("/api/v1/tasks/retry", json!({"ids": ["x"]}), "bad body"),
+        (
+            "/api/v1/tasks/retry",
+            json!({"ids": [1], "more_attempts": 0}),
+            "more_attempts",
+        ),
+        ("/api/v1/tasks/discard", json!({"ids": [1]}), "reason"),
+        (
+            "/api/v1/tasks/resolve",
+            json!({"ids": [1], "reason": "  "}),
+            "reason",
+        ),
+        (
+            "/api/v1/tasks/discard",
+            json!({"ids": [1], "reason": "r", "at": "2030-01-01T00:00:00Z"}),
+            "belong to retry",
+        ),
+        ("/api/v1/tasks/replay", json!({"filter": {}}), "every task"),
+        (
+            "/api/v1/tasks/replay",
+            json!({"all": true, "rate": 0}),
+            "rate",
+        ),
+    ] {
+        let (status, body) = api.post(path, Some(OPERATE), request.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path} {request}: {body}");
+        let error = body["error"].as_str().unwrap();
+        assert!(error.contains(says), "{path} {request}: {error}");
+    }
+    // Malformed JSON.
+    let response = api
+        .client
+        .post(format!("{}/api/v1/tasks/retry", api.base))
+        .bearer_auth(OPERATE)
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    let (status, body) = answer(response).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    // Unknown ids say so, and change nothing.
+    let (status, body) = api.get("/api/v1/tasks/424242", Some(READ)).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::NOT_FOUND, Some("no such task: 424242"))
+    );
+    let (status, body) = api
+        .post(
+            "/api/v1/tasks/discard",
+            Some(OPERATE),
+            json!({"ids": [1, 424242], "reason": "r"}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::NOT_FOUND, Some("no such task: 424242"))
+    );
+    assert_eq!(
+        store.get(TaskId(1)).await.unwrap().unwrap().status,
+        redrive::Status::Failed
+    );
+    // A filter that matches nothing says so in its counts.
+    let (status, body) = api
+        .post(
+            "/api/v1/tasks/retry",
+            Some(OPERATE),
+            json!({"filter": {"handler": "nobody"}}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["matched"].as_i64()),
+        (StatusCode::OK, Some(0))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_filters_and_pages_through_every_task_once() {
+    let (store, settings) = fresh_store().await;
+    let api = Api::start(&store, &with_tokens(settings)).await;
+    let orders = keyed_tasks(
+        &store,
+        "log",
+        &[b"order-1", b"order-2", b"order-3", b"user-1", b"order-4"],
+    )
+    .await;
+    keyed_tasks(&store, "republish", &[b"order-9"]).await;
+
+    let (_, page) = api
+        .get(
+            "/api/v1/tasks?handler=log&key_prefix=order-&limit=2",
+            Some(READ),
+        )
+        .await;
+    let mut seen: Vec<i64> = page["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_i64().unwrap())
+        .collect();
+    let mut cursor = page["next_cursor"].as_i64();
+    while let Some(after) = cursor {
+        let (status, page) = api
+            .get(
+                &format!("/api/v1/tasks?handler=log&key_prefix=order-&limit=2&after={after}"),
+                Some(READ),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        seen.extend(
+            page["tasks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["id"].as_i64().unwrap()),
+        );
+        cursor = page["next_cursor"].as_i64();
+    }
+    let expected: Vec<i64> = [orders[4], orders[2], orders[1], orders[0]]
+        .iter()
+        .map(|i| i.0)
+        .collect();
+    assert_eq!(seen, expected, "newest first, each once");
+
+    let (_, page) = api.get("/api/v1/tasks?key=user-1", Some(READ)).await;
+    assert_eq!(page["tasks"][0]["id"], orders[3].0);
+    assert_eq!(page["tasks"].as_array().unwrap().len(), 1);
+    let (_, page) = api
+        .get("/api/v1/tasks?status=resolved,discarded", Some(READ))
+        .await;
+    assert_eq!(page["tasks"], json!([]));
+
+    // Show: a binary value is hex, a text key is text, with the history.
+    let (status, detail) = api
+        .get(&format!("/api/v1/tasks/{}", orders[0].0), Some(READ))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        detail["key"],
+        json!({"encoding": "utf8", "data": "order-1", "size": 7})
+    );
+    assert_eq!(
+        detail["value"],
+        json!({"encoding": "hex", "data": "ff0076", "size": 3})
+    );
+    assert_eq!(detail["task"]["status"], "failed");
+    assert_eq!(detail["history"], json!([]));
+
+    // Retry by filter, then its figures.
+    let (status, body) = api
+        .post(
+            "/api/v1/tasks/resolve",
+            Some(OPERATE),
+            json!({"filter": {"key_prefix": "order-"}, "reason": "fixed by hand"}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["changed"].as_i64()),
+        (StatusCode::OK, Some(5)),
+        "{body}"
+    );
+    let (_, stats) = api.get("/api/v1/stats", Some(READ)).await;
+    let resolved: i64 = stats["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "resolved")
+        .map(|c| c["count"].as_i64().unwrap())
+        .sum();
+    assert_eq!(resolved, 5);
+    let (_, check) = api.get("/api/v1/check", Some(READ)).await;
+    assert_eq!(check["violations"], json!([]), "{check}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openapi_document_describes_every_endpoint() {
+    let (store, settings) = fresh_store().await;
+    let api = Api::start(&store, &with_tokens(settings)).await;
+    let (status, doc) = api.get("/api/v1/openapi.json", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        doc["openapi"].as_str().unwrap().starts_with("3."),
+        "{}",
+        doc["openapi"]
+    );
+    for path in [
+        "/api/v1/tasks",
+        "/api/v1/tasks/{id}",
+        "/api/v1/tasks/retry",
+        "/api/v1/tasks/discard",
+        "/api/v1/tasks/resolve",
+        "/api/v1/tasks/replay",
+        "/api/v1/replays",
+        "/api/v1/replays/{id}/cancel",
+        "/api/v1/stats",
+        "/api/v1/audit",
+        "/api/v1/members",
+        "/api/v1/check",
+    ] {
+        assert!(doc["paths"][path].is_object(), "{path} missing");
+    }
+    assert!(doc["components"]["schemas"]["TaskFilter"].is_object());
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+}
+
+/// `redrive run` serves the API when `admin.listen` is set, and records itself as a
+/// live member; a taken address stops start-up naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_member_serves_the_api_and_is_listed_live() {
+    let (store, settings) = fresh_store().await;
+    let mut settings = with_tokens(settings);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    settings.admin.listen = Some(taken.local_addr().unwrap());
+    let fleet = Fleet::builder(settings.clone())
+        .with_builtin_handlers()
+        .build()
+        .unwrap();
+    let error = fleet
+        .run_with_store(store.clone(), CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("admin.listen"), "{error}");
+    drop(taken);
+
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    settings.admin.listen = Some(free);
+    let fleet = Fleet::builder(settings)
+        .with_builtin_handlers()
+        .build()
+        .unwrap();
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(fleet.run_with_store(store.clone(), stop.clone()));
+    let client = reqwest::Client::new();
+    let mut members = Value::Null;
+    for _ in 0..100 {
+        if let Ok(response) = client
+            .get(format!("http://{free}/api/v1/members"))
+            .bearer_auth(READ)
+            .send()
+            .await
+        {
+            members = answer(response).await.1;
+            if members.as_array().is_some_and(|m| !m.is_empty()) {
+                break;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(members.as_array().map(Vec::len), Some(1), "{members}");
+    let roles = &members[0]["roles"];
+    assert!(
+        roles.as_array().unwrap().contains(&json!("admin")),
+        "{roles}"
+    );
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    assert_eq!(
+        store.live_members().await.unwrap(),
+        [],
+        "a clean stop removes the member"
+    );
+}
