@@ -98,10 +98,23 @@ pub struct AuditArgs {
     pub json: bool,
 }
 
-/// This CLI's name as a replay runner.
+/// This CLI's name as a replay runner: `cli-<host>-<pid>`.
 fn runner_name() -> String {
-    let host = gethostname::gethostname().to_string_lossy().into_owned();
-    format!("cli-{host}-{}", std::process::id())
+    format!("{}{}", runner_prefix(), std::process::id())
+}
+
+fn runner_prefix() -> String {
+    format!("cli-{}-", gethostname::gethostname().to_string_lossy())
+}
+
+/// `runner` if it names a CLI process of this host that no longer runs (killed, or
+/// its terminal closed): its job can be resumed at once, without waiting for its hold
+/// to go stale.
+fn dead_local_runner(runner: Option<&str>) -> Option<&str> {
+    let runner = runner?;
+    let pid: u32 = runner.strip_prefix(&runner_prefix())?.parse().ok()?;
+    let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
+    (!alive).then_some(runner)
 }
 
 fn replayer(fleet: &Fleet, store: &Store) -> Replayer {
@@ -263,8 +276,12 @@ pub async fn run(command: ReplaysCommand, fleet: &Fleet, store: &Store) -> anyho
         }
         ReplaysCommand::Resume { id, detach } => {
             let replayer = replayer(fleet, store);
+            let before = store.replay(id).await?;
+            let dead = before
+                .as_ref()
+                .and_then(|j| dead_local_runner(j.runner.as_deref()));
             let job = store
-                .take_replay(id, replayer.runner(), true, detach)
+                .take_replay(id, replayer.runner(), true, detach, dead)
                 .await?;
             if detach {
                 return print_job_started(&job, false);

@@ -229,14 +229,15 @@ impl Store {
     }
 
     /// Takes job `id` for `runner`: a detached job that waits or whose runner stopped,
-    /// or (with `resume`) any job not ended whose runner stopped. With `detach`, the job
-    /// is handed to the fleet instead.
+    /// or (with `resume`) any job not ended whose runner stopped (its hold went stale, or
+    /// it is `dead_runner`, known dead). With `detach`, the job is handed to the fleet.
     pub async fn take_replay(
         &self,
         id: i64,
         runner: &str,
         resume: bool,
         detach: bool,
+        dead_runner: Option<&str>,
     ) -> Result<ReplayJob> {
         let row = sqlx::query(
             "UPDATE recovery_replay SET \
@@ -247,7 +248,7 @@ impl Store {
                  status = 'pending' AND detached \
                  OR status IN ('running', 'failed') AND $3 \
                     AND (runner IS NULL OR heartbeat_at < now() - $5 * interval '1 second' \
-                         OR status = 'failed')) \
+                         OR status = 'failed' OR runner = $6)) \
              RETURNING *",
         )
         .bind(id)
@@ -255,6 +256,7 @@ impl Store {
         .bind(resume)
         .bind(detach)
         .bind(REPLAY_STALE_AFTER.as_secs_f64())
+        .bind(dead_runner)
         .fetch_optional(&self.pool)
         .await?;
         match row {

@@ -1,0 +1,396 @@
+//! `redrive tasks`, `redrive audit` and `redrive replays` through the real binary.
+
+use secrecy::ExposeSecret;
+use serde_json::Value;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Output, Stdio};
+
+use crate::support::{fresh_store, scalar};
+
+/// The binary with the test's database settings.
+pub fn redrive(settings: &redrive::Settings) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_redrive"));
+    command
+        .env(
+            "REDRIVE__DATABASE__URL",
+            settings.database.url.expose_secret(),
+        )
+        .env("REDRIVE__DATABASE__SCHEMA", &settings.database.schema)
+        .env(
+            "REDRIVE__KAFKA__BOOTSTRAP_SERVERS",
+            &settings.kafka.bootstrap_servers,
+        )
+        .env("RUST_LOG", "warn")
+        .env_remove("RUST_BACKTRACE")
+        .stdin(Stdio::null());
+    command
+}
+
+/// Runs the binary with `args`; its output.
+pub fn run(settings: &redrive::Settings, args: &[&str]) -> Output {
+    redrive(settings).args(args).output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs and expects success; stdout.
+fn ok(settings: &redrive::Settings, args: &[&str]) -> String {
+    let out = run(settings, args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// Runs and expects failure; stderr.
+fn fails(settings: &redrive::Settings, args: &[&str]) -> String {
+    let out = run(settings, args);
+    assert!(
+        !out.status.success(),
+        "{args:?} succeeded: {}",
+        text(&out.stdout)
+    );
+    text(&out.stderr)
+}
+
+async fn seed(store: &redrive::Store) {
+    sqlx::raw_sql(
+        "INSERT INTO recovery_task (handler, msg_key, msg_value, last_error, source_topic, source_partition, source_offset) \
+         SELECT CASE WHEN i % 2 = 0 THEN 'log' ELSE 'republish' END, ('key-' || i)::bytea, \
+                CASE WHEN i = 1 THEN '\\xff00fe'::bytea ELSE ('value ' || i)::bytea END, \
+                CASE WHEN i % 3 = 0 THEN 'Timeout talking to billing' END, 'orders', 0, i \
+         FROM generate_series(1, 30) i",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_show_and_act_by_ids_and_by_filter() {
+    let (store, settings) = fresh_store().await;
+    seed(&store).await;
+
+    // List: a filter and pages of JSON that walk every task once.
+    let page: Value = serde_json::from_str(&ok(
+        &settings,
+        &[
+            "tasks",
+            "list",
+            "--handler",
+            "log",
+            "--error",
+            "TIMEOUT",
+            "--json",
+        ],
+    ))
+    .unwrap();
+    let ids: Vec<i64> = page["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        [30, 24, 18, 12, 6],
+        "even ids divisible by 3, newest first"
+    );
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut args = vec!["tasks", "list", "--limit", "7", "--json"];
+        if let Some(after) = &after {
+            args.extend(["--after", after]);
+        }
+        let page: Value = serde_json::from_str(&ok(&settings, &args)).unwrap();
+        seen.extend(
+            page["tasks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["id"].as_i64().unwrap()),
+        );
+        match page["next_cursor"].as_i64() {
+            Some(cursor) => after = Some(cursor.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, (1..=30).rev().collect::<Vec<i64>>());
+    let table = ok(
+        &settings,
+        &["tasks", "list", "--key-prefix", "key-2", "--limit", "3"],
+    );
+    assert!(table.starts_with("ID"), "{table}");
+    assert_eq!(table.lines().count(), 4, "a header and three rows: {table}");
+
+    // Show: binary as hex, text as text.
+    let shown = ok(&settings, &["tasks", "show", "1"]);
+    assert!(shown.contains("hex:ff00fe (3 bytes)"), "{shown}");
+    assert!(shown.contains("key-1 (5 bytes)"), "{shown}");
+    let detail: Value =
+        serde_json::from_str(&ok(&settings, &["tasks", "show", "1", "--json"])).unwrap();
+    assert_eq!(detail["value"]["encoding"], "hex");
+    assert!(fails(&settings, &["tasks", "show", "999"]).contains("no such task: 999"));
+
+    // Act by ids, then by filter.
+    let out = ok(
+        &settings,
+        &[
+            "tasks",
+            "discard",
+            "2",
+            "4",
+            "--reason",
+            "duplicates",
+            "--json",
+        ],
+    );
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["changed"], 2);
+    let out = ok(
+        &settings,
+        &[
+            "tasks",
+            "resolve",
+            "--handler",
+            "republish",
+            "--reason",
+            "fixed upstream",
+            "--yes",
+        ],
+    );
+    assert!(out.contains("15 task(s) changed"), "{out}");
+    let dry = ok(
+        &settings,
+        &[
+            "tasks",
+            "retry",
+            "--status",
+            "discarded,resolved",
+            "--dry-run",
+        ],
+    );
+    assert!(
+        dry.contains("would change 2 task(s)"),
+        "resolved ones are not retried: {dry}"
+    );
+    let out = ok(
+        &settings,
+        &[
+            "tasks",
+            "retry",
+            "--status",
+            "discarded",
+            "--more-attempts",
+            "2",
+            "--yes",
+        ],
+    );
+    assert!(out.contains("2 task(s) changed"), "{out}");
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE status = 'failed'"
+        )
+        .await,
+        15
+    );
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT sum(attempt_grants) FROM recovery_task WHERE id IN (2, 4)"
+        )
+        .await,
+        4
+    );
+
+    // Every action is in the audit log, with who, what and why.
+    let audit: Value = serde_json::from_str(&ok(&settings, &["audit", "--json"])).unwrap();
+    let actions: Vec<(&str, i64)> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["action"].as_str().unwrap(), e["count"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(actions, [("retry", 2), ("resolve", 15), ("discard", 2)]);
+    assert!(audit[2]["actor"].as_str().unwrap().starts_with("cli:"));
+    assert_eq!(audit[1]["reason"], "fixed upstream");
+    assert_eq!(audit[1]["filter"]["handler"], "republish");
+    let filtered = ok(&settings, &["audit", "--action", "discard"]);
+    assert_eq!(filtered.lines().count(), 2, "{filtered}");
+
+    // Stats and check.
+    let stats = ok(&settings, &["tasks", "stats"]);
+    assert!(
+        stats.contains("resolved") && stats.contains("OLDEST DUE FOR"),
+        "{stats}"
+    );
+    assert!(ok(&settings, &["tasks", "check"]).contains("every invariant holds"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_refused_with_a_reason_and_change_nothing() {
+    let (store, settings) = fresh_store().await;
+    seed(&store).await;
+    for (args, says) in [
+        (&["tasks", "discard", "--reason", "x"][..], "pass --all"),
+        (
+            &["tasks", "discard", "1", "--handler", "log", "--reason", "x"],
+            "not both",
+        ),
+        (
+            &["tasks", "discard", "1", "424242", "--reason", "x"],
+            "no such task: 424242",
+        ),
+        (&["tasks", "discard", "1"], "--reason"),
+        (&["tasks", "list", "--status", "done"], "unknown status"),
+        (&["tasks", "list", "--limit", "5000"], "5000"),
+        (
+            &["tasks", "list", "--created-after", "last tuesday"],
+            "RFC 3339",
+        ),
+        (&["tasks", "retry", "1", "--more-attempts", "0"], "0"),
+        (&["tasks", "replay", "--to", "t"], "pass --all"),
+    ] {
+        let error = fails(&settings, args);
+        assert!(error.contains(says), "{args:?}: {error}");
+    }
+    let out = run(
+        &settings,
+        &["tasks", "discard", "--handler", "nobody", "--reason", "x"],
+    );
+    assert!(out.status.success());
+    assert!(
+        text(&out.stderr).contains("no task matching the filter"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE status <> 'failed'"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_audit").await,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_exits_1_and_names_the_task_when_an_invariant_breaks() {
+    let (store, settings) = fresh_store().await;
+    seed(&store).await;
+    assert!(run(&settings, &["tasks", "check"]).status.success());
+    sqlx::query("UPDATE recovery_task SET status = 'resolved' WHERE id = 7")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let out = run(&settings, &["tasks", "check"]);
+    assert_eq!(out.status.code(), Some(1));
+    let found = text(&out.stdout);
+    assert!(
+        found.contains("task 7: final_without_finish_time"),
+        "{found}"
+    );
+}
+
+/// Runs the binary to its end and answers its output and peak resident memory in bytes.
+fn run_measured(mut command: Command) -> (Output, u64) {
+    let child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let mut status = 0;
+    // The output is small: the pipes do not fill before the child exits.
+    // SAFETY: waiting for our own child; `usage` and `status` are valid for writes.
+    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(waited, pid);
+    let mut out = Output {
+        status: std::process::ExitStatus::from_raw(status),
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+    };
+    use std::io::Read;
+    let mut child = child;
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_end(&mut out.stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_end(&mut out.stderr)
+        .unwrap();
+    // ru_maxrss is in kilobytes on Linux.
+    (out, usage.ru_maxrss as u64 * 1024)
+}
+
+/// Bulk discard and retry of 100,000 tasks run in bounded memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_actions_on_100_000_tasks_stay_under_100_mb() {
+    let (store, settings) = fresh_store().await;
+    sqlx::query(
+        "INSERT INTO recovery_task (handler, msg_key, msg_value) \
+         SELECT 'log', ('k' || i)::bytea, convert_to(repeat('x', 500), 'UTF8') \
+         FROM generate_series(1, 100000) i",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    const LIMIT: u64 = 100 * 1024 * 1024;
+    for (args, changed) in [
+        (
+            &[
+                "tasks",
+                "discard",
+                "--handler",
+                "log",
+                "--reason",
+                "bulk",
+                "--yes",
+                "--json",
+            ][..],
+            100_000,
+        ),
+        (
+            &["tasks", "retry", "--status", "discarded", "--yes", "--json"],
+            100_000,
+        ),
+    ] {
+        let mut command = redrive(&settings);
+        command.args(args);
+        let (out, peak) = run_measured(command);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let report: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+        assert_eq!(report["changed"], changed, "{report}");
+        println!("{args:?}: peak RSS {} MiB", peak / (1024 * 1024));
+        assert!(peak < LIMIT, "{args:?}: peak RSS {peak} bytes");
+    }
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE status = 'failed'"
+        )
+        .await,
+        100_000
+    );
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_attempt").await,
+        200_000
+    );
+}
