@@ -193,11 +193,12 @@ impl Fleet {
         shutdown: CancellationToken,
     ) -> Result<(), FleetError> {
         let ingest = self.ingest(store.clone());
-        if ingest.is_none() && !self.settings.worker.enabled {
+        if ingest.is_none() && !self.settings.worker.enabled && self.settings.admin.listen.is_none()
+        {
             return Err(ConfigError::new(
                 "worker.enabled",
-                "nothing to do: the worker pool is off and no ingest route is configured \
-                 (add [[routes]] or set worker.enabled = true)",
+                "nothing to do: the worker pool is off, no ingest route is configured and \
+                 admin.listen is not set (add [[routes]] or set worker.enabled = true)",
             )
             .into());
         }

@@ -12,7 +12,7 @@
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use indicatif::ProgressBar;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::Message;
 use rdkafka::producer::FutureProducer;
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::{BTreeSet, HashSet};
@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::KafkaSettings;
 use crate::kafka::context::QuietContext;
 use crate::kafka::dlt::own;
+use crate::kafka::message::Consumed;
 use crate::kafka::produce::{is_permanent, produce_task};
 use crate::kafka::{client_config, producer_config, redact_error};
 use crate::store::{apply_batch, Action, Marks, NewReplay, Operator, ReplayJob, Store, StoreError};
@@ -450,19 +451,19 @@ impl Reader {
                 Err(error) => return Err(self.kafka_error(error)),
             };
             let place = (message.topic().to_owned(), message.partition());
-            if let Some(headers) = message.headers() {
-                for header in headers.iter() {
-                    if header.key != own::REPLAY {
-                        continue;
-                    }
-                    let task = header
-                        .value
-                        .and_then(|v| std::str::from_utf8(v).ok())
-                        .and_then(|v| v.strip_prefix(&prefix))
-                        .and_then(|v| v.parse::<i64>().ok());
-                    if let Some(task) = task {
-                        found.insert(task);
-                    }
+            // Read byte-safely: rdkafka's own accessors panic on a name that is not UTF-8.
+            for header in Consumed::new(&message).headers {
+                if !header.name_is(own::REPLAY) {
+                    continue;
+                }
+                let task = header
+                    .value
+                    .as_deref()
+                    .and_then(|v| std::str::from_utf8(v).ok())
+                    .and_then(|v| v.strip_prefix(&prefix))
+                    .and_then(|v| v.parse::<i64>().ok());
+                if let Some(task) = task {
+                    found.insert(task);
                 }
             }
             if ends

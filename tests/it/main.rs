@@ -13,6 +13,7 @@ mod operator_cli;
 mod operators;
 mod outage;
 mod process;
+mod replay;
 mod republish;
 mod store;
 mod support;

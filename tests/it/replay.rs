@@ -1,0 +1,261 @@
+//! Replay through the mock cluster: byte for byte, resumed after SIGKILL without a
+//! duplicate, refused before producing when a topic is missing, run by a fleet member
+//! when started over HTTP.
+
+use rdkafka::message::Message;
+use redrive::headers::Header;
+use redrive::{Failure, NewTask, SourceCoordinates, Store};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use crate::broker::{cluster, consume, headers_of};
+use crate::operator_cli::{redrive, run};
+use crate::support::{fresh_store, scalar};
+
+/// Stores `count` tasks whose original topic is `orders`, with odd bytes in keys,
+/// values and header names.
+async fn stored_failures(store: &Store, count: usize) -> HashMap<Vec<u8>, NewTask> {
+    let tasks: Vec<NewTask> = (0..count)
+        .map(|i| NewTask {
+            handler: "log".into(),
+            failure: Failure {
+                key: Some(format!("key-{i}").into_bytes()),
+                value: Some(vec![0xff, 0x00, (i % 251) as u8, b'\n']),
+                headers: vec![
+                    Header::new(b"trace\xffid".to_vec(), format!("t{i}").into_bytes()),
+                    Header {
+                        name: b"empty".to_vec(),
+                        value: None,
+                    },
+                ],
+                original: Some(SourceCoordinates {
+                    topic: "orders".into(),
+                    partition: 0,
+                    offset: i as i64,
+                }),
+                ..Failure::default()
+            },
+            ..NewTask::default()
+        })
+        .collect();
+    for chunk in tasks.chunks(1000) {
+        store.enqueue_many(chunk).await.unwrap();
+    }
+    tasks
+        .into_iter()
+        .map(|t| (t.failure.key.clone().unwrap(), t))
+        .collect()
+}
+
+/// Checks that `topic` holds each stored failure exactly once, byte for byte (plus
+/// redrive's own two headers).
+fn assert_replayed_once(bootstrap: &str, topic: &str, expected: &HashMap<Vec<u8>, NewTask>) {
+    let messages = consume(
+        bootstrap,
+        topic,
+        3,
+        expected.len() + 1,
+        Duration::from_secs(20),
+    );
+    let mut per_key: HashMap<Vec<u8>, usize> = HashMap::new();
+    for message in &messages {
+        let key = message.key().unwrap().to_vec();
+        *per_key.entry(key.clone()).or_default() += 1;
+        let task = &expected[&key];
+        assert_eq!(message.payload(), task.failure.value.as_deref());
+        let headers = headers_of(message);
+        let (own, theirs): (Vec<Header>, Vec<Header>) = headers
+            .into_iter()
+            .partition(|h| h.name.starts_with(b"redrive-"));
+        assert_eq!(theirs, task.failure.headers);
+        assert_eq!(own.len(), 2, "{own:?}");
+    }
+    let twice: Vec<_> = per_key.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "produced twice: {} keys", twice.len());
+    assert_eq!(per_key.len(), expected.len(), "every task replayed");
+    assert_eq!(messages.len(), expected.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_killed_mid_batch_resumes_without_producing_twice() {
+    let kafka = cluster(&[("orders", 3), ("replayed", 3)]);
+    let bootstrap = kafka.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    settings.kafka.bootstrap_servers = bootstrap.clone();
+    let expected = stored_failures(&store, 1_500).await;
+
+    // Killed while a batch is being produced (at most three tries to land inside one:
+    // at this rate a batch takes most of each second).
+    let mut job_id = None;
+    for round in 0..3 {
+        let mut command = redrive(&settings);
+        match job_id {
+            None => command.args([
+                "tasks", "replay", "--all", "--to", "replayed", "--rate", "300", "--yes",
+            ]),
+            Some(id) => command.args(["replays", "resume", &format!("{id}")]),
+        };
+        let mut child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(1_200 + 300 * round)).await;
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let id = scalar(&store, "SELECT max(id) FROM recovery_replay").await;
+        job_id = Some(id);
+        let pending = scalar(
+            &store,
+            "SELECT count(*) FROM recovery_replay WHERE pending_upto IS NOT NULL",
+        )
+        .await;
+        if pending == 1 {
+            break;
+        }
+    }
+    let id = job_id.unwrap();
+    let pending = scalar(
+        &store,
+        "SELECT count(*) FROM recovery_replay WHERE pending_upto IS NOT NULL",
+    )
+    .await;
+    assert_eq!(pending, 1, "the kill left a batch pending");
+    let produced = scalar(
+        &store,
+        &format!("SELECT produced FROM recovery_replay WHERE id = {id}"),
+    )
+    .await;
+    assert!(produced < 1_500, "killed before the end ({produced})");
+
+    let out = run(&settings, &["replays", "resume", &id.to_string()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("1500 produced"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_replayed_once(&bootstrap, "replayed", &expected);
+
+    let list: Value =
+        serde_json::from_slice(&run(&settings, &["replays", "list", "--json"]).stdout).unwrap();
+    assert_eq!(list[0]["status"], "done");
+    assert_eq!(
+        (list[0]["produced"].as_i64(), list[0]["total"].as_i64()),
+        (Some(1_500), Some(1_500))
+    );
+    let audit: Value =
+        serde_json::from_slice(&run(&settings, &["audit", "--json", "--action", "replay"]).stdout)
+            .unwrap();
+    assert_eq!(audit[0]["count"], 1_500, "{audit}");
+    // The tasks themselves are untouched.
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE status = 'failed'"
+        )
+        .await,
+        1_500
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_to_a_missing_topic_fails_before_producing_anything() {
+    let kafka = cluster(&[("orders", 3)]);
+    let (store, mut settings) = fresh_store().await;
+    settings.kafka.bootstrap_servers = kafka.bootstrap_servers();
+    stored_failures(&store, 10).await;
+    let out = run(
+        &settings,
+        &["tasks", "replay", "--all", "--to", "no-such-topic", "--yes"],
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("\"no-such-topic\" does not exist"),
+        "{stderr}"
+    );
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_replay").await,
+        0
+    );
+    assert!(consume(
+        &kafka.bootstrap_servers(),
+        "orders",
+        3,
+        1,
+        Duration::from_secs(2)
+    )
+    .is_empty());
+}
+
+/// Started over HTTP, a replay to each task's original topic is run by a fleet member,
+/// which marks the tasks resolved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_detached_replay_is_run_by_a_fleet_member() {
+    let kafka = cluster(&[("orders", 3)]);
+    let bootstrap = kafka.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    settings.kafka.bootstrap_servers = bootstrap.clone();
+    settings.worker.enabled = false;
+    let address = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    settings.admin.listen = Some(address);
+    let expected = stored_failures(&store, 300).await;
+    let fleet = redrive::Fleet::builder(settings.clone())
+        .with_builtin_handlers()
+        .build()
+        .unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(fleet.run_with_store(store.clone(), stop.clone()));
+
+    let client = reqwest::Client::new();
+    let mut response = None;
+    for _ in 0..100 {
+        match client
+            .post(format!("http://{address}/api/v1/tasks/replay"))
+            .json(&serde_json::json!({"all": true, "mark_resolved": true, "reason": "downstream fixed"}))
+            .send()
+            .await
+        {
+            Ok(r) => {
+                response = Some(r);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    let response = response.expect("the API answers");
+    assert_eq!(response.status(), 202);
+    let job: Value = response.json().await.unwrap();
+    assert_eq!(job["detached"], true);
+
+    crate::support::eventually(Duration::from_secs(30), "the replay to finish", || {
+        let store = store.clone();
+        async move {
+            scalar(
+                &store,
+                "SELECT count(*) FROM recovery_replay WHERE status = 'done'",
+            )
+            .await
+                == 1
+        }
+    })
+    .await;
+    assert_replayed_once(&bootstrap, "orders", &expected);
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE status = 'resolved'"
+        )
+        .await,
+        300
+    );
+    stop.cancel();
+    running.await.unwrap().unwrap();
+}
