@@ -1,9 +1,10 @@
 //! `redrive bench`: enqueue and drain throughput, and pick-up latency, on the configured
 //! PostgreSQL; `redrive bench ingest`: Kafka to PostgreSQL; `redrive bench rebalance`:
-//! the ingest pause when a fleet member dies. Each run uses a fresh schema
+//! the ingest pause when a fleet member dies; `redrive bench ops`: operator bulk actions. Each run uses a fresh schema
 //! (`<schema>_bench`), dropped afterwards.
 
 pub mod ingest;
+pub mod ops;
 pub mod rebalance;
 
 use anyhow::Context;
@@ -38,6 +39,9 @@ pub enum BenchKind {
     /// Fleet members killed with SIGKILL: how long ingest pauses, and when the dead
     /// member's partitions are consumed again.
     Rebalance(rebalance::RebalanceBenchOptions),
+    /// Operator bulk actions: discard and retry rates on large stores, and the drain
+    /// rate of a working fleet while a bulk discard runs.
+    Ops(ops::OpsBenchOptions),
 }
 
 /// Options of the queue benchmark.
@@ -95,6 +99,7 @@ pub async fn run(settings: &Settings, args: &BenchArgs) -> anyhow::Result<()> {
     match &args.which {
         Some(BenchKind::Ingest(options)) => ingest::run(&settings, options).await,
         Some(BenchKind::Rebalance(options)) => rebalance::run(&settings, options).await,
+        Some(BenchKind::Ops(options)) => ops::run(&settings, options).await,
         None => run_queue(&settings, &args.queue).await,
     }
 }
