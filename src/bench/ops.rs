@@ -54,7 +54,9 @@ async fn seed(store: &Store, handler: &str, count: usize) -> anyhow::Result<()> 
     .bind(count as i64)
     .execute(store.pool())
     .await?;
-    sqlx::query("ANALYZE recovery_task").execute(store.pool()).await?;
+    sqlx::query("ANALYZE recovery_task")
+        .execute(store.pool())
+        .await?;
     Ok(())
 }
 
@@ -82,7 +84,11 @@ pub async fn run(settings: &Settings, options: &OpsBenchOptions) -> anyhow::Resu
                 budget: Budget::Fresh,
             };
             let done = store
-                .act(&operator(), &retry, &of_handler("idle", Some(Status::Discarded)))
+                .act(
+                    &operator(),
+                    &retry,
+                    &of_handler("idle", Some(Status::Discarded)),
+                )
                 .await?;
             anyhow::ensure!(done.changed == size as i64, "retried {}", done.changed);
             retries.push(size as f64 / started.elapsed().as_secs_f64());
@@ -134,7 +140,11 @@ async fn drain(settings: &Settings, options: &OpsBenchOptions, bulk: bool) -> an
                     .act(&operator(), &Action::Discard, &of_handler("idle", None))
                     .await?;
                 store
-                    .act(&operator(), &retry, &of_handler("idle", Some(Status::Discarded)))
+                    .act(
+                        &operator(),
+                        &retry,
+                        &of_handler("idle", Some(Status::Discarded)),
+                    )
                     .await?;
             }
             Ok::<_, crate::store::StoreError>(())

@@ -492,3 +492,79 @@ fn schema_names_postgresql_reserves_are_refused() {
     );
     load_env(&[("REDRIVE__DATABASE__SCHEMA", "users")]).expect("not a keyword");
 }
+
+#[test]
+fn admin_tokens_come_from_the_environment_and_stay_hidden() {
+    let secret = "s3cret-token-from-k8s-0123";
+    let settings = load_env(&[
+        ("REDRIVE__ADMIN__LISTEN", "0.0.0.0:9465"),
+        ("REDRIVE__ADMIN__TOKENS__OPS__ROLE", "operate"),
+        ("REDRIVE__ADMIN__TOKENS__OPS__TOKEN", secret),
+    ])
+    .unwrap();
+    let token = &settings.admin.tokens["ops"];
+    assert_eq!(token.role, redrive::config::Role::Operate);
+    assert!(
+        !format!("{settings:?}").contains(secret),
+        "Debug shows the token"
+    );
+    // A short token is refused without printing it.
+    let short = load_env(&[
+        ("REDRIVE__ADMIN__TOKENS__OPS__ROLE", "read"),
+        ("REDRIVE__ADMIN__TOKENS__OPS__TOKEN", "tiny-secret"),
+    ])
+    .unwrap_err();
+    assert_eq!(short.key, "admin.tokens.ops.token");
+    assert!(!short.to_string().contains("tiny-secret"), "{short}");
+}
+
+#[test]
+fn an_open_admin_api_is_refused_off_loopback() {
+    assert_refused(
+        load_env(&[("REDRIVE__ADMIN__LISTEN", "0.0.0.0:9465")]),
+        "admin.tokens",
+        "not a loopback address",
+    );
+    assert!(load_env(&[("REDRIVE__ADMIN__LISTEN", "127.0.0.1:9465")]).is_ok());
+    assert_refused(
+        load_env(&[("REDRIVE__ADMIN__LISTEN", "localhost:port")]),
+        "admin.listen",
+        "",
+    );
+    assert_refused(
+        load_toml("[admin.tokens.ops]\nrole = \"admin\"\ntoken = \"0123456789abcdefgh\""),
+        "admin.tokens.ops.role",
+        "admin",
+    );
+    assert_refused(
+        load_toml(
+            "[admin.tokens.a]\nrole = \"read\"\ntoken = \"0123456789abcdefgh\"\n\
+             [admin.tokens.b]\nrole = \"operate\"\ntoken = \"0123456789abcdefgh\"",
+        ),
+        "admin.tokens.b.token",
+        "same as another",
+    );
+}
+
+#[test]
+fn retention_ages_are_checked() {
+    let settings = load_env(&[("REDRIVE__RETENTION__PERMANENT_FAILURE", "30days")]).unwrap();
+    assert_eq!(
+        settings.retention.permanent_failure,
+        Some(std::time::Duration::from_secs(30 * 86_400))
+    );
+    assert_eq!(
+        settings.retention.resolved,
+        Some(std::time::Duration::from_secs(7 * 86_400))
+    );
+    assert_refused(
+        load_env(&[("REDRIVE__RETENTION__RESOLVED", "0s")]),
+        "retention.resolved",
+        "longer than 0s",
+    );
+    assert_refused(
+        load_env(&[("REDRIVE__RETENTION__DISCARDED", "soon")]),
+        "retention.discarded",
+        "not a duration",
+    );
+}

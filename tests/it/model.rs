@@ -1,9 +1,10 @@
 //! A randomized model test of the store's leases. Simulated workers claim, heartbeat,
 //! finish (resolved, retry at a time, permanent), release, crash and lose their leases
-//! in random interleavings; after every step the rows in PostgreSQL must agree with a
+//! in random interleavings, while an operator retries, discards and resolves tasks
+//! (some of them leased); after every step the rows in PostgreSQL must agree with a
 //! small in-memory model: which writes landed, attempts, lease columns, due times and
 //! the attempt history (one row per counted attempt). Each case ends by driving every
-//! task to a final state.
+//! task to a final state, then `check` must find the whole store sound.
 //!
 //! `REDRIVE_MODEL_CASES` (default 200) sets the number of cases and `REDRIVE_MODEL_SEED`
 //! the first case's seed (default: random); a failure names the seed that replays it.
@@ -13,8 +14,8 @@ use chrono::{DateTime, Utc};
 use rand::rngs::StdRng;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
-use redrive::store::{Finish, FinishOutcome};
-use redrive::{Lease, NewTask, Store};
+use redrive::store::{Action, Budget, Budgets, Finish, FinishOutcome, Operator, Selection};
+use redrive::{Lease, NewTask, Store, TaskId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -206,10 +207,11 @@ impl Case {
                 68..=75 => self.release(w).await?,
                 76..=84 => self.lapse().await?,
                 85..=90 => self.time_passes().await?,
-                91..=96 => {
+                91..=93 => {
                     self.log.push(format!("{} crashes", worker_name(w)));
                     self.workers[w].clear();
                 }
+                94..=97 => self.operate().await?,
                 _ => self.corrupt().await?,
             }
             self.compare().await?;
@@ -241,6 +243,102 @@ impl Case {
         .fetch_one(self.store.pool())
         .await)?;
         ensure!(open == 0, "{open} tasks still open in the database");
+        // The whole store (other cases are mid-flight) keeps every invariant.
+        let budgets = Budgets {
+            default: i32::MAX / 2,
+            ..Budgets::default()
+        };
+        let report = db(self.store.check(&budgets).await)?;
+        ensure!(
+            report.violations.is_empty(),
+            "check: {:?}",
+            report.violations
+        );
+        Ok(())
+    }
+
+    /// An operator retries, discards or resolves one task, maybe one a worker holds.
+    async fn operate(&mut self) -> Checked {
+        let Some(&id) = self
+            .tasks
+            .keys()
+            .copied()
+            .collect::<Vec<_>>()
+            .choose(&mut self.rng)
+        else {
+            return Ok(());
+        };
+        let (action, new_status) = match self.rng.random_range(0..3) {
+            0 => (
+                Action::Retry {
+                    at: None,
+                    budget: Budget::Fresh,
+                },
+                "failed",
+            ),
+            1 => (Action::Discard, "discarded"),
+            _ => (Action::Resolve, "resolved"),
+        };
+        let operator = Operator {
+            actor: "op".into(),
+            reason: Some("model".into()),
+        };
+        let start = now();
+        let report = db(self
+            .store
+            .act(&operator, &action, &Selection::Ids(vec![TaskId(id)]))
+            .await)?;
+        let end = now();
+        let task = self.tasks.get_mut(&id).unwrap();
+        let applies = match action {
+            Action::Retry { .. } => task.row.status != "resolved",
+            _ => matches!(task.row.status, "failed" | "permanent_failure"),
+        };
+        self.log.push(format!(
+            "operator {} task {id} ({}): changed {}",
+            action.name(),
+            task.row.status,
+            report.changed
+        ));
+        ensure!(
+            report.changed == i64::from(applies),
+            "operator {}: changed {} of task {id} in {}",
+            action.name(),
+            report.changed,
+            task.row.status
+        );
+        if !applies {
+            return Ok(());
+        }
+        let row = &mut task.row;
+        if let Some(owner) = row.owner.take() {
+            task.history.push(HistoryRow {
+                version: row.version,
+                attempt: row.attempts,
+                worker: owner,
+                outcome: "fenced",
+                started_at: row.leased_at.take().expect("a lease has a start"),
+                error: None,
+            });
+        }
+        row.version += 1;
+        row.leased_at = None;
+        row.status = new_status;
+        if new_status == "failed" {
+            row.next_at = Time::Between(start, end);
+        }
+        task.history.push(HistoryRow {
+            version: row.version,
+            attempt: row.attempts,
+            worker: "op".into(),
+            outcome: match action {
+                Action::Retry { .. } => "operator_retry",
+                Action::Discard => "operator_discard",
+                Action::Resolve => "operator_resolve",
+            },
+            started_at: Time::Between(start, end),
+            error: Some(Some("model".into())),
+        });
         Ok(())
     }
 
@@ -698,7 +796,7 @@ impl Case {
             let numbers: Vec<i32> = task
                 .history
                 .iter()
-                .filter(|h| h.outcome != "released")
+                .filter(|h| h.outcome != "released" && !h.outcome.starts_with("operator_"))
                 .map(|h| h.attempt)
                 .collect();
             let running = i32::from(task.row.owner.is_some());
