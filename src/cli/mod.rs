@@ -150,8 +150,13 @@ fn parse_header(text: &str) -> Result<Header, String> {
 pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> anyhow::Result<()> {
     let cli = Cli::parse();
     let quiet = cli.command.prints_its_own_output();
-    telemetry::init_logging(if quiet { "warn" } else { "info" });
     let settings = Settings::load(cli.config.as_deref(), None)?;
+    let level = if quiet {
+        "warn"
+    } else {
+        settings.log.level.as_str()
+    };
+    telemetry::init_logging(settings.log.format, level);
     match cli.command {
         Command::Run(args) => {
             let mut settings = settings;

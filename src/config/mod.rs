@@ -16,6 +16,7 @@ mod admin;
 mod checks;
 mod env;
 mod kafka;
+mod log;
 pub mod pattern;
 mod source_error;
 
@@ -26,6 +27,7 @@ pub(crate) use kafka::validate_routes;
 pub use kafka::{
     IngestSettings, KafkaSettings, ParkingSettings, RepublishSettings, RouteMode, RouteSettings,
 };
+pub use log::{LogFormat, LogSettings};
 
 /// A configuration problem, naming the key and the reason.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +75,8 @@ pub struct Settings {
     pub admin: AdminSettings,
     /// `[retention]`
     pub retention: RetentionSettings,
+    /// `[log]`
+    pub log: LogSettings,
 }
 
 /// `[metrics]`: the Prometheus endpoint.
@@ -281,6 +285,7 @@ impl Settings {
         }
         self.admin.validate()?;
         self.retention.validate()?;
+        self.log.validate()?;
         if self.kafka.group_id.is_empty() {
             return Err(ConfigError::new("kafka.group_id", "must not be empty"));
         }

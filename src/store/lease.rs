@@ -48,7 +48,7 @@ SET lease_version = t.lease_version + 1,
     updated_at = now()
 FROM due
 WHERE t.id = due.id
-RETURNING t.*
+RETURNING t.*, due.lease_owner IS NOT NULL AS recovered
 "#;
 
 // The fenced writes below match (id, lease_version) with a lease present, which implies
@@ -101,6 +101,18 @@ impl Store {
         owner: &str,
         lease: Duration,
     ) -> Result<Vec<Task>> {
+        Ok(self.claim_counted(handlers, limit, owner, lease).await?.0)
+    }
+
+    /// [`Store::claim`], also answering how many of the claimed tasks were taken over
+    /// from a lease that had expired (recovered from a dead or stalled worker).
+    pub async fn claim_counted(
+        &self,
+        handlers: &[String],
+        limit: u32,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<(Vec<Task>, usize)> {
         let mut tx = self.pool.begin_with(DUE_ORDER).await?;
         let rows = sqlx::query(CLAIM)
             .bind(handlers)
@@ -110,11 +122,15 @@ impl Store {
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
+        let recovered = rows
+            .iter()
+            .filter(|r| r.try_get::<bool, _>("recovered").unwrap_or(false))
+            .count();
         let (tasks, unreadable) = decode_each(&rows)?;
         if !unreadable.is_empty() {
             self.end_unreadable(owner, &unreadable).await;
         }
-        Ok(tasks)
+        Ok((tasks, recovered))
     }
 
     /// Ends claimed rows that cannot be read as PERMANENT_FAILURE, in one fenced write

@@ -6,9 +6,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use super::attempt;
-use super::finisher::Completion;
+use super::finisher::{AttemptContext, Completion};
 use super::inflight::InFlight;
 use super::served::Served;
 use crate::config::WorkerSettings;
@@ -56,7 +57,7 @@ impl Claimer {
             };
             let claimed = self
                 .store
-                .claim(
+                .claim_counted(
                     self.served.names(),
                     wanted as u32,
                     &self.worker_id,
@@ -64,8 +65,9 @@ impl Claimer {
                 )
                 .await;
             let tasks = match claimed {
-                Ok(tasks) => {
+                Ok((tasks, recovered)) => {
                     pause = Duration::ZERO;
+                    self.metrics.leases_recovered.inc_by(recovered as u64);
                     tasks
                 }
                 Err(error) => {
@@ -108,6 +110,14 @@ impl Claimer {
         let completions = self.completions.clone();
         let metrics = self.metrics.clone();
         let interrupt = self.interrupt.clone();
+        let span = tracing::info_span!(
+            "attempt",
+            task_id = task.id.0,
+            handler = %task.handler,
+            attempt = task.attempts,
+            route = task.failure.route.as_deref(),
+            correlation_id = task.failure.correlation_id.as_deref(),
+        );
         let work = async move {
             let finish =
                 attempt::run_attempt(&registered, &task, &worker_id, lease_lost.clone()).await;
@@ -121,22 +131,31 @@ impl Claimer {
                 .handler_seconds
                 .with_label_values(&[&*handler])
                 .observe(finish.duration.as_secs_f64());
+            let context = AttemptContext {
+                attempt: task.attempts,
+                route: task.failure.route.clone(),
+                correlation_id: task.failure.correlation_id.clone(),
+            };
             let parked = matches!(finish.outcome, FinishOutcome::PermanentFailure) && keep_task;
             let task = parked.then(|| Arc::new(task));
             // The finisher outlives every attempt; a send cannot fail.
             let _ = completions.send(Completion {
                 finish,
                 handler,
+                context,
                 task,
                 _slot: slot,
             });
         };
-        self.attempts.spawn(async move {
-            tokio::select! {
-                _ = interrupt.cancelled() => {}
-                _ = work => {}
+        self.attempts.spawn(
+            async move {
+                tokio::select! {
+                    _ = interrupt.cancelled() => {}
+                    _ = work => {}
+                }
             }
-        });
+            .instrument(span),
+        );
     }
 
     /// Waits for a notification, the next due task or the poll interval, whichever comes

@@ -11,7 +11,7 @@ use super::inflight::InFlight;
 use crate::finals::Finals;
 use crate::store::{Finish, FinishOutcome, Store};
 use crate::task::{Lease, Task};
-use crate::telemetry::Metrics;
+use crate::telemetry::{log_attempt, AttemptLine, Metrics};
 
 /// Finish statements in flight at once: enough to overlap one batch's commit with the
 /// next batch's round trip.
@@ -22,9 +22,18 @@ const CONCURRENT_FLUSHES: usize = 3;
 pub(crate) struct Completion {
     pub(crate) finish: Finish,
     pub(crate) handler: Arc<str>,
+    /// What the attempt's log line names besides the handler.
+    pub(crate) context: AttemptContext,
     /// The task, kept when it became a permanent failure and someone wants to know.
     pub(crate) task: Option<Arc<Task>>,
     pub(crate) _slot: OwnedSemaphorePermit,
+}
+
+/// The fields of an attempt's log line that its result does not carry.
+pub(crate) struct AttemptContext {
+    pub(crate) attempt: i32,
+    pub(crate) route: Option<String>,
+    pub(crate) correlation_id: Option<String>,
 }
 
 /// What the finisher needs besides its input channel.
@@ -95,11 +104,18 @@ impl Finisher {
         for completion in batch {
             let finish = &completion.finish;
             if written.contains(&finish.lease) {
-                let label = finish.outcome.history_label();
                 self.metrics
-                    .attempts
-                    .with_label_values(&[&*completion.handler, label])
-                    .inc();
+                    .attempt_finished(&completion.handler, finish.outcome.history_label());
+                let context = &completion.context;
+                log_attempt(&AttemptLine {
+                    task_id: Some(finish.lease.id.0),
+                    handler: &completion.handler,
+                    attempt: context.attempt,
+                    route: context.route.as_deref(),
+                    correlation_id: context.correlation_id.as_deref(),
+                    outcome: finish.outcome,
+                    error: finish.error.as_deref(),
+                });
                 retry_scheduled |= matches!(finish.outcome, FinishOutcome::Retry { .. });
                 if let Some(task) = &completion.task {
                     self.finals
@@ -110,8 +126,10 @@ impl Finisher {
                     .fenced_writes
                     .with_label_values(&["finish"])
                     .inc();
-                tracing::warn!(task = %finish.lease.id, lease_version = finish.lease.version,
-                    "result dropped: the lease was taken over or the task changed meanwhile");
+                tracing::warn!(task_id = finish.lease.id.0, handler = &*completion.handler,
+                    attempt = completion.context.attempt, lease_version = finish.lease.version,
+                    outcome = finish.outcome.history_label(),
+                    "result dropped (fenced): the lease was taken over or an operator acted meanwhile");
             }
         }
         if retry_scheduled {

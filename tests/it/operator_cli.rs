@@ -2,7 +2,6 @@
 
 use secrecy::ExposeSecret;
 use serde_json::Value;
-use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Output, Stdio};
 
 use crate::support::{fresh_store, scalar};
@@ -303,41 +302,41 @@ async fn check_exits_1_and_names_the_task_when_an_invariant_breaks() {
     );
 }
 
-/// Runs the binary to its end and answers its output and peak resident memory in bytes.
+/// The peak resident memory of process `pid` so far (`VmHWM`), in bytes.
+fn peak_rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Runs the binary to its end and answers its output and peak resident memory in bytes,
+/// read from /proc while it runs. (`wait4`'s `ru_maxrss` would not do: Linux carries
+/// the forking test process's own peak over into the child's.)
 fn run_measured(mut command: Command) -> (Output, u64) {
     let child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let pid = child.id() as libc::pid_t;
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let mut status = 0;
-    // The output is small: the pipes do not fill before the child exits.
-    // SAFETY: waiting for our own child; `usage` and `status` are valid for writes.
-    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    assert_eq!(waited, pid);
-    let mut out = Output {
-        status: std::process::ExitStatus::from_raw(status),
-        stdout: Vec::new(),
-        stderr: Vec::new(),
+    let pid = child.id();
+    let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let watcher = {
+        let watching = watching.clone();
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while watching.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(peak_rss(pid).unwrap_or(0));
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            peak
+        })
     };
-    use std::io::Read;
-    let mut child = child;
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_end(&mut out.stdout)
-        .unwrap();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_end(&mut out.stderr)
-        .unwrap();
-    // ru_maxrss is in kilobytes on Linux.
-    (out, usage.ru_maxrss as u64 * 1024)
+    let out = child.wait_with_output().unwrap();
+    watching.store(false, std::sync::atomic::Ordering::Relaxed);
+    let peak = watcher.join().unwrap();
+    assert!(peak > 0, "the child's memory was never read");
+    (out, peak)
 }
 
 /// Bulk discard and retry of 100,000 tasks run in bounded memory.

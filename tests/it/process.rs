@@ -53,7 +53,7 @@ async fn child_fleet_member() {
     let Ok(role) = std::env::var(CHILD_ROLE) else {
         return;
     };
-    redrive::telemetry::init_logging("info");
+    redrive::telemetry::init_logging(redrive::config::LogFormat::Text, "info");
     let settings = Settings::load(None, None).expect("child settings");
     let builder = Fleet::builder(settings.clone());
     let builder = match role.as_str() {

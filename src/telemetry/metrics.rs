@@ -1,0 +1,326 @@
+//! The Prometheus metrics of a redrive member, in their own registry. Every series a
+//! dashboard or alert reads exists from start-up (zero until used): labelled series are
+//! created for every handler, route, operation and outcome the member knows.
+
+use prometheus::{
+    Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry,
+};
+
+/// Outcomes of an attempt, as the `outcome` label says them.
+pub const ATTEMPT_OUTCOMES: [&str; 3] = ["resolved", "retry", "permanent_failure"];
+/// Database operations counted in `redrive_worker_database_errors_total`.
+pub const DATABASE_OPERATIONS: [&str; 7] = [
+    "claim",
+    "finish",
+    "heartbeat",
+    "next_due",
+    "ingest",
+    "upkeep",
+    "sample",
+];
+/// Ingest outcomes of a consumed message.
+pub const INGEST_OUTCOMES: [&str; 5] = [
+    "stored",
+    "redelivered",
+    "processed",
+    "deferred",
+    "collision",
+];
+/// Why redrive produces a message.
+pub const PRODUCE_PURPOSES: [&str; 3] = ["republish", "parking", "replay"];
+/// Task statuses.
+pub const STATUSES: [&str; 4] = ["failed", "resolved", "permanent_failure", "discarded"];
+
+/// Counters, gauges and histograms of one member.
+#[derive(Clone)]
+pub struct Metrics {
+    /// The registry to expose on `/metrics`.
+    pub registry: Registry,
+    /// Tasks claimed.
+    pub claimed: IntCounter,
+    /// Attempts written, by handler and outcome (`resolved`, `retry`, `permanent_failure`).
+    pub attempts: IntCounterVec,
+    /// Retries scheduled, by handler.
+    pub retries_scheduled: IntCounterVec,
+    /// Tasks that became permanent failures (by an attempt or at ingest), by handler.
+    pub permanent_failures: IntCounterVec,
+    /// Writes refused because the fencing token no longer matched, by operation.
+    pub fenced_writes: IntCounterVec,
+    /// Tasks claimed again after their lease expired (a worker died or stalled).
+    pub leases_recovered: IntCounter,
+    /// Handler call duration, by handler.
+    pub handler_seconds: HistogramVec,
+    /// Tasks leased by this process right now.
+    pub in_flight: IntGauge,
+    /// Database errors of this member, by operation.
+    pub database_errors: IntCounterVec,
+    /// Consumed messages, by route and outcome.
+    pub ingested: IntCounterVec,
+    /// Permanent failures produced to the parking topic, by result.
+    pub parked: IntCounterVec,
+    /// Messages redrive produced (republish, parking, replay), by result.
+    pub produced: IntCounterVec,
+    /// Errors the Kafka consumer reported, by librdkafka error code.
+    pub consumer_errors: IntCounterVec,
+    /// Messages behind the partition's end, by topic and partition (librdkafka statistics).
+    pub consumer_lag: IntGaugeVec,
+    /// Final tasks deleted by retention, by status.
+    pub retention_deleted: IntCounterVec,
+    /// Connections of this member's database pool, by state (`in_use`, `idle`).
+    pub pool_connections: IntGaugeVec,
+    /// Members seen recently (fleet-wide; every member exports the same value).
+    pub members_live: IntGauge,
+    /// Tasks by status and handler (fleet-wide, sampled).
+    pub tasks: IntGaugeVec,
+    /// Tasks due now, by handler (fleet-wide, sampled).
+    pub tasks_due: IntGaugeVec,
+    /// How long the oldest due task has waited, by handler (fleet-wide, sampled).
+    pub oldest_due_seconds: GaugeVec,
+    /// 1 while this member is ready (see `/readyz`).
+    pub ready: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let metric = IntCounter::new(name, help).expect("a valid metric");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("registered once");
+    metric
+}
+
+fn counters(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("a valid metric");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("registered once");
+    metric
+}
+
+fn gauges(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let metric = IntGaugeVec::new(Opts::new(name, help), labels).expect("a valid metric");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("registered once");
+    metric
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let r = &registry;
+        let build_info = gauges(
+            r,
+            "redrive_build_info",
+            "redrive's version (always 1)",
+            &["version"],
+        );
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        let handler_seconds = HistogramVec::new(
+            HistogramOpts::new("redrive_handler_duration_seconds", "Handler call duration")
+                .buckets(vec![0.001, 0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 60.0]),
+            &["handler"],
+        )
+        .expect("a valid metric");
+        r.register(Box::new(handler_seconds.clone()))
+            .expect("registered once");
+        let in_flight = IntGauge::new("redrive_tasks_in_flight", "Tasks leased by this process")
+            .expect("a valid metric");
+        r.register(Box::new(in_flight.clone()))
+            .expect("registered once");
+        let members_live = IntGauge::new(
+            "redrive_members_live",
+            "Fleet members seen recently (fleet-wide: aggregate with max)",
+        )
+        .expect("a valid metric");
+        r.register(Box::new(members_live.clone()))
+            .expect("registered once");
+        let oldest_due_seconds = GaugeVec::new(
+            Opts::new(
+                "redrive_oldest_due_task_age_seconds",
+                "How long the oldest due task has waited, by handler (fleet-wide: aggregate with max)",
+            ),
+            &["handler"],
+        )
+        .expect("a valid metric");
+        r.register(Box::new(oldest_due_seconds.clone()))
+            .expect("registered once");
+        let ready = Gauge::new("redrive_ready", "1 while this member is ready (/readyz)")
+            .expect("a valid metric");
+        r.register(Box::new(ready.clone()))
+            .expect("registered once");
+        let metrics = Metrics {
+            claimed: counter(r, "redrive_tasks_claimed_total", "Tasks claimed"),
+            attempts: counters(
+                r,
+                "redrive_attempts_total",
+                "Attempts finished, by outcome",
+                &["handler", "outcome"],
+            ),
+            retries_scheduled: counters(
+                r,
+                "redrive_retries_scheduled_total",
+                "Retries scheduled, by handler",
+                &["handler"],
+            ),
+            permanent_failures: counters(
+                r,
+                "redrive_permanent_failures_total",
+                "Tasks that became permanent failures, by handler",
+                &["handler"],
+            ),
+            fenced_writes: counters(
+                r,
+                "redrive_fenced_writes_total",
+                "Writes dropped because the lease was taken over",
+                &["operation"],
+            ),
+            leases_recovered: counter(
+                r,
+                "redrive_leases_recovered_total",
+                "Tasks claimed again after their lease expired",
+            ),
+            handler_seconds,
+            in_flight,
+            database_errors: counters(
+                r,
+                "redrive_worker_database_errors_total",
+                "Database errors of this member, by operation",
+                &["operation"],
+            ),
+            ingested: counters(
+                r,
+                "redrive_ingested_messages_total",
+                "Consumed messages, by outcome",
+                &["route", "outcome"],
+            ),
+            parked: counters(
+                r,
+                "redrive_parked_total",
+                "Permanent failures produced to the parking topic",
+                &["result"],
+            ),
+            produced: counters(
+                r,
+                "redrive_produced_messages_total",
+                "Messages produced by republish, parking and replay, by result",
+                &["purpose", "result"],
+            ),
+            consumer_errors: counters(
+                r,
+                "redrive_consumer_errors_total",
+                "Errors reported by the Kafka consumer, by librdkafka error code",
+                &["code"],
+            ),
+            consumer_lag: gauges(
+                r,
+                "redrive_consumer_lag",
+                "Messages behind the end of the partition (librdkafka statistics)",
+                &["topic", "partition"],
+            ),
+            retention_deleted: counters(
+                r,
+                "redrive_retention_deleted_tasks_total",
+                "Final tasks deleted by retention, by status",
+                &["status"],
+            ),
+            pool_connections: gauges(
+                r,
+                "redrive_db_pool_connections",
+                "Connections of this member's database pool, by state",
+                &["state"],
+            ),
+            members_live,
+            tasks: gauges(
+                r,
+                "redrive_tasks",
+                "Tasks by status and handler (fleet-wide: aggregate with max)",
+                &["status", "handler"],
+            ),
+            tasks_due: gauges(
+                r,
+                "redrive_tasks_due",
+                "Tasks due now, by handler (fleet-wide: aggregate with max)",
+                &["handler"],
+            ),
+            oldest_due_seconds,
+            ready,
+            registry,
+        };
+        for operation in DATABASE_OPERATIONS {
+            metrics.database_errors.with_label_values(&[operation]);
+        }
+        for operation in ["finish", "heartbeat"] {
+            metrics.fenced_writes.with_label_values(&[operation]);
+        }
+        for result in ["produced", "failed"] {
+            metrics.parked.with_label_values(&[result]);
+        }
+        for purpose in PRODUCE_PURPOSES {
+            for result in ["ok", "error"] {
+                metrics.produced.with_label_values(&[purpose, result]);
+            }
+        }
+        for status in ["resolved", "discarded", "permanent_failure"] {
+            metrics.retention_deleted.with_label_values(&[status]);
+        }
+        for state in ["in_use", "idle"] {
+            metrics.pool_connections.with_label_values(&[state]);
+        }
+        metrics
+    }
+
+    /// Creates the labelled series of `handlers` and `routes`, so that dashboards and
+    /// alerts see them (at zero) from start-up.
+    pub fn prepare<'a>(
+        &self,
+        handlers: impl IntoIterator<Item = &'a str>,
+        routes: impl IntoIterator<Item = &'a str>,
+    ) {
+        for handler in handlers {
+            for outcome in ATTEMPT_OUTCOMES {
+                self.attempts.with_label_values(&[handler, outcome]);
+            }
+            self.retries_scheduled.with_label_values(&[handler]);
+            self.permanent_failures.with_label_values(&[handler]);
+            self.handler_seconds.with_label_values(&[handler]);
+            for status in STATUSES {
+                self.tasks.with_label_values(&[status, handler]);
+            }
+            self.tasks_due.with_label_values(&[handler]);
+            self.oldest_due_seconds.with_label_values(&[handler]);
+        }
+        for route in routes {
+            for outcome in INGEST_OUTCOMES {
+                self.ingested.with_label_values(&[route, outcome]);
+            }
+        }
+    }
+
+    /// Counts an attempt's outcome under `handler`.
+    pub fn attempt_finished(&self, handler: &str, outcome: &str) {
+        self.attempts.with_label_values(&[handler, outcome]).inc();
+        match outcome {
+            "retry" => self.retries_scheduled.with_label_values(&[handler]).inc(),
+            "permanent_failure" => self.permanent_failures.with_label_values(&[handler]).inc(),
+            _ => {}
+        }
+    }
+
+    /// The registry in Prometheus' text format.
+    pub fn render(&self) -> String {
+        let families = self.registry.gather();
+        prometheus::TextEncoder::new()
+            .encode_to_string(&families)
+            .unwrap_or_default()
+    }
+}
