@@ -47,6 +47,7 @@ pub enum FleetError {
 /// Collects settings and handlers; [`FleetBuilder::build`] validates them together.
 pub struct FleetBuilder {
     settings: Settings,
+    metrics: Metrics,
     registry: HandlerRegistry,
     sinks: Vec<Arc<dyn FinalSink>>,
     problems: Vec<FleetError>,
@@ -72,7 +73,7 @@ impl FleetBuilder {
     /// Registers the built-in handlers: `log` and `republish` (whose producer is
     /// created when it first republishes).
     pub fn with_builtin_handlers(self) -> Self {
-        let republish = RepublishHandler::new(&self.settings);
+        let republish = RepublishHandler::new(&self.settings).with_metrics(self.metrics.clone());
         self.handler("log", LogHandler)
             .handler("republish", republish)
     }
@@ -92,7 +93,14 @@ impl FleetBuilder {
         let route_handlers: Vec<String> =
             settings.routes.iter().map(|r| r.handler.clone()).collect();
         let ingest_handlers = self.registry.select(&route_handlers, &settings.retry)?;
-        let metrics = Metrics::new();
+        let metrics = self.metrics;
+        metrics.prepare(
+            handlers
+                .keys()
+                .chain(ingest_handlers.keys())
+                .map(String::as_str),
+            settings.routes.iter().map(|r| r.name.as_str()),
+        );
         let mut sinks = self.sinks;
         if let Some(topic) = &settings.parking.topic {
             let parking = Parking::new(
@@ -127,6 +135,7 @@ impl Fleet {
     pub fn builder(settings: Settings) -> FleetBuilder {
         FleetBuilder {
             settings,
+            metrics: Metrics::new(),
             registry: HandlerRegistry::default(),
             sinks: Vec::new(),
             problems: Vec::new(),
@@ -223,14 +232,31 @@ impl Fleet {
             let serve = admin::serve(listener, app, shutdown.clone());
             parts.spawn(async move { serve.await.map_err(FleetError::from) });
         }
-        if let Some(listener) = metrics_listener {
-            tracing::info!(listen = ?self.settings.metrics.listen, "serving /metrics");
-            let serve = telemetry::serve_metrics(listener, self.metrics.clone(), shutdown.clone());
-            parts.spawn(async move { serve.await.map_err(FleetError::from) });
-        }
+        // The metrics and health endpoints outlive the other parts, so that `/readyz`
+        // says "shutting down" while they drain.
+        let serving = CancellationToken::new();
+        let telemetry = metrics_listener.map(|listener| {
+            tracing::info!(listen = ?self.settings.metrics.listen, "serving /metrics, /healthz, /readyz");
+            tokio::spawn(telemetry::serve_metrics(
+                listener,
+                self.metrics.clone(),
+                store.clone(),
+                serving.clone(),
+            ))
+        });
+        let health = self.metrics.health.clone();
+        let stopping = shutdown.clone();
+        tokio::spawn(async move {
+            stopping.cancelled().await;
+            health.shutting_down();
+        });
         let pool = self.worker_pool(store.clone());
         let member = self.member(pool.worker_id(), ingest.is_some());
         parts.spawn(upkeep::keep_member_recorded(store.clone(), member, shutdown.clone()).map(Ok));
+        parts.spawn(
+            upkeep::sample_fleet_figures(store.clone(), self.metrics.clone(), shutdown.clone())
+                .map(Ok),
+        );
         if self.settings.retention.enabled {
             parts.spawn(
                 upkeep::apply_retention(
@@ -248,6 +274,7 @@ impl Fleet {
                 self.settings.kafka.clone(),
                 self.settings.ingest.max_message_bytes,
                 pool.worker_id().to_owned(),
+                self.metrics.clone(),
                 shutdown.clone(),
             )
             .map(Ok),
@@ -263,10 +290,21 @@ impl Fleet {
                 Ok(())
             });
         }
-        let outcome = supervise(parts, &shutdown).await;
+        let mut outcome = supervise(parts, &shutdown).await;
         self.finals
             .drain(self.settings.worker.shutdown_timeout)
             .await;
+        serving.cancel();
+        if let Some(telemetry) = telemetry {
+            let served = telemetry
+                .await
+                .map_err(|e| FleetError::Panicked(e.to_string()));
+            if let (Ok(()), Err(error)) =
+                (&outcome, served.and_then(|r| r.map_err(FleetError::from)))
+            {
+                outcome = Err(error);
+            }
+        }
         outcome
     }
 

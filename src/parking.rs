@@ -63,7 +63,9 @@ impl Parking {
             context.push((own::ORIGINAL_PARTITION, origin.partition.to_string()));
             context.push((own::ORIGINAL_OFFSET, origin.offset.to_string()));
         }
-        match produce_task(&self.producer, &self.topic, task, &context).await {
+        let produced = produce_task(&self.producer, &self.topic, task, &context).await;
+        self.metrics.count_produced("parking", produced.is_ok());
+        match produced {
             Ok(()) => self.metrics.parked.with_label_values(&["produced"]).inc(),
             Err(error) => {
                 self.metrics.parked.with_label_values(&["failed"]).inc();

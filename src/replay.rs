@@ -27,6 +27,7 @@ use crate::kafka::produce::{is_permanent, produce_task};
 use crate::kafka::{client_config, producer_config, redact_error};
 use crate::store::{apply_batch, Action, Marks, NewReplay, Operator, ReplayJob, Store, StoreError};
 use crate::task::{Task, TaskId};
+use crate::telemetry::Metrics;
 
 /// Tasks per batch at most.
 const REPLAY_BATCH: i64 = 200;
@@ -98,6 +99,7 @@ pub struct Replayer {
     kafka: KafkaSettings,
     max_message_bytes: u32,
     runner: String,
+    metrics: Metrics,
 }
 
 impl Replayer {
@@ -108,7 +110,14 @@ impl Replayer {
             kafka,
             max_message_bytes,
             runner,
+            metrics: Metrics::new(),
         }
+    }
+
+    /// Counts what it produces in `metrics` (`redrive_produced_messages_total`).
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// This runner's name.
@@ -248,7 +257,9 @@ impl Replayer {
                 }));
             }
             for result in futures::future::join_all(sends).await {
-                if let Err((topic, error)) = result.expect("producing does not panic") {
+                let result = result.expect("producing does not panic");
+                self.metrics.count_produced("replay", result.is_ok());
+                if let Err((topic, error)) = result {
                     let error = redact_error(error, &self.kafka);
                     let kind = if is_permanent(&error) {
                         "refused"

@@ -112,9 +112,11 @@ pub async fn run_detached_replays(
     kafka: KafkaSettings,
     max_message_bytes: u32,
     runner: String,
+    metrics: Metrics,
     shutdown: CancellationToken,
 ) {
-    let replayer = Replayer::new(store.clone(), kafka, max_message_bytes, runner);
+    let replayer =
+        Replayer::new(store.clone(), kafka, max_message_bytes, runner).with_metrics(metrics);
     let mut trouble = Trouble::default();
     loop {
         match store.claim_detached_replay(replayer.runner()).await {
@@ -140,4 +142,66 @@ pub async fn run_detached_replays(
             return;
         }
     }
+}
+
+/// How often members refresh the fleet-wide gauges (one of them counts per turn).
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(15);
+
+/// Keeps the fleet-wide gauges (tasks by status and handler, due work, live members)
+/// current until shutdown.
+pub async fn sample_fleet_figures(store: Store, metrics: Metrics, shutdown: CancellationToken) {
+    let mut trouble = Trouble::default();
+    let mut shown = std::collections::HashSet::new();
+    loop {
+        match store.sample_figures(SAMPLE_EVERY).await {
+            Ok(figures) => {
+                trouble.ok("sampling the fleet's figures");
+                show(&metrics, &figures, &mut shown);
+            }
+            Err(error) => {
+                metrics.database_errors.with_label_values(&["sample"]).inc();
+                trouble.failed("sampling the fleet's figures", &error);
+            }
+        }
+        if !pause(SAMPLE_EVERY, &shutdown).await {
+            return;
+        }
+    }
+}
+
+/// Sets the gauges to `figures`; series shown before and absent now go to zero.
+fn show(
+    metrics: &Metrics,
+    figures: &crate::store::FleetFigures,
+    shown: &mut std::collections::HashSet<(String, String)>,
+) {
+    let mut now = std::collections::HashSet::new();
+    for (status, handler, count) in &figures.tasks {
+        metrics
+            .tasks
+            .with_label_values(&[status, handler])
+            .set(*count);
+        now.insert((status.clone(), handler.clone()));
+    }
+    for (handler, due, age) in &figures.due {
+        metrics.tasks_due.with_label_values(&[handler]).set(*due);
+        metrics
+            .oldest_due_seconds
+            .with_label_values(&[handler])
+            .set(*age);
+        now.insert(("due".into(), handler.clone()));
+    }
+    for (kind, handler) in shown.difference(&now) {
+        if kind == "due" {
+            metrics.tasks_due.with_label_values(&[handler]).set(0);
+            metrics
+                .oldest_due_seconds
+                .with_label_values(&[handler])
+                .set(0.0);
+        } else {
+            metrics.tasks.with_label_values(&[kind, handler]).set(0);
+        }
+    }
+    *shown = now;
+    metrics.members_live.set(figures.members_live);
 }

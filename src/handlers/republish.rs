@@ -8,6 +8,7 @@ use crate::config::Settings;
 use crate::kafka::dlt::own;
 use crate::kafka::produce::{is_permanent, produce_task, LazyProducer};
 use crate::task::Task;
+use crate::telemetry::Metrics;
 
 /// Produces the task's key, value and headers to its original topic (or the configured
 /// target) with an idempotent producer, created on first use. The attempt succeeds when
@@ -17,6 +18,7 @@ use crate::task::Task;
 pub struct RepublishHandler {
     producer: Arc<LazyProducer>,
     target_topic: Option<String>,
+    metrics: Metrics,
 }
 
 impl RepublishHandler {
@@ -29,7 +31,14 @@ impl RepublishHandler {
                 settings.ingest.max_message_bytes,
             )),
             target_topic: settings.republish.target_topic.clone(),
+            metrics: Metrics::new(),
         }
+    }
+
+    /// Counts what it produces in `metrics` (`redrive_produced_messages_total`).
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 }
 
@@ -61,7 +70,9 @@ impl Handler for RepublishHandler {
         let producer = self.producer.get().map_err(|error| {
             HandlerError::transient(format!("cannot create the republish producer: {error}"))
         })?;
-        match produce_task(producer, topic, task, &extra).await {
+        let produced = produce_task(producer, topic, task, &extra).await;
+        self.metrics.count_produced("republish", produced.is_ok());
+        match produced {
             Ok(()) => Ok(()),
             Err(error) if is_permanent(&error) => Err(HandlerError::permanent(format!(
                 "republish to {topic} refused: {error}"

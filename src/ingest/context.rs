@@ -6,11 +6,13 @@ use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, RebalanceProtocol,
 };
 use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use crate::kafka::context::QuietContext;
+use crate::telemetry::Metrics;
 
 /// Logs rebalances, and commits the latest offsets again after each one. rdkafka's
 /// default `rebalance` applies each change (incrementally when the protocol is
@@ -22,14 +24,25 @@ use crate::kafka::context::QuietContext;
 /// idle partition would keep a stale committed offset. Committing the latest offsets
 /// again (all of stored rows, for the partitions still assigned) settles them.
 /// librdkafka's own reports are logged once per change, not per repeat.
-#[derive(Default)]
 pub(super) struct IngestContext {
     /// The latest offset handed to a commit, per (topic, partition) held.
     committing: Mutex<BTreeMap<(String, i32), i64>>,
     quiet: QuietContext,
+    /// Where statistics go: consumer lag, and the brokers' reachability.
+    metrics: Metrics,
 }
 
 impl IngestContext {
+    /// A context reporting statistics to `metrics`.
+    pub(super) fn new(metrics: Metrics) -> IngestContext {
+        metrics.health.ingest_started();
+        IngestContext {
+            committing: Mutex::default(),
+            quiet: QuietContext::default(),
+            metrics,
+        }
+    }
+
     /// Remembers `offsets`, about to be committed, to commit them again after a rebalance.
     pub(super) fn committing(&self, offsets: &TopicPartitionList) {
         let mut committing = self.committing.lock().expect("not poisoned");
@@ -48,6 +61,11 @@ impl IngestContext {
         let mut committing = self.committing.lock().expect("not poisoned");
         for element in revoked.elements() {
             committing.remove(&(element.topic().to_owned(), element.partition()));
+            // Its lag is the new owner's to report.
+            let _ = self
+                .metrics
+                .consumer_lag
+                .remove_label_values(&[element.topic(), &element.partition().to_string()]);
         }
     }
 
@@ -83,6 +101,23 @@ impl ClientContext for IngestContext {
 
     fn error(&self, error: KafkaError, reason: &str) {
         self.quiet.client_error(&error, reason);
+    }
+
+    /// Consumer lag per assigned partition, and whether any broker is up.
+    fn stats(&self, statistics: Statistics) {
+        for (topic, stats) in &statistics.topics {
+            for (partition, stats) in &stats.partitions {
+                // Partition -1 is librdkafka's internal one; a lag of -1 is unknown.
+                if *partition >= 0 && stats.consumer_lag >= 0 {
+                    self.metrics
+                        .consumer_lag
+                        .with_label_values(&[topic.as_str(), &partition.to_string()])
+                        .set(stats.consumer_lag);
+                }
+            }
+        }
+        let up = statistics.brokers.values().any(|b| b.state == "UP");
+        self.metrics.health.kafka_seen(up);
     }
 }
 

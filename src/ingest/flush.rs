@@ -17,7 +17,8 @@ use crate::handlers::{HandlerContext, Registered};
 use crate::kafka::message::{minimal_form, to_task, with_payload, Consumed};
 use crate::store::{Enqueued, FinishOutcome, Store, StoreError};
 use crate::task::{InlineAttempt, NewTask, Status, TaskId};
-use crate::telemetry::Metrics;
+use crate::telemetry::{log_attempt, AttemptLine, Metrics};
+use tracing::Instrument;
 
 /// Next offset to commit per (topic, partition).
 pub(crate) type Offsets = BTreeMap<(String, i32), i64>;
@@ -56,6 +57,11 @@ impl Flusher {
     /// Persists `messages` and returns the offsets now safe to commit. Retries the
     /// insert while the database is unreachable; the caller decides how long to wait.
     pub(crate) async fn flush(self, messages: Vec<Consumed>) -> Result<Offsets, FlushError> {
+        let span = tracing::info_span!("ingest_batch", messages = messages.len());
+        self.flush_batch(messages).instrument(span).await
+    }
+
+    async fn flush_batch(self, messages: Vec<Consumed>) -> Result<Offsets, FlushError> {
         let mut offsets = Offsets::new();
         for m in messages.iter().map(|c| &c.message) {
             let next = offsets
@@ -139,7 +145,24 @@ impl Flusher {
             attempt: 1,
             cancellation: CancellationToken::new(),
         };
-        let attempted = invoke(&registered, &ctx, &preview).await;
+        let span = tracing::info_span!(
+            "attempt",
+            task_id = tracing::field::Empty,
+            handler = %route.handler,
+            attempt = 1,
+            route = %route.name,
+            correlation_id = task.failure.correlation_id.as_deref(),
+        );
+        let attempted = invoke(&registered, &ctx, &preview).instrument(span).await;
+        log_attempt(&AttemptLine {
+            task_id: None,
+            handler: &route.handler,
+            attempt: 1,
+            route: Some(&route.name),
+            correlation_id: task.failure.correlation_id.as_deref(),
+            outcome: attempted.outcome,
+            error: attempted.error.as_deref(),
+        });
         task.attempts = 1;
         let outcome = match attempted.outcome {
             FinishOutcome::Resolved => {
@@ -207,14 +230,18 @@ impl Flusher {
                 other => other,
             };
             match result {
-                Ok(outcomes) => return outcomes,
+                Ok(outcomes) => {
+                    self.metrics.health.database_ok();
+                    return outcomes;
+                }
                 Err(error) => {
                     self.metrics
                         .database_errors
                         .with_label_values(&["ingest"])
                         .inc();
-                    tracing::warn!(%error, tasks = tasks.len(), retry_in = ?pause,
-                        "cannot store consumed failures; offsets stay uncommitted");
+                    self.metrics.health.database_failed("ingest", &error);
+                    tracing::debug!(tasks = tasks.len(), retry_in = ?pause,
+                        "consumed failures not stored yet; their offsets stay uncommitted");
                 }
             }
             tokio::time::sleep(pause).await;
@@ -251,6 +278,17 @@ impl Flusher {
             .with_label_values(&[route, label])
             .inc();
         if let Enqueued::Created(id) = outcome {
+            if task.status == Status::PermanentFailure {
+                self.metrics
+                    .permanent_failures
+                    .with_label_values(&[&task.handler])
+                    .inc();
+            } else if task.inline_attempt.is_some() {
+                self.metrics
+                    .retries_scheduled
+                    .with_label_values(&[&task.handler])
+                    .inc();
+            }
             if task.status == Status::PermanentFailure && self.finals.wanted() {
                 let error = task.failure.error_message.clone();
                 let mut stored = task.unsaved();

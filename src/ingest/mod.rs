@@ -96,7 +96,7 @@ impl Ingest {
     /// Consumes until `shutdown` fires; then persists what was consumed and commits it.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), IngestError> {
         let consumer: StreamConsumer<IngestContext> = consumer_config(&self.kafka)
-            .create_with_context(IngestContext::default())
+            .create_with_context(IngestContext::new(self.flusher.metrics.clone()))
             .map_err(|e| redact_error(e, &self.kafka))?;
         let subscriptions = self.flusher.routes.subscriptions();
         let topics: Vec<&str> = subscriptions.iter().map(String::as_str).collect();

@@ -44,6 +44,9 @@ pub fn client_config(kafka: &KafkaSettings) -> ClientConfig {
     config
 }
 
+/// How often librdkafka reports consumer statistics, unless `kafka.properties` says.
+const STATISTICS_INTERVAL_MS: &str = "5000";
+
 /// Room for a record batch's framing and headers above the message itself.
 const RECORD_OVERHEAD_BYTES: u32 = 64 * 1024;
 
@@ -53,7 +56,11 @@ const RECORD_OVERHEAD_BYTES: u32 = 64 * 1024;
 pub fn consumer_config(kafka: &KafkaSettings) -> ClientConfig {
     let mut config = client_config(kafka);
     let property = |key: &str| kafka.properties.get(key).map(String::as_str);
-    let mut defaults = vec![("auto.offset.reset", "earliest".to_owned())];
+    // Statistics feed the consumer-lag gauges and the brokers' reachability (/readyz).
+    let mut defaults = vec![
+        ("auto.offset.reset", "earliest".to_owned()),
+        ("statistics.interval.ms", STATISTICS_INTERVAL_MS.to_owned()),
+    ];
     // The KIP-848 protocol (`group.protocol=consumer`) is incremental by design and
     // refuses these three: the broker decides them.
     if property("group.protocol") != Some("consumer") {

@@ -16,6 +16,7 @@ mod query;
 mod replays;
 mod retention;
 mod row;
+mod sample;
 
 pub use audit::{AuditEntry, AuditQuery};
 pub use check::{Budgets, CheckReport, Violation};
@@ -32,6 +33,7 @@ pub use operate::{Action, ActionReport, Budget, Operator, ACTION_BATCH};
 pub use query::{Attempt, StatusCounts};
 pub use replays::{Marks, NewReplay, ReplayJob, ReplayRowError, REPLAY_STALE_AFTER};
 pub use retention::RETENTION_BATCH;
+pub use sample::FleetFigures;
 
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::Connection;
@@ -123,6 +125,18 @@ impl Store {
             conn.detach().close().await.ok();
         }
         outcome
+    }
+
+    /// How many of the binary's migrations the database has not applied (0: current).
+    pub async fn pending_migrations(&self) -> Result<usize> {
+        let applied: Vec<i64> =
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(MIGRATOR
+            .iter()
+            .filter(|m| !applied.contains(&m.version))
+            .count())
     }
 
     /// The underlying pool, for callers that want to enqueue inside their own transaction.

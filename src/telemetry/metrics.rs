@@ -2,6 +2,9 @@
 //! dashboard or alert reads exists from start-up (zero until used): labelled series are
 //! created for every handler, route, operation and outcome the member knows.
 
+use std::sync::Arc;
+
+use super::health::Health;
 use prometheus::{
     Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry,
@@ -79,6 +82,8 @@ pub struct Metrics {
     pub oldest_due_seconds: GaugeVec,
     /// 1 while this member is ready (see `/readyz`).
     pub ready: Gauge,
+    /// The member's health, which `/readyz` reads and whose changes are logged once.
+    pub health: Arc<Health>,
 }
 
 impl Default for Metrics {
@@ -254,6 +259,7 @@ impl Metrics {
             ),
             oldest_due_seconds,
             ready,
+            health: Arc::new(Health::default()),
             registry,
         };
         for operation in DATABASE_OPERATIONS {
@@ -314,6 +320,12 @@ impl Metrics {
             "permanent_failure" => self.permanent_failures.with_label_values(&[handler]).inc(),
             _ => {}
         }
+    }
+
+    /// Counts one message produced for `purpose` (republish, parking, replay).
+    pub fn count_produced(&self, purpose: &str, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.produced.with_label_values(&[purpose, result]).inc();
     }
 
     /// The registry in Prometheus' text format.

@@ -1,14 +1,17 @@
 //! Logging set-up, the Prometheus metrics of a redrive process, and its health.
 
 mod attempt_log;
+mod health;
 mod metrics;
 
 pub use attempt_log::{log_attempt, AttemptLine};
+pub use health::{Health, Readiness};
 pub use metrics::Metrics;
 
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
+use crate::store::Store;
 
 /// Installs the global `tracing` subscriber on stderr: text or JSON lines (`log.format`;
 /// `auto` is text on a terminal), filtered by `RUST_LOG`, else `level`. JSON lines carry
@@ -37,20 +40,55 @@ pub fn init_logging(format: LogFormat, level: &str) {
     };
 }
 
-/// Serves `GET /metrics` in Prometheus' text format until `shutdown` fires.
+/// Serves `GET /metrics` (Prometheus text format), `GET /healthz` (alive) and
+/// `GET /readyz` (ready: the database answers with its migrations current, Kafka when
+/// ingest runs, not shutting down; 503 with what is wrong otherwise) until `stop` fires.
 pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
     metrics: Metrics,
-    shutdown: tokio_util::sync::CancellationToken,
+    store: Store,
+    stop: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let metrics = metrics.clone();
-            async move { metrics.render() }
-        }),
-    );
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    use axum::Json;
+    let scrape = {
+        let (metrics, store) = (metrics.clone(), store.clone());
+        move || {
+            let (metrics, store) = (metrics.clone(), store.clone());
+            async move {
+                let pool = store.pool();
+                let idle = pool.num_idle() as i64;
+                let gauge = &metrics.pool_connections;
+                gauge.with_label_values(&["idle"]).set(idle);
+                gauge
+                    .with_label_values(&["in_use"])
+                    .set(i64::from(pool.size()) - idle);
+                metrics.render()
+            }
+        }
+    };
+    let ready = move || {
+        let (metrics, store) = (metrics.clone(), store.clone());
+        async move {
+            let readiness = metrics.health.readiness(&store).await;
+            metrics.ready.set(if readiness.ready { 1.0 } else { 0.0 });
+            let status = if readiness.ready {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            (status, Json(readiness))
+        }
+    };
+    let app = axum::Router::new()
+        .route("/metrics", get(scrape))
+        .route(
+            "/healthz",
+            get(|| async { Json(serde_json::json!({"status": "alive"})) }),
+        )
+        .route("/readyz", get(ready));
     axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .with_graceful_shutdown(async move { stop.cancelled().await })
         .await
 }

@@ -67,6 +67,7 @@ impl Claimer {
             let tasks = match claimed {
                 Ok((tasks, recovered)) => {
                     pause = Duration::ZERO;
+                    self.metrics.health.database_ok();
                     self.metrics.leases_recovered.inc_by(recovered as u64);
                     tasks
                 }
@@ -77,7 +78,7 @@ impl Claimer {
                         .with_label_values(&["claim"])
                         .inc();
                     pause = (pause * 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
-                    tracing::warn!(%error, retry_in = ?pause, "claim failed");
+                    self.metrics.health.database_failed("claim", &error);
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
                         _ = tokio::time::sleep(pause) => continue,
@@ -173,7 +174,7 @@ impl Claimer {
                     .database_errors
                     .with_label_values(&["next_due"])
                     .inc();
-                tracing::warn!(%error, "cannot read the next due time");
+                self.metrics.health.database_failed("next_due", &error);
                 poll
             }
         };

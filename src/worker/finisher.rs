@@ -76,7 +76,10 @@ impl Finisher {
         let mut pause = Duration::from_millis(100);
         let written = loop {
             match self.store.finish(&self.worker_id, &results).await {
-                Ok(written) => break Some(written),
+                Ok(written) => {
+                    self.metrics.health.database_ok();
+                    break Some(written);
+                }
                 Err(error) => {
                     self.metrics
                         .database_errors
@@ -87,7 +90,7 @@ impl Finisher {
                             "could not write results; the tasks will be retried after their leases lapse");
                         break None;
                     }
-                    tracing::warn!(%error, tasks = results.len(), "writing results failed; retrying");
+                    self.metrics.health.database_failed("finish", &error);
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(5));
                 }

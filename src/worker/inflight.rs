@@ -85,6 +85,7 @@ pub(crate) async fn heartbeat_loop(
         }
         match store.heartbeat(&held, lease).await {
             Ok(extended) => {
+                metrics.health.database_ok();
                 let extended: HashSet<Lease> = extended.into_iter().collect();
                 let lost: Vec<Lease> = held.into_iter().filter(|l| !extended.contains(l)).collect();
                 let count = in_flight.lose(&lost);
@@ -104,7 +105,7 @@ pub(crate) async fn heartbeat_loop(
                     .database_errors
                     .with_label_values(&["heartbeat"])
                     .inc();
-                tracing::warn!(%error, "heartbeat failed; leases may lapse");
+                metrics.health.database_failed("heartbeat", &error);
             }
         }
     }
