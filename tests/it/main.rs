@@ -9,6 +9,7 @@ mod guarantees;
 mod ingest;
 mod ingest_faults;
 mod model;
+mod observability;
 mod operator_cli;
 mod operators;
 mod outage;

@@ -1,0 +1,438 @@
+//! What an SRE sees, proven against real parts: a real Prometheus scrapes a working
+//! fleet, and every dashboard panel and alert rule is evaluated through its HTTP API;
+//! `/readyz` follows PostgreSQL through an outage; JSON log lines carry the attempt's
+//! task id and never a secret.
+
+use async_trait::async_trait;
+use redrive::config::RouteMode;
+use redrive::{Fleet, Handler, HandlerContext, HandlerError, Settings, Store, Task};
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::{cluster, produce, producer, route, use_cluster, Sample};
+use crate::support::{eventually, fresh_store, PgProxy};
+
+/// Resolves even values, fails odd ones (transiently, then for good).
+struct Flaky;
+
+#[async_trait]
+impl Handler for Flaky {
+    async fn handle(&self, _: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
+        let value = task.failure.value.as_deref().unwrap_or_default();
+        if value.last().is_some_and(|b| b % 2 == 1) {
+            return Err(HandlerError::transient("odd value"));
+        }
+        Ok(())
+    }
+
+    fn max_attempts(&self) -> Option<u32> {
+        Some(2)
+    }
+
+    fn backoff(&self) -> Option<redrive::Backoff> {
+        Some(redrive::Backoff {
+            base: Duration::from_millis(100),
+            factor: 1.0,
+            cap: Duration::from_millis(100),
+            jitter: redrive::Jitter::None,
+        })
+    }
+}
+
+fn free_address() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn repository(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// A Prometheus server on loopback scraping `target` every second, with the alert rules.
+struct Prometheus {
+    child: Child,
+    base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    fn start(target: SocketAddr) -> Prometheus {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("prometheus.yml");
+        let rules = repository("deploy/prometheus/alerts.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+                 rule_files:\n  - {}\n\
+                 scrape_configs:\n  - job_name: redrive\n    static_configs:\n      - targets: ['{target}']\n",
+                rules.display()
+            ),
+        )
+        .unwrap();
+        let address = free_address();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={address}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the prometheus binary (Debian package `prometheus`) is installed");
+        Prometheus {
+            child,
+            base: format!("http://{address}"),
+            _dir: dir,
+        }
+    }
+
+    async fn api(&self, path: &str, query: &[(&str, &str)]) -> Value {
+        let response = reqwest::Client::new()
+            .get(format!("{}{path}", self.base))
+            .query(query)
+            .send()
+            .await;
+        match response {
+            Ok(response) => response.json().await.unwrap_or(Value::Null),
+            Err(_) => Value::Null,
+        }
+    }
+
+    async fn query(&self, expr: &str) -> Value {
+        self.api("/api/v1/query", &[("query", expr)]).await
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Every `expr` in a Grafana dashboard, with its panel's title.
+fn dashboard_exprs(path: &str) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(repository(path)).unwrap();
+    let dashboard: Value = serde_json::from_str(&text).unwrap();
+    let mut found = Vec::new();
+    fn walk(value: &Value, title: &str, found: &mut Vec<(String, String)>) {
+        match value {
+            Value::Object(map) => {
+                let title = map.get("title").and_then(Value::as_str).unwrap_or(title);
+                if let Some(expr) = map.get("expr").and_then(Value::as_str) {
+                    found.push((title.to_owned(), expr.to_owned()));
+                }
+                for (key, child) in map {
+                    if key != "templating" {
+                        walk(child, title, found);
+                    }
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|i| walk(i, title, found)),
+            _ => {}
+        }
+    }
+    walk(&dashboard, "", &mut found);
+    found
+}
+
+/// The metric names an expression reads.
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let bytes = expr.as_bytes();
+    let mut i = 0;
+    while let Some(start) = expr[i..].find("redrive_").map(|s| s + i) {
+        let boundary =
+            start == 0 || !(bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
+        let end = expr[start..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map_or(expr.len(), |e| e + start);
+        if boundary {
+            names.insert(expr[start..end].to_owned());
+        }
+        i = end;
+    }
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dashboard_panel_and_alert_evaluates_against_a_real_prometheus() {
+    let kafka = cluster(&[("orders.dlt", 2)]);
+    let bootstrap = kafka.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(
+        &mut settings,
+        &bootstrap,
+        vec![route(&["orders.dlt"], RouteMode::Capture, "flaky")],
+    );
+    let metrics_at = free_address();
+    settings.metrics.listen = Some(metrics_at);
+    let fleet = Fleet::builder(settings)
+        .with_builtin_handlers()
+        .handler("flaky", Flaky)
+        .build()
+        .unwrap();
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(fleet.run_with_store(store.clone(), stop.clone()));
+    let prometheus = Prometheus::start(metrics_at);
+
+    // Traffic while Prometheus scrapes.
+    let producer = producer(&bootstrap);
+    let started = Instant::now();
+    let mut sent = 0u8;
+    while started.elapsed() < Duration::from_secs(12) {
+        for _ in 0..10 {
+            sent = sent.wrapping_add(1);
+            let sample = Sample {
+                key: Some(vec![sent]),
+                value: Some(vec![b'v', sent]),
+                ..Sample::default()
+            };
+            produce(&producer, "orders.dlt", &sample).await;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eventually(
+        Duration::from_secs(30),
+        "Prometheus scraping the member",
+        || async {
+            let answer = prometheus
+                .query("count_over_time(up{job=\"redrive\"}[1m])")
+                .await;
+            answer["data"]["result"][0]["value"][1]
+                .as_str()
+                .and_then(|v| v.parse::<f64>().ok())
+                .is_some_and(|n| n >= 5.0)
+        },
+    )
+    .await;
+
+    let names: BTreeSet<String> = prometheus.api("/api/v1/label/__name__/values", &[]).await
+        ["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n.as_str().map(str::to_owned))
+        .collect();
+    let mut exprs = Vec::new();
+    for dashboard in [
+        "dashboards/redrive-fleet.json",
+        "dashboards/redrive-handler.json",
+    ] {
+        let found = dashboard_exprs(dashboard);
+        assert!(
+            found.len() >= 8,
+            "{dashboard}: only {} expressions",
+            found.len()
+        );
+        for (title, expr) in found {
+            exprs.push((format!("{dashboard}: {title}"), expr));
+        }
+    }
+    let rules = prometheus.api("/api/v1/rules", &[]).await;
+    let groups = rules["data"]["groups"]
+        .as_array()
+        .expect("the alert rules loaded");
+    let mut alerts = 0;
+    for group in groups {
+        for rule in group["rules"].as_array().unwrap() {
+            alerts += 1;
+            assert_eq!(rule["health"], "ok", "{rule}");
+            exprs.push((
+                format!("alert {}", rule["name"].as_str().unwrap()),
+                rule["query"].as_str().unwrap().to_owned(),
+            ));
+        }
+    }
+    assert!(alerts >= 8, "only {alerts} alert rules loaded");
+
+    let mut failures = Vec::new();
+    for (what, expr) in &exprs {
+        let expr = expr
+            .replace("$__rate_interval", "1m")
+            .replace("$handler", "flaky");
+        let answer = prometheus.query(&expr).await;
+        if answer["status"] != "success" {
+            failures.push(format!("{what}: {expr}: {}", answer["error"]));
+            continue;
+        }
+        for name in metric_names(&expr) {
+            if !names.contains(&name) {
+                failures.push(format!("{what}: {expr}: no series named {name}"));
+            }
+        }
+        let values: Vec<String> = answer["data"]["result"]
+            .as_array()
+            .map(|r| {
+                r.iter()
+                    .take(3)
+                    .map(|s| format!("{}={}", s["metric"], s["value"][1].as_str().unwrap_or("?")))
+                    .collect()
+            })
+            .unwrap_or_default();
+        println!("{what}\n    {expr}\n    -> {}", values.join("; "));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    // Figures that traffic must have moved.
+    let resolved = prometheus
+        .query("sum(redrive_attempts_total{handler=\"flaky\",outcome=\"resolved\"})")
+        .await;
+    let resolved: f64 = resolved["data"]["result"][0]["value"][1]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(resolved > 0.0, "no attempt resolved");
+    stop.cancel();
+    running.await.unwrap().unwrap();
+}
+
+async fn get(url: &str) -> (u16, Value) {
+    match reqwest::get(url).await {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            (status, response.json().await.unwrap_or(Value::Null))
+        }
+        Err(_) => (0, Value::Null),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_follows_postgres_through_an_outage_while_healthz_stays_up() {
+    let (store, settings) = fresh_store().await;
+    let proxy = PgProxy::start().await;
+    let mut settings: Settings = proxy.route(&settings);
+    let address = free_address();
+    settings.metrics.listen = Some(address);
+    let proxied = Store::connect(&settings.database).await.unwrap();
+    let fleet = Fleet::builder(settings)
+        .with_builtin_handlers()
+        .build()
+        .unwrap();
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(fleet.run_with_store(proxied, stop.clone()));
+    let readyz = format!("http://{address}/readyz");
+    let healthz = format!("http://{address}/healthz");
+    eventually(Duration::from_secs(10), "ready", || async {
+        get(&readyz).await.0 == 200
+    })
+    .await;
+    let (_, body) = get(&readyz).await;
+    assert_eq!(body["checks"]["database"], "ok", "{body}");
+    assert_eq!(body["checks"]["migrations"], "ok", "{body}");
+
+    proxy.cut();
+    eventually(Duration::from_secs(10), "not ready", || async {
+        get(&readyz).await.0 == 503
+    })
+    .await;
+    let (_, body) = get(&readyz).await;
+    assert_eq!(body["ready"], false);
+    assert_ne!(body["checks"]["database"], "ok", "{body}");
+    assert_eq!(
+        get(&healthz).await.0,
+        200,
+        "alive while the database is away"
+    );
+
+    proxy.restore();
+    eventually(Duration::from_secs(20), "ready again", || async {
+        get(&readyz).await.0 == 200
+    })
+    .await;
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    drop(store);
+}
+
+/// Runs the binary as a worker with JSON logs and a planted secret in every place a
+/// secret lives; an attempt's lines carry its task id; no line holds a secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_log_lines_carry_the_task_id_and_no_secret() {
+    use secrecy::ExposeSecret;
+    let (store, settings) = fresh_store().await;
+    let ids = store
+        .enqueue_many(&[redrive::NewTask::new("republish", b"x".to_vec())])
+        .await
+        .unwrap();
+    let task_id = ids[0].id().0;
+    let secrets = ["sasl-secret-7d1f", "admin-token-secret-93ab0c"];
+    let child = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .arg("run")
+        .env(
+            "REDRIVE__DATABASE__URL",
+            settings.database.url.expose_secret(),
+        )
+        .env("REDRIVE__DATABASE__SCHEMA", &settings.database.schema)
+        .env("REDRIVE__LOG__FORMAT", "json")
+        .env("REDRIVE__LOG__LEVEL", "debug,sqlx=warn,librdkafka=warn")
+        .env("REDRIVE__KAFKA__BOOTSTRAP_SERVERS", "127.0.0.1:1")
+        .env("REDRIVE__KAFKA__PROPERTIES__SASL_PASSWORD", secrets[0])
+        .env("REDRIVE__KAFKA__PROPERTIES__SASL_USERNAME", "u")
+        .env(
+            "REDRIVE__KAFKA__PROPERTIES__SECURITY_PROTOCOL",
+            "sasl_plaintext",
+        )
+        .env("REDRIVE__KAFKA__PROPERTIES__SASL_MECHANISM", "PLAIN")
+        .env("REDRIVE__ADMIN__LISTEN", "127.0.0.1:0")
+        .env("REDRIVE__ADMIN__TOKENS__OPS__ROLE", "operate")
+        .env("REDRIVE__ADMIN__TOKENS__OPS__TOKEN", secrets[1])
+        .env("REDRIVE__WORKER__POLL_INTERVAL", "100ms")
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The republish attempt fails (no topic known): a permanent failure, logged.
+    eventually(Duration::from_secs(20), "the attempt", || async {
+        store
+            .get(redrive::TaskId(task_id))
+            .await
+            .unwrap()
+            .unwrap()
+            .attempts
+            > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stderr).unwrap();
+    let mut attempt_lines = 0;
+    for line in text.lines() {
+        let parsed: Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        for secret in secrets {
+            assert!(!line.contains(secret), "a secret in: {line}");
+        }
+        let span_task = parsed["spans"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|s| s["task_id"] == task_id));
+        if parsed["task_id"] == task_id || span_task {
+            attempt_lines += 1;
+        }
+    }
+    assert!(attempt_lines >= 1, "no line names task {task_id}:\n{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("\"outcome\":\"permanent_failure\"")
+                && l.contains("\"level\":\"WARN\"")),
+        "no permanent-failure line at warn:\n{text}"
+    );
+}
