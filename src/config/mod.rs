@@ -361,8 +361,12 @@ impl DatabaseSettings {
         checks::url_parameters(url)?;
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| ConfigError::new("database.url", format!("not a PostgreSQL URL: {e}")))?;
+        // JIT off: redrive's statements are short, and their plans for large tables
+        // cross the JIT cost threshold, so PostgreSQL would compile each execution
+        // (measured: 0.7 s per 500-task operator batch on a million tasks, against
+        // milliseconds without).
         Ok(options
-            .options([("search_path", self.schema.as_str())])
+            .options([("search_path", self.schema.as_str()), ("jit", "off")])
             .application_name("redrive"))
     }
 }

@@ -509,3 +509,15 @@ async fn raw_status(
         .await
         .unwrap()
 }
+
+/// Regression: on a million tasks every operator batch took 0.7 s, PostgreSQL compiling
+/// each execution of its (generic, costly-looking) plan with JIT.
+#[tokio::test]
+async fn connections_run_without_jit() {
+    let (store, _) = fresh_store().await;
+    let jit: String = sqlx::query_scalar("SHOW jit")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(jit, "off");
+}
