@@ -289,7 +289,12 @@ impl Replayer {
         sent: &[TaskId],
         skipped: i64,
     ) -> Result<bool, ReplayError> {
-        let mut tx = self.store.pool().begin().await.map_err(StoreError::from)?;
+        let mut tx = self
+            .store
+            .pool()
+            .begin_with(crate::store::ORDERED_WALK)
+            .await
+            .map_err(StoreError::from)?;
         if job.mark_resolved && !sent.is_empty() {
             let selection = crate::store::Selection::Ids(sent.to_vec());
             apply_batch(&mut tx, operator, &Action::Resolve, &selection, 0, None).await?;

@@ -5,7 +5,7 @@ use serde::Serialize;
 use sqlx::Row;
 
 use super::filter::{bind_selection, Selection, TaskFilter, CONDITION};
-use super::{Result, Store};
+use super::{Result, Store, ORDERED_WALK};
 use crate::readable::Readable;
 use crate::task::{Status, TaskId};
 
@@ -119,12 +119,14 @@ impl Store {
         let limit = limit.clamp(1, MAX_PAGE);
         let selection = Selection::Filter(filter.clone());
         let statement = LIST.replace("{CONDITION}", CONDITION);
+        let mut tx = self.pool.begin_with(ORDERED_WALK).await?;
         let rows = bind_selection(sqlx::query(&statement), &selection)
             .bind(after.map(|id| id.0))
             .bind(limit)
             .bind(PREVIEW_BYTES)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
+        tx.commit().await?;
         let tasks = rows
             .iter()
             .map(|r| {

@@ -18,7 +18,7 @@ use crate::task::{Lease, Task, TaskId};
 // and reads all of them to sort them (a bitmap scan) or aggregate them: seconds per
 // statement at a million rows. Their transaction switches sorting off, so the ordered
 // index walk, which stops after the rows wanted, is the one plan left.
-const DUE_ORDER: &str = "BEGIN; SET LOCAL enable_sort = off";
+use super::ORDERED_WALK as DUE_ORDER;
 
 // A due task still leased lost its attempt when its lease lapsed (the worker died or
 // stalled): the claim that takes it over writes that attempt's history row, so the

@@ -41,6 +41,14 @@ use sqlx::Connection;
 use crate::config::{ConfigError, DatabaseSettings};
 use crate::task::TaskId;
 
+/// Begins a transaction in which the planner may not sort: the statements that read
+/// tasks in an index's order with a LIMIT (claims, operator batches, pages, replays,
+/// retention) then walk that index and stop after the rows wanted, whatever the
+/// statistics say. With stale statistics (a burst not analyzed yet, or a status believed
+/// rare) the planner would otherwise read and sort every matching row, once per batch:
+/// measured, 0.7 s per 500-task operator batch on a million tasks.
+pub(crate) const ORDERED_WALK: &str = "BEGIN; SET LOCAL enable_sort = off";
+
 /// Migrations embedded in the binary.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 

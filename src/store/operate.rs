@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, Row};
 
 use super::filter::{bind_selection, Selection, CONDITION};
-use super::{Result, Store, StoreError};
+use super::{Result, Store, StoreError, ORDERED_WALK};
 use crate::task::{Status, TaskId};
 
 /// Tasks changed per transaction.
@@ -157,7 +157,7 @@ impl Store {
         loop {
             let mut tries = 0;
             let (scanned_to, batch_changed) = loop {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(ORDERED_WALK).await?;
                 let audit = match audit_id {
                     Some(id) => id,
                     None => {
@@ -222,7 +222,7 @@ impl Store {
 }
 
 /// Applies `action` to the next batch of `selection` after task id `cursor`, in the
-/// caller's transaction, adding the count to audit row `audit` if given. Returns the
+/// caller's transaction (begun with [`ORDERED_WALK`]), adding the count to audit row `audit` if given. Returns the
 /// last task id the batch looked at (none: nothing was left) and how many it changed.
 pub(crate) async fn apply_batch(
     conn: &mut PgConnection,

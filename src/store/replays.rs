@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::filter::{bind_selection, Selection, TaskFilter, CONDITION};
 use super::operate::Operator;
 use super::row::task_from_row;
-use super::{Result, Store, StoreError};
+use super::{Result, Store, StoreError, ORDERED_WALK};
 use crate::task::Task;
 
 /// A runner that has not beaten for this long has stopped; another may take the job.
@@ -410,13 +410,15 @@ impl Store {
              WINDOW w AS (ORDER BY id)) b \
              WHERE rn = 1 OR running <= $16 ORDER BY id"
         );
+        let mut tx = self.pool.begin_with(ORDERED_WALK).await?;
         let rows = bind_selection(sqlx::query(&statement), &selection)
             .bind(after)
             .bind(upto)
             .bind(limit)
             .bind(max_bytes)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
+        tx.commit().await?;
         rows.iter().map(task_from_row).collect()
     }
 

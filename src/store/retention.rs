@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Result, Store};
+use super::{Result, Store, ORDERED_WALK};
 use crate::task::Status;
 
 /// Tasks deleted per transaction.
@@ -30,12 +30,14 @@ impl Store {
     /// history. Returns how many tasks went (fewer than a batch: nothing more is due).
     pub async fn delete_expired(&self, status: Status, age: Duration) -> Result<i64> {
         debug_assert!(status.is_final(), "only final tasks expire");
+        let mut tx = self.pool.begin_with(ORDERED_WALK).await?;
         let deleted = sqlx::query_scalar(DELETE_BATCH)
             .bind(status.as_str())
             .bind(age.as_millis() as f64)
             .bind(RETENTION_BATCH)
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(deleted)
     }
 }
