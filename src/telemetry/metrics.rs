@@ -32,6 +32,14 @@ pub const INGEST_OUTCOMES: [&str; 5] = [
 ];
 /// Why redrive produces a message.
 pub const PRODUCE_PURPOSES: [&str; 3] = ["republish", "parking", "replay"];
+/// librdkafka error codes (as `redrive_consumer_errors_total` names them) whose series
+/// exist from start-up.
+pub const CONSUMER_ERROR_CODES: [&str; 4] = [
+    "AllBrokersDown",
+    "BrokerTransportFailure",
+    "UnknownTopicOrPartition",
+    "other",
+];
 /// Task statuses.
 pub const STATUSES: [&str; 4] = ["failed", "resolved", "permanent_failure", "discarded"];
 
@@ -278,6 +286,10 @@ impl Metrics {
         }
         for status in ["resolved", "discarded", "permanent_failure"] {
             metrics.retention_deleted.with_label_values(&[status]);
+        }
+        // Error codes are open-ended; the ones an outage brings exist from the start.
+        for code in CONSUMER_ERROR_CODES {
+            metrics.consumer_errors.with_label_values(&[code]);
         }
         for state in ["in_use", "idle"] {
             metrics.pool_connections.with_label_values(&[state]);
