@@ -64,6 +64,8 @@ pub async fn serve_metrics(
                 gauge
                     .with_label_values(&["in_use"])
                     .set(i64::from(pool.size()) - idle);
+                let ready = metrics.health.readiness(&store).await.ready;
+                metrics.ready.set(if ready { 1.0 } else { 0.0 });
                 metrics.render()
             }
         }

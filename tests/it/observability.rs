@@ -294,6 +294,12 @@ async fn every_dashboard_panel_and_alert_evaluates_against_a_real_prometheus() {
         .parse()
         .unwrap();
     assert!(resolved > 0.0, "no attempt resolved");
+    let ready = prometheus.query("sum(redrive_ready)").await;
+    let readyz = get(&format!("http://{metrics_at}/readyz")).await;
+    assert_eq!(
+        ready["data"]["result"][0]["value"][1], "1",
+        "{ready} {readyz:?}"
+    );
     stop.cancel();
     running.await.unwrap().unwrap();
 }

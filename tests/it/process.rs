@@ -118,6 +118,7 @@ impl Member {
             )
             .env("REDRIVE__DATABASE__SCHEMA", &settings.database.schema)
             .env("RUST_LOG", "info")
+            .env("REDRIVE__LOG__FORMAT", "text")
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
