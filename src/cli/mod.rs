@@ -151,8 +151,9 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
     let cli = Cli::parse();
     let quiet = cli.command.prints_its_own_output();
     let settings = Settings::load(cli.config.as_deref(), None)?;
+    // Their own output says what happened: attempt lines would only interleave with it.
     let level = if quiet {
-        "warn"
+        "warn,redrive::telemetry::attempt_log=error"
     } else {
         settings.log.level.as_str()
     };
