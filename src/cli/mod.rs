@@ -187,16 +187,16 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
         }
         Command::Tasks(command) => {
             let fleet = register(Fleet::builder(settings.clone())).build()?;
-            let store = Store::connect(&settings.database).await?;
+            let store = operator_store(&settings).await?;
             tasks::run(command, &fleet, &store).await?;
         }
         Command::Replays(command) => {
             let fleet = register(Fleet::builder(settings.clone())).build()?;
-            let store = Store::connect(&settings.database).await?;
+            let store = operator_store(&settings).await?;
             replays::run(command, &fleet, &store).await?;
         }
         Command::Audit(args) => {
-            let store = Store::connect(&settings.database).await?;
+            let store = operator_store(&settings).await?;
             replays::audit(args, &store).await?;
         }
         #[cfg(feature = "bench")]
@@ -205,6 +205,29 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
         Command::Demo(options) => demo::run(&settings, &options).await?,
     }
     Ok(())
+}
+
+/// The store an operator verb works on, refused with what to do when its schema is
+/// missing or behind this binary (the verbs never migrate a fleet's database).
+async fn operator_store(settings: &Settings) -> anyhow::Result<Store> {
+    let store = Store::connect(&settings.database).await?;
+    let schema = store.schema().to_owned();
+    match store.pending_migrations().await {
+        Ok(0) => Ok(store),
+        Ok(pending) => bail!(
+            "schema {schema:?} is {pending} migration(s) behind this redrive; \
+             run `redrive migrate` (or start `redrive run`) first"
+        ),
+        Err(crate::store::StoreError::Database(error))
+            if error.as_database_error().and_then(|e| e.code()).as_deref() == Some("42P01") =>
+        {
+            bail!(
+                "schema {schema:?} holds no redrive tables; check database.url and \
+                 database.schema, or run `redrive migrate`"
+            )
+        }
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// The values to enqueue from the file or standard input: each at most `max_bytes` with

@@ -284,6 +284,20 @@ async fn bad_requests_are_refused_with_a_reason_and_change_nothing() {
     );
 }
 
+/// An operator verb against a schema without redrive's tables says what to do.
+#[tokio::test]
+async fn a_verb_on_an_empty_schema_says_to_migrate() {
+    let (_, mut settings) = fresh_store().await;
+    settings.database.schema = crate::support::unique_schema();
+    for args in [&["tasks", "list"][..], &["audit"], &["replays", "list"]] {
+        let error = fails(&settings, args);
+        assert!(
+            error.contains("holds no redrive tables") && error.contains("redrive migrate"),
+            "{args:?}: {error}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_exits_1_and_names_the_task_when_an_invariant_breaks() {
     let (store, settings) = fresh_store().await;
