@@ -9,6 +9,7 @@ use crate::config::{validate_routes, ConfigError, Settings};
 use crate::finals::{FinalSink, Finals};
 use crate::handlers::{
     Handler, HandlerRegistry, LogHandler, Registered, RegistryError, RepublishHandler,
+    WebhookHandler,
 };
 use crate::ingest::Ingest;
 use crate::parking::Parking;
@@ -70,12 +71,26 @@ impl FleetBuilder {
         self
     }
 
-    /// Registers the built-in handlers: `log` and `republish` (whose producer is
-    /// created when it first republishes).
+    /// Registers the built-in handlers: `log`, `republish` (whose producer is created
+    /// when it first republishes) and a `webhook` handler per `[webhooks.NAME]`.
     pub fn with_builtin_handlers(self) -> Self {
         let republish = RepublishHandler::new(&self.settings).with_metrics(self.metrics.clone());
-        self.handler("log", LogHandler)
-            .handler("republish", republish)
+        let webhooks: Vec<_> = self
+            .settings
+            .webhooks
+            .iter()
+            .map(|(name, settings)| (name.clone(), WebhookHandler::new(name, settings)))
+            .collect();
+        let mut builder = self
+            .handler("log", LogHandler)
+            .handler("republish", republish);
+        for (name, webhook) in webhooks {
+            match webhook {
+                Ok(webhook) => builder = builder.handler(name, webhook),
+                Err(problem) => builder.problems.push(problem.into()),
+            }
+        }
+        builder
     }
 
     /// Checks that every handler was registered once and that the handlers the settings

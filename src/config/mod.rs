@@ -19,6 +19,7 @@ mod kafka;
 mod log;
 pub mod pattern;
 mod source_error;
+mod webhook;
 
 /// Consumer group defaults used unless `kafka.properties` sets them.
 pub use crate::kafka::{ASSIGNMENT_STRATEGY, HEARTBEAT_INTERVAL, SESSION_TIMEOUT};
@@ -28,6 +29,7 @@ pub use kafka::{
     IngestSettings, KafkaSettings, ParkingSettings, RepublishSettings, RouteMode, RouteSettings,
 };
 pub use log::{LogFormat, LogSettings};
+pub use webhook::{ResolvedTarget, WebhookBody, WebhookSettings, WebhookTarget};
 
 /// A configuration problem, naming the key and the reason.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +79,8 @@ pub struct Settings {
     pub retention: RetentionSettings,
     /// `[log]`
     pub log: LogSettings,
+    /// `[webhooks.NAME]`: a built-in webhook handler registered under each NAME.
+    pub webhooks: std::collections::BTreeMap<String, WebhookSettings>,
 }
 
 /// `[metrics]`: the Prometheus endpoint.
@@ -286,6 +290,9 @@ impl Settings {
         self.admin.validate()?;
         self.retention.validate()?;
         self.log.validate()?;
+        for (name, webhook) in &self.webhooks {
+            webhook.validate(name)?;
+        }
         if self.kafka.group_id.is_empty() {
             return Err(ConfigError::new("kafka.group_id", "must not be empty"));
         }

@@ -6,10 +6,12 @@ pub mod invoke;
 mod log;
 mod registry;
 pub mod republish;
+pub mod webhook;
 
 pub use self::log::LogHandler;
 pub use registry::{HandlerRegistry, Policy, Registered, RegistryError};
 pub use republish::RepublishHandler;
+pub use webhook::WebhookHandler;
 
 use async_trait::async_trait;
 use std::fmt::Display;

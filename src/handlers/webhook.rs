@@ -1,0 +1,358 @@
+//! The built-in `webhook` handler: one HTTP call per attempt, classified by its answer.
+
+use async_trait::async_trait;
+use base64::Engine;
+use chrono::{DateTime, Utc};
+use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::{Client, Response, StatusCode};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::{Handler, HandlerContext, HandlerError};
+use crate::config::{ConfigError, ResolvedTarget, WebhookBody, WebhookSettings};
+use crate::task::{SourceCoordinates, Task};
+
+/// Most bytes of a response body kept in the recorded error.
+pub const ERROR_BODY_BYTES: usize = 2048;
+
+/// Header carrying the idempotency key, the same on every attempt of a task.
+pub const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
+
+/// Calls an HTTP endpoint per attempt. 2xx resolves the task; a connection error, a
+/// timeout, 408, 425, 429 and 5xx are transient (with `Retry-After` honoured up to
+/// `retry_after_max`); any other answer is permanent. Redirects are not followed.
+pub struct WebhookHandler {
+    name: String,
+    client: Client,
+    own: ResolvedTarget,
+    routes: BTreeMap<String, ResolvedTarget>,
+    timeout: Duration,
+    retry_after_max: Duration,
+}
+
+impl WebhookHandler {
+    /// A handler for `[webhooks.NAME]`; refuses settings that do not validate.
+    pub fn new(name: &str, settings: &WebhookSettings) -> Result<WebhookHandler, ConfigError> {
+        settings.validate(name)?;
+        let client = Client::builder()
+            .connect_timeout(settings.connect_timeout)
+            .timeout(settings.timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("redrive/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| ConfigError::new(format!("webhooks.{name}"), e.to_string()))?;
+        let routes = settings
+            .routes
+            .keys()
+            .map(|route| Ok((route.clone(), settings.resolve(name, Some(route))?)))
+            .collect::<Result<_, ConfigError>>()?;
+        Ok(WebhookHandler {
+            name: name.to_owned(),
+            client,
+            own: settings.resolve(name, None)?,
+            routes,
+            timeout: settings.timeout,
+            retry_after_max: settings.retry_after_max,
+        })
+    }
+
+    fn target(&self, task: &Task) -> &ResolvedTarget {
+        task.failure
+            .route
+            .as_deref()
+            .and_then(|route| self.routes.get(route))
+            .unwrap_or(&self.own)
+    }
+
+    fn classify(&self, status: StatusCode, headers: &HeaderMap, body: &str) -> HandlerError {
+        let message = format!("HTTP {status}: {body}");
+        let transient = status.is_server_error() || matches!(status.as_u16(), 408 | 425 | 429);
+        if !transient {
+            return HandlerError::Permanent(message);
+        }
+        match retry_after(headers, Utc::now()) {
+            Some(after) => HandlerError::retry_after(after.min(self.retry_after_max), message),
+            None => HandlerError::Transient(message),
+        }
+    }
+}
+
+#[async_trait]
+impl Handler for WebhookHandler {
+    async fn handle(&self, ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
+        let target = self.target(task);
+        let (content_type, body) = match target.body {
+            WebhookBody::Raw => {
+                if !task.failure.payload_stored {
+                    return Err(HandlerError::permanent(
+                        "the payload was not stored (minimal form, see ingest_note); \
+                         there is no value to send",
+                    ));
+                }
+                let value = task.failure.value.clone().unwrap_or_default();
+                ("application/octet-stream", value)
+            }
+            WebhookBody::Envelope => {
+                let envelope = Envelope::new(&self.name, ctx, task);
+                let json = serde_json::to_vec(&envelope).map_err(HandlerError::permanent)?;
+                ("application/json", json)
+            }
+        };
+        let mut request = self
+            .client
+            .request(target.method.clone(), target.url.clone())
+            .header(CONTENT_TYPE, content_type)
+            .headers(target.headers.clone())
+            .header(IDEMPOTENCY_KEY, idempotency_key(task))
+            .header("X-Redrive-Task-Id", task.id.0)
+            .header("X-Redrive-Attempt", ctx.attempt);
+        if let Some(id) = task.failure.correlation_id.as_deref() {
+            if let Ok(value) = HeaderValue::from_str(id) {
+                request = request.header("X-Correlation-Id", value);
+            }
+        }
+        let response = request.body(body).send().await.map_err(|error| {
+            HandlerError::transient(format!(
+                "{} {}: {}",
+                target.method,
+                target.url,
+                describe(&error)
+            ))
+        })?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let headers = response.headers().clone();
+        let body = head_of_body(response).await;
+        Err(self.classify(status, &headers, &body))
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        // A little over the client's own timeout, so its clearer error comes first.
+        Some(self.timeout + Duration::from_secs(1))
+    }
+}
+
+/// The task's dedup key when it is a plain header value, else its SHA-256; the task id
+/// for a task stored without one. The same for every attempt of a task.
+pub fn idempotency_key(task: &Task) -> String {
+    match task.dedup_key.as_deref() {
+        Some(key) if key.len() <= 200 && key.bytes().all(|b| b.is_ascii_graphic()) => {
+            key.to_owned()
+        }
+        Some(key) => format!(
+            "sha256:{}",
+            crate::readable::hex(&Sha256::digest(key.as_bytes()))
+        ),
+        None => format!("redrive-task-{}", task.id),
+    }
+}
+
+/// Delay asked for by `Retry-After`: delta seconds or an HTTP date (a past date is 0).
+pub fn retry_after(headers: &HeaderMap, now: DateTime<Utc>) -> Option<Duration> {
+    let text = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(seconds) = text.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = DateTime::parse_from_rfc2822(text).ok()?;
+    Some(
+        (at.with_timezone(&Utc) - now)
+            .to_std()
+            .unwrap_or(Duration::ZERO),
+    )
+}
+
+/// The first [`ERROR_BODY_BYTES`] of a response body as text (lossy), read without
+/// taking in the rest: a huge or endless body costs no more than that.
+async fn head_of_body(mut response: Response) -> String {
+    let mut head = Vec::new();
+    let mut cut = false;
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = ERROR_BODY_BYTES - head.len();
+                if chunk.len() > room {
+                    head.extend_from_slice(&chunk[..room]);
+                    cut = true;
+                    break;
+                }
+                head.extend_from_slice(&chunk);
+            }
+            Ok(None) => break,
+            Err(error) => {
+                head.extend_from_slice(
+                    format!(" [body unreadable: {}]", describe(&error)).as_bytes(),
+                );
+                break;
+            }
+        }
+    }
+    let mut text = String::from_utf8_lossy(&head).into_owned();
+    if text.len() > ERROR_BODY_BYTES {
+        // Replacement characters (3 bytes each) stand for invalid bytes: cut again.
+        let end = (0..=ERROR_BODY_BYTES)
+            .rev()
+            .find(|&i| text.is_char_boundary(i))
+            .unwrap_or(0);
+        text.truncate(end);
+    }
+    if cut {
+        text.push_str(" [cut]");
+    }
+    text
+}
+
+/// A reqwest error with its causes, which say what actually went wrong.
+fn describe(error: &reqwest::Error) -> String {
+    let kind = if error.is_timeout() {
+        "timed out"
+    } else if error.is_connect() {
+        "connection failed"
+    } else {
+        "request failed"
+    };
+    let mut text = kind.to_owned();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Bytes in the envelope: text when they are UTF-8, base64 otherwise.
+#[derive(Serialize)]
+struct Bytes {
+    encoding: &'static str,
+    data: String,
+}
+
+impl Bytes {
+    fn new(bytes: &[u8]) -> Bytes {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => Bytes {
+                encoding: "utf8",
+                data: text.to_owned(),
+            },
+            Err(_) => Bytes {
+                encoding: "base64",
+                data: base64::engine::general_purpose::STANDARD.encode(bytes),
+            },
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct EnvelopeHeader {
+    name: Bytes,
+    value: Option<Bytes>,
+}
+
+/// The JSON body of an `envelope` call.
+#[derive(Serialize)]
+struct Envelope<'a> {
+    task_id: i64,
+    handler: &'a str,
+    attempt: u32,
+    idempotency_key: String,
+    route: Option<&'a str>,
+    event_type: Option<&'a str>,
+    correlation_id: Option<&'a str>,
+    payload_stored: bool,
+    key: Option<Bytes>,
+    value: Option<Bytes>,
+    headers: Vec<EnvelopeHeader>,
+    failure: FailureContext<'a>,
+}
+
+#[derive(Serialize)]
+struct FailureContext<'a> {
+    source: Option<&'a SourceCoordinates>,
+    original: Option<&'a SourceCoordinates>,
+    error_class: Option<&'a str>,
+    error_message: Option<&'a str>,
+    last_error: Option<&'a str>,
+    created_at: DateTime<Utc>,
+}
+
+impl<'a> Envelope<'a> {
+    fn new(handler: &'a str, ctx: &HandlerContext, task: &'a Task) -> Envelope<'a> {
+        let failure = &task.failure;
+        Envelope {
+            task_id: task.id.0,
+            handler,
+            attempt: ctx.attempt,
+            idempotency_key: idempotency_key(task),
+            route: failure.route.as_deref(),
+            event_type: failure.event_type.as_deref(),
+            correlation_id: failure.correlation_id.as_deref(),
+            payload_stored: failure.payload_stored,
+            key: failure.key.as_deref().map(Bytes::new),
+            value: failure.value.as_deref().map(Bytes::new),
+            headers: failure
+                .headers
+                .iter()
+                .map(|h| EnvelopeHeader {
+                    name: Bytes::new(&h.name),
+                    value: h.value.as_deref().map(Bytes::new),
+                })
+                .collect(),
+            failure: FailureContext {
+                source: failure.source.as_ref(),
+                original: failure.original.as_ref(),
+                error_class: failure.error_class.as_deref(),
+                error_message: failure.error_message.as_deref(),
+                last_error: task.last_error.as_deref(),
+                created_at: task.created_at,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_reads_seconds_and_http_dates() {
+        let now = DateTime::parse_from_rfc3339("2026-11-22T10:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let mut headers = HeaderMap::new();
+        assert_eq!(retry_after(&headers, now), None);
+        headers.insert(RETRY_AFTER, HeaderValue::from_static("120"));
+        assert_eq!(retry_after(&headers, now), Some(Duration::from_secs(120)));
+        headers.insert(
+            RETRY_AFTER,
+            HeaderValue::from_static("Sun, 22 Nov 2026 10:01:30 GMT"),
+        );
+        assert_eq!(retry_after(&headers, now), Some(Duration::from_secs(90)));
+        headers.insert(
+            RETRY_AFTER,
+            HeaderValue::from_static("Sun, 22 Nov 2026 09:00:00 GMT"),
+        );
+        assert_eq!(retry_after(&headers, now), Some(Duration::ZERO));
+        headers.insert(RETRY_AFTER, HeaderValue::from_static("soon"));
+        assert_eq!(retry_after(&headers, now), None);
+    }
+
+    #[test]
+    fn idempotency_keys_are_stable_header_values() {
+        let mut task = crate::task::NewTask::new("h", "v").unsaved();
+        task.id = crate::task::TaskId(7);
+        assert_eq!(idempotency_key(&task), "redrive-task-7");
+        task.dedup_key = Some("kafka:orders:0:42".into());
+        assert_eq!(idempotency_key(&task), "kafka:orders:0:42");
+        task.dedup_key = Some("key with spaces\n".into());
+        let hashed = idempotency_key(&task);
+        assert!(
+            hashed.starts_with("sha256:") && hashed.len() == 7 + 64,
+            "{hashed}"
+        );
+        assert_eq!(hashed, idempotency_key(&task));
+    }
+}

@@ -1,0 +1,299 @@
+//! The built-in webhook handler against a local HTTP server.
+
+use base64::Engine;
+use redrive::config::{WebhookBody, WebhookSettings, WebhookTarget};
+use redrive::headers::Header;
+use redrive::store::FinishOutcome;
+use redrive::{Fleet, Jitter, NewTask, Settings, Status, Store, TaskId, WorkerPool};
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::http_server::{Reply, TestServer};
+use crate::support::{fresh_store, scalar};
+
+fn webhook(url: &str) -> WebhookSettings {
+    WebhookSettings {
+        url: Some(url.into()),
+        timeout: Duration::from_millis(500),
+        retry_after_max: Duration::from_secs(60),
+        ..WebhookSettings::default()
+    }
+}
+
+fn pool(store: &Store, settings: &Settings, hook: WebhookSettings) -> WorkerPool {
+    let mut settings = settings.clone();
+    settings.retry.backoff_base = Duration::from_millis(1);
+    settings.retry.jitter = Jitter::None;
+    settings.retry.max_attempts = 5;
+    settings.webhooks.insert("hook".into(), hook);
+    Fleet::builder(settings)
+        .with_builtin_handlers()
+        .build()
+        .unwrap()
+        .worker_pool(store.clone())
+}
+
+/// Makes a task final so that the next one is the only due task.
+async fn set_aside(store: &Store, id: TaskId) {
+    sqlx::query("UPDATE recovery_task SET status = 'discarded', finished_at = now() WHERE id = $1")
+        .bind(id.0)
+        .execute(store.pool())
+        .await
+        .unwrap();
+}
+
+async fn attempt(pool: &WorkerPool, id: TaskId) -> FinishOutcome {
+    let processed = pool.process_next().await.unwrap().expect("a due task");
+    assert_eq!(processed.id, id);
+    processed.outcome
+}
+
+#[tokio::test]
+async fn envelope_calls_carry_one_idempotency_key_per_task_and_the_failure_context() {
+    let (store, settings) = fresh_store().await;
+    let calls = std::sync::atomic::AtomicUsize::new(0);
+    let server =
+        TestServer::start(
+            move |_| match calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+                0 => Reply::status(503),
+                _ => Reply::status(200),
+            },
+        )
+        .await;
+    let pool = pool(&store, &settings, webhook(&server.url("/hook")));
+    let mut task = NewTask::new("hook", vec![0xff, 0x00, 0xfe]);
+    task.dedup_key = Some("kafka:orders.dlt:3:42".into());
+    task.failure.key = Some(b"order-7".to_vec());
+    task.failure.correlation_id = Some("corr-1".into());
+    task.failure.headers = vec![
+        Header::new("trace", "t1"),
+        Header {
+            name: b"bin".to_vec(),
+            value: None,
+        },
+    ];
+    task.failure.error_message = Some("payment declined".into());
+    let id = store.enqueue(&task).await.unwrap().id();
+
+    assert!(matches!(
+        attempt(&pool, id).await,
+        FinishOutcome::Retry { .. }
+    ));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(attempt(&pool, id).await, FinishOutcome::Resolved);
+
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    for (n, request) in requests.iter().enumerate() {
+        assert_eq!(request.method, "POST");
+        assert_eq!(request.path, "/hook");
+        assert_eq!(
+            request.header("idempotency-key"),
+            Some("kafka:orders.dlt:3:42")
+        );
+        assert_eq!(request.header("x-correlation-id"), Some("corr-1"));
+        assert_eq!(request.header("content-type"), Some("application/json"));
+        let attempt = (n + 1).to_string();
+        assert_eq!(request.header("x-redrive-attempt"), Some(attempt.as_str()));
+        let body = request.json();
+        assert_eq!(body["task_id"], id.0);
+        assert_eq!(body["key"]["encoding"], "utf8");
+        assert_eq!(body["key"]["data"], "order-7");
+        assert_eq!(body["value"]["encoding"], "base64");
+        let value = base64::engine::general_purpose::STANDARD
+            .decode(body["value"]["data"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(value, [0xff, 0x00, 0xfe]);
+        assert_eq!(body["headers"][0]["name"]["data"], "trace");
+        assert_eq!(body["headers"][1]["value"], serde_json::Value::Null);
+        assert_eq!(body["failure"]["error_message"], "payment declined");
+    }
+    let task = store.get(id).await.unwrap().unwrap();
+    assert_eq!((task.status, task.attempts), (Status::Resolved, 2));
+}
+
+#[tokio::test]
+async fn answers_are_classified_and_retry_after_is_capped() {
+    let (store, settings) = fresh_store().await;
+    let soon = (chrono::Utc::now() + chrono::Duration::seconds(30)).to_rfc2822();
+    let server = TestServer::start(move |request| {
+        let body = request.json();
+        let case = body["value"]["data"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        match case.as_str() {
+            "200" => Reply::status(200),
+            "204" => Reply::status(204),
+            "301" => Reply::status(301).header("location", "http://example.invalid/"),
+            "400" => Reply::status(400).body("field amount is required"),
+            "404" => Reply::status(404),
+            "408" => Reply::status(408),
+            "425" => Reply::status(425),
+            "429" => Reply::status(429).header("retry-after", "7"),
+            "500" => Reply::status(500),
+            "503-capped" => Reply::status(503).header("retry-after", "100000"),
+            "503-date" => Reply::status(503).header("retry-after", soon.clone()),
+            "500-huge" => Reply::status(500).body(vec![0xc3u8; 10 << 20]),
+            "slow" => Reply::status(200).after(Duration::from_secs(3)),
+            other => panic!("unknown case {other}"),
+        }
+    })
+    .await;
+    let pool = pool(&store, &settings, webhook(&server.url("/")));
+    let cases: &[(&str, Status, &str, Option<i64>)] = &[
+        ("200", Status::Resolved, "", None),
+        ("204", Status::Resolved, "", None),
+        ("301", Status::PermanentFailure, "HTTP 301", None),
+        (
+            "400",
+            Status::PermanentFailure,
+            "HTTP 400 Bad Request: field amount is required",
+            None,
+        ),
+        ("404", Status::PermanentFailure, "HTTP 404", None),
+        ("408", Status::Failed, "HTTP 408", None),
+        ("425", Status::Failed, "HTTP 425", None),
+        ("429", Status::Failed, "HTTP 429", Some(7)),
+        ("500", Status::Failed, "HTTP 500", None),
+        ("503-capped", Status::Failed, "HTTP 503", Some(60)),
+        ("503-date", Status::Failed, "HTTP 503", Some(30)),
+        ("500-huge", Status::Failed, "[cut]", None),
+        ("slow", Status::Failed, "timed out", None),
+    ];
+    for (case, expected, error, delay) in cases {
+        let id = store
+            .enqueue(&NewTask::new("hook", case.as_bytes().to_vec()))
+            .await
+            .unwrap()
+            .id();
+        attempt(&pool, id).await;
+        let task = store.get(id).await.unwrap().unwrap();
+        assert_eq!(task.status, *expected, "{case}: {:?}", task.last_error);
+        let last_error = task.last_error.unwrap_or_default();
+        assert!(last_error.contains(error), "{case}: {last_error}");
+        assert!(
+            last_error.len() < 2300,
+            "{case}: error of {} bytes",
+            last_error.len()
+        );
+        if let Some(delay) = delay {
+            let waited = scalar(
+                &store,
+                &format!(
+                    "SELECT round(extract(epoch FROM next_attempt_at - updated_at))::bigint \
+                     FROM recovery_task WHERE id = {id}"
+                ),
+            )
+            .await;
+            assert!(
+                (waited - delay).abs() <= 1,
+                "{case}: waits {waited}s, not {delay}s"
+            );
+        }
+        // The next case must be the only due task.
+        set_aside(&store, id).await;
+    }
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_transient_and_routes_override_the_target() {
+    let (store, settings) = fresh_store().await;
+    let server = TestServer::start(|_| Reply::status(200)).await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed_url = format!("http://{}/", closed.local_addr().unwrap());
+    drop(closed);
+    let mut hook = webhook(&closed_url);
+    hook.headers
+        .insert("Authorization".into(), "Bearer s3cret-token".into());
+    hook.routes.insert(
+        "orders".into(),
+        WebhookTarget {
+            url: Some(server.url("/raw")),
+            method: Some("PUT".into()),
+            headers: HashMap::from([("X-Route".to_owned(), "orders".to_owned())])
+                .into_iter()
+                .collect(),
+            body: Some(WebhookBody::Raw),
+        },
+    );
+    let pool = pool(&store, &settings, hook);
+
+    let refused = store
+        .enqueue(&NewTask::new("hook", b"x".to_vec()))
+        .await
+        .unwrap()
+        .id();
+    attempt(&pool, refused).await;
+    let task = store.get(refused).await.unwrap().unwrap();
+    assert_eq!(task.status, Status::Failed);
+    assert!(
+        task.last_error
+            .as_deref()
+            .unwrap()
+            .contains("connection failed"),
+        "{:?}",
+        task.last_error
+    );
+    set_aside(&store, refused).await;
+
+    let mut routed = NewTask::new("hook", vec![0u8, 1, 2, 0xff]);
+    routed.failure.route = Some("orders".into());
+    let routed = store.enqueue(&routed).await.unwrap().id();
+    assert_eq!(attempt(&pool, routed).await, FinishOutcome::Resolved);
+    let request = &server.requests()[0];
+    assert_eq!(
+        (request.method.as_str(), request.path.as_str()),
+        ("PUT", "/raw")
+    );
+    assert_eq!(&request.body[..], [0u8, 1, 2, 0xff]);
+    assert_eq!(
+        request.header("content-type"),
+        Some("application/octet-stream")
+    );
+    assert_eq!(request.header("authorization"), Some("Bearer s3cret-token"));
+    assert_eq!(request.header("x-route"), Some("orders"));
+    assert_eq!(
+        request.header("idempotency-key"),
+        Some(format!("redrive-task-{routed}").as_str())
+    );
+}
+
+#[test]
+fn bad_webhook_settings_are_refused_at_start_up_naming_the_key() {
+    let load = |pairs: &[(&str, &str)]| {
+        let env = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Settings::load(None, Some(env)).err().map(|e| e.to_string())
+    };
+    let url = ("REDRIVE__WEBHOOKS__BILLING__URL", "http://127.0.0.1:9/hook");
+    assert_eq!(load(&[url]), None);
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (
+            &[("REDRIVE__WEBHOOKS__BILLING__URL", "ftp://x/")],
+            "webhooks.billing.url",
+        ),
+        (
+            &[("REDRIVE__WEBHOOKS__BILLING__METHOD", "GET")],
+            "webhooks.billing.url: is required",
+        ),
+        (
+            &[url, ("REDRIVE__WEBHOOKS__BILLING__METHOD", "PO ST")],
+            "webhooks.billing.method",
+        ),
+        (
+            &[url, ("REDRIVE__WEBHOOKS__BILLING__TIMEOUT", "0s")],
+            "webhooks.billing.timeout",
+        ),
+        (
+            &[url, ("REDRIVE__WEBHOOKS__BILLING__BODY", "xml")],
+            "webhooks.billing.body",
+        ),
+    ];
+    for (pairs, key) in cases {
+        let error = load(pairs).unwrap_or_else(|| panic!("{pairs:?} accepted"));
+        assert!(error.contains(key), "{pairs:?}: {error}");
+    }
+}
