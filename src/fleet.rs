@@ -105,6 +105,17 @@ impl FleetBuilder {
             .select(&settings.worker.handlers, &settings.retry)
             .map_err(|e| ConfigError::new("worker.handlers", e.to_string()))?;
         validate_routes(&mut settings.routes, Some(&self.registry.names()))?;
+        let registered = self.registry.names();
+        if let Some(name) = settings.handlers.keys().find(|n| !registered.contains(n)) {
+            return Err(ConfigError::new(
+                format!("handlers.{name}"),
+                format!(
+                    "no handler is registered under this name (registered: {})",
+                    registered.join(", ")
+                ),
+            )
+            .into());
+        }
         let route_handlers: Vec<String> =
             settings.routes.iter().map(|r| r.handler.clone()).collect();
         let ingest_handlers = self.registry.select(&route_handlers, &settings.retry)?;
@@ -375,6 +386,7 @@ impl Fleet {
         )
         .with_routes(&self.settings.routes)
         .with_finals(self.finals.clone())
+        .with_limits(self.settings.handlers.clone())
     }
 }
 

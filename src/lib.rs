@@ -20,6 +20,7 @@ pub mod admin;
 pub mod backoff;
 #[cfg(feature = "bench")]
 mod bench;
+pub mod breaker;
 pub mod cli;
 pub mod config;
 #[cfg(feature = "demo")]

@@ -17,11 +17,13 @@ use crate::store::{Enqueued, Store};
 use crate::task::{Failure, NewTask, TaskId};
 use crate::telemetry;
 
+mod breakers;
 mod replays;
 mod selection;
 mod table;
 mod tasks;
 
+pub use breakers::BreakersCommand;
 pub use replays::{AuditArgs, ReplayArgs, ReplaysCommand};
 pub use selection::{FilterArgs, SelectionArgs};
 pub use tasks::TasksCommand;
@@ -53,6 +55,9 @@ pub enum Command {
     /// Replay jobs: list, cancel, resume.
     #[command(subcommand)]
     Replays(ReplaysCommand),
+    /// Circuit breakers: list them, force one open or closed, release it.
+    #[command(subcommand)]
+    Breakers(BreakersCommand),
     /// The audit log of operator actions, newest first.
     Audit(AuditArgs),
     /// Measure throughput: the queue (enqueue, drain), or `ingest` (Kafka to PostgreSQL).
@@ -68,7 +73,9 @@ impl Command {
     /// logs stay at warnings.
     fn prints_its_own_output(&self) -> bool {
         match self {
-            Command::Tasks(_) | Command::Replays(_) | Command::Audit(_) => true,
+            Command::Tasks(_) | Command::Replays(_) | Command::Breakers(_) | Command::Audit(_) => {
+                true
+            }
             #[cfg(feature = "bench")]
             Command::Bench(_) => true,
             #[cfg(feature = "demo")]
@@ -194,6 +201,10 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
             let fleet = register(Fleet::builder(settings.clone())).build()?;
             let store = operator_store(&settings).await?;
             replays::run(command, &fleet, &store).await?;
+        }
+        Command::Breakers(command) => {
+            let store = operator_store(&settings).await?;
+            breakers::run(command, &settings, &store).await?;
         }
         Command::Audit(args) => {
             let store = operator_store(&settings).await?;

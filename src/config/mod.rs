@@ -18,6 +18,7 @@ mod env;
 mod kafka;
 mod log;
 pub mod pattern;
+mod resilience;
 mod source_error;
 mod webhook;
 
@@ -29,6 +30,7 @@ pub use kafka::{
     IngestSettings, KafkaSettings, ParkingSettings, RepublishSettings, RouteMode, RouteSettings,
 };
 pub use log::{LogFormat, LogSettings};
+pub use resilience::{BreakerSettings, HandlerSettings};
 pub use webhook::{ResolvedTarget, WebhookBody, WebhookSettings, WebhookTarget};
 
 /// A configuration problem, naming the key and the reason.
@@ -81,6 +83,8 @@ pub struct Settings {
     pub log: LogSettings,
     /// `[webhooks.NAME]`: a built-in webhook handler registered under each NAME.
     pub webhooks: std::collections::BTreeMap<String, WebhookSettings>,
+    /// `[handlers.NAME]`: bulkhead, rate limit and circuit breaker of a handler.
+    pub handlers: std::collections::BTreeMap<String, HandlerSettings>,
 }
 
 /// `[metrics]`: the Prometheus endpoint.
@@ -292,6 +296,9 @@ impl Settings {
         self.log.validate()?;
         for (name, webhook) in &self.webhooks {
             webhook.validate(name)?;
+        }
+        for (name, handler) in &self.handlers {
+            handler.validate(name)?;
         }
         if self.kafka.group_id.is_empty() {
             return Err(ConfigError::new("kafka.group_id", "must not be empty"));

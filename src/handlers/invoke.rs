@@ -20,9 +20,22 @@ pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(366 * 24 * 3600);
 /// a lease that lapsed on the last attempt leads there). `redrive tasks check` knows it.
 pub const NO_ATTEMPTS_LEFT: &str = "no attempts left";
 
+/// How the handler answered, for a circuit breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The handler was not called (no attempts left).
+    NotCalled,
+    /// It succeeded, or failed permanently: the downstream answered.
+    Answered,
+    /// It failed transiently (an error, a timeout, a panic).
+    Transient,
+}
+
 /// What one attempt decided.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Attempted {
+    /// How the handler answered.
+    pub verdict: Verdict,
     /// What happens to the task next.
     pub outcome: FinishOutcome,
     /// The attempt's error, if it failed.
@@ -50,17 +63,24 @@ pub(crate) async fn invoke(
         .saturating_add(u32::try_from(task.attempt_grants).unwrap_or(0));
     let started_at = Utc::now();
     let clock = Instant::now();
-    let verdict = if ctx.attempt > max_attempts {
-        Err(HandlerError::Permanent(format!(
+    let (verdict, kind) = if ctx.attempt > max_attempts {
+        let error = HandlerError::Permanent(format!(
             "{NO_ATTEMPTS_LEFT}: attempt {} exceeds max attempts {max_attempts}",
             ctx.attempt
-        )))
+        ));
+        (Err(error), Verdict::NotCalled)
     } else {
-        call(registered, ctx, task).await
+        let verdict = call(registered, ctx, task).await;
+        let kind = match &verdict {
+            Ok(()) | Err(HandlerError::Permanent(_)) => Verdict::Answered,
+            Err(_) => Verdict::Transient,
+        };
+        (verdict, kind)
     };
     let duration = clock.elapsed();
     let (outcome, error) = classify(verdict, ctx.attempt, max_attempts, policy);
     Attempted {
+        verdict: kind,
         outcome,
         error,
         started_at,

@@ -58,11 +58,7 @@ mod tests {
         let _guard = tracing::subscriber::set_default(subscriber);
         let secret = b"card 4111 1111 1111 1111".to_vec();
         let task = crate::task::NewTask::new("log", secret.clone()).unsaved();
-        let ctx = HandlerContext {
-            worker_id: "w".into(),
-            attempt: 1,
-            cancellation: Default::default(),
-        };
+        let ctx = HandlerContext::new("w", 1, Default::default());
         LogHandler.handle(&ctx, &task).await.unwrap();
         let logged = String::from_utf8(lines.lock().unwrap().clone()).unwrap();
         assert!(!logged.contains("4111"), "{logged}");

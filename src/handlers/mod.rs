@@ -4,11 +4,14 @@
 pub(crate) mod faults;
 pub mod invoke;
 mod log;
+mod recovery;
 mod registry;
 pub mod republish;
 pub mod webhook;
 
 pub use self::log::LogHandler;
+pub use recovery::CheckpointError;
+pub(crate) use recovery::RecoveryPoints;
 pub use registry::{HandlerRegistry, Policy, Registered, RegistryError};
 pub use republish::RepublishHandler;
 pub use webhook::WebhookHandler;
@@ -72,6 +75,51 @@ pub struct HandlerContext {
     pub attempt: u32,
     /// Cancelled when the lease is lost or the process stops: stop early if you can.
     pub cancellation: CancellationToken,
+    recovery: Option<RecoveryPoints>,
+}
+
+impl HandlerContext {
+    /// A context for attempt `attempt` (a handler's own tests build one this way;
+    /// [`HandlerContext::save_checkpoint`] then answers `Unavailable`).
+    pub fn new(
+        worker_id: impl Into<String>,
+        attempt: u32,
+        cancellation: CancellationToken,
+    ) -> Self {
+        HandlerContext {
+            worker_id: worker_id.into(),
+            attempt,
+            cancellation,
+            recovery: None,
+        }
+    }
+
+    /// Saves with the task's row.
+    pub(crate) fn with_recovery(mut self, recovery: RecoveryPoints) -> Self {
+        self.recovery = Some(recovery);
+        self
+    }
+
+    /// Saves a recovery point: the next attempt of this task receives it as
+    /// `task.checkpoint` (the last one saved). Written under the attempt's lease: an
+    /// attempt that lost its lease gets [`CheckpointError::Fenced`] and should stop.
+    /// Save after each step whose side effect must not be repeated.
+    pub async fn save_checkpoint(
+        &self,
+        checkpoint: &serde_json::Value,
+    ) -> Result<(), CheckpointError> {
+        match &self.recovery {
+            Some(recovery) => recovery.save(checkpoint).await,
+            None => Err(CheckpointError::Unavailable),
+        }
+    }
+}
+
+impl From<CheckpointError> for HandlerError {
+    /// A checkpoint that could not be saved fails the attempt transiently.
+    fn from(error: CheckpointError) -> Self {
+        HandlerError::transient(error)
+    }
 }
 
 /// Retries one kind of failure. One required method; policy has overridable defaults

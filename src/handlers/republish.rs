@@ -98,11 +98,7 @@ mod tests {
         assert!(!handler.producer.is_created());
         let mut task = crate::task::NewTask::new("republish", b"v".to_vec()).unsaved();
         task.failure.original = None;
-        let ctx = HandlerContext {
-            worker_id: "w".into(),
-            attempt: 1,
-            cancellation: Default::default(),
-        };
+        let ctx = HandlerContext::new("w", 1, Default::default());
         let refused = handler.handle(&ctx, &task).await;
         assert!(
             matches!(refused, Err(HandlerError::Permanent(_))),

@@ -140,11 +140,7 @@ impl Flusher {
         registered.policy = registered.policy.for_route(route);
         registered.policy.timeout = registered.policy.timeout.min(left.max(MIN_INLINE_TIME));
         let preview = with_payload(&task, message).unsaved();
-        let ctx = HandlerContext {
-            worker_id: self.worker_id.clone(),
-            attempt: 1,
-            cancellation: CancellationToken::new(),
-        };
+        let ctx = HandlerContext::new(self.worker_id.clone(), 1, CancellationToken::new());
         let span = tracing::info_span!(
             "attempt",
             task_id = tracing::field::Empty,

@@ -39,7 +39,10 @@ INSERT INTO recovery_task (
 SELECT i.dedup_key, i.handler, i.event_type, i.correlation_id,
        i.source_topic, i.source_partition, i.source_offset, i.source_timestamp, i.source_timestamp_type,
        i.msg_key, i.msg_value, i.msg_headers, i.error_class, i.error_message,
-       i.attempts, i.max_attempts, COALESCE(i.next_attempt_at, now()),
+       i.attempts, i.max_attempts,
+       -- A handler's open breaker holds its new tasks too (greatest ignores NULL).
+       greatest(COALESCE(i.next_attempt_at, now()),
+                (SELECT b.hold_until FROM recovery_breaker b WHERE b.handler = i.handler)),
        CASE WHEN i.attempts > 0 THEN i.error_message END,
        i.original_topic, i.original_partition, i.original_offset, i.error_stacktrace,
        i.route, i.ingest_note, i.value_size, i.payload_stored, i.status,

@@ -70,7 +70,11 @@ WITH r AS (
 done AS (
     UPDATE recovery_task t
     SET status = r.status,
-        next_attempt_at = coalesce(r.next_at, t.next_attempt_at),
+        -- A retry waits for the handler's breaker hold, if any (greatest ignores NULL).
+        next_attempt_at = CASE WHEN r.next_at IS NULL THEN t.next_attempt_at
+            ELSE greatest(r.next_at,
+                          (SELECT b.hold_until FROM recovery_breaker b WHERE b.handler = t.handler))
+            END,
         last_error = coalesce(r.error, t.last_error),
         lease_owner = NULL,
         leased_at = NULL,
@@ -86,6 +90,25 @@ SELECT id, version FROM done
 "#;
 
 impl Store {
+    /// Saves an attempt's recovery point under its lease; false when the lease is no
+    /// longer the task's (the checkpoint is refused).
+    pub async fn save_checkpoint(
+        &self,
+        lease: Lease,
+        checkpoint: &serde_json::Value,
+    ) -> Result<bool> {
+        let saved = sqlx::query(
+            "UPDATE recovery_task SET checkpoint = $3, updated_at = now() \
+             WHERE id = $1 AND lease_version = $2 AND lease_owner IS NOT NULL",
+        )
+        .bind(lease.id.0)
+        .bind(lease.version)
+        .bind(checkpoint)
+        .execute(&self.pool)
+        .await?;
+        Ok(saved.rows_affected() == 1)
+    }
+
     /// Writes many attempt results at once. Returns the leases whose results were
     /// written; a result whose fencing token is stale (the task was taken over,
     /// discarded or finished) changes nothing and is absent from the answer.

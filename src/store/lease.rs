@@ -4,7 +4,8 @@
 //! worker died is claimed again by the ordinary claim once the deadline passes.
 
 use chrono::{DateTime, Utc};
-use sqlx::Row;
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, Row};
 use std::time::Duration;
 
 use super::finish::{Finish, FinishOutcome};
@@ -18,8 +19,12 @@ use crate::task::{Lease, Task, TaskId};
 // and reads all of them to sort them (a bitmap scan) or aggregate them: seconds per
 // statement at a million rows. Their transaction switches sorting off, so the ordered
 // index walk, which stops after the rows wanted, is the one plan left.
-use super::ORDERED_WALK as DUE_ORDER;
+pub(crate) use super::ORDERED_WALK as DUE_ORDER;
 
+// `$5`, when set, claims tasks due by then rather than now (a breaker's probes, whose
+// tasks are held until the breaker's `hold_until`); a leased task is only ever taken
+// over once its lease has lapsed.
+//
 // A due task still leased lost its attempt when its lease lapsed (the worker died or
 // stalled): the claim that takes it over writes that attempt's history row, so the
 // history holds one row per counted attempt.
@@ -27,7 +32,9 @@ const CLAIM: &str = r#"
 WITH due AS MATERIALIZED (
     SELECT id, lease_owner, lease_version, leased_at, next_attempt_at, attempts
     FROM recovery_task
-    WHERE status = 'failed' AND next_attempt_at <= now() AND handler = ANY($1)
+    WHERE status = 'failed' AND handler = ANY($1)
+      AND next_attempt_at <= coalesce($5::timestamptz, now())
+      AND (lease_owner IS NULL OR next_attempt_at <= now())
     ORDER BY next_attempt_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED),
@@ -114,19 +121,46 @@ impl Store {
         lease: Duration,
     ) -> Result<(Vec<Task>, usize)> {
         let mut tx = self.pool.begin_with(DUE_ORDER).await?;
-        let rows = sqlx::query(CLAIM)
+        let claimed = self
+            .claim_in(&mut tx, handlers, limit, owner, lease, None)
+            .await?;
+        tx.commit().await?;
+        self.decode_claimed(owner, &claimed).await
+    }
+
+    /// Runs the claim statement in `tx` (begun with [`DUE_ORDER`]): tasks due by
+    /// `due_by` (now when `None`).
+    pub(crate) async fn claim_in(
+        &self,
+        tx: &mut PgConnection,
+        handlers: &[String],
+        limit: u32,
+        owner: &str,
+        lease: Duration,
+        due_by: Option<DateTime<Utc>>,
+    ) -> Result<Vec<PgRow>> {
+        Ok(sqlx::query(CLAIM)
             .bind(handlers)
             .bind(i64::from(limit))
             .bind(owner)
             .bind(millis(lease))
-            .fetch_all(&mut *tx)
-            .await?;
-        tx.commit().await?;
+            .bind(due_by)
+            .fetch_all(tx)
+            .await?)
+    }
+
+    /// Tasks from claimed rows, with how many were taken over from a lapsed lease.
+    /// Rows that cannot be read end as permanent failures.
+    pub(crate) async fn decode_claimed(
+        &self,
+        owner: &str,
+        rows: &[PgRow],
+    ) -> Result<(Vec<Task>, usize)> {
         let recovered = rows
             .iter()
             .filter(|r| r.try_get::<bool, _>("recovered").unwrap_or(false))
             .count();
-        let (tasks, unreadable) = decode_each(&rows)?;
+        let (tasks, unreadable) = decode_each(rows)?;
         if !unreadable.is_empty() {
             self.end_unreadable(owner, &unreadable).await;
         }

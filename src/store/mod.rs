@@ -4,6 +4,7 @@
 //! fencing token is stale changes nothing, and the caller learns which ids it did change.
 
 mod audit;
+mod breakers;
 mod check;
 mod enqueue;
 mod filter;
@@ -19,6 +20,7 @@ mod row;
 mod sample;
 
 pub use audit::{AuditEntry, AuditQuery};
+pub use breakers::BreakerCommand;
 pub use check::{Budgets, CheckReport, Violation};
 pub use enqueue::{enqueue_many_in, Enqueued};
 pub use filter::{Selection, TaskFilter};

@@ -92,6 +92,10 @@ pub struct Metrics {
     pub ready: Gauge,
     /// The member's health, which `/readyz` reads and whose changes are logged once.
     pub health: Arc<Health>,
+    /// `redrive_breaker_state{handler}`: 0 closed, 1 half-open, 2 open (as last seen).
+    pub breaker_state: IntGaugeVec,
+    /// `redrive_breaker_transitions_total{handler,to}`: state changes this member made.
+    pub breaker_transitions: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -172,6 +176,18 @@ impl Metrics {
         r.register(Box::new(ready.clone()))
             .expect("registered once");
         let metrics = Metrics {
+            breaker_state: gauges(
+                r,
+                "redrive_breaker_state",
+                "Circuit breaker state by handler: 0 closed, 1 half-open, 2 open (fleet-wide: aggregate with max)",
+                &["handler"],
+            ),
+            breaker_transitions: counters(
+                r,
+                "redrive_breaker_transitions_total",
+                "Circuit breaker state changes made by this member, by handler and new state",
+                &["handler", "to"],
+            ),
             claimed: counter(r, "redrive_tasks_claimed_total", "Tasks claimed"),
             attempts: counters(
                 r,

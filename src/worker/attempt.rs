@@ -2,30 +2,33 @@
 
 use tokio_util::sync::CancellationToken;
 
-use crate::handlers::invoke::invoke;
-use crate::handlers::{HandlerContext, Registered};
-use crate::store::Finish;
+use crate::handlers::invoke::{invoke, Verdict};
+use crate::handlers::{HandlerContext, RecoveryPoints, Registered};
+use crate::store::{Finish, Store};
 use crate::task::Task;
 
-/// Runs one attempt of `task`. `lease_lost` is handed to the handler as its
-/// cancellation signal; the handler's timeout bounds a handler that ignores it.
+/// Runs one attempt of `task`: the result to write, and how the handler answered.
+/// `lease_lost` is handed to the handler as its cancellation signal; the handler's
+/// timeout bounds a handler that ignores it.
 pub(crate) async fn run_attempt(
+    store: &Store,
     registered: &Registered,
     task: &Task,
     worker_id: &str,
     lease_lost: CancellationToken,
-) -> Finish {
-    let ctx = HandlerContext {
-        worker_id: worker_id.to_owned(),
-        attempt: u32::try_from(task.attempts).unwrap_or(0),
-        cancellation: lease_lost,
-    };
+) -> (Finish, Verdict) {
+    let attempt = u32::try_from(task.attempts).unwrap_or(0);
+    let ctx = HandlerContext::new(worker_id, attempt, lease_lost).with_recovery(RecoveryPoints {
+        store: store.clone(),
+        lease: task.lease(),
+    });
     let attempted = invoke(registered, &ctx, task).await;
-    Finish {
+    let finish = Finish {
         lease: task.lease(),
         outcome: attempted.outcome,
         started_at: attempted.started_at,
         duration: attempted.duration,
         error: attempted.error,
-    }
+    };
+    (finish, attempted.verdict)
 }

@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use super::admission::{Admission, Permits, BLOCKED_RECHECK};
 use super::attempt;
 use super::finisher::{AttemptContext, Completion};
 use super::inflight::InFlight;
@@ -25,6 +26,8 @@ pub(crate) struct Claimer {
     pub(crate) store: Store,
     pub(crate) worker_id: Arc<str>,
     pub(crate) served: Arc<Served>,
+    /// Breakers, bulkheads and rate limits of the served handlers.
+    pub(crate) admission: Arc<Admission>,
     /// Batch size, lease and poll interval.
     pub(crate) settings: WorkerSettings,
     pub(crate) metrics: Metrics,
@@ -55,15 +58,7 @@ impl Claimer {
                     permit.expect("the semaphore is never closed")
                 }
             };
-            let claimed = self
-                .store
-                .claim_counted(
-                    self.served.names(),
-                    wanted as u32,
-                    &self.worker_id,
-                    settings.lease,
-                )
-                .await;
+            let claimed = self.claim(wanted as u32).await;
             let tasks = match claimed {
                 Ok((tasks, recovered)) => {
                     pause = Duration::ZERO;
@@ -88,9 +83,9 @@ impl Claimer {
             let drained = tasks.len() < wanted;
             self.metrics.claimed.inc_by(tasks.len() as u64);
             self.metrics.in_flight.add(tasks.len() as i64);
-            for task in tasks {
+            for (task, permits) in tasks {
                 let slot = permit.split(1).expect("one permit per claimed task");
-                self.start(task, slot);
+                self.start(task, slot, permits);
             }
             drop(permit);
             if !drained {
@@ -102,8 +97,56 @@ impl Claimer {
         }
     }
 
+    /// Claims up to `wanted` due tasks: of the handlers without limits in one
+    /// statement, then of each limited handler within its grant, then probes of
+    /// half-open breakers. Also answers how many were taken over from lapsed leases.
+    async fn claim(&self, wanted: u32) -> crate::store::Result<(Vec<(Task, Permits)>, usize)> {
+        let (lease, owner) = (self.settings.lease, &*self.worker_id);
+        let plan = self.admission.plan(self.served.names());
+        let mut claimed = Vec::new();
+        let mut recovered = 0;
+        if !plan.shared.is_empty() {
+            let (tasks, lapsed) = self
+                .store
+                .claim_counted(&plan.shared, wanted, owner, lease)
+                .await?;
+            recovered += lapsed;
+            claimed.extend(tasks.into_iter().map(|t| (t, Permits::default())));
+        }
+        for handler in &plan.limited {
+            let room = wanted.saturating_sub(claimed.len() as u32);
+            let Some(mut grant) = self.admission.grant(handler, room) else {
+                continue;
+            };
+            let handlers = std::slice::from_ref(handler);
+            let (tasks, lapsed) = self
+                .store
+                .claim_counted(handlers, grant.count, owner, lease)
+                .await?;
+            recovered += lapsed;
+            let limiter = self.admission.limiter(handler);
+            claimed.extend(
+                tasks
+                    .into_iter()
+                    .map(|t| (t, grant.take_one(limiter.clone()))),
+            );
+        }
+        for (handler, settings) in &plan.probing {
+            let room = wanted.saturating_sub(claimed.len() as u32);
+            if room == 0 {
+                break;
+            }
+            let probes = self
+                .store
+                .claim_probes(handler, settings, room, owner, lease)
+                .await?;
+            claimed.extend(probes.into_iter().map(|t| (t, Permits::default())));
+        }
+        Ok((claimed, recovered))
+    }
+
     /// Starts one attempt; its result goes to the finisher with the slot.
-    fn start(&self, task: Task, slot: tokio::sync::OwnedSemaphorePermit) {
+    fn start(&self, task: Task, slot: tokio::sync::OwnedSemaphorePermit, mut permits: Permits) {
         let lease_lost = self.in_flight.insert(task.lease());
         let registered = self.served.registered_for(&task);
         let keep_task = self.keep_final_tasks;
@@ -119,9 +162,12 @@ impl Claimer {
             route = task.failure.route.as_deref(),
             correlation_id = task.failure.correlation_id.as_deref(),
         );
+        let store = self.store.clone();
         let work = async move {
-            let finish =
-                attempt::run_attempt(&registered, &task, &worker_id, lease_lost.clone()).await;
+            permits.wait_for_turn().await;
+            let (finish, verdict) =
+                attempt::run_attempt(&store, &registered, &task, &worker_id, lease_lost.clone())
+                    .await;
             if lease_lost.is_cancelled() {
                 // Taken over meanwhile: the write would be fenced out anyway.
                 metrics.in_flight.dec();
@@ -142,6 +188,8 @@ impl Claimer {
             // The finisher outlives every attempt; a send cannot fail.
             let _ = completions.send(Completion {
                 finish,
+                verdict,
+                _bulkhead: permits.bulkhead,
                 handler,
                 context,
                 task,
@@ -162,7 +210,11 @@ impl Claimer {
     /// Waits for a notification, the next due task or the poll interval, whichever comes
     /// first. Returns true if shutdown was asked for meanwhile.
     async fn idle(&self, shutdown: &CancellationToken) -> bool {
-        let poll = self.settings.poll_interval;
+        let mut poll = self.settings.poll_interval;
+        if self.admission.plan(self.served.names()).blocked {
+            // A bulkhead slot or rate ticket frees up without a notification.
+            poll = poll.min(BLOCKED_RECHECK);
+        }
         let wait = match self.store.next_due(self.served.names()).await {
             Ok(Some(due)) => (due - Utc::now())
                 .to_std()

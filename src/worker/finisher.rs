@@ -7,8 +7,10 @@ use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::admission::Admission;
 use super::inflight::InFlight;
 use crate::finals::Finals;
+use crate::handlers::invoke::Verdict;
 use crate::store::{Finish, FinishOutcome, Store};
 use crate::task::{Lease, Task};
 use crate::telemetry::{log_attempt, AttemptLine, Metrics};
@@ -21,12 +23,16 @@ const CONCURRENT_FLUSHES: usize = 3;
 /// the pool taken until the result is written.
 pub(crate) struct Completion {
     pub(crate) finish: Finish,
+    /// How the handler answered, for its breaker.
+    pub(crate) verdict: Verdict,
     pub(crate) handler: Arc<str>,
     /// What the attempt's log line names besides the handler.
     pub(crate) context: AttemptContext,
     /// The task, kept when it became a permanent failure and someone wants to know.
     pub(crate) task: Option<Arc<Task>>,
     pub(crate) _slot: OwnedSemaphorePermit,
+    /// The handler's bulkhead slot, if it has a bulkhead.
+    pub(crate) _bulkhead: Option<OwnedSemaphorePermit>,
 }
 
 /// The fields of an attempt's log line that its result does not carry.
@@ -51,6 +57,8 @@ pub(crate) struct Finisher {
     pub(crate) wake: Arc<Notify>,
     /// Told about permanent failures once they are written.
     pub(crate) finals: Finals,
+    /// Told how each written attempt's handler answered.
+    pub(crate) admission: Arc<Admission>,
 }
 
 impl Finisher {
@@ -107,6 +115,8 @@ impl Finisher {
         for completion in batch {
             let finish = &completion.finish;
             if written.contains(&finish.lease) {
+                self.admission
+                    .count(&completion.handler, completion.verdict);
                 self.metrics
                     .attempt_finished(&completion.handler, finish.outcome.history_label());
                 let context = &completion.context;

@@ -1,6 +1,7 @@
 //! The worker pool: claims due tasks in batches, runs their handlers concurrently,
 //! writes results in batches, keeps leases alive, and shuts down cleanly.
 
+mod admission;
 mod attempt;
 mod claimer;
 mod finisher;
@@ -15,12 +16,13 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{RouteSettings, WorkerSettings};
+use crate::config::{HandlerSettings, RouteSettings, WorkerSettings};
 use crate::finals::Finals;
 use crate::handlers::Registered;
 use crate::store::{FinishOutcome, Result, Store};
 use crate::task::TaskId;
 use crate::telemetry::Metrics;
+use admission::Admission;
 use claimer::{Claimer, CLAIM_LOOPS};
 use finisher::Finisher;
 use inflight::InFlight;
@@ -46,6 +48,7 @@ pub struct WorkerPool {
     settings: WorkerSettings,
     metrics: Metrics,
     finals: Finals,
+    limits: BTreeMap<String, HandlerSettings>,
 }
 
 impl WorkerPool {
@@ -63,7 +66,14 @@ impl WorkerPool {
             settings,
             metrics,
             finals: Finals::default(),
+            limits: BTreeMap::new(),
         }
+    }
+
+    /// Applies the breakers, bulkheads and rate limits of `[handlers.NAME]`.
+    pub fn with_limits(mut self, limits: BTreeMap<String, HandlerSettings>) -> WorkerPool {
+        self.limits = limits;
+        self
     }
 
     /// Applies the policy overrides of these routes to their tasks.
@@ -96,7 +106,9 @@ impl WorkerPool {
         };
         let registered = self.served.registered_for(&task);
         let never_lost = CancellationToken::new();
-        let finish = attempt::run_attempt(&registered, &task, &self.worker_id, never_lost).await;
+        let (finish, _) =
+            attempt::run_attempt(&self.store, &registered, &task, &self.worker_id, never_lost)
+                .await;
         let written = self
             .store
             .finish(&self.worker_id, std::slice::from_ref(&finish))
@@ -119,6 +131,13 @@ impl WorkerPool {
         let wake = Arc::new(Notify::new());
         let background_stop = CancellationToken::new();
         let (completions_tx, completions_rx) = mpsc::unbounded_channel();
+        let admission = Arc::new(Admission::new(
+            self.store.clone(),
+            self.metrics.clone(),
+            &self.limits,
+            self.served.names(),
+        ));
+        let following = tokio::spawn(admission.clone().run(background_stop.clone()));
 
         let mut finisher = tokio::spawn(
             Finisher {
@@ -130,6 +149,7 @@ impl WorkerPool {
                 give_up_after: self.settings.lease,
                 wake: wake.clone(),
                 finals: self.finals.clone(),
+                admission: admission.clone(),
             }
             .run(completions_rx),
         );
@@ -154,6 +174,7 @@ impl WorkerPool {
             store: self.store.clone(),
             worker_id: self.worker_id.clone(),
             served: self.served.clone(),
+            admission,
             settings: self.settings.clone(),
             metrics: self.metrics.clone(),
             keep_final_tasks: self.finals.wanted(),
@@ -185,6 +206,7 @@ impl WorkerPool {
         self.release(&in_flight).await;
         background_stop.cancel();
         let _ = heartbeat.await;
+        let _ = following.await;
         let _ = listener.await;
     }
 

@@ -2,6 +2,7 @@
 //! Kafka cluster.
 
 mod admin_api;
+mod breakers;
 mod broker;
 mod cli;
 mod config;
@@ -15,6 +16,7 @@ mod operator_cli;
 mod operators;
 mod outage;
 mod process;
+mod recovery_points;
 mod replay;
 mod republish;
 mod store;

@@ -1,0 +1,472 @@
+//! Circuit breakers shared through PostgreSQL, bulkheads and fleet-wide rate limits.
+
+use async_trait::async_trait;
+use redrive::breaker::BreakerState;
+use redrive::config::{BreakerSettings, HandlerSettings, WebhookSettings};
+use redrive::store::{BreakerCommand, Operator};
+use redrive::{
+    Fleet, Handler, HandlerContext, HandlerError, Jitter, NewTask, Settings, Store, Task,
+};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+use crate::http_server::{Reply, TestServer};
+use crate::support::{eventually, fresh_store, scalar};
+
+fn fast_retries(settings: &mut Settings) {
+    settings.retry.backoff_base = Duration::from_millis(20);
+    settings.retry.backoff_cap = Duration::from_millis(100);
+    settings.retry.jitter = Jitter::None;
+    settings.retry.max_attempts = 1000;
+    settings.worker.concurrency = 8;
+    settings.worker.batch_size = 8;
+    settings.worker.poll_interval = Duration::from_millis(50);
+}
+
+fn breaker(consecutive_failures: u32, cool_down: Duration) -> HandlerSettings {
+    HandlerSettings {
+        breaker: Some(BreakerSettings {
+            consecutive_failures,
+            cool_down,
+            probes: 1,
+            ..BreakerSettings::default()
+        }),
+        ..HandlerSettings::default()
+    }
+}
+
+async fn breaker_state(store: &Store, handler: &str) -> Option<BreakerState> {
+    let handlers = [handler.to_owned()];
+    store
+        .breakers(Some(&handlers))
+        .await
+        .unwrap()
+        .pop()
+        .map(|b| b.state)
+}
+
+/// A member of the fleet, running until dropped.
+struct Member {
+    stop: CancellationToken,
+    run: tokio::task::JoinHandle<()>,
+}
+
+impl Member {
+    fn start(fleet: Fleet, store: &Store) -> Member {
+        let stop = CancellationToken::new();
+        let run = tokio::spawn({
+            let (store, stop) = (store.clone(), stop.clone());
+            async move { fleet.run_with_store(store, stop).await.unwrap() }
+        });
+        Member { stop, run }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.run.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_down_server_opens_the_breaker_for_the_fleet_and_tasks_wait_without_using_attempts() {
+    let (store, mut settings) = fresh_store().await;
+    fast_retries(&mut settings);
+    let down = Arc::new(AtomicBool::new(true));
+    let server = TestServer::start({
+        let down = down.clone();
+        move |_| match down.load(Ordering::SeqCst) {
+            true => Reply::status(503),
+            false => Reply::status(200),
+        }
+    })
+    .await;
+    settings.webhooks.insert(
+        "hook".into(),
+        WebhookSettings {
+            url: Some(server.url("/")),
+            ..WebhookSettings::default()
+        },
+    );
+    let cool_down = Duration::from_secs(3);
+    settings
+        .handlers
+        .insert("hook".into(), breaker(5, cool_down));
+    let fleet = || {
+        Fleet::builder(settings.clone())
+            .with_builtin_handlers()
+            .build()
+            .unwrap()
+    };
+    let members = [
+        Member::start(fleet(), &store),
+        Member::start(fleet(), &store),
+    ];
+    let tasks: Vec<NewTask> = (0..200)
+        .map(|i| NewTask::new("hook", format!("t{i}")))
+        .collect();
+    store.enqueue_many(&tasks).await.unwrap();
+
+    eventually(Duration::from_secs(10), "the breaker opened", || async {
+        breaker_state(&store, "hook").await == Some(BreakerState::Open)
+    })
+    .await;
+    let opened = Instant::now();
+    // Calls already running when it opened end; then nothing reaches the server.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (calls, attempts) = (
+        server.requests().len(),
+        scalar(&store, "SELECT sum(attempts)::bigint FROM recovery_task").await,
+    );
+    tokio::time::sleep(cool_down - opened.elapsed() - Duration::from_millis(300)).await;
+    assert_eq!(
+        breaker_state(&store, "hook").await,
+        Some(BreakerState::Open)
+    );
+    assert_eq!(
+        server.requests().len(),
+        calls,
+        "no call while the breaker is open"
+    );
+    assert_eq!(
+        scalar(&store, "SELECT sum(attempts)::bigint FROM recovery_task").await,
+        attempts,
+        "no attempt used while the breaker is open"
+    );
+    // Every waiting task is held until the cool-down ends, but for results of calls that
+    // were running as it opened, written concurrently (at most one per slot).
+    let unheld = scalar(
+        &store,
+        "SELECT count(*) FROM recovery_task t, recovery_breaker b \
+         WHERE t.status = 'failed' AND t.lease_owner IS NULL AND t.next_attempt_at < b.hold_until",
+    )
+    .await;
+    assert!(unheld <= 16, "{unheld} tasks due while the breaker is open");
+    assert!(
+        attempts < 200 + 16,
+        "most tasks never ran: {attempts} attempts"
+    );
+
+    // The server comes back: a probe succeeds, the breaker closes, everything resolves.
+    down.store(false, Ordering::SeqCst);
+    eventually(Duration::from_secs(20), "every task resolved", || async {
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE status = 'resolved'",
+        )
+        .await
+            == 200
+    })
+    .await;
+    assert_eq!(
+        breaker_state(&store, "hook").await,
+        Some(BreakerState::Closed)
+    );
+    for member in members {
+        member.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_failed_probe_reopens_and_permanent_errors_never_open_it() {
+    let (store, mut settings) = fresh_store().await;
+    fast_retries(&mut settings);
+    let server = TestServer::start(|request| match request.json()["value"]["data"].as_str() {
+        Some(v) if v.starts_with("bad") => Reply::status(400),
+        _ => Reply::status(503),
+    })
+    .await;
+    settings.webhooks.insert(
+        "hook".into(),
+        WebhookSettings {
+            url: Some(server.url("/")),
+            ..WebhookSettings::default()
+        },
+    );
+    settings
+        .handlers
+        .insert("hook".into(), breaker(3, Duration::from_millis(800)));
+    let fleet = Fleet::builder(settings.clone())
+        .with_builtin_handlers()
+        .build()
+        .unwrap();
+    // 100 permanent errors first: answers from a live server, not failures.
+    let bad: Vec<NewTask> = (0..100)
+        .map(|i| NewTask::new("hook", format!("bad{i}")))
+        .collect();
+    store.enqueue_many(&bad).await.unwrap();
+    let member = Member::start(fleet, &store);
+    eventually(Duration::from_secs(10), "every bad task ended", || async {
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE status = 'permanent_failure'",
+        )
+        .await
+            == 100
+    })
+    .await;
+    assert_ne!(
+        breaker_state(&store, "hook").await,
+        Some(BreakerState::Open)
+    );
+
+    store.enqueue(&NewTask::new("hook", "down")).await.unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "opened, probed, reopened",
+        || async {
+            scalar(
+                &store,
+                "SELECT count(*) FROM recovery_attempt a JOIN recovery_task t ON t.id = a.task_id \
+             WHERE t.msg_value = 'down'",
+            )
+            .await
+                >= 6
+        },
+    )
+    .await;
+    // Each probe after a cool-down is one attempt: far fewer than unchecked retries.
+    let attempts = scalar(
+        &store,
+        "SELECT attempts::bigint FROM recovery_task WHERE msg_value = 'down'",
+    )
+    .await;
+    assert!(attempts < 15, "{attempts} attempts in a few cool-downs");
+    member.stop().await;
+}
+
+#[tokio::test]
+async fn operators_force_a_breaker_open_and_release_it_with_an_audit_row() {
+    let (store, settings) = fresh_store().await;
+    let id = store.enqueue(&NewTask::new("h", "x")).await.unwrap().id();
+    let settings_b = BreakerSettings::default();
+    let operator = Operator {
+        actor: "cli:test".into(),
+        reason: Some("downstream maintenance".into()),
+    };
+    let (forced, transition) = store
+        .command_breaker("h", BreakerCommand::Open, &settings_b, &operator)
+        .await
+        .unwrap();
+    assert_eq!(
+        (forced.state, forced.forced),
+        (BreakerState::Open, Some(BreakerState::Open))
+    );
+    assert!(transition
+        .unwrap()
+        .reason
+        .contains("downstream maintenance"));
+    let handlers = ["h".to_owned()];
+    let due = store
+        .claim(&handlers, 10, "w", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(due.is_empty(), "held while forced open");
+    // A task stored while open is held too.
+    let later = store.enqueue(&NewTask::new("h", "y")).await.unwrap().id();
+    let held = store.get(later).await.unwrap().unwrap();
+    assert!(held.next_attempt_at > chrono::Utc::now() + chrono::Duration::seconds(20));
+
+    store
+        .command_breaker("h", BreakerCommand::Release, &settings_b, &operator)
+        .await
+        .unwrap();
+    let due = store
+        .claim(&handlers, 10, "w", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut ids: Vec<_> = due.iter().map(|t| t.id).collect();
+    ids.sort();
+    assert_eq!(ids, [id, later]);
+    let audit = scalar(
+        &store,
+        "SELECT count(*) FROM recovery_audit WHERE action IN ('breaker_open', 'breaker_release')",
+    )
+    .await;
+    assert_eq!(audit, 2);
+    drop(settings);
+}
+
+/// Sleeps, counting how many calls run at once and when each started.
+#[derive(Default)]
+struct Gauge {
+    running: AtomicUsize,
+    most: AtomicUsize,
+    starts: Mutex<Vec<Instant>>,
+}
+
+struct Slow(Arc<Gauge>, Duration);
+
+#[async_trait]
+impl Handler for Slow {
+    async fn handle(&self, _: &HandlerContext, _: &Task) -> Result<(), HandlerError> {
+        self.0.starts.lock().unwrap().push(Instant::now());
+        let now = self.0.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.0.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(self.1).await;
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_bulkhead_caps_one_handler_while_others_use_the_rest() {
+    let (store, mut settings) = fresh_store().await;
+    settings.worker.concurrency = 16;
+    settings.worker.poll_interval = Duration::from_millis(50);
+    settings.handlers.insert(
+        "slow".into(),
+        HandlerSettings {
+            max_concurrency: Some(2),
+            ..HandlerSettings::default()
+        },
+    );
+    let (slow, fast) = (Arc::new(Gauge::default()), Arc::new(Gauge::default()));
+    let fleet = Fleet::builder(settings)
+        .handler("slow", Slow(slow.clone(), Duration::from_millis(200)))
+        .handler("fast", Slow(fast.clone(), Duration::from_millis(50)))
+        .build()
+        .unwrap();
+    let mut tasks: Vec<NewTask> = (0..12)
+        .map(|i| NewTask::new("slow", format!("{i}")))
+        .collect();
+    tasks.extend((0..100).map(|i| NewTask::new("fast", format!("{i}"))));
+    store.enqueue_many(&tasks).await.unwrap();
+    let member = Member::start(fleet, &store);
+    eventually(Duration::from_secs(20), "all resolved", || async {
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE status = 'resolved'",
+        )
+        .await
+            == 112
+    })
+    .await;
+    member.stop().await;
+    assert_eq!(slow.most.load(Ordering::SeqCst), 2, "the bulkhead holds");
+    let fast_most = fast.most.load(Ordering::SeqCst);
+    assert!(
+        fast_most > 2,
+        "the other handler used the free slots: {fast_most}"
+    );
+}
+
+#[tokio::test]
+async fn the_fleet_rate_is_shared_among_live_members() {
+    let (store, mut settings) = fresh_store().await;
+    settings.worker.poll_interval = Duration::from_millis(50);
+    let rate = 20.0;
+    settings.handlers.insert(
+        "paced".into(),
+        HandlerSettings {
+            rate_limit: Some(rate),
+            ..HandlerSettings::default()
+        },
+    );
+    let gauge = Arc::new(Gauge::default());
+    let fleet = || {
+        Fleet::builder(settings.clone())
+            .handler("paced", Slow(gauge.clone(), Duration::ZERO))
+            .build()
+            .unwrap()
+    };
+    let members = [
+        Member::start(fleet(), &store),
+        Member::start(fleet(), &store),
+    ];
+    // Both members see each other before the work arrives.
+    eventually(Duration::from_secs(5), "two live members", || async {
+        store.live_members().await.unwrap().len() == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    let tasks: Vec<NewTask> = (0..100)
+        .map(|i| NewTask::new("paced", format!("{i}")))
+        .collect();
+    store.enqueue_many(&tasks).await.unwrap();
+    eventually(Duration::from_secs(30), "all resolved", || async {
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE status = 'resolved'",
+        )
+        .await
+            == 100
+    })
+    .await;
+    for member in members {
+        member.stop().await;
+    }
+    let mut starts = gauge.starts.lock().unwrap().clone();
+    starts.sort();
+    // In any second, at most the fleet rate plus each member's burst of its share.
+    let burst = 2.0 * (rate / 2.0);
+    let most_in_a_second = starts
+        .iter()
+        .map(|t| {
+            starts
+                .iter()
+                .filter(|s| **s >= *t && **s < *t + Duration::from_secs(1))
+                .count()
+        })
+        .max()
+        .unwrap();
+    assert!(
+        most_in_a_second as f64 <= rate + burst,
+        "{most_in_a_second} calls in one second against a fleet rate of {rate}"
+    );
+    let span = starts
+        .last()
+        .unwrap()
+        .duration_since(starts[0])
+        .as_secs_f64();
+    assert!(
+        span >= (100.0 - rate - burst) / rate,
+        "100 calls took only {span:.2}s"
+    );
+}
+
+#[tokio::test]
+async fn redrive_breakers_lists_forces_and_releases_through_the_binary() {
+    let (store, settings) = fresh_store().await;
+    let id = store.enqueue(&NewTask::new("log", "x")).await.unwrap().id();
+    let cli = |args: &[&str]| {
+        let out = crate::operator_cli::redrive(&settings)
+            .env("REDRIVE__HANDLERS__LOG__BREAKER__COOL_DOWN", "10m")
+            .args(args)
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    };
+    let (ok, listed, _) = cli(&["breakers", "list", "--json"]);
+    assert!(ok);
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed[0]["handler"], "log");
+    assert_eq!(listed[0]["state"], "closed");
+
+    let (ok, out, err) = cli(&["breakers", "open", "log", "--reason", "billing maintenance"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("open (forced open)"), "{out}");
+    let (_, table, _) = cli(&["breakers", "list"]);
+    assert!(
+        table.contains("open") && table.contains("billing maintenance"),
+        "{table}"
+    );
+    let task = store.get(id).await.unwrap().unwrap();
+    assert!(task.next_attempt_at > chrono::Utc::now() + chrono::Duration::minutes(9));
+
+    let (ok, _, err) = cli(&["breakers", "release", "log", "--reason", "done"]);
+    assert!(ok, "{err}");
+    let task = store.get(id).await.unwrap().unwrap();
+    assert!(
+        task.next_attempt_at <= chrono::Utc::now(),
+        "due again once released"
+    );
+    let (_, audit, _) = cli(&["audit", "--action", "breaker_open"]);
+    assert!(audit.contains("billing maintenance"), "{audit}");
+
+    let (ok, _, err) = cli(&["breakers", "open", "republish", "--reason", "x"]);
+    assert!(!ok);
+    assert!(err.contains("[handlers.republish.breaker]"), "{err}");
+}

@@ -1,0 +1,157 @@
+//! Recovery points: checkpoints saved under the lease, and a multi-step handler killed
+//! between its steps.
+
+use redrive::handlers::CheckpointError;
+use redrive::store::{Finish, FinishOutcome};
+use redrive::{HandlerContext, NewTask};
+use secrecy::ExposeSecret;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::support::{eventually, fresh_store, scalar};
+
+#[tokio::test]
+async fn a_stale_attempts_checkpoint_is_refused_and_the_next_attempt_gets_the_last_one() {
+    let (store, _) = fresh_store().await;
+    let id = store.enqueue(&NewTask::new("h", "x")).await.unwrap().id();
+    let handlers = ["h".to_owned()];
+    let first = store
+        .claim(&handlers, 1, "a", Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert!(store
+        .save_checkpoint(first[0].lease(), &json!({"step": 1}))
+        .await
+        .unwrap());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The lease lapsed: another worker takes the task over and finds step 1.
+    let second = store
+        .claim(&handlers, 1, "b", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(second[0].checkpoint, Some(json!({"step": 1})));
+    let stale = store
+        .save_checkpoint(first[0].lease(), &json!({"step": 99}))
+        .await
+        .unwrap();
+    assert!(!stale, "the stale attempt's checkpoint is refused");
+    assert!(store
+        .save_checkpoint(second[0].lease(), &json!({"step": 2}))
+        .await
+        .unwrap());
+    let retry = Finish {
+        lease: second[0].lease(),
+        outcome: FinishOutcome::Retry {
+            at: chrono::Utc::now(),
+        },
+        started_at: chrono::Utc::now(),
+        duration: Duration::ZERO,
+        error: Some("later".into()),
+    };
+    store.finish("b", &[retry]).await.unwrap();
+    let third = store
+        .claim(&handlers, 1, "c", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(third[0].id, id);
+    assert_eq!(third[0].checkpoint, Some(json!({"step": 2})));
+
+    let detached = HandlerContext::new("w", 1, Default::default());
+    assert!(matches!(
+        detached.save_checkpoint(&json!({})).await,
+        Err(CheckpointError::Unavailable)
+    ));
+}
+
+/// The `checkout_saga` example's binary, which `cargo test` builds beside redrive's.
+fn checkout(settings: &redrive::Settings, ledger: &std::path::Path, pause: bool) -> Child {
+    let redrive = std::path::Path::new(env!("CARGO_BIN_EXE_redrive"));
+    let example = redrive.parent().unwrap().join("examples/checkout_saga");
+    let mut command = Command::new(&example);
+    command
+        .arg("run")
+        .env(
+            "REDRIVE__DATABASE__URL",
+            settings.database.url.expose_secret(),
+        )
+        .env("REDRIVE__DATABASE__SCHEMA", &settings.database.schema)
+        .env("REDRIVE__WORKER__LEASE", "2s")
+        .env("REDRIVE__WORKER__HEARTBEAT", "500ms")
+        .env("REDRIVE__WORKER__POLL_INTERVAL", "100ms")
+        .env("CHECKOUT_LEDGER", ledger)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if pause {
+        command.env("CHECKOUT_PAUSE_AFTER", "take_payment");
+    }
+    command
+        .spawn()
+        .unwrap_or_else(|e| panic!("{} (built by cargo test): {e}", example.display()))
+}
+
+fn ledger_lines(ledger: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(ledger)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn the_checkout_example_killed_between_steps_repeats_no_side_effect() {
+    let (store, settings) = fresh_store().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger.txt");
+    let tasks: Vec<NewTask> = (0..3)
+        .map(|i| NewTask::new("checkout", format!("{{\"order\": {i}}}")))
+        .collect();
+    store.enqueue_many(&tasks).await.unwrap();
+
+    let mut paused = checkout(&settings, &ledger, true);
+    let paused_marks = ledger.with_extension("paused");
+    eventually(
+        Duration::from_secs(30),
+        "every task paid, checkpointed and paused",
+        || async { ledger_lines(&paused_marks).len() == 3 },
+    )
+    .await;
+    assert_eq!(ledger_lines(&ledger).len(), 6);
+    // Killed between "take_payment" and "publish_event".
+    paused.kill().unwrap();
+    paused.wait().unwrap();
+
+    let mut member = checkout(&settings, &ledger, false);
+    eventually(Duration::from_secs(30), "every task resolved", || async {
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE status = 'resolved'",
+        )
+        .await
+            == 3
+    })
+    .await;
+    member.kill().unwrap();
+    member.wait().unwrap();
+
+    let mut effects: BTreeMap<String, usize> = BTreeMap::new();
+    for line in ledger_lines(&ledger) {
+        *effects.entry(line).or_default() += 1;
+    }
+    assert_eq!(effects.len(), 9, "three steps of three tasks: {effects:?}");
+    assert!(
+        effects.values().all(|&n| n == 1),
+        "a side effect repeated: {effects:?}"
+    );
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE attempts = 2"
+        )
+        .await,
+        3,
+        "each task took the attempt that was killed and the one that finished"
+    );
+}
