@@ -271,6 +271,20 @@ impl Admission {
 
     async fn follow_breakers(&self) -> crate::store::Result<()> {
         let now = Utc::now();
+        let guarded: Vec<String> = (self.limits.iter())
+            .filter(|(_, l)| l.breaker.is_some())
+            .map(|(name, _)| name.clone())
+            .collect();
+        if guarded.is_empty() {
+            return Ok(());
+        }
+        // One read of every breaker this member follows, per tick.
+        let mut stored: std::collections::HashMap<String, Breaker> = (self.store)
+            .breakers(Some(&guarded))
+            .await?
+            .into_iter()
+            .map(|b| (b.handler.clone(), b))
+            .collect();
         for (name, limits) in &self.limits {
             let Some(guard) = &limits.breaker else {
                 continue;
@@ -292,12 +306,7 @@ impl Admission {
                     Some(b) if b.hold_until.is_some_and(|h| h <= now) => {
                         self.store.advance_breaker(name, &guard.settings).await?
                     }
-                    _ => match self
-                        .store
-                        .breakers(Some(std::slice::from_ref(name)))
-                        .await?
-                        .pop()
-                    {
+                    _ => match stored.remove(name) {
                         Some(b) => (b, None),
                         None => continue,
                     },
