@@ -18,6 +18,10 @@
 //! A crash between a side effect and its checkpoint repeats that one step on the next
 //! attempt: make each step idempotent as well (a payment keyed by the task), the
 //! checkpoint saves redoing the steps before it.
+//!
+//! An order whose value holds `"refuse": true` has its event rejected for good after
+//! the payment: the task ends in PERMANENT_FAILURE and the handler's compensation undoes
+//! the steps done, last first (`refund_payment`, then `cancel_order`), once.
 
 use async_trait::async_trait;
 use redrive::{Handler, HandlerContext, HandlerError, Task};
@@ -28,6 +32,9 @@ use std::time::Duration;
 
 /// The steps, in order.
 const STEPS: [&str; 3] = ["save_order", "take_payment", "publish_event"];
+
+/// What undoes each step (publishing is the last step: it is never undone).
+const UNDO: [&str; 3] = ["cancel_order", "refund_payment", "retract_event"];
 
 struct Checkout {
     ledger: PathBuf,
@@ -56,13 +63,11 @@ fn append(path: &std::path::Path, line: &str) -> Result<(), HandlerError> {
 #[async_trait]
 impl Handler for Checkout {
     async fn handle(&self, ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
-        // The last recovery point: how many steps are done.
-        let done = task
-            .checkpoint
-            .as_ref()
-            .and_then(|c| c["steps_done"].as_u64())
-            .unwrap_or(0) as usize;
+        let done = steps_done(task);
         for (n, step) in STEPS.iter().enumerate().skip(done) {
+            if *step == "publish_event" && refused(task) {
+                return Err(HandlerError::permanent("event rejected: order refused"));
+            }
             self.perform(task, step)?;
             // A stale attempt (its lease taken over) is refused here and stops.
             ctx.save_checkpoint(&json!({ "steps_done": n + 1, "last": step }))
@@ -82,6 +87,37 @@ impl Handler for Checkout {
     fn timeout(&self) -> Option<Duration> {
         Some(Duration::from_secs(7200))
     }
+
+    fn compensates(&self) -> bool {
+        true
+    }
+
+    /// Undoes the steps the checkpoint says were done, last first.
+    async fn compensate(&self, _ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
+        let done = steps_done(task);
+        for (step, undo) in STEPS.iter().zip(UNDO).take(done).rev() {
+            self.perform(task, undo)?;
+            tracing::info!(task = %task.id, step, undo, "step undone");
+        }
+        Ok(())
+    }
+}
+
+/// How many steps the last recovery point says are done.
+fn steps_done(task: &Task) -> usize {
+    task.checkpoint
+        .as_ref()
+        .and_then(|c| c["steps_done"].as_u64())
+        .unwrap_or(0) as usize
+}
+
+/// Whether the order asks for its event to be rejected (`"refuse": true`).
+fn refused(task: &Task) -> bool {
+    task.failure
+        .value
+        .as_deref()
+        .and_then(|v| serde_json::from_slice::<serde_json::Value>(v).ok())
+        .is_some_and(|order| order["refuse"] == json!(true))
 }
 
 #[tokio::main]

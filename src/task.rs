@@ -256,6 +256,9 @@ pub struct InlineAttempt {
     pub outcome: String,
     /// What went wrong.
     pub error: Option<String>,
+    /// Whether a permanent failure is to be compensated ([`crate::Handler::compensates`]).
+    #[serde(default)]
+    pub compensate: bool,
 }
 
 impl NewTask {

@@ -258,10 +258,32 @@ async fn show(store: &Store, args: ShowArgs) -> anyhow::Result<()> {
     println!();
     if detail.history.is_empty() {
         println!("no attempt yet");
-        return Ok(());
+    } else {
+        print_history(&detail.history);
     }
-    let rows: Vec<Vec<String>> = detail
-        .history
+    if let Some(compensation) = &detail.compensation {
+        println!();
+        let due = match compensation.finished_at {
+            Some(at) => format!("ended {}", at.format("%Y-%m-%d %H:%M:%S%.3f")),
+            None => format!(
+                "due {}",
+                compensation.due_at.format("%Y-%m-%d %H:%M:%S%.3f")
+            ),
+        };
+        println!(
+            "compensation           {} after {} attempt(s), {due}",
+            compensation.state, compensation.attempts
+        );
+        if !compensation.history.is_empty() {
+            print_history(&compensation.history);
+        }
+    }
+    Ok(())
+}
+
+/// One line per attempt.
+fn print_history(history: &[crate::store::Attempt]) {
+    let rows: Vec<Vec<String>> = history
         .iter()
         .map(|a| {
             vec![
@@ -281,7 +303,6 @@ async fn show(store: &Store, args: ShowArgs) -> anyhow::Result<()> {
         ],
         &rows,
     );
-    Ok(())
 }
 
 /// The selection's filter narrowed to the statuses `action` applies to: what a sample

@@ -94,8 +94,20 @@ async fn call(
     ctx: &HandlerContext,
     task: &Task,
 ) -> Result<(), HandlerError> {
-    let timeout = registered.policy.timeout;
-    let call = tokio::time::timeout(timeout, registered.handler.handle(ctx, task));
+    guarded(
+        registered.policy.timeout,
+        registered.handler.handle(ctx, task),
+    )
+    .await
+}
+
+/// The verdict of `call` (a handler method), under `timeout` and with a panic caught:
+/// both are transient failures.
+pub(crate) async fn guarded(
+    timeout: Duration,
+    call: impl std::future::Future<Output = Result<(), HandlerError>>,
+) -> Result<(), HandlerError> {
+    let call = tokio::time::timeout(timeout, call);
     match AssertUnwindSafe(call).catch_unwind().await {
         Ok(Ok(verdict)) => verdict,
         Ok(Err(_elapsed)) => Err(HandlerError::Transient(format!(

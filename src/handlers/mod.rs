@@ -162,4 +162,23 @@ pub trait Handler: Send + Sync + 'static {
     fn backoff(&self) -> Option<Backoff> {
         None
     }
+
+    /// Whether this handler undoes its work when a task ends in PERMANENT_FAILURE: when
+    /// true, [`Handler::compensate`] runs for each such task.
+    fn compensates(&self) -> bool {
+        false
+    }
+
+    /// Backwards recovery (a saga's compensating step), run once a task of this handler
+    /// has ended in PERMANENT_FAILURE, if [`Handler::compensates`]. The task comes as it
+    /// ended, with its last checkpoint (which steps were done). `Ok` marks it
+    /// compensated; a transient error is retried under the handler's timeout, max
+    /// attempts and backoff, counted apart from the task's attempts; a permanent error
+    /// (or the budget used up) marks the compensation failed. Runs at least once per
+    /// permanent failure, more than once only if a member dies mid-call: make it
+    /// idempotent.
+    async fn compensate(&self, ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
+        let _ = (ctx, task);
+        Ok(())
+    }
 }

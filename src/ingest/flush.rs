@@ -181,6 +181,7 @@ impl Flusher {
             duration_ms: i32::try_from(attempted.duration.as_millis()).unwrap_or(i32::MAX),
             outcome: outcome.to_owned(),
             error: attempted.error,
+            compensate: registered.handler.compensates(),
         });
         Some(task)
     }

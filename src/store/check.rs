@@ -58,7 +58,14 @@ enum Params {
 }
 
 /// The invariants: a name, a query answering `(id, detail)` per violation, its parameters.
-const CHECKS: [(&str, &str, Params); 8] = [
+const CHECKS: [(&str, &str, Params); 9] = [
+    (
+        "compensation_owed_by_unfinished_task",
+        "SELECT c.task_id, 'compensation pending while the task is ' || t.status \
+         FROM recovery_compensation c JOIN recovery_task t ON t.id = c.task_id \
+         WHERE c.state = 'pending' AND t.status NOT IN ('permanent_failure', 'discarded')",
+        Params::None
+    ),
     (
         "failed_without_next_attempt",
         "SELECT id, 'failed, but its next attempt time is ' || next_attempt_at::text \

@@ -72,6 +72,10 @@ FROM unnest($1::bigint[], $2::text[], $3::timestamptz[], $4::int[], $5::text[], 
     AS a(id, worker, started_at, duration_ms, outcome, error)
 "#;
 
+/// The compensations owed by tasks stored as permanent failures by an inline attempt.
+const INLINE_COMPENSATION: &str =
+    "INSERT INTO recovery_compensation (task_id) SELECT unnest($1::bigint[])";
+
 impl Store {
     /// Stores one task. A repeat of an existing task returns it; the same dedup key with
     /// different content is a [`StoreError::Conflict`].
@@ -328,6 +332,17 @@ async fn record_inline_attempts(
         )
         .execute(&mut *conn)
         .await?;
+    let compensated: Vec<i64> = attempts
+        .iter()
+        .filter(|(_, a)| a.compensate && a.outcome == "permanent_failure")
+        .map(|(id, _)| id.0)
+        .collect();
+    if !compensated.is_empty() {
+        sqlx::query(INLINE_COMPENSATION)
+            .bind(compensated)
+            .execute(&mut *conn)
+            .await?;
+    }
     Ok(())
 }
 

@@ -54,6 +54,8 @@ pub struct Finish {
     pub duration: Duration,
     /// The attempt's error, if it failed.
     pub error: Option<String>,
+    /// Whether a permanent failure is to be compensated ([`crate::Handler::compensates`]).
+    pub compensate: bool,
 }
 
 // The join is driven by the input rows, one primary-key probe each. Do not add
@@ -65,8 +67,8 @@ pub struct Finish {
 const FINISH: &str = r#"
 WITH r AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::timestamptz[],
-                         $5::text[], $6::text[], $7::timestamptz[], $8::int[])
-        AS r(id, version, status, next_at, error, outcome, started_at, duration_ms)),
+                         $5::text[], $6::text[], $7::timestamptz[], $8::int[], $10::bool[])
+        AS r(id, version, status, next_at, error, outcome, started_at, duration_ms, compensate)),
 done AS (
     UPDATE recovery_task t
     SET status = r.status,
@@ -82,10 +84,18 @@ done AS (
         updated_at = now()
     FROM r
     WHERE t.id = r.id AND t.lease_version = r.version AND t.lease_owner IS NOT NULL
-    RETURNING t.id, t.attempts, r.version, r.started_at, r.duration_ms, r.outcome, r.error),
+    RETURNING t.id, t.attempts, r.version, r.started_at, r.duration_ms, r.outcome, r.error,
+              r.status, r.compensate),
 history AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
-    SELECT id, version, attempts, $9, started_at, duration_ms, outcome, error FROM done)
+    SELECT id, version, attempts, $9, started_at, duration_ms, outcome, error FROM done),
+compensation AS (
+    INSERT INTO recovery_compensation AS c (task_id)
+    SELECT id FROM done WHERE status = 'permanent_failure' AND compensate
+    -- A task retried by an operator and failed again is compensated again.
+    ON CONFLICT (task_id) DO UPDATE
+    SET state = 'pending', attempts = 0, due_at = now(), last_error = NULL, finished_at = NULL,
+        version = c.version + 1)
 SELECT id, version FROM done
 "#;
 
@@ -157,6 +167,7 @@ impl Store {
                     .collect::<Vec<_>>(),
             )
             .bind(worker)
+            .bind(results.iter().map(|r| r.compensate).collect::<Vec<_>>())
             .fetch_all(&self.pool)
             .await?;
         rows.iter()

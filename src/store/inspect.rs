@@ -242,6 +242,8 @@ pub struct TaskDetail {
     pub headers: Vec<HeaderView>,
     /// The attempt history, oldest first.
     pub history: Vec<super::Attempt>,
+    /// Its compensation, if its handler compensates and it ended in permanent failure.
+    pub compensation: Option<super::CompensationView>,
 }
 
 impl Store {
@@ -251,6 +253,7 @@ impl Store {
             return Ok(None);
         };
         let history = self.attempts(id).await?;
+        let compensation = self.compensation(id).await?;
         let key = task.failure.key.as_deref().map(Readable::new);
         let value = task.failure.value.as_deref().map(Readable::new);
         let headers = task
@@ -274,6 +277,7 @@ impl Store {
             value,
             headers,
             history,
+            compensation,
         }))
     }
 }

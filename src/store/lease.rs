@@ -180,6 +180,8 @@ impl Store {
                 started_at: now,
                 duration: Duration::ZERO,
                 error: Some(row.reason.clone()),
+                // Nothing ran: there is nothing to undo.
+                compensate: false,
             })
             .collect();
         for row in unreadable {

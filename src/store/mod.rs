@@ -6,6 +6,7 @@
 mod audit;
 mod breakers;
 mod check;
+mod compensation;
 mod enqueue;
 mod filter;
 mod finish;
@@ -22,6 +23,7 @@ mod sample;
 pub use audit::{AuditEntry, AuditQuery};
 pub use breakers::BreakerCommand;
 pub use check::{Budgets, CheckReport, Violation};
+pub use compensation::{Compensating, CompensationOutcome, CompensationResult, CompensationView};
 pub use enqueue::{enqueue_many_in, Enqueued};
 pub use filter::{Selection, TaskFilter};
 pub use finish::{Finish, FinishOutcome};

@@ -128,6 +128,13 @@ changed AS (
     FROM target
     WHERE t.id = target.id
     RETURNING t.id, t.lease_version, t.attempts),
+-- A retried or resolved task no longer owes its compensation (a new permanent failure
+-- owes a new one); a discarded one still does.
+cancelled AS (
+    UPDATE recovery_compensation c
+    SET state = 'cancelled', finished_at = now(), version = c.version + 1
+    FROM changed
+    WHERE c.task_id = changed.id AND c.state = 'pending' AND $17 IN ('failed', 'resolved')),
 recorded AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
     SELECT id, lease_version, attempts, $20, now(), 0, 'operator_' || $16, $21 FROM changed),

@@ -68,19 +68,7 @@ impl Store {
         .bind(id.0)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(Attempt {
-                    attempt: r.try_get("attempt")?,
-                    lease_version: r.try_get("lease_version")?,
-                    worker: r.try_get("worker")?,
-                    started_at: r.try_get("started_at")?,
-                    duration_ms: r.try_get("duration_ms")?,
-                    outcome: r.try_get("outcome")?,
-                    error: r.try_get("error")?,
-                })
-            })
-            .collect()
+        attempts_from_rows(&rows)
     }
 
     /// Task counts per status (a full count: for operators and tests, not for scrapes).
@@ -100,4 +88,21 @@ impl Store {
         }
         Ok(counts)
     }
+}
+
+/// History rows (`attempt, lease_version, worker, started_at, duration_ms, outcome, error`).
+pub(crate) fn attempts_from_rows(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<Attempt>> {
+    rows.iter()
+        .map(|r| {
+            Ok(Attempt {
+                attempt: r.try_get("attempt")?,
+                lease_version: r.try_get("lease_version")?,
+                worker: r.try_get("worker")?,
+                started_at: r.try_get("started_at")?,
+                duration_ms: r.try_get("duration_ms")?,
+                outcome: r.try_get("outcome")?,
+                error: r.try_get("error")?,
+            })
+        })
+        .collect()
 }

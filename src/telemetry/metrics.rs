@@ -96,6 +96,8 @@ pub struct Metrics {
     pub breaker_state: IntGaugeVec,
     /// `redrive_breaker_transitions_total{handler,to}`: state changes this member made.
     pub breaker_transitions: IntCounterVec,
+    /// `redrive_compensations_total{handler,outcome}`: compensation attempts written.
+    pub compensations: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -187,6 +189,12 @@ impl Metrics {
                 "redrive_breaker_transitions_total",
                 "Circuit breaker state changes made by this member, by handler and new state",
                 &["handler", "to"],
+            ),
+            compensations: counters(
+                r,
+                "redrive_compensations_total",
+                "Compensation attempts written, by handler and outcome (compensated, retry, failed)",
+                &["handler", "outcome"],
             ),
             claimed: counter(r, "redrive_tasks_claimed_total", "Tasks claimed"),
             attempts: counters(

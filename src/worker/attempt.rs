@@ -29,6 +29,7 @@ pub(crate) async fn run_attempt(
         started_at: attempted.started_at,
         duration: attempted.duration,
         error: attempted.error,
+        compensate: registered.handler.compensates(),
     };
     (finish, attempted.verdict)
 }

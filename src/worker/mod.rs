@@ -4,6 +4,7 @@
 mod admission;
 mod attempt;
 mod claimer;
+mod compensator;
 mod finisher;
 mod inflight;
 mod served;
@@ -24,6 +25,7 @@ use crate::task::TaskId;
 use crate::telemetry::Metrics;
 use admission::Admission;
 use claimer::{Claimer, CLAIM_LOOPS};
+use compensator::Compensator;
 use finisher::Finisher;
 use inflight::InFlight;
 use served::Served;
@@ -185,11 +187,23 @@ impl WorkerPool {
             attempts: TaskTracker::new(),
             interrupt: CancellationToken::new(),
         });
+        let compensator = tokio::spawn(
+            Compensator {
+                store: self.store.clone(),
+                worker_id: self.worker_id.clone(),
+                served: self.served.clone(),
+                metrics: self.metrics.clone(),
+                lease: self.settings.lease,
+                poll_interval: self.settings.poll_interval,
+            }
+            .run(shutdown.clone()),
+        );
         let mut claim_loops = JoinSet::new();
         for _ in 0..CLAIM_LOOPS {
             claim_loops.spawn(claimer.clone().run(shutdown.clone()));
         }
         while claim_loops.join_next().await.is_some() {}
+        let _ = compensator.await;
 
         self.drain_attempts(&claimer).await;
         drop(claimer);

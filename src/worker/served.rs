@@ -37,6 +37,15 @@ impl Served {
         &self.names
     }
 
+    /// The names of the handlers that compensate.
+    pub(crate) fn compensating(&self) -> Vec<String> {
+        self.handlers
+            .iter()
+            .filter(|(_, registered)| registered.handler.compensates())
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// The handler of `task` with the policy of its route. Claims only return tasks of
     /// served handlers.
     pub(crate) fn registered_for(&self, task: &Task) -> Registered {

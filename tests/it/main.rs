@@ -5,6 +5,7 @@ mod admin_api;
 mod breakers;
 mod broker;
 mod cli;
+mod compensation;
 mod config;
 mod guarantees;
 mod http_server;

@@ -579,6 +579,7 @@ impl Case {
                         - chrono::Duration::milliseconds(self.rng.random_range(0..5000)),
                     duration: Duration::from_millis(self.rng.random_range(0..5000)),
                     error,
+                    compensate: false,
                 }
             })
             .collect();

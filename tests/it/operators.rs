@@ -329,6 +329,11 @@ async fn check_finds_each_kind_of_planted_corruption() {
         id(7)
     ))
     .await;
+    plant(format!(
+        "INSERT INTO recovery_compensation (task_id) VALUES ({})",
+        id(5)
+    ))
+    .await;
 
     let report = store.check(&budgets).await.unwrap();
     let found: Vec<(String, i64)> = report
@@ -346,6 +351,7 @@ async fn check_finds_each_kind_of_planted_corruption() {
         ("duplicate_dedup_key", id(6)),
         ("expired_lease_of_live_member", id(7)),
         ("failed_with_finish_time", id(7)),
+        ("compensation_owed_by_unfinished_task", id(5)),
     ] {
         assert!(
             found.contains(&(expected.0.to_owned(), expected.1)),

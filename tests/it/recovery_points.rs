@@ -49,6 +49,7 @@ async fn a_stale_attempts_checkpoint_is_refused_and_the_next_attempt_gets_the_la
         started_at: chrono::Utc::now(),
         duration: Duration::ZERO,
         error: Some("later".into()),
+        compensate: false,
     };
     store.finish("b", &[retry]).await.unwrap();
     let third = store
@@ -153,5 +154,93 @@ async fn the_checkout_example_killed_between_steps_repeats_no_side_effect() {
         .await,
         3,
         "each task took the attempt that was killed and the one that finished"
+    );
+}
+
+/// A refused order fails for good after its payment, with the process killed between
+/// steps first: the compensation undoes exactly the steps done, last first, once, and
+/// `redrive tasks show` tells it.
+#[tokio::test]
+async fn the_checkout_examples_refused_orders_are_compensated_once() {
+    let (store, settings) = fresh_store().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger.txt");
+    let tasks = vec![
+        NewTask::new("checkout", r#"{"order": 1, "refuse": true}"#),
+        NewTask::new("checkout", r#"{"order": 2}"#),
+    ];
+    let ids: Vec<_> = store
+        .enqueue_many(&tasks)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id())
+        .collect();
+
+    let mut paused = checkout(&settings, &ledger, true);
+    let paused_marks = ledger.with_extension("paused");
+    eventually(Duration::from_secs(30), "both tasks paused", || async {
+        ledger_lines(&paused_marks).len() == 2
+    })
+    .await;
+    paused.kill().unwrap();
+    paused.wait().unwrap();
+
+    let mut member = checkout(&settings, &ledger, false);
+    eventually(
+        Duration::from_secs(30),
+        "the refund and cancellation",
+        || async {
+            scalar(
+                &store,
+                "SELECT count(*) FROM recovery_compensation WHERE state = 'compensated'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    member.kill().unwrap();
+    member.wait().unwrap();
+
+    let refused = ids[0].0;
+    let lines: Vec<String> = ledger_lines(&ledger)
+        .into_iter()
+        .filter(|l| l.starts_with(&format!("{refused} ")))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "save_order",
+            "take_payment",
+            "refund_payment",
+            "cancel_order"
+        ]
+        .map(|step| format!("{refused} {step}")),
+        "each step once, undone last first"
+    );
+    assert_eq!(
+        scalar(
+            &store,
+            &format!("SELECT count(*) FROM recovery_task WHERE id = {refused} AND status = 'permanent_failure'")
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_compensation").await,
+        1,
+        "the resolved order owes nothing"
+    );
+
+    let shown = crate::operator_cli::redrive(&settings)
+        .args(["tasks", "show", &refused.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.status.success(), "{text}");
+    assert!(
+        text.contains("compensation           compensated after 1 attempt(s)"),
+        "{text}"
     );
 }

@@ -21,6 +21,7 @@ fn finish(task: &redrive::Task, outcome: FinishOutcome) -> Finish {
         started_at: Utc::now(),
         duration: Duration::from_millis(3),
         error: None,
+        compensate: false,
     }
 }
 

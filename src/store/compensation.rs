@@ -1,0 +1,203 @@
+//! Compensations: owed by tasks of compensating handlers once they end in
+//! PERMANENT_FAILURE (written by the statement that ends them), claimed by members like
+//! tasks, each result fenced by the claim's version and recorded in its own history.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::Row;
+use std::time::Duration;
+
+use super::query::attempts_from_rows;
+use super::row::task_from_row;
+use super::{Attempt, Result, Store};
+use crate::task::{Task, TaskId};
+
+/// A claimed compensation: the task it undoes, and the claim's fencing token.
+#[derive(Debug, Clone)]
+pub struct Compensating {
+    /// The task, as it ended.
+    pub task: Task,
+    /// Fencing token of this claim.
+    pub version: i64,
+    /// Compensation attempt number, 1 for the first.
+    pub attempt: i32,
+}
+
+/// What a compensation attempt decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompensationOutcome {
+    /// Done: the task's work is undone.
+    Compensated,
+    /// Try again at the given time.
+    Retry {
+        /// When the next attempt is due.
+        at: DateTime<Utc>,
+    },
+    /// A permanent error, or no attempts left.
+    Failed,
+}
+
+impl CompensationOutcome {
+    /// The state written to the compensation row.
+    fn state(self) -> &'static str {
+        match self {
+            CompensationOutcome::Compensated => "compensated",
+            CompensationOutcome::Retry { .. } => "pending",
+            CompensationOutcome::Failed => "failed",
+        }
+    }
+
+    /// The outcome as written to the compensation history and in metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            CompensationOutcome::Compensated => "compensated",
+            CompensationOutcome::Retry { .. } => "retry",
+            CompensationOutcome::Failed => "failed",
+        }
+    }
+}
+
+/// A task's compensation as `tasks show` presents it.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct CompensationView {
+    /// `pending`, `compensated`, `failed`, or `cancelled` (an operator retried or
+    /// resolved the task before it ran).
+    pub state: String,
+    /// Attempts made.
+    pub attempts: i32,
+    /// When the next attempt is due (while pending).
+    pub due_at: DateTime<Utc>,
+    /// The last attempt's error.
+    pub last_error: Option<String>,
+    /// When it ended.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Its attempts, oldest first (`lease_version` is the claim's version).
+    pub history: Vec<Attempt>,
+}
+
+// Claims push `due_at` a lease ahead: a member that dies mid-call leaves the row to be
+// claimed again then, under a new version that fences the dead member's result.
+const CLAIM: &str = r#"
+WITH due AS (
+    SELECT c.task_id FROM recovery_compensation c JOIN recovery_task t ON t.id = c.task_id
+    WHERE c.state = 'pending' AND c.due_at <= now() AND t.handler = ANY($1)
+    ORDER BY c.due_at
+    LIMIT $2
+    FOR UPDATE OF c SKIP LOCKED),
+claimed AS (
+    UPDATE recovery_compensation c
+    SET version = c.version + 1, attempts = c.attempts + 1,
+        due_at = now() + $3 * interval '1 millisecond'
+    FROM due WHERE c.task_id = due.task_id
+    RETURNING c.task_id, c.version, c.attempts)
+SELECT t.*, claimed.version AS compensation_version, claimed.attempts AS compensation_attempt
+FROM claimed JOIN recovery_task t ON t.id = claimed.task_id
+"#;
+
+const FINISH: &str = r#"
+WITH done AS (
+    UPDATE recovery_compensation
+    SET state = $3, due_at = coalesce($4, due_at), last_error = $5,
+        finished_at = CASE WHEN $3 = 'pending' THEN NULL ELSE now() END
+    WHERE task_id = $1 AND version = $2 AND state = 'pending'
+    RETURNING task_id, version, attempts)
+INSERT INTO recovery_compensation_attempt
+    (task_id, version, attempt, worker, started_at, duration_ms, outcome, error)
+SELECT task_id, version, attempts, $6, $7, $8, $9, $5 FROM done
+RETURNING task_id
+"#;
+
+/// The result of one compensation attempt, to be written under its claim.
+#[derive(Debug, Clone)]
+pub struct CompensationResult {
+    /// The task.
+    pub task_id: TaskId,
+    /// The claim's fencing token.
+    pub version: i64,
+    /// What happens next.
+    pub outcome: CompensationOutcome,
+    /// When the handler was called.
+    pub started_at: DateTime<Utc>,
+    /// How long it ran.
+    pub duration: Duration,
+    /// The attempt's error, if it failed.
+    pub error: Option<String>,
+}
+
+impl Store {
+    /// Claims up to `limit` due compensations of `handlers` for `lease`.
+    pub async fn claim_compensations(
+        &self,
+        handlers: &[String],
+        limit: i64,
+        lease: Duration,
+    ) -> Result<Vec<Compensating>> {
+        let rows = sqlx::query(CLAIM)
+            .bind(handlers)
+            .bind(limit)
+            .bind(lease.as_millis() as f64)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Compensating {
+                    task: task_from_row(row)?,
+                    version: row.try_get("compensation_version")?,
+                    attempt: row.try_get("compensation_attempt")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Writes a compensation attempt's result; false when its claim is stale (another
+    /// member claimed it since, or an operator cancelled it) and nothing was written.
+    pub async fn finish_compensation(
+        &self,
+        worker: &str,
+        result: &CompensationResult,
+    ) -> Result<bool> {
+        let written = sqlx::query(FINISH)
+            .bind(result.task_id.0)
+            .bind(result.version)
+            .bind(result.outcome.state())
+            .bind(match result.outcome {
+                CompensationOutcome::Retry { at } => Some(at),
+                _ => None,
+            })
+            .bind(result.error.as_deref())
+            .bind(worker)
+            .bind(result.started_at)
+            .bind(i32::try_from(result.duration.as_millis()).unwrap_or(i32::MAX))
+            .bind(result.outcome.label())
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(written.is_some())
+    }
+
+    /// Task `id`'s compensation, if it owes or owed one.
+    pub async fn compensation(&self, id: TaskId) -> Result<Option<CompensationView>> {
+        let Some(row) = sqlx::query("SELECT * FROM recovery_compensation WHERE task_id = $1")
+            .bind(id.0)
+            .fetch_optional(&self.pool)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let history = sqlx::query(
+            "SELECT attempt, version AS lease_version, worker, started_at, duration_ms, \
+                    outcome, error \
+             FROM recovery_compensation_attempt WHERE task_id = $1 ORDER BY version",
+        )
+        .bind(id.0)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(Some(CompensationView {
+            state: row.try_get("state")?,
+            attempts: row.try_get("attempts")?,
+            due_at: row.try_get("due_at")?,
+            last_error: row.try_get("last_error")?,
+            finished_at: row.try_get("finished_at")?,
+            history: attempts_from_rows(&history)?,
+        }))
+    }
+}

@@ -1,0 +1,345 @@
+//! Compensation: a compensating handler's permanent failures are undone once, retried
+//! on their own budget, fenced against stale claims, cancelled by an operator's retry,
+//! recorded in their own history and kept from retention while owed.
+
+use async_trait::async_trait;
+use chrono::Utc;
+use redrive::store::{
+    Action, Budget, CompensationOutcome, CompensationResult, Finish, FinishOutcome, Operator,
+    Selection,
+};
+use redrive::{
+    Backoff, Fleet, Handler, HandlerContext, HandlerError, InlineAttempt, Jitter, NewTask, Status,
+    Store, Task, TaskId,
+};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{eventually, fresh_store, scalar};
+
+/// Fails every task for good; compensates as the task's value says, counting calls.
+struct Undoing {
+    compensations: Arc<Mutex<HashMap<i64, u32>>>,
+}
+
+#[async_trait]
+impl Handler for Undoing {
+    async fn handle(&self, _: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
+        match task.failure.value.as_deref() {
+            Some(b"ok") => Ok(()),
+            _ => Err(HandlerError::permanent("refused")),
+        }
+    }
+
+    fn max_attempts(&self) -> Option<u32> {
+        Some(3)
+    }
+
+    fn backoff(&self) -> Option<Backoff> {
+        Some(Backoff {
+            base: Duration::from_millis(20),
+            factor: 1.0,
+            cap: Duration::from_millis(20),
+            jitter: Jitter::None,
+        })
+    }
+
+    fn compensates(&self) -> bool {
+        true
+    }
+
+    async fn compensate(&self, ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
+        *self
+            .compensations
+            .lock()
+            .unwrap()
+            .entry(task.id.0)
+            .or_default() += 1;
+        match task.failure.value.as_deref() {
+            Some(b"undo-flaky") if ctx.attempt < 2 => {
+                Err(HandlerError::transient("refund api down"))
+            }
+            Some(b"undo-down") => Err(HandlerError::transient("refund api down")),
+            Some(b"undo-refused") => Err(HandlerError::permanent("refund refused")),
+            Some(b"undo-panics") => panic!("compensation bug"),
+            _ => Ok(()),
+        }
+    }
+}
+
+async fn compensation_state(store: &Store, id: TaskId) -> (String, i32, usize) {
+    let view = store
+        .compensation(id)
+        .await
+        .unwrap()
+        .expect("a compensation");
+    (view.state, view.attempts, view.history.len())
+}
+
+#[tokio::test]
+async fn permanent_failures_are_compensated_once_with_their_own_budget() {
+    let (store, mut settings) = fresh_store().await;
+    settings.worker.poll_interval = Duration::from_millis(50);
+    let compensations = Arc::new(Mutex::new(HashMap::new()));
+    let fleet = Fleet::builder(settings.clone())
+        .handler(
+            "h",
+            Undoing {
+                compensations: compensations.clone(),
+            },
+        )
+        .build()
+        .unwrap();
+    let values = [
+        "ok",
+        "undo",
+        "undo-flaky",
+        "undo-down",
+        "undo-refused",
+        "undo-panics",
+    ];
+    let tasks: Vec<NewTask> = values.iter().map(|v| NewTask::new("h", *v)).collect();
+    let ids: Vec<TaskId> = store
+        .enqueue_many(&tasks)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id())
+        .collect();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(fleet.run_with_store(store.clone(), shutdown.clone()));
+    eventually(
+        Duration::from_secs(20),
+        "every compensation ended",
+        || async {
+            scalar(
+                &store,
+                "SELECT count(*) FROM recovery_compensation WHERE state <> 'pending'",
+            )
+            .await
+                == 5
+        },
+    )
+    .await;
+    // Let a wrongly repeated compensation show up.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+
+    assert!(
+        store.compensation(ids[0]).await.unwrap().is_none(),
+        "resolved: nothing owed"
+    );
+    let expected = [
+        ("compensated", 1),
+        ("compensated", 2),
+        ("failed", 3),
+        ("failed", 1),
+        ("failed", 3),
+    ];
+    let calls = compensations.lock().unwrap().clone();
+    for (id, (state, attempts)) in ids[1..].iter().zip(expected) {
+        assert_eq!(
+            compensation_state(&store, *id).await,
+            (state.to_owned(), attempts, attempts as usize),
+            "task {id}"
+        );
+        assert_eq!(calls[&id.0], attempts as u32, "calls of task {id}");
+        let task = store.get(*id).await.unwrap().unwrap();
+        assert_eq!(
+            (task.status, task.attempts),
+            (Status::PermanentFailure, 1),
+            "compensation attempts are not the task's"
+        );
+    }
+    let panicked = store.compensation(ids[5]).await.unwrap().unwrap();
+    assert!(
+        panicked
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("compensation bug"),
+        "{panicked:?}"
+    );
+    assert_eq!(
+        panicked
+            .history
+            .iter()
+            .map(|a| a.outcome.as_str())
+            .collect::<Vec<_>>(),
+        ["retry", "retry", "failed"]
+    );
+}
+
+fn permanent(task: &Task) -> Finish {
+    Finish {
+        lease: task.lease(),
+        outcome: FinishOutcome::PermanentFailure,
+        started_at: Utc::now(),
+        duration: Duration::ZERO,
+        error: Some("refused".into()),
+        compensate: true,
+    }
+}
+
+fn result(id: TaskId, version: i64) -> CompensationResult {
+    CompensationResult {
+        task_id: id,
+        version,
+        outcome: CompensationOutcome::Compensated,
+        started_at: Utc::now(),
+        duration: Duration::ZERO,
+        error: None,
+    }
+}
+
+/// Fails task `id` for good through a claim, owing a compensation.
+async fn fail_for_good(store: &Store, id: TaskId) {
+    let handlers = ["h".to_owned()];
+    let claimed = store
+        .claim(&handlers, 10, "w", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let task = claimed.iter().find(|t| t.id == id).expect("claimed");
+    assert_eq!(
+        store.finish("w", &[permanent(task)]).await.unwrap().len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_stale_claims_result_is_refused_and_an_operators_retry_cancels_what_is_owed() {
+    let (store, _) = fresh_store().await;
+    let handlers = ["h".to_owned()];
+    let id = store.enqueue(&NewTask::new("h", "x")).await.unwrap().id();
+    fail_for_good(&store, id).await;
+
+    // A member claims it and dies: its claim lapses and another member claims it.
+    let first = store
+        .claim_compensations(&handlers, 10, Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 1);
+    assert!(
+        store
+            .claim_compensations(&handlers, 10, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_empty(),
+        "held while claimed"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = store
+        .claim_compensations(&handlers, 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!((second.len(), second[0].attempt), (1, 2));
+    assert!(!store
+        .finish_compensation("dead", &result(id, first[0].version))
+        .await
+        .unwrap());
+    assert!(store
+        .finish_compensation("alive", &result(id, second[0].version))
+        .await
+        .unwrap());
+    assert_eq!(
+        compensation_state(&store, id).await,
+        ("compensated".into(), 2, 1)
+    );
+
+    // An operator's retry cancels a compensation still owed; failing again owes a new one.
+    let again = store.enqueue(&NewTask::new("h", "y")).await.unwrap().id();
+    fail_for_good(&store, again).await;
+    let operator = Operator {
+        actor: "ops".into(),
+        reason: Some("fixed downstream".into()),
+    };
+    let retry = Action::Retry {
+        at: None,
+        budget: Budget::Fresh,
+    };
+    store
+        .act(&operator, &retry, &Selection::Ids(vec![again]))
+        .await
+        .unwrap();
+    assert_eq!(compensation_state(&store, again).await.0, "cancelled");
+    assert!(store
+        .claim_compensations(&handlers, 10, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .is_empty());
+    fail_for_good(&store, again).await;
+    assert_eq!(
+        compensation_state(&store, again).await,
+        ("pending".into(), 0, 0)
+    );
+
+    // A discard leaves it owed: the failure stands.
+    store
+        .act(&operator, &Action::Discard, &Selection::Ids(vec![again]))
+        .await
+        .unwrap();
+    assert_eq!(compensation_state(&store, again).await.0, "pending");
+    let owed = store
+        .claim_compensations(&handlers, 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(owed.len(), 1);
+    assert_eq!(owed[0].task.status, Status::Discarded);
+}
+
+#[tokio::test]
+async fn inline_permanent_failures_owe_compensations_and_retention_keeps_them_while_owed() {
+    let (store, _) = fresh_store().await;
+    let inline = |compensate| NewTask {
+        status: Status::PermanentFailure,
+        attempts: 1,
+        inline_attempt: Some(InlineAttempt {
+            worker: "ingest".into(),
+            started_at: Utc::now(),
+            duration_ms: 1,
+            outcome: "permanent_failure".into(),
+            error: Some("refused".into()),
+            compensate,
+        }),
+        ..NewTask::new("h", "x")
+    };
+    let ids: Vec<TaskId> = store
+        .enqueue_many(&[inline(true), inline(false)])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id())
+        .collect();
+    assert_eq!(compensation_state(&store, ids[0]).await.0, "pending");
+    assert!(store.compensation(ids[1]).await.unwrap().is_none());
+
+    let deleted = store
+        .delete_expired(Status::PermanentFailure, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1, "only the task owing nothing goes");
+    let claimed = store
+        .claim_compensations(&["h".to_owned()], 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(store
+        .finish_compensation("w", &result(ids[0], claimed[0].version))
+        .await
+        .unwrap());
+    assert_eq!(
+        store
+            .delete_expired(Status::PermanentFailure, Duration::ZERO)
+            .await
+            .unwrap(),
+        1
+    );
+    for table in ["recovery_compensation", "recovery_compensation_attempt"] {
+        assert_eq!(
+            scalar(&store, &format!("SELECT count(*) FROM {table}")).await,
+            0
+        );
+    }
+}
