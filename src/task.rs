@@ -241,6 +241,20 @@ pub struct NewTask {
     pub status: Status,
     /// The attempt made before the task was stored (process mode), for the history.
     pub inline_attempt: Option<InlineAttempt>,
+    /// Set by a route with `ordering = "key"` on a message with a key ([`order_key`]):
+    /// the task waits behind the open tasks with the same order key.
+    pub order_key: Option<Vec<u8>>,
+}
+
+/// The order key of a message with `key` ingested by `route` (`ordering = "key"`): a
+/// digest of both, so a key of any size fits the index.
+pub fn order_key(route: &str, key: &[u8]) -> Vec<u8> {
+    use sha2::{Digest, Sha256};
+    let mut digest = Sha256::new();
+    digest.update(route.as_bytes());
+    digest.update([0]);
+    digest.update(key);
+    digest.finalize().to_vec()
 }
 
 /// An attempt made before its task was stored: process mode's inline handler call.
@@ -295,6 +309,7 @@ impl NewTask {
             max_attempts: self.max_attempts,
             attempt_grants: 0,
             next_attempt_at: now,
+            held: false,
             last_error: None,
             lease_owner: None,
             lease_version: 0,
@@ -336,8 +351,11 @@ pub struct Task {
     pub max_attempts: Option<i32>,
     /// Attempts granted by operators on top of the budget (`tasks retry`).
     pub attempt_grants: i32,
-    /// When the next attempt is due; while leased, the lease deadline.
+    /// When the next attempt is due; while leased, the lease deadline; while held, the
+    /// far future.
     pub next_attempt_at: DateTime<Utc>,
+    /// Waiting behind an open task with the same route and key (`ordering = "key"`).
+    pub held: bool,
     /// The last attempt's error.
     pub last_error: Option<String>,
     /// The worker holding the lease, if any.

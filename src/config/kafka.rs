@@ -160,6 +160,35 @@ pub struct RouteSettings {
     pub backoff_factor: Option<f64>,
     /// Overrides the jitter mode.
     pub jitter: Option<Jitter>,
+    /// `none` (the default) or `key`: a failure waits behind the open tasks of its key.
+    #[serde(default)]
+    pub ordering: Ordering,
+}
+
+/// Whether a route keeps the failures of one key in order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum Ordering {
+    /// Tasks are attempted as they come due, whatever their key.
+    #[default]
+    None,
+    /// While a task of a message key is open (not final), later failures with the same
+    /// key wait behind it; messages without a key are never held.
+    Key,
+}
+
+impl TryFrom<String> for Ordering {
+    type Error = String;
+
+    fn try_from(ordering: String) -> Result<Self, Self::Error> {
+        match ordering.as_str() {
+            "none" => Ok(Ordering::None),
+            "key" => Ok(Ordering::Key),
+            other => Err(format!(
+                "unknown ordering {other:?}: expected \"none\" or \"key\""
+            )),
+        }
+    }
 }
 
 /// `[republish]`: the built-in handler that produces a task back to Kafka.
@@ -195,6 +224,7 @@ impl RouteSettings {
             backoff_cap: None,
             backoff_factor: None,
             jitter: None,
+            ordering: Ordering::None,
         }
     }
 

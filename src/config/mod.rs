@@ -27,7 +27,8 @@ pub use crate::kafka::{ASSIGNMENT_STRATEGY, HEARTBEAT_INTERVAL, SESSION_TIMEOUT}
 pub use admin::{AdminSettings, AdminToken, RetentionSettings, Role, MIN_TOKEN_CHARS};
 pub(crate) use kafka::validate_routes;
 pub use kafka::{
-    IngestSettings, KafkaSettings, ParkingSettings, RepublishSettings, RouteMode, RouteSettings,
+    IngestSettings, KafkaSettings, Ordering, ParkingSettings, RepublishSettings, RouteMode,
+    RouteSettings,
 };
 pub use log::{LogFormat, LogSettings};
 pub use resilience::{BreakerSettings, HandlerSettings};

@@ -94,14 +94,20 @@ pub(crate) async fn consume(
     let mut batch = Batch::new(limits);
     let mut flushes: Flushes = VecDeque::new();
     let mut errors = ConsumerErrors::default();
+    // Ordered routes need each batch stored before the next one looks at its keys.
+    let in_flight = if flusher.routes.any_ordered() {
+        1
+    } else {
+        FLUSHES_IN_FLIGHT
+    };
     loop {
-        if batch.is_ready() && flushes.len() < FLUSHES_IN_FLIGHT {
+        if batch.is_ready() && flushes.len() < in_flight {
             flushes.push_back(tokio::spawn(flusher.clone().flush(batch.take())));
         }
         // Lingering matters only when a flush could start once it ends: with every flush
         // slot taken, an expired linger would fire on every turn (a busy loop).
         let linger_until = batch.linger_until;
-        let may_flush = flushes.len() < FLUSHES_IN_FLIGHT;
+        let may_flush = flushes.len() < in_flight;
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
@@ -139,11 +145,15 @@ async fn finish(
     mut batch: Batch,
     mut flushes: Flushes,
 ) {
-    if !batch.messages.is_empty() {
-        flushes.push_back(tokio::spawn(flusher.clone().flush(batch.take())));
-    }
+    // The last batch starts once the others are stored, as ordered routes need.
+    let mut last = (!batch.messages.is_empty()).then(|| batch.take());
     let deadline = tokio::time::Instant::now() + SHUTDOWN_FLUSH_DEADLINE;
-    while let Some(flush) = flushes.pop_front() {
+    loop {
+        if flushes.is_empty() {
+            let Some(last) = last.take() else { return };
+            flushes.push_back(tokio::spawn(flusher.clone().flush(last)));
+        }
+        let flush = flushes.pop_front().expect("one flush at least");
         match tokio::time::timeout_at(deadline, flush).await {
             Ok(Ok(Ok(offsets))) => commit(consumer, offsets, CommitMode::Sync),
             outcome => {

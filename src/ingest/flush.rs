@@ -3,7 +3,7 @@
 
 use futures::stream::{self, StreamExt};
 use rdkafka::message::Message;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -39,6 +39,31 @@ pub enum FlushError {
     /// Two different messages claimed the same coordinates and the same content digest.
     #[error("dedup key {0:?} is taken by a task with other content even with its content digest")]
     DigestCollision(String),
+}
+
+/// A consumed message on its way to becoming a task, with its place in the batch.
+struct Pending {
+    index: usize,
+    message: Consumed,
+    route: Arc<RouteSettings>,
+    task: NewTask,
+}
+
+/// The order keys with an open task.
+enum OpenKeys {
+    /// These.
+    Some(HashSet<Vec<u8>>),
+    /// Unknown (the database did not answer): all of them, to be safe.
+    All,
+}
+
+impl OpenKeys {
+    fn contains(&self, key: &[u8]) -> bool {
+        match self {
+            OpenKeys::Some(keys) => keys.contains(key),
+            OpenKeys::All => true,
+        }
+    }
 }
 
 /// What a flush needs; cheap to clone into a spawned task.
@@ -77,10 +102,13 @@ impl Flusher {
     }
 
     /// Capture-mode messages become tasks; process-mode ones only if their handler
-    /// fails. Inline attempts share the batch's time budget.
+    /// fails. Inline attempts share the batch's time budget. The process-mode messages
+    /// of one order key (`ordering = "key"`) run one after another: after one fails, or
+    /// while the key has an open task, the rest are stored unattempted, to wait their turn.
     async fn to_tasks(&self, messages: Vec<Consumed>) -> Result<Vec<NewTask>, FlushError> {
-        let mut routed = Vec::with_capacity(messages.len());
-        for message in messages {
+        let mut units: Vec<Vec<Pending>> = Vec::new();
+        let mut unit_of_key: HashMap<Vec<u8>, usize> = HashMap::new();
+        for (index, message) in messages.into_iter().enumerate() {
             let m = &message.message;
             let Some(route) = self.routes.route_for(m.topic()) else {
                 return Err(FlushError::Unrouted {
@@ -89,31 +117,100 @@ impl Flusher {
                     offset: m.offset(),
                 });
             };
-            routed.push((message, route.clone()));
+            let route = route.clone();
+            let task = to_task(&message, &route, &self.limits);
+            let ordered_key = match route.mode {
+                RouteMode::Process => task.order_key.clone(),
+                RouteMode::Capture => None,
+            };
+            let pending = Pending {
+                index,
+                message,
+                route,
+                task,
+            };
+            match ordered_key {
+                Some(key) => {
+                    let unit = *unit_of_key.entry(key).or_insert_with(|| {
+                        units.push(Vec::new());
+                        units.len() - 1
+                    });
+                    units[unit].push(pending);
+                }
+                None => units.push(vec![pending]),
+            }
         }
+        let open = self
+            .open_order_keys(unit_of_key.into_keys().collect())
+            .await;
         let deadline = Instant::now() + self.limits.process_budget;
         let concurrency = self.limits.process_concurrency as usize;
-        let outcomes: Vec<Option<NewTask>> = stream::iter(routed)
-            .map(|(message, route)| self.to_task(message, route, deadline))
+        let mut outcomes: Vec<(usize, NewTask)> = stream::iter(units)
+            .map(|unit| self.unit_to_tasks(unit, &open, deadline))
             .buffered(concurrency)
+            .flat_map(stream::iter)
             .collect()
             .await;
-        Ok(outcomes.into_iter().flatten().collect())
+        // Stored in the order consumed: a key's tasks queue by id.
+        outcomes.sort_unstable_by_key(|(index, _)| *index);
+        Ok(outcomes.into_iter().map(|(_, task)| task).collect())
     }
 
-    /// The task of one message: every capture-mode message, a process-mode one only if
-    /// its handler fails.
-    async fn to_task(
-        &self,
-        message: Consumed,
-        route: Arc<RouteSettings>,
-        deadline: Instant,
-    ) -> Option<NewTask> {
-        let task = to_task(&message, &route, &self.limits);
-        match route.mode {
-            RouteMode::Capture => Some(task),
-            RouteMode::Process => self.process(&message, &route, task, deadline).await,
+    /// The order keys among `keys` that have an open task: their messages must not run
+    /// inline. Should the database not answer, every key counts as open (the messages
+    /// are stored, and held only if a task is open indeed).
+    async fn open_order_keys(&self, keys: Vec<Vec<u8>>) -> OpenKeys {
+        if keys.is_empty() {
+            return OpenKeys::Some(HashSet::new());
         }
+        match self.store.open_order_keys(&keys).await {
+            Ok(open) => OpenKeys::Some(open.into_iter().collect()),
+            Err(error) => {
+                tracing::warn!(%error, "could not read the open tasks of ordered keys; \
+                    storing their messages without an inline attempt");
+                OpenKeys::All
+            }
+        }
+    }
+
+    /// The tasks of one unit (one message, or the process-mode messages of one order
+    /// key, in offset order), each with its index in the batch.
+    async fn unit_to_tasks(
+        &self,
+        unit: Vec<Pending>,
+        open: &OpenKeys,
+        deadline: Instant,
+    ) -> Vec<(usize, NewTask)> {
+        let mut waiting = unit
+            .first()
+            .and_then(|p| p.task.order_key.as_ref())
+            .is_some_and(|key| open.contains(key));
+        let mut tasks = Vec::new();
+        for Pending {
+            index,
+            message,
+            route,
+            mut task,
+        } in unit
+        {
+            let stored = match route.mode {
+                RouteMode::Capture => Some(task),
+                RouteMode::Process if waiting => {
+                    task.failure.ingest_note = Some(append_note(
+                        task.failure.ingest_note.take(),
+                        "not attempted inline: an earlier failure of its key is open (ordering = \"key\")",
+                    ));
+                    self.count(&route, "deferred");
+                    Some(task)
+                }
+                RouteMode::Process => self.process(&message, &route, task, deadline).await,
+            };
+            if let Some(task) = stored {
+                waiting |= task.status == Status::Failed;
+                tasks.push((index, task));
+            }
+        }
+        tasks
     }
 
     /// Runs the route's handler on a message (the whole message, even one too large to

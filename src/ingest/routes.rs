@@ -4,7 +4,7 @@ use regex::Regex;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::config::{pattern, RouteSettings};
+use crate::config::{pattern, Ordering, RouteSettings};
 
 /// Routes indexed by exact topic, then by pattern.
 pub(crate) struct RouteTable {
@@ -44,6 +44,11 @@ impl RouteTable {
                 .map(|(_, i)| *i)
         })?;
         Some(&self.routes[index])
+    }
+
+    /// Whether any route keeps its keys in order (`ordering = "key"`).
+    pub(crate) fn any_ordered(&self) -> bool {
+        self.routes.iter().any(|r| r.ordering == Ordering::Key)
     }
 
     /// Every subscription string.

@@ -5,9 +5,9 @@ use rdkafka::message::{BorrowedMessage, Message, OwnedMessage, Timestamp};
 use rdkafka_sys as rdsys;
 
 use super::dlt;
-use crate::config::{IngestSettings, RouteMode, RouteSettings};
+use crate::config::{IngestSettings, Ordering, RouteMode, RouteSettings};
 use crate::headers::Header;
-use crate::task::{Failure, NewTask, SourceCoordinates};
+use crate::task::{order_key, Failure, NewTask, SourceCoordinates};
 
 /// A consumed message, detached from the consumer, with its headers read byte-safely.
 #[derive(Debug, Clone)]
@@ -127,6 +127,10 @@ pub fn to_task(consumed: &Consumed, route: &RouteSettings, limits: &IngestSettin
             value_size: i32::try_from(value_size).ok(),
             ..Failure::default()
         },
+        order_key: match (route.ordering, message.key()) {
+            (Ordering::Key, Some(key)) => Some(order_key(&route.name, key)),
+            _ => None,
+        },
         ..NewTask::default()
     };
     let mut notes: Vec<String> = Vec::new();
@@ -201,6 +205,7 @@ pub fn minimal_form(task: &NewTask, reason: &str) -> NewTask {
         next_attempt_at: task.next_attempt_at,
         status: task.status,
         inline_attempt: task.inline_attempt.clone(),
+        order_key: task.order_key.clone(),
     }
 }
 

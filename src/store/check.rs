@@ -58,7 +58,15 @@ enum Params {
 }
 
 /// The invariants: a name, a query answering `(id, detail)` per violation, its parameters.
-const CHECKS: [(&str, &str, Params); 9] = [
+const CHECKS: [(&str, &str, Params); 10] = [
+    (
+        "held_with_nothing_ahead",
+        "SELECT h.id, 'held, but no unheld open task of its key is ahead of it' \
+         FROM recovery_task h WHERE h.held AND h.status = 'failed' AND NOT EXISTS ( \
+             SELECT 1 FROM recovery_task o WHERE o.order_key = h.order_key \
+                 AND o.status = 'failed' AND NOT o.held)",
+        Params::None
+    ),
     (
         "compensation_owed_by_unfinished_task",
         "SELECT c.task_id, 'compensation pending while the task is ' || t.status \

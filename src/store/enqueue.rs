@@ -35,7 +35,7 @@ INSERT INTO recovery_task (
     msg_key, msg_value, msg_headers, error_class, error_message,
     attempts, max_attempts, next_attempt_at, last_error,
     original_topic, original_partition, original_offset, error_stacktrace,
-    route, ingest_note, value_size, payload_stored, status, finished_at)
+    route, ingest_note, value_size, payload_stored, status, finished_at, order_key)
 SELECT i.dedup_key, i.handler, i.event_type, i.correlation_id,
        i.source_topic, i.source_partition, i.source_offset, i.source_timestamp, i.source_timestamp_type,
        i.msg_key, i.msg_value, i.msg_headers, i.error_class, i.error_message,
@@ -46,19 +46,19 @@ SELECT i.dedup_key, i.handler, i.event_type, i.correlation_id,
        CASE WHEN i.attempts > 0 THEN i.error_message END,
        i.original_topic, i.original_partition, i.original_offset, i.error_stacktrace,
        i.route, i.ingest_note, i.value_size, i.payload_stored, i.status,
-       CASE WHEN i.status <> 'failed' THEN now() END
+       CASE WHEN i.status <> 'failed' THEN now() END, i.order_key
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],
             $5::text[], $6::int[], $7::bigint[], $8::timestamptz[], $9::text[],
             $10::bytea[], $11::bytea[], $12::bytea[], $13::text[], $14::text[],
             $15::int[], $16::int[], $17::timestamptz[],
             $18::text[], $19::int[], $20::bigint[], $21::text[],
-            $22::text[], $23::text[], $24::int[], $25::bool[], $26::text[])
+            $22::text[], $23::text[], $24::int[], $25::bool[], $26::text[], $27::bytea[])
     WITH ORDINALITY AS i(dedup_key, handler, event_type, correlation_id,
             source_topic, source_partition, source_offset, source_timestamp, source_timestamp_type,
             msg_key, msg_value, msg_headers, error_class, error_message,
             attempts, max_attempts, next_attempt_at,
             original_topic, original_partition, original_offset, error_stacktrace,
-            route, ingest_note, value_size, payload_stored, status, ord)
+            route, ingest_note, value_size, payload_stored, status, order_key, ord)
 ORDER BY i.ord
 ON CONFLICT (dedup_key) DO NOTHING
 RETURNING id, dedup_key
@@ -88,6 +88,17 @@ impl Store {
             }),
             other => Ok(other),
         }
+    }
+
+    /// The order keys among `keys` that have an open (unfinished) task.
+    pub async fn open_order_keys(&self, keys: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
+        Ok(sqlx::query_scalar(
+            "SELECT DISTINCT order_key FROM recovery_task \
+             WHERE order_key = ANY($1) AND status = 'failed'",
+        )
+        .bind(keys)
+        .fetch_all(&self.pool)
+        .await?)
     }
 
     /// Stores many tasks in one statement; the result has one entry per input, in order.
@@ -240,6 +251,12 @@ pub async fn enqueue_many_in(conn: &mut PgConnection, tasks: &[NewTask]) -> Resu
                 .collect::<Vec<_>>(),
         )
         .bind(tasks.iter().map(|t| t.status.as_str()).collect::<Vec<_>>())
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.order_key.as_deref())
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(&mut *conn)
         .await?;
 

@@ -46,6 +46,7 @@ pub(crate) fn task_from_row(row: &PgRow) -> Result<Task> {
         max_attempts: row.try_get("max_attempts")?,
         attempt_grants: row.try_get("attempt_grants")?,
         next_attempt_at: row.try_get("next_attempt_at")?,
+        held: row.try_get("held")?,
         last_error: row.try_get("last_error")?,
         lease_owner: row.try_get("lease_owner")?,
         lease_version: row.try_get("lease_version")?,

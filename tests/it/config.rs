@@ -190,6 +190,11 @@ fn invalid_routes_are_refused_with_the_key() {
         "expected \"capture\" or \"process\"",
     );
     assert_refused(
+        route_toml("topics = [\"a\"]\nmode = \"capture\"\nhandler = \"log\"\nordering = \"fifo\""),
+        "routes[0].ordering",
+        "expected \"none\" or \"key\"",
+    );
+    assert_refused(
         route_toml("topics = [\"a\"]\nmode = \"capture\"\nhandler = \"log\"\n[[routes]]\ntopics = [\"a\"]\nmode = \"process\"\nhandler = \"log\""),
         "routes[1].topics",
         "in two routes",

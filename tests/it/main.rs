@@ -15,6 +15,7 @@ mod model;
 mod observability;
 mod operator_cli;
 mod operators;
+mod ordering;
 mod outage;
 mod process;
 mod recovery_points;

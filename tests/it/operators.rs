@@ -334,6 +334,11 @@ async fn check_finds_each_kind_of_planted_corruption() {
         id(5)
     ))
     .await;
+    plant(format!(
+        "UPDATE recovery_task SET order_key = '\\x01', held = true WHERE id = {}",
+        id(6)
+    ))
+    .await;
 
     let report = store.check(&budgets).await.unwrap();
     let found: Vec<(String, i64)> = report
@@ -352,6 +357,7 @@ async fn check_finds_each_kind_of_planted_corruption() {
         ("expired_lease_of_live_member", id(7)),
         ("failed_with_finish_time", id(7)),
         ("compensation_owed_by_unfinished_task", id(5)),
+        ("held_with_nothing_ahead", id(6)),
     ] {
         assert!(
             found.contains(&(expected.0.to_owned(), expected.1)),
