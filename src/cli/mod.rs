@@ -17,12 +17,14 @@ use crate::store::{Enqueued, Store};
 use crate::task::{Failure, NewTask, TaskId};
 use crate::telemetry;
 
+mod brake;
 mod breakers;
 mod replays;
 mod selection;
 mod table;
 mod tasks;
 
+pub use brake::BrakeCommand;
 pub use breakers::BreakersCommand;
 pub use replays::{AuditArgs, ReplayArgs, ReplaysCommand};
 pub use selection::{FilterArgs, SelectionArgs};
@@ -58,6 +60,9 @@ pub enum Command {
     /// Circuit breakers: list them, force one open or closed, release it.
     #[command(subcommand)]
     Breakers(BreakersCommand),
+    /// Bad-deploy brakes of process-mode routes: list them, release one.
+    #[command(subcommand)]
+    Brake(BrakeCommand),
     /// The audit log of operator actions, newest first.
     Audit(AuditArgs),
     /// Measure throughput: the queue (enqueue, drain), or `ingest` (Kafka to PostgreSQL).
@@ -73,9 +78,11 @@ impl Command {
     /// logs stay at warnings.
     fn prints_its_own_output(&self) -> bool {
         match self {
-            Command::Tasks(_) | Command::Replays(_) | Command::Breakers(_) | Command::Audit(_) => {
-                true
-            }
+            Command::Tasks(_)
+            | Command::Replays(_)
+            | Command::Breakers(_)
+            | Command::Brake(_)
+            | Command::Audit(_) => true,
             #[cfg(feature = "bench")]
             Command::Bench(_) => true,
             #[cfg(feature = "demo")]
@@ -205,6 +212,10 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
         Command::Breakers(command) => {
             let store = operator_store(&settings).await?;
             breakers::run(command, &settings, &store).await?;
+        }
+        Command::Brake(command) => {
+            let store = operator_store(&settings).await?;
+            brake::run(command, &settings, &store).await?;
         }
         Command::Audit(args) => {
             let store = operator_store(&settings).await?;

@@ -6,7 +6,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::checks::{at_most, attempts, within, ONE_DAY, ONE_YEAR};
-use super::{duration, optional_duration, ConfigError};
+use super::{duration, optional_duration, BrakeSettings, ConfigError};
 use crate::backoff::Jitter;
 
 /// `[kafka]`: the cluster every client of this process talks to. Its `Debug` output shows
@@ -163,6 +163,8 @@ pub struct RouteSettings {
     /// `none` (the default) or `key`: a failure waits behind the open tasks of its key.
     #[serde(default)]
     pub ordering: Ordering,
+    /// Process mode only: pause the route when most messages fail inline (a bad deploy).
+    pub brake: Option<BrakeSettings>,
 }
 
 /// Whether a route keeps the failures of one key in order.
@@ -225,6 +227,7 @@ impl RouteSettings {
             backoff_factor: None,
             jitter: None,
             ordering: Ordering::None,
+            brake: None,
         }
     }
 
@@ -315,6 +318,15 @@ pub(crate) fn validate_routes(
             ));
         }
         route.check_policy(&key)?;
+        if let Some(brake) = &route.brake {
+            if route.mode != RouteMode::Process {
+                return Err(ConfigError::new(
+                    key("brake"),
+                    "only a process-mode route has a brake (capture mode runs no handler inline)",
+                ));
+            }
+            brake.validate(&key)?;
+        }
         if let Some(handlers) = handlers {
             if !handlers.contains(&route.handler) {
                 return Err(ConfigError::new(

@@ -13,6 +13,7 @@ use crate::backoff::{Backoff, Jitter};
 use checks::{at_most, attempts, within, ONE_DAY, ONE_HOUR, ONE_MINUTE, ONE_YEAR};
 
 mod admin;
+mod brake;
 mod checks;
 mod env;
 mod kafka;
@@ -25,6 +26,7 @@ mod webhook;
 /// Consumer group defaults used unless `kafka.properties` sets them.
 pub use crate::kafka::{ASSIGNMENT_STRATEGY, HEARTBEAT_INTERVAL, SESSION_TIMEOUT};
 pub use admin::{AdminSettings, AdminToken, RetentionSettings, Role, MIN_TOKEN_CHARS};
+pub use brake::BrakeSettings;
 pub(crate) use kafka::validate_routes;
 pub use kafka::{
     IngestSettings, KafkaSettings, Ordering, ParkingSettings, RepublishSettings, RouteMode,

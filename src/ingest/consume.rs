@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::brake::{Paused, FOLLOW_EVERY};
 use super::context::IngestContext;
 use super::flush::{FlushError, Flusher, Offsets};
 use super::{IngestError, IngestProgress};
@@ -100,6 +101,10 @@ pub(crate) async fn consume(
     } else {
         FLUSHES_IN_FLIGHT
     };
+    let brakes = flusher.brakes.clone();
+    let mut paused = Paused::default();
+    let mut follow = tokio::time::interval(FOLLOW_EVERY);
+    follow.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         if batch.is_ready() && flushes.len() < in_flight {
             flushes.push_back(tokio::spawn(flusher.clone().flush(batch.take())));
@@ -123,6 +128,14 @@ pub(crate) async fn consume(
                 }
             }
             _ = sleep_until(linger_until), if may_flush && !batch.messages.is_empty() => {}
+            // Brakes: pause or resume at once on a change, and re-pause partitions
+            // assigned since (they start unpaused).
+            _ = brakes.changed.notified(), if brakes.any() => {
+                paused.apply(consumer, &flusher.routes, &brakes.engaged());
+            }
+            _ = follow.tick(), if brakes.any() => {
+                paused.apply(consumer, &flusher.routes, &brakes.engaged());
+            }
             received = consumer.recv(), if !batch.is_full() => match received {
                 Ok(message) => {
                     progress.first_consumed.get_or_init(Instant::now);

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::brake::Brakes;
 use super::routes::RouteTable;
 use crate::config::{IngestSettings, RouteMode, RouteSettings};
 use crate::finals::Finals;
@@ -70,6 +71,7 @@ impl OpenKeys {
 #[derive(Clone)]
 pub(crate) struct Flusher {
     pub(crate) store: Store,
+    pub(crate) brakes: Arc<Brakes>,
     pub(crate) routes: Arc<RouteTable>,
     pub(crate) handlers: Arc<BTreeMap<String, Registered>>,
     pub(crate) limits: IngestSettings,
@@ -260,6 +262,7 @@ impl Flusher {
         let outcome = match attempted.outcome {
             FinishOutcome::Resolved => {
                 self.count(route, "processed");
+                self.brakes.record(&route.name, false).await;
                 return None;
             }
             FinishOutcome::Retry { at } => {
@@ -271,6 +274,7 @@ impl Flusher {
                 "permanent_failure"
             }
         };
+        self.brakes.record(&route.name, true).await;
         task.failure.error_message = attempted.error.clone();
         task.inline_attempt = Some(InlineAttempt {
             worker: self.worker_id.clone(),
@@ -444,8 +448,11 @@ mod tests {
         let mut route = RouteSettings::new(&[], RouteMode::Capture, "log");
         route.name = "orders".into();
         route.pattern = Some("orders".into());
+        let store = Store::unreachable_for_test();
+        let brakes = Brakes::new(store.clone(), Metrics::new(), "test".into(), &[]);
         let flusher = Flusher {
-            store: Store::unreachable_for_test(),
+            store,
+            brakes: Arc::new(brakes),
             routes: Arc::new(RouteTable::new(vec![route])),
             handlers: Arc::default(),
             limits: IngestSettings::default(),

@@ -2,6 +2,7 @@
 //! tasks. An offset is committed only after the rows recording its messages are
 //! committed; redelivered messages find their task by source coordinates.
 
+mod brake;
 mod consume;
 mod context;
 mod flush;
@@ -21,6 +22,7 @@ use crate::handlers::Registered;
 use crate::kafka::{consumer_config, redact_error};
 use crate::store::Store;
 use crate::telemetry::Metrics;
+use brake::Brakes;
 use context::IngestContext;
 use flush::Flusher;
 use routes::RouteTable;
@@ -65,9 +67,11 @@ impl Ingest {
         metrics: Metrics,
         worker_id: String,
     ) -> Ingest {
+        let brakes = Brakes::new(store.clone(), metrics.clone(), worker_id.clone(), &routes);
         Ingest {
             flusher: Flusher {
                 store,
+                brakes: Arc::new(brakes),
                 routes: Arc::new(RouteTable::new(routes)),
                 handlers,
                 limits: limits.clone(),
@@ -102,6 +106,12 @@ impl Ingest {
         let topics: Vec<&str> = subscriptions.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
         tracing::info!(?topics, group = %self.kafka.group_id, "ingest started");
+        let brakes = self.flusher.brakes.clone();
+        let stop_following = CancellationToken::new();
+        let following = brakes.any().then(|| {
+            let stop = stop_following.clone();
+            tokio::spawn(async move { brakes.follow(stop).await })
+        });
         let outcome = consume::consume(
             &consumer,
             &self.flusher,
@@ -110,6 +120,10 @@ impl Ingest {
             &shutdown,
         )
         .await;
+        stop_following.cancel();
+        if let Some(following) = following {
+            let _ = following.await;
+        }
         consumer.unsubscribe();
         match &outcome {
             Ok(()) => tracing::info!("ingest stopped"),

@@ -4,6 +4,7 @@
 //! fencing token is stale changes nothing, and the caller learns which ids it did change.
 
 mod audit;
+mod brakes;
 mod breakers;
 mod check;
 mod compensation;
@@ -21,6 +22,7 @@ mod row;
 mod sample;
 
 pub use audit::{AuditEntry, AuditQuery};
+pub use brakes::Brake;
 pub use breakers::BreakerCommand;
 pub use check::{Budgets, CheckReport, Violation};
 pub use compensation::{Compensating, CompensationOutcome, CompensationResult, CompensationView};
@@ -79,6 +81,9 @@ pub enum StoreError {
     /// A replay job is unknown or not in a state for what was asked.
     #[error(transparent)]
     Replay(#[from] ReplayRowError),
+    /// A brake that is not engaged cannot be released.
+    #[error("the brake of route {0:?} is not engaged")]
+    NotEngaged(String),
     /// A stored row could not be read back.
     #[error("task row is malformed: {0}")]
     MalformedRow(String),

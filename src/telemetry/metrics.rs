@@ -98,6 +98,10 @@ pub struct Metrics {
     pub breaker_transitions: IntCounterVec,
     /// `redrive_compensations_total{handler,outcome}`: compensation attempts written.
     pub compensations: IntCounterVec,
+    /// `redrive_brake_engaged{route}`: 1 while this member keeps the route paused.
+    pub brake_engaged: IntGaugeVec,
+    /// `redrive_brake_trips_total{route}`: brakes this member engaged.
+    pub brake_trips: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -189,6 +193,18 @@ impl Metrics {
                 "redrive_breaker_transitions_total",
                 "Circuit breaker state changes made by this member, by handler and new state",
                 &["handler", "to"],
+            ),
+            brake_engaged: gauges(
+                r,
+                "redrive_brake_engaged",
+                "1 while a process-mode route is paused by its bad-deploy brake on this member",
+                &["route"],
+            ),
+            brake_trips: counters(
+                r,
+                "redrive_brake_trips_total",
+                "Bad-deploy brakes engaged by this member, by route",
+                &["route"],
             ),
             compensations: counters(
                 r,

@@ -190,6 +190,38 @@ fn invalid_routes_are_refused_with_the_key() {
         "expected \"capture\" or \"process\"",
     );
     assert_refused(
+        route_toml("topics = [\"a\"]\nmode = \"capture\"\nhandler = \"log\"\nbrake = {}"),
+        "routes[0].brake",
+        "only a process-mode route has a brake",
+    );
+    for (brake, key, reason) in [
+        (
+            "failure_ratio = 0",
+            "routes[0].brake.failure_ratio",
+            "above 0",
+        ),
+        (
+            "failure_ratio = 1.5",
+            "routes[0].brake.failure_ratio",
+            "at most 1",
+        ),
+        (
+            "min_messages = 0",
+            "routes[0].brake.min_messages",
+            "at least 1",
+        ),
+        ("cool_down = \"0s\"", "routes[0].brake.cool_down", ""),
+        ("window = \"2days\"", "routes[0].brake.window", ""),
+    ] {
+        assert_refused(
+            route_toml(&format!(
+                "topics = [\"a\"]\nmode = \"process\"\nhandler = \"log\"\nbrake = {{ {brake} }}"
+            )),
+            key,
+            reason,
+        );
+    }
+    assert_refused(
         route_toml("topics = [\"a\"]\nmode = \"capture\"\nhandler = \"log\"\nordering = \"fifo\""),
         "routes[0].ordering",
         "expected \"none\" or \"key\"",

@@ -2,6 +2,7 @@
 //! Kafka cluster.
 
 mod admin_api;
+mod brake;
 mod breakers;
 mod broker;
 mod cli;

@@ -1,0 +1,346 @@
+//! The bad-deploy brake of process-mode routes. Each member counts its inline outcomes
+//! per route in a sliding window; when the failure share passes the route's threshold
+//! it engages the fleet's brake in PostgreSQL, and every member (following the table
+//! every second) pauses the route's partitions until the cool-down ends or an operator
+//! releases it. Paused partitions fetch nothing and commit nothing past what is stored,
+//! so resuming loses and repeats nothing.
+
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::TopicPartitionList;
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::context::IngestContext;
+use super::routes::RouteTable;
+use crate::config::{BrakeSettings, RouteSettings};
+use crate::store::Store;
+use crate::telemetry::Metrics;
+
+/// How often members read the fleet's brakes (and re-pause newly assigned partitions).
+pub(crate) const FOLLOW_EVERY: Duration = Duration::from_secs(1);
+
+/// Buckets per window: the window slides by a tenth of its length.
+const BUCKETS: u32 = 10;
+
+/// Inline outcomes over the last `span`, in buckets.
+#[derive(Debug)]
+pub(crate) struct SlidingWindow {
+    span: Duration,
+    buckets: VecDeque<Bucket>,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    start: Instant,
+    succeeded: u32,
+    failed: u32,
+}
+
+impl SlidingWindow {
+    pub(crate) fn new(span: Duration) -> SlidingWindow {
+        SlidingWindow {
+            span,
+            buckets: VecDeque::new(),
+        }
+    }
+
+    /// Counts one outcome at `now`.
+    pub(crate) fn record(&mut self, now: Instant, failed: bool) {
+        self.expire(now);
+        let width = self.span / BUCKETS;
+        let current = match self.buckets.back_mut() {
+            Some(bucket) if now.saturating_duration_since(bucket.start) < width => bucket,
+            _ => {
+                self.buckets.push_back(Bucket {
+                    start: now,
+                    succeeded: 0,
+                    failed: 0,
+                });
+                self.buckets.back_mut().expect("just pushed")
+            }
+        };
+        if failed {
+            current.failed += 1;
+        } else {
+            current.succeeded += 1;
+        }
+    }
+
+    /// `(failed, total)` within the window ending at `now`.
+    pub(crate) fn counts(&mut self, now: Instant) -> (u32, u32) {
+        self.expire(now);
+        self.buckets.iter().fold((0, 0), |(failed, total), b| {
+            (failed + b.failed, total + b.failed + b.succeeded)
+        })
+    }
+
+    /// Forgets everything (after a trip, and when the route resumes).
+    pub(crate) fn clear(&mut self) {
+        self.buckets.clear();
+    }
+
+    fn expire(&mut self, now: Instant) {
+        while self
+            .buckets
+            .front()
+            .is_some_and(|b| now.saturating_duration_since(b.start) >= self.span)
+        {
+            self.buckets.pop_front();
+        }
+    }
+}
+
+/// Whether `(failed, total)` passes `settings`' threshold.
+fn passes(settings: &BrakeSettings, failed: u32, total: u32) -> bool {
+    total >= settings.min_messages && f64::from(failed) >= settings.failure_ratio * f64::from(total)
+}
+
+/// The brakes of this member's process-mode routes.
+pub(crate) struct Brakes {
+    store: Store,
+    metrics: Metrics,
+    member: String,
+    routes: BTreeMap<String, (BrakeSettings, Mutex<SlidingWindow>)>,
+    /// Routes paused now, as last read from the fleet's table or engaged here.
+    engaged: Mutex<BTreeSet<String>>,
+    /// Poked when `engaged` changes: the consume loop pauses or resumes at once.
+    pub(crate) changed: Notify,
+}
+
+impl Brakes {
+    /// The brakes of the `routes` that have one.
+    pub(crate) fn new(
+        store: Store,
+        metrics: Metrics,
+        member: String,
+        routes: &[RouteSettings],
+    ) -> Brakes {
+        let routes = routes
+            .iter()
+            .filter_map(|r| {
+                let settings = r.brake.clone()?;
+                let window = Mutex::new(SlidingWindow::new(settings.window));
+                Some((r.name.clone(), (settings, window)))
+            })
+            .collect();
+        Brakes {
+            store,
+            metrics,
+            member,
+            routes,
+            engaged: Mutex::default(),
+            changed: Notify::new(),
+        }
+    }
+
+    /// Whether any route has a brake.
+    pub(crate) fn any(&self) -> bool {
+        !self.routes.is_empty()
+    }
+
+    /// Counts one inline outcome of `route`; engages its brake when the window passes
+    /// the threshold.
+    pub(crate) async fn record(&self, route: &str, failed: bool) {
+        let Some((settings, window)) = self.routes.get(route) else {
+            return;
+        };
+        let (failures, total) = {
+            let mut window = window.lock().expect("brake window");
+            window.record(Instant::now(), failed);
+            window.counts(Instant::now())
+        };
+        if !passes(settings, failures, total) || !self.engage_locally(route) {
+            return;
+        }
+        window.lock().expect("brake window").clear();
+        let reason = format!(
+            "{failures} of the last {total} messages failed inline within {}",
+            humantime::format_duration(settings.window)
+        );
+        match self
+            .store
+            .engage_brake(route, settings.cool_down, &self.member, &reason)
+            .await
+        {
+            Ok(true) => {
+                self.metrics.brake_trips.with_label_values(&[route]).inc();
+                tracing::warn!(route, %reason, cool_down = %humantime::format_duration(settings.cool_down),
+                    "brake engaged: the route stops consuming on every member until the cool-down \
+                     ends or `redrive brake release` (a bad deploy?)");
+            }
+            Ok(false) => {}
+            Err(error) => tracing::warn!(route, %error, %reason,
+                "brake tripped but could not be recorded; this member pauses the route until it can read the brakes again"),
+        }
+    }
+
+    /// Marks `route` paused here; false if it already was.
+    fn engage_locally(&self, route: &str) -> bool {
+        let inserted = self
+            .engaged
+            .lock()
+            .expect("engaged routes")
+            .insert(route.to_owned());
+        if inserted {
+            self.metrics
+                .brake_engaged
+                .with_label_values(&[route])
+                .set(1);
+            self.changed.notify_one();
+        }
+        inserted
+    }
+
+    /// The routes paused now.
+    pub(crate) fn engaged(&self) -> BTreeSet<String> {
+        self.engaged.lock().expect("engaged routes").clone()
+    }
+
+    /// Reads the fleet's brakes every [`FOLLOW_EVERY`] until `stop`. A read that fails
+    /// leaves the routes as they are.
+    pub(crate) async fn follow(&self, stop: CancellationToken) {
+        for route in self.routes.keys() {
+            self.metrics
+                .brake_engaged
+                .with_label_values(&[route])
+                .set(0);
+        }
+        loop {
+            match self.store.engaged_routes().await {
+                Ok(engaged) => self.update(engaged.into_iter().collect()),
+                Err(error) => tracing::debug!(%error, "could not read the brakes"),
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(FOLLOW_EVERY) => {}
+            }
+        }
+    }
+
+    /// Takes the fleet's engaged routes (of those with a brake here) as the truth.
+    fn update(&self, fleet: HashSet<String>) {
+        let now: BTreeSet<String> = self
+            .routes
+            .keys()
+            .filter(|r| fleet.contains(*r))
+            .cloned()
+            .collect();
+        let before = std::mem::replace(
+            &mut *self.engaged.lock().expect("engaged routes"),
+            now.clone(),
+        );
+        if before == now {
+            return;
+        }
+        for route in now.difference(&before) {
+            self.metrics
+                .brake_engaged
+                .with_label_values(&[route])
+                .set(1);
+            tracing::info!(route, "brake engaged by the fleet: pausing the route");
+        }
+        for route in before.difference(&now) {
+            if let Some((_, window)) = self.routes.get(route) {
+                window.lock().expect("brake window").clear();
+            }
+            self.metrics
+                .brake_engaged
+                .with_label_values(&[route])
+                .set(0);
+            tracing::info!(route, "brake released: the route resumes consuming");
+        }
+        self.changed.notify_one();
+    }
+}
+
+/// The partitions this member left paused, to resume when their route's brake lets go.
+#[derive(Default)]
+pub(crate) struct Paused(HashSet<(String, i32)>);
+
+impl Paused {
+    /// Pauses the assigned partitions of engaged routes and resumes the others it
+    /// paused. Run on every change and every [`FOLLOW_EVERY`] (newly assigned partitions
+    /// start unpaused).
+    pub(crate) fn apply(
+        &mut self,
+        consumer: &StreamConsumer<IngestContext>,
+        routes: &RouteTable,
+        engaged: &BTreeSet<String>,
+    ) {
+        let Ok(assignment) = consumer.assignment() else {
+            return;
+        };
+        let mut pause = TopicPartitionList::new();
+        let mut resume = TopicPartitionList::new();
+        let mut now_paused = HashSet::new();
+        for element in assignment.elements() {
+            let (topic, partition) = (element.topic(), element.partition());
+            let braked = routes
+                .route_for(topic)
+                .is_some_and(|r| engaged.contains(&r.name));
+            if braked {
+                pause.add_partition(topic, partition);
+                now_paused.insert((topic.to_owned(), partition));
+            } else if self.0.contains(&(topic.to_owned(), partition)) {
+                resume.add_partition(topic, partition);
+            }
+        }
+        if pause.count() > 0 {
+            if let Err(error) = consumer.pause(&pause) {
+                tracing::warn!(%error, "could not pause a braked route's partitions");
+            }
+        }
+        if resume.count() > 0 {
+            if let Err(error) = consumer.resume(&resume) {
+                tracing::warn!(%error, "could not resume a released route's partitions");
+                return;
+            }
+        }
+        self.0 = now_paused;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_slides_and_forgets_old_outcomes() {
+        let start = Instant::now();
+        let second = Duration::from_secs(1);
+        let mut window = SlidingWindow::new(Duration::from_secs(10));
+        for i in 0..10 {
+            window.record(start + second * i, i % 2 == 0);
+        }
+        assert_eq!(window.counts(start + second * 9), (5, 10));
+        // Ten seconds after the first outcome it has left the window.
+        assert_eq!(window.counts(start + second * 10), (4, 9));
+        assert_eq!(window.counts(start + second * 19), (0, 0));
+        window.record(start + second * 20, true);
+        assert_eq!(window.counts(start + second * 20), (1, 1));
+        window.clear();
+        assert_eq!(window.counts(start + second * 20), (0, 0));
+    }
+
+    #[test]
+    fn the_threshold_needs_enough_messages_and_a_large_enough_share() {
+        let settings = BrakeSettings {
+            failure_ratio: 0.5,
+            min_messages: 10,
+            ..BrakeSettings::default()
+        };
+        assert!(!passes(&settings, 9, 9), "too few messages");
+        assert!(passes(&settings, 5, 10));
+        assert!(!passes(&settings, 4, 10));
+        let all = BrakeSettings {
+            failure_ratio: 1.0,
+            min_messages: 1,
+            ..BrakeSettings::default()
+        };
+        assert!(passes(&all, 1, 1));
+        assert!(!passes(&all, 99, 100));
+    }
+}

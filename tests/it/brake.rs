@@ -1,0 +1,225 @@
+//! The bad-deploy brake of process-mode routes: when most messages fail inline, the
+//! route stops consuming instead of turning its topic into tasks; it resumes after the
+//! cool-down or when an operator releases it (audited), losing and repeating nothing.
+
+use async_trait::async_trait;
+use redrive::config::{BrakeSettings, RouteMode};
+use redrive::{Fleet, Handler, HandlerContext, HandlerError, Settings, Store, Task};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::broker::{cluster, committed, produce, producer, route, use_cluster, Sample};
+use crate::ingest::Running;
+use crate::support::{eventually, fresh_store, scalar};
+
+/// A handler whose deploy is broken (every call fails) until fixed.
+struct Deploy {
+    broken: Arc<AtomicBool>,
+}
+
+#[async_trait]
+impl Handler for Deploy {
+    async fn handle(&self, _: &HandlerContext, _: &Task) -> Result<(), HandlerError> {
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(HandlerError::transient("NullPointerException in v2.3.1"));
+        }
+        Ok(())
+    }
+}
+
+const MESSAGES: i64 = 300;
+const BATCH: u32 = 10;
+
+/// A process-mode route on "payments" (2 partitions) with `brake`, `MESSAGES` produced.
+async fn braked_route(brake: BrakeSettings) -> (Broker, Store, Settings, String) {
+    let broker = cluster(&[("payments", 2)]);
+    let (store, mut settings) = fresh_store().await;
+    let bootstrap = broker.bootstrap_servers();
+    let mut payments = route(&["payments"], RouteMode::Process, "deploy");
+    payments.brake = Some(brake);
+    use_cluster(&mut settings, &bootstrap, vec![payments]);
+    settings.ingest.batch_size = BATCH;
+    // The stored failures stay as they are: this is about ingest.
+    settings.worker.enabled = false;
+    let producer = producer(&bootstrap);
+    for i in 0..MESSAGES {
+        produce(
+            &producer,
+            "payments",
+            &Sample {
+                key: Some(format!("k{i}").into()),
+                value: Some(format!("payment {i}").into()),
+                ..Sample::default()
+            },
+        )
+        .await;
+    }
+    (broker, store, settings, bootstrap)
+}
+
+type Broker = rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>;
+
+fn start(
+    settings: &Settings,
+    store: &Store,
+    broken: &Arc<AtomicBool>,
+) -> (Running, redrive::telemetry::Metrics) {
+    let fleet = Fleet::builder(settings.clone())
+        .handler(
+            "deploy",
+            Deploy {
+                broken: broken.clone(),
+            },
+        )
+        .build()
+        .unwrap();
+    let metrics = fleet.metrics().clone();
+    (Running::start(fleet, store), metrics)
+}
+
+async fn committed_total(bootstrap: &str, group: &str) -> i64 {
+    let (bootstrap, group) = (bootstrap.to_owned(), group.to_owned());
+    tokio::task::spawn_blocking(move || committed(&bootstrap, &group, "payments", 2))
+        .await
+        .unwrap()
+        .iter()
+        .map(|&o| o.max(0))
+        .sum()
+}
+
+async fn tasks(store: &Store) -> i64 {
+    scalar(store, "SELECT count(*) FROM recovery_task").await
+}
+
+/// Most failures an engaged brake lets through: the window's messages, the batches
+/// being stored when it engaged, and the one being filled.
+const LET_THROUGH: i64 = 20 + 5 * BATCH as i64;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_deploy_pauses_the_route_until_an_operator_releases_it() {
+    let (_broker, store, settings, bootstrap) = braked_route(BrakeSettings {
+        failure_ratio: 0.8,
+        window: Duration::from_secs(60),
+        min_messages: 20,
+        cool_down: Duration::from_secs(3600),
+    })
+    .await;
+    let broken = Arc::new(AtomicBool::new(true));
+    let (running, metrics) = start(&settings, &store, &broken);
+    eventually(Duration::from_secs(30), "the brake engaged", || async {
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_brake WHERE engaged_until > now()",
+        )
+        .await
+            == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stored = tasks(&store).await;
+    assert!(
+        (20..=LET_THROUGH).contains(&stored),
+        "{stored} failures stored of {MESSAGES}: the brake let too many through"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        tasks(&store).await,
+        stored,
+        "nothing consumed while engaged"
+    );
+    let group = settings.kafka.group_id.clone();
+    assert!(committed_total(&bootstrap, &group).await < MESSAGES);
+    assert_eq!(
+        metrics.brake_engaged.with_label_values(&["payments"]).get(),
+        1
+    );
+    assert_eq!(
+        metrics.brake_trips.with_label_values(&["payments"]).get(),
+        1
+    );
+
+    // The deploy is rolled back; an operator releases the brake.
+    broken.store(false, Ordering::SeqCst);
+    let released = crate::operator_cli::redrive(&settings)
+        .args([
+            "brake",
+            "release",
+            "payments",
+            "--reason",
+            "rolled back v2.3.1",
+        ])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&released.stdout);
+    assert!(
+        released.status.success(),
+        "{out} {}",
+        String::from_utf8_lossy(&released.stderr)
+    );
+    assert!(out.contains("brake of payments released"), "{out}");
+    eventually(
+        Duration::from_secs(30),
+        "every offset committed",
+        || async { committed_total(&bootstrap, &group).await == MESSAGES },
+    )
+    .await;
+    assert_eq!(tasks(&store).await, stored, "the rest succeeded inline");
+    assert_eq!(
+        metrics.brake_engaged.with_label_values(&["payments"]).get(),
+        0
+    );
+    running.stop().await;
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_audit WHERE action = 'brake_release' \
+             AND reason = 'rolled back v2.3.1'"
+        )
+        .await,
+        1
+    );
+    let again = crate::operator_cli::redrive(&settings)
+        .args(["brake", "release", "payments", "--reason", "twice"])
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("not engaged"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_route_resumes_after_the_cool_down_and_brakes_again_while_still_broken() {
+    let (_broker, store, settings, _) = braked_route(BrakeSettings {
+        failure_ratio: 1.0,
+        window: Duration::from_secs(60),
+        min_messages: 20,
+        cool_down: Duration::from_secs(2),
+    })
+    .await;
+    let broken = Arc::new(AtomicBool::new(true));
+    let (running, _) = start(&settings, &store, &broken);
+    eventually(Duration::from_secs(40), "a second trip", || async {
+        scalar(
+            &store,
+            "SELECT coalesce(max(trips), 0)::bigint FROM recovery_brake",
+        )
+        .await
+            >= 2
+    })
+    .await;
+    let stored = tasks(&store).await;
+    running.stop().await;
+    assert!(
+        stored <= 3 * LET_THROUGH,
+        "{stored} failures stored over two or three trips"
+    );
+    let listed = crate::operator_cli::redrive(&settings)
+        .args(["brake", "list"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        out.contains("payments") && out.contains("failed inline"),
+        "{out}"
+    );
+}
