@@ -1,11 +1,13 @@
 //! `redrive bench`: enqueue and drain throughput, and pick-up latency, on the configured
 //! PostgreSQL; `redrive bench ingest`: Kafka to PostgreSQL; `redrive bench rebalance`:
-//! the ingest pause when a fleet member dies; `redrive bench ops`: operator bulk actions. Each run uses a fresh schema
+//! the ingest pause when a fleet member dies; `redrive bench ops`: operator bulk actions;
+//! `redrive bench webhook`: the webhook handler and breaker isolation. Each run uses a fresh schema
 //! (`<schema>_bench`), dropped afterwards.
 
 pub mod ingest;
 pub mod ops;
 pub mod rebalance;
+pub mod webhook;
 
 use anyhow::Context;
 use async_trait::async_trait;
@@ -42,6 +44,9 @@ pub enum BenchKind {
     /// Operator bulk actions: discard and retry rates on large stores, and the drain
     /// rate of a working fleet while a bulk discard runs.
     Ops(ops::OpsBenchOptions),
+    /// The webhook handler against a local server at several concurrencies, as a share
+    /// of the no-op drain; a healthy handler's drain beside an open breaker's backlog.
+    Webhook(webhook::WebhookBenchOptions),
 }
 
 /// Options of the queue benchmark.
@@ -100,6 +105,7 @@ pub async fn run(settings: &Settings, args: &BenchArgs) -> anyhow::Result<()> {
         Some(BenchKind::Ingest(options)) => ingest::run(&settings, options).await,
         Some(BenchKind::Rebalance(options)) => rebalance::run(&settings, options).await,
         Some(BenchKind::Ops(options)) => ops::run(&settings, options).await,
+        Some(BenchKind::Webhook(options)) => webhook::run(&settings, options).await,
         None => run_queue(&settings, &args.queue).await,
     }
 }
