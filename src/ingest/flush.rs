@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::brake::Brakes;
+use super::breakers::InlineBreakers;
 use super::routes::RouteTable;
 use crate::config::{IngestSettings, RouteMode, RouteSettings};
 use crate::finals::Finals;
@@ -72,6 +73,7 @@ impl OpenKeys {
 pub(crate) struct Flusher {
     pub(crate) store: Store,
     pub(crate) brakes: Arc<Brakes>,
+    pub(crate) breakers: Arc<InlineBreakers>,
     pub(crate) routes: Arc<RouteTable>,
     pub(crate) handlers: Arc<BTreeMap<String, Registered>>,
     pub(crate) limits: IngestSettings,
@@ -235,6 +237,14 @@ impl Flusher {
             self.count(route, "deferred");
             return Some(task);
         };
+        if !self.breakers.allows(&route.handler) {
+            task.failure.ingest_note = Some(append_note(
+                task.failure.ingest_note.take(),
+                "not attempted inline: the handler's circuit breaker is open",
+            ));
+            self.count(route, "deferred");
+            return Some(task);
+        }
         let mut registered = self.handlers[&route.handler].clone();
         registered.policy = registered.policy.for_route(route);
         registered.policy.timeout = registered.policy.timeout.min(left.max(MIN_INLINE_TIME));
@@ -453,6 +463,7 @@ mod tests {
         let flusher = Flusher {
             store,
             brakes: Arc::new(brakes),
+            breakers: Arc::default(),
             routes: Arc::new(RouteTable::new(vec![route])),
             handlers: Arc::default(),
             limits: IngestSettings::default(),

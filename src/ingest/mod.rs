@@ -3,6 +3,7 @@
 //! committed; redelivered messages find their task by source coordinates.
 
 mod brake;
+mod breakers;
 mod consume;
 mod context;
 mod flush;
@@ -16,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{IngestSettings, KafkaSettings, RouteSettings};
+use crate::config::{IngestSettings, KafkaSettings, RouteMode, RouteSettings};
 use crate::finals::Finals;
 use crate::handlers::Registered;
 use crate::kafka::{consumer_config, redact_error};
@@ -72,6 +73,7 @@ impl Ingest {
             flusher: Flusher {
                 store,
                 brakes: Arc::new(brakes),
+                breakers: Arc::default(),
                 routes: Arc::new(RouteTable::new(routes)),
                 handlers,
                 limits: limits.clone(),
@@ -112,6 +114,16 @@ impl Ingest {
             let stop = stop_following.clone();
             tokio::spawn(async move { brakes.follow(stop).await })
         });
+        let process_mode = self
+            .flusher
+            .routes
+            .all()
+            .any(|r| r.mode == RouteMode::Process);
+        let breakers = process_mode.then(|| {
+            let (breakers, store) = (self.flusher.breakers.clone(), self.flusher.store.clone());
+            let stop = stop_following.clone();
+            tokio::spawn(async move { breakers.follow(&store, stop).await })
+        });
         let outcome = consume::consume(
             &consumer,
             &self.flusher,
@@ -121,8 +133,8 @@ impl Ingest {
         )
         .await;
         stop_following.cancel();
-        if let Some(following) = following {
-            let _ = following.await;
+        for follower in following.into_iter().chain(breakers) {
+            let _ = follower.await;
         }
         consumer.unsubscribe();
         match &outcome {

@@ -48,7 +48,12 @@ impl RouteTable {
 
     /// Whether any route keeps its keys in order (`ordering = "key"`).
     pub(crate) fn any_ordered(&self) -> bool {
-        self.routes.iter().any(|r| r.ordering == Ordering::Key)
+        self.all().any(|r| r.ordering == Ordering::Key)
+    }
+
+    /// Every route.
+    pub(crate) fn all(&self) -> impl Iterator<Item = &RouteSettings> {
+        self.routes.iter().map(|r| r.as_ref())
     }
 
     /// Every subscription string.

@@ -69,6 +69,15 @@ impl Store {
         rows.iter().map(breaker_from_row).collect()
     }
 
+    /// The handlers whose breaker is open or half-open.
+    pub async fn unclosed_breakers(&self) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT handler FROM recovery_breaker WHERE state <> 'closed' ORDER BY handler",
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// Applies a member's tally of `handler`'s calls; returns the breaker after it and
     /// the state change it caused, if any.
     pub async fn record_calls(

@@ -470,3 +470,99 @@ async fn redrive_breakers_lists_forces_and_releases_through_the_binary() {
     assert!(!ok);
     assert!(err.contains("[handlers.republish.breaker]"), "{err}");
 }
+
+/// Counts its calls; succeeds.
+struct Counted(Arc<AtomicUsize>);
+
+#[async_trait]
+impl Handler for Counted {
+    async fn handle(&self, _: &HandlerContext, _: &Task) -> Result<(), HandlerError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// Process mode does not call a handler inline while its breaker is open: the messages
+/// are stored unattempted, held, and run by the pool once the breaker lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_mode_does_not_call_a_handler_inline_while_its_breaker_is_open() {
+    use crate::broker::{cluster, produce, producer, route, use_cluster, Sample};
+    use redrive::config::RouteMode;
+    let broker = cluster(&[("payments", 1)]);
+    let (store, mut settings) = fresh_store().await;
+    fast_retries(&mut settings);
+    let bootstrap = broker.bootstrap_servers();
+    use_cluster(
+        &mut settings,
+        &bootstrap,
+        vec![route(&["payments"], RouteMode::Process, "pay")],
+    );
+    let cool_down = Duration::from_secs(3600);
+    settings
+        .handlers
+        .insert("pay".into(), breaker(5, cool_down));
+    let operator = Operator {
+        actor: "ops".into(),
+        reason: Some("payments provider down".into()),
+    };
+    let breaker_settings = settings.handlers["pay"].breaker.clone().unwrap();
+    store
+        .command_breaker("pay", BreakerCommand::Open, &breaker_settings, &operator)
+        .await
+        .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let fleet = Fleet::builder(settings.clone())
+        .handler("pay", Counted(calls.clone()))
+        .build()
+        .unwrap();
+    let running = crate::ingest::Running::start(fleet, &store);
+    // The ingest follows the breakers within a second of starting.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let producer = producer(&bootstrap);
+    for i in 0..10 {
+        produce(
+            &producer,
+            "payments",
+            &Sample {
+                value: Some(format!("payment {i}").into()),
+                ..Sample::default()
+            },
+        )
+        .await;
+    }
+    eventually(Duration::from_secs(30), "10 tasks stored", || async {
+        scalar(&store, "SELECT count(*) FROM recovery_task").await == 10
+    })
+    .await;
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "no inline call while open");
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE attempts = 0 \
+             AND next_attempt_at > now() + interval '30 minutes' \
+             AND ingest_note LIKE '%circuit breaker is open%'"
+        )
+        .await,
+        10,
+        "stored unattempted, held behind the breaker"
+    );
+    store
+        .command_breaker("pay", BreakerCommand::Release, &breaker_settings, &operator)
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "all resolved by the pool",
+        || async {
+            scalar(
+                &store,
+                "SELECT count(*) FROM recovery_task WHERE status = 'resolved'",
+            )
+            .await
+                == 10
+        },
+    )
+    .await;
+    assert_eq!(calls.load(Ordering::SeqCst), 10);
+    running.stop().await;
+}
