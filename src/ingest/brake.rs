@@ -202,11 +202,13 @@ impl Brakes {
     /// Reads the fleet's brakes every [`FOLLOW_EVERY`] until `stop`. A read that fails
     /// leaves the routes as they are.
     pub(crate) async fn follow(&self, stop: CancellationToken) {
+        // Every braked route has its series from the start (alerts see a 0, not nothing).
         for route in self.routes.keys() {
             self.metrics
                 .brake_engaged
                 .with_label_values(&[route])
                 .set(0);
+            self.metrics.brake_trips.with_label_values(&[route]);
         }
         loop {
             match self.store.engaged_routes().await {

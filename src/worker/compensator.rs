@@ -36,6 +36,13 @@ impl Compensator {
         if handlers.is_empty() {
             return;
         }
+        for handler in &handlers {
+            for outcome in ["compensated", "retry", "failed"] {
+                self.metrics
+                    .compensations
+                    .with_label_values(&[handler, outcome]);
+            }
+        }
         while !stop.is_cancelled() {
             let claimed = self
                 .store

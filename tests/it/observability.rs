@@ -4,7 +4,7 @@
 //! task id and never a secret.
 
 use async_trait::async_trait;
-use redrive::config::RouteMode;
+use redrive::config::{BrakeSettings, BreakerSettings, HandlerSettings, RouteMode};
 use redrive::{Fleet, Handler, HandlerContext, HandlerError, Settings, Store, Task};
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -41,6 +41,11 @@ impl Handler for Flaky {
             cap: Duration::from_millis(100),
             jitter: redrive::Jitter::None,
         })
+    }
+
+    /// Its permanent failures are compensated (the compensation series).
+    fn compensates(&self) -> bool {
+        true
     }
 }
 
@@ -167,13 +172,26 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_dashboard_panel_and_alert_evaluates_against_a_real_prometheus() {
-    let kafka = cluster(&[("orders.dlt", 2)]);
+    let kafka = cluster(&[("orders.dlt", 2), ("payments", 1)]);
     let bootstrap = kafka.bootstrap_servers();
     let (store, mut settings) = fresh_store().await;
+    // A process-mode route with a brake, and a breaker on the handler: their series.
+    let mut payments = route(&["payments"], RouteMode::Process, "flaky");
+    payments.brake = Some(BrakeSettings::default());
     use_cluster(
         &mut settings,
         &bootstrap,
-        vec![route(&["orders.dlt"], RouteMode::Capture, "flaky")],
+        vec![
+            route(&["orders.dlt"], RouteMode::Capture, "flaky"),
+            payments,
+        ],
+    );
+    settings.handlers.insert(
+        "flaky".into(),
+        HandlerSettings {
+            breaker: Some(BreakerSettings::default()),
+            ..HandlerSettings::default()
+        },
     );
     let metrics_at = free_address();
     settings.metrics.listen = Some(metrics_at);
