@@ -19,6 +19,12 @@ use crate::upkeep;
 use crate::worker::WorkerPool;
 use futures::FutureExt;
 
+/// First pause before connecting again when the database is unavailable at start-up;
+/// it doubles up to [`STARTUP_RETRY_MAX`].
+const STARTUP_RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(500);
+/// Longest pause between start-up connection attempts.
+const STARTUP_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// Why a fleet member could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
@@ -213,11 +219,41 @@ impl Fleet {
 
     /// Like [`Fleet::run`], stopping when `shutdown` fires.
     pub async fn run_until(self, shutdown: CancellationToken) -> Result<(), FleetError> {
-        let store = Store::connect(&self.settings.database).await?;
-        if self.settings.database.migrate_on_start {
-            store.migrate().await?;
+        match self.open_store(&shutdown).await? {
+            Some(store) => self.run_with_store(store, shutdown).await,
+            None => Ok(()),
         }
-        self.run_with_store(store, shutdown).await
+    }
+
+    /// Connects and migrates, waiting out a database that is down, restarting or cutting
+    /// connections (a member started before PostgreSQL, or cut off mid-start) with a
+    /// growing pause; errors waiting cannot cure (authentication, a missing database, a
+    /// failed migration) stop start-up. `None` when `shutdown` fires first.
+    async fn open_store(&self, shutdown: &CancellationToken) -> Result<Option<Store>, FleetError> {
+        let mut pause = STARTUP_RETRY_FIRST;
+        loop {
+            let opened = async {
+                let store = Store::connect(&self.settings.database).await?;
+                if self.settings.database.migrate_on_start {
+                    store.migrate().await?;
+                }
+                Ok::<_, StoreError>(store)
+            }
+            .await;
+            match opened {
+                Ok(store) => return Ok(Some(store)),
+                Err(error) if error.is_unavailable() => {
+                    tracing::warn!(%error, retry_in = ?pause,
+                        "database unavailable at start-up; waiting for it");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return Ok(None),
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                    pause = (pause * 2).min(STARTUP_RETRY_MAX);
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
     }
 
     /// Runs ingest (when routes are configured), the worker pool and the metrics endpoint

@@ -92,6 +92,28 @@ pub enum StoreError {
     Config(#[from] ConfigError),
 }
 
+impl StoreError {
+    /// Whether waiting may cure it: the database cannot be reached, is starting or
+    /// shutting down, or cut the connection (SQLSTATE classes 08 and 57). Authentication,
+    /// a missing database, bad data or a failed migration are not.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Database(error)
+            | StoreError::Migrate(sqlx::migrate::MigrateError::Execute(error)) => match error {
+                sqlx::Error::Io(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed => true,
+                sqlx::Error::Database(db) => db
+                    .code()
+                    .is_some_and(|code| code.starts_with("08") || code.starts_with("57")),
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+}
+
 /// Result alias of the store.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 

@@ -5,6 +5,7 @@ mod admin_api;
 mod brake;
 mod breakers;
 mod broker;
+mod chaos;
 mod cli;
 mod compensation;
 mod config;

@@ -241,3 +241,58 @@ async fn a_postgres_outage_pauses_the_worker_pool_which_then_finishes_every_task
     .await;
     assert_eq!(resolved_attempts, 300, "each task finished once");
 }
+
+/// Regression (found by the chaos suite): `redrive run` exited with status 1 when its
+/// database connection failed during start-up. It waits for PostgreSQL now; an error
+/// waiting cannot cure (a database that does not exist) still stops it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_started_while_postgres_is_down_waits_for_it_then_works() {
+    use secrecy::ExposeSecret;
+    let (store, settings) = fresh_store().await;
+    let id = store
+        .enqueue(&redrive::NewTask::new("log", "waited"))
+        .await
+        .unwrap()
+        .id();
+    let proxy = PgProxy::start().await;
+    proxy.cut();
+    let routed = proxy.route(&settings);
+    let run = |url: &str| {
+        Command::new(env!("CARGO_BIN_EXE_redrive"))
+            .arg("run")
+            .env("REDRIVE__DATABASE__URL", url)
+            .env("REDRIVE__DATABASE__SCHEMA", &settings.database.schema)
+            .env("REDRIVE__DATABASE__CONNECT_TIMEOUT", "1s")
+            .env("REDRIVE__WORKER__POLL_INTERVAL", "100ms")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut member = run(routed.database.url.expose_secret());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        member.try_wait().unwrap().is_none(),
+        "the member gave up while the database was down"
+    );
+    proxy.restore();
+    eventually(Duration::from_secs(30), "the task resolved", || async {
+        store.get(id).await.unwrap().unwrap().status == redrive::Status::Resolved
+    })
+    .await;
+    member.kill().unwrap();
+    member.wait().unwrap();
+
+    let missing = settings
+        .database
+        .url
+        .expose_secret()
+        .rsplit_once('/')
+        .map(|(base, _)| format!("{base}/no_such_database_here"))
+        .unwrap();
+    let out = run(&missing).wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no_such_database_here"), "{stderr}");
+}
