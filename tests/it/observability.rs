@@ -312,6 +312,21 @@ async fn every_dashboard_panel_and_alert_evaluates_against_a_real_prometheus() {
         .parse()
         .unwrap();
     assert!(resolved > 0.0, "no attempt resolved");
+    // The breaker panels and RedriveBreakerOpen read the handler's own series: its state,
+    // and a transitions counter for every state it can change to.
+    for (expr, expected) in [
+        ("count(redrive_breaker_state{handler=\"flaky\"})", "1"),
+        (
+            "count(redrive_breaker_transitions_total{handler=\"flaky\"})",
+            "3",
+        ),
+    ] {
+        let answer = prometheus.query(expr).await;
+        assert_eq!(
+            answer["data"]["result"][0]["value"][1], expected,
+            "{expr}: {answer}"
+        );
+    }
     let ready = prometheus.query("sum(redrive_ready)").await;
     let readyz = get(&format!("http://{metrics_at}/readyz")).await;
     assert_eq!(
