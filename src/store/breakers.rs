@@ -122,6 +122,8 @@ impl Store {
         lease: Duration,
     ) -> Result<Vec<Task>> {
         let mut tx = self.pool.begin_with(DUE_ORDER).await?;
+        // The claim round's earlier tasks wait to start while this waits for the row.
+        sqlx::query(PROBE_LOCK_WAIT).execute(&mut *tx).await?;
         let mut breaker = lock(&mut tx, handler).await?;
         let available = breaker.probes_available(settings, wanted);
         if available == 0 {
@@ -177,6 +179,10 @@ impl Store {
 }
 
 /// The breaker row of `handler`, created closed if absent, locked until the end of `tx`.
+/// How long a probe claim waits for the breaker row that another member is updating
+/// before giving up the round (SQLSTATE 55P03).
+const PROBE_LOCK_WAIT: &str = "SET LOCAL lock_timeout = '500ms'";
+
 async fn lock(tx: &mut PgConnection, handler: &str) -> Result<Breaker> {
     sqlx::query("INSERT INTO recovery_breaker (handler) VALUES ($1) ON CONFLICT DO NOTHING")
         .bind(handler)

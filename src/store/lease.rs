@@ -51,7 +51,7 @@ SET lease_version = t.lease_version + 1,
     lease_owner = $3,
     leased_at = now(),
     next_attempt_at = now() + $4 * interval '1 millisecond',
-    attempts = t.attempts + 1,
+    attempts = least(t.attempts, 2147483646) + 1,
     updated_at = now()
 FROM due
 WHERE t.id = due.id

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 
 /// Kafka's state as the ingest consumer last saw it.
 const KAFKA_UNKNOWN: u8 = 0;
@@ -35,8 +35,14 @@ pub struct Readiness {
 }
 
 impl Health {
-    /// A database operation failed: logs "unreachable" the first time.
-    pub fn database_failed(&self, operation: &str, error: &dyn std::fmt::Display) {
+    /// A database operation failed. An error waiting may cure (the server cannot be
+    /// reached, is restarting or cut the connection) logs "unreachable" the first time;
+    /// any other (a data error, a lock timeout, a bug) is logged as what it is, each time.
+    pub fn database_failed(&self, operation: &str, error: &StoreError) {
+        if !error.is_unavailable() {
+            tracing::error!(operation, %error, "the database refused a statement");
+            return;
+        }
         if !self.database_down.swap(true, Ordering::Relaxed) {
             tracing::warn!(operation, %error, "database unreachable; retrying until it answers");
         } else {
@@ -109,5 +115,23 @@ impl Health {
             ready: checks.values().all(|v| v == "ok"),
             checks,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: a data error (`22003 integer out of range` in a claim) was logged as
+    /// "database unreachable".
+    #[test]
+    fn only_errors_waiting_may_cure_mark_the_database_unreachable() {
+        let health = Health::default();
+        let refused = StoreError::Database(sqlx::Error::Protocol("out of range".into()));
+        health.database_failed("claim", &refused);
+        assert!(!health.database_down.load(Ordering::Relaxed));
+        let cut = StoreError::Database(sqlx::Error::PoolTimedOut);
+        health.database_failed("claim", &cut);
+        assert!(health.database_down.load(Ordering::Relaxed));
     }
 }

@@ -21,6 +21,15 @@ use crate::telemetry::Metrics;
 /// Claim loops per pool: two keep one claim's round trip overlapping the other's.
 pub(crate) const CLAIM_LOOPS: usize = 2;
 
+/// What one claim round took, and the statement that failed, if one did.
+#[derive(Default)]
+struct ClaimRound {
+    claimed: Vec<(Task, Permits)>,
+    /// How many of the claimed tasks were taken over from lapsed leases.
+    recovered: usize,
+    failure: Option<crate::store::StoreError>,
+}
+
 /// State shared by the claim loops of one pool.
 pub(crate) struct Claimer {
     pub(crate) store: Store,
@@ -58,28 +67,25 @@ impl Claimer {
                     permit.expect("the semaphore is never closed")
                 }
             };
-            let claimed = self.claim(wanted as u32).await;
-            let tasks = match claimed {
-                Ok((tasks, recovered)) => {
+            let round = self.claim(wanted as u32).await;
+            // Every task claimed is started, whatever failed later in the round: its
+            // lease and attempt are already committed.
+            let tasks = round.claimed;
+            self.metrics.leases_recovered.inc_by(round.recovered as u64);
+            match round.failure {
+                None => {
                     pause = Duration::ZERO;
                     self.metrics.health.database_ok();
-                    self.metrics.leases_recovered.inc_by(recovered as u64);
-                    tasks
                 }
-                Err(error) => {
-                    drop(permit);
+                Some(error) => {
                     self.metrics
                         .database_errors
                         .with_label_values(&["claim"])
                         .inc();
                     pause = (pause * 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
                     self.metrics.health.database_failed("claim", &error);
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(pause) => continue,
-                    }
                 }
-            };
+            }
             let drained = tasks.len() < wanted;
             self.metrics.claimed.inc_by(tasks.len() as u64);
             self.metrics.in_flight.add(tasks.len() as i64);
@@ -88,6 +94,13 @@ impl Claimer {
                 self.start(task, slot, permits);
             }
             drop(permit);
+            if pause > Duration::ZERO {
+                // A statement failed: wait before the next round.
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(pause) => continue,
+                }
+            }
             if !drained {
                 // More is probably due: let the other claim loop in too.
                 self.wake.notify_one();
@@ -99,22 +112,29 @@ impl Claimer {
 
     /// Claims up to `wanted` due tasks: of the handlers without limits in one
     /// statement, then of each limited handler within its grant, then probes of
-    /// half-open breakers. Also answers how many were taken over from lapsed leases.
-    async fn claim(&self, wanted: u32) -> crate::store::Result<(Vec<(Task, Permits)>, usize)> {
+    /// half-open breakers. A statement that fails ends the round, and the round keeps
+    /// what the statements before it claimed.
+    async fn claim(&self, wanted: u32) -> ClaimRound {
+        let mut round = ClaimRound::default();
+        if let Err(error) = self.claim_into(wanted, &mut round).await {
+            round.failure = Some(error);
+        }
+        round
+    }
+
+    async fn claim_into(&self, wanted: u32, round: &mut ClaimRound) -> crate::store::Result<()> {
         let (lease, owner) = (self.settings.lease, &*self.worker_id);
         let plan = self.admission.plan(self.served.names());
-        let mut claimed = Vec::new();
-        let mut recovered = 0;
         if !plan.shared.is_empty() {
             let (tasks, lapsed) = self
                 .store
                 .claim_counted(&plan.shared, wanted, owner, lease)
                 .await?;
-            recovered += lapsed;
-            claimed.extend(tasks.into_iter().map(|t| (t, Permits::default())));
+            round.recovered += lapsed;
+            (round.claimed).extend(tasks.into_iter().map(|t| (t, Permits::default())));
         }
         for handler in &plan.limited {
-            let room = wanted.saturating_sub(claimed.len() as u32);
+            let room = wanted.saturating_sub(round.claimed.len() as u32);
             let Some(mut grant) = self.admission.grant(handler, room) else {
                 continue;
             };
@@ -123,16 +143,16 @@ impl Claimer {
                 .store
                 .claim_counted(handlers, grant.count, owner, lease)
                 .await?;
-            recovered += lapsed;
+            round.recovered += lapsed;
             let limiter = self.admission.limiter(handler);
-            claimed.extend(
+            (round.claimed).extend(
                 tasks
                     .into_iter()
                     .map(|t| (t, grant.take_one(limiter.clone()))),
             );
         }
         for (handler, settings) in &plan.probing {
-            let room = wanted.saturating_sub(claimed.len() as u32);
+            let room = wanted.saturating_sub(round.claimed.len() as u32);
             if room == 0 {
                 break;
             }
@@ -140,9 +160,9 @@ impl Claimer {
                 .store
                 .claim_probes(handler, settings, room, owner, lease)
                 .await?;
-            claimed.extend(probes.into_iter().map(|t| (t, Permits::default())));
+            (round.claimed).extend(probes.into_iter().map(|t| (t, Permits::default())));
         }
-        Ok((claimed, recovered))
+        Ok(())
     }
 
     /// Starts one attempt; its result goes to the finisher with the slot.

@@ -10,10 +10,9 @@ use redrive::{
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
 
 use crate::http_server::{Reply, TestServer};
-use crate::support::{eventually, fresh_store, scalar};
+use crate::support::{eventually, fresh_store, scalar, Member};
 
 fn fast_retries(settings: &mut Settings) {
     settings.retry.backoff_base = Duration::from_millis(20);
@@ -45,28 +44,6 @@ async fn breaker_state(store: &Store, handler: &str) -> Option<BreakerState> {
         .unwrap()
         .pop()
         .map(|b| b.state)
-}
-
-/// A member of the fleet, running until dropped.
-struct Member {
-    stop: CancellationToken,
-    run: tokio::task::JoinHandle<()>,
-}
-
-impl Member {
-    fn start(fleet: Fleet, store: &Store) -> Member {
-        let stop = CancellationToken::new();
-        let run = tokio::spawn({
-            let (store, stop) = (store.clone(), stop.clone());
-            async move { fleet.run_with_store(store, stop).await.unwrap() }
-        });
-        Member { stop, run }
-    }
-
-    async fn stop(self) {
-        self.stop.cancel();
-        self.run.await.unwrap();
-    }
 }
 
 #[tokio::test]

@@ -10,6 +10,7 @@ mod cli;
 mod compensation;
 mod config;
 mod guarantees;
+mod hardening;
 mod http_server;
 mod ingest;
 mod ingest_faults;

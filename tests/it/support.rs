@@ -149,3 +149,27 @@ impl PgProxy {
         settings
     }
 }
+
+/// A fleet member running in this process on a test's store.
+pub struct Member {
+    stop: tokio_util::sync::CancellationToken,
+    run: tokio::task::JoinHandle<()>,
+}
+
+impl Member {
+    /// Runs `fleet` on `store` until [`Member::stop`].
+    pub fn start(fleet: redrive::Fleet, store: &Store) -> Member {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let run = tokio::spawn({
+            let (store, stop) = (store.clone(), stop.clone());
+            async move { fleet.run_with_store(store, stop).await.unwrap() }
+        });
+        Member { stop, run }
+    }
+
+    /// Stops the member and waits for its shutdown; panics if it failed.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.run.await.unwrap();
+    }
+}
