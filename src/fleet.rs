@@ -348,8 +348,7 @@ impl Fleet {
         if self.settings.worker.enabled {
             let stop = shutdown.clone();
             parts.spawn(async move {
-                pool.run(stop).await;
-                Ok(())
+                (pool.run(stop).await).map_err(|died| FleetError::Panicked(died.to_string()))
             });
         }
         let mut outcome = supervise(parts, &shutdown).await;

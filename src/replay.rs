@@ -9,7 +9,6 @@
 //! target partitions from the recorded marks, learns which of the batch's tasks are
 //! already there, and produces only the others.
 
-use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use indicatif::ProgressBar;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
@@ -37,8 +36,6 @@ const REPLAY_BATCH_BYTES: i64 = 16 * 1024 * 1024;
 const BEAT_EVERY: Duration = Duration::from_secs(5);
 /// Longest wait for Kafka metadata, watermarks or a read-back.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
-/// Largest `rate`.
-pub const MAX_RATE: f64 = 1_000_000.0;
 
 /// Why a replay could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -65,10 +62,8 @@ pub async fn check_replay(
     replay: &NewReplay,
 ) -> Result<(), ReplayError> {
     if let Some(rate) = replay.rate {
-        if !(rate > 0.0 && rate <= MAX_RATE) {
-            return Err(ReplayError::Invalid(format!(
-                "rate must be more than 0 and at most {MAX_RATE} messages per second (got {rate})"
-            )));
+        if let Some(refusal) = crate::rate::refusal(rate) {
+            return Err(ReplayError::Invalid(format!("rate {refusal}")));
         }
     }
     if let Some(topic) = &replay.target_topic {
@@ -171,7 +166,7 @@ impl Replayer {
             producer_config(&self.kafka, self.max_message_bytes)
                 .create_with_context(QuietContext::default())
                 .map_err(|e| ReplayError::Kafka(redact_error(e, &self.kafka).to_string()))?;
-        let limiter = job.rate.map(rate_limiter);
+        let limiter = job.rate.map(|rate| crate::rate::limiter(rate, 1));
         progress.set_length(job.total.unwrap_or(0).max(0) as u64);
         progress.set_position((job.produced + job.skipped).max(0) as u64);
         let operator = Operator {
@@ -232,6 +227,7 @@ impl Replayer {
             let mut sent = Vec::new();
             let mut skipped = 0;
             let mut sends = Vec::new();
+            let mut interrupted = false;
             for task in &tasks {
                 let Some(topic) = target_of(&job, task) else {
                     skipped += 1;
@@ -242,7 +238,15 @@ impl Replayer {
                     continue;
                 }
                 if let Some(limiter) = &limiter {
-                    limiter.until_ready().await;
+                    // A slow rate must not hold up shutdown: the batch stays pending,
+                    // and a resume reads back what of it was produced.
+                    tokio::select! {
+                        _ = lost.cancelled() => {
+                            interrupted = true;
+                            break;
+                        }
+                        _ = limiter.until_ready() => {}
+                    }
                 }
                 let extra = [
                     (own::TASK_ID, task.id.to_string()),
@@ -270,6 +274,9 @@ impl Replayer {
                         "producing to {topic} {kind}: {error}"
                     )));
                 }
+            }
+            if interrupted {
+                return Ok(());
             }
             if !self.commit(&job, &operator, upto, &sent, skipped).await? {
                 return Ok(());
@@ -347,13 +354,6 @@ fn target_of<'a>(job: &'a ReplayJob, task: &'a Task) -> Option<&'a str> {
     job.target_topic
         .as_deref()
         .or(task.failure.original.as_ref().map(|o| o.topic.as_str()))
-}
-
-/// A limiter admitting `rate` messages per second, one at a time.
-fn rate_limiter(rate: f64) -> DefaultDirectRateLimiter {
-    let period = Duration::from_secs_f64(1.0 / rate.clamp(f64::MIN_POSITIVE, MAX_RATE));
-    let quota = Quota::with_period(period.max(Duration::from_nanos(1))).expect("a positive period");
-    RateLimiter::direct(quota)
 }
 
 /// Renews the runner's hold every few seconds; cancels `lost` when the job was

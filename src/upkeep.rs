@@ -2,7 +2,9 @@
 //! expired final tasks, and run detached replay jobs. Each loop outlives database
 //! outages: an error is logged once per change and the loop tries again later.
 
+use futures::FutureExt;
 use indicatif::ProgressBar;
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -124,14 +126,34 @@ pub async fn run_detached_replays(
                 trouble.ok("looking for replay jobs");
                 let id = job.id;
                 tracing::info!(job = id, "running a replay job");
-                match replayer.run(job, &ProgressBar::hidden(), &shutdown).await {
-                    Ok(job) => tracing::info!(
+                let hidden = ProgressBar::hidden();
+                let run = replayer.run(job, &hidden, &shutdown);
+                match AssertUnwindSafe(run).catch_unwind().await {
+                    Ok(Ok(job)) => tracing::info!(
                         job = id,
                         status = %job.status,
                         produced = job.produced,
                         "replay job stopped"
                     ),
-                    Err(error) => tracing::warn!(job = id, %error, "replay job failed"),
+                    Ok(Err(error)) => tracing::warn!(job = id, %error, "replay job failed"),
+                    Err(panic) => {
+                        // A bug in one job fails that job, not the member.
+                        let error = format!(
+                            "the replay job panicked: {}",
+                            crate::parts::panic_message(panic.as_ref())
+                        );
+                        tracing::error!(job = id, %error, "replay job failed");
+                        if let Err(error) = store
+                            .finish_replay(id, replayer.runner(), Some(&error))
+                            .await
+                        {
+                            tracing::warn!(job = id, %error, "could not mark the replay job failed");
+                        }
+                    }
+                }
+                if shutdown.is_cancelled() {
+                    // The job was given back for another member; do not take it again.
+                    return;
                 }
                 continue;
             }

@@ -54,9 +54,6 @@ impl Default for BreakerSettings {
     }
 }
 
-/// Largest rate limit: far above what one handler could be called at.
-const MAX_RATE: f64 = 1_000_000.0;
-
 impl HandlerSettings {
     /// Checks every key; errors name `handlers.NAME.KEY`.
     pub(crate) fn validate(&self, name: &str) -> Result<(), ConfigError> {
@@ -68,11 +65,8 @@ impl HandlerSettings {
             ));
         }
         if let Some(rate) = self.rate_limit {
-            if !(rate.is_finite() && rate > 0.0 && rate <= MAX_RATE) {
-                return Err(ConfigError::new(
-                    key("rate_limit"),
-                    format!("must be a number of calls per second above 0 and at most {MAX_RATE}, got {rate}"),
-                ));
+            if let Some(refusal) = crate::rate::refusal(rate) {
+                return Err(ConfigError::new(key("rate_limit"), refusal));
             }
         }
         if let Some(breaker) = &self.breaker {

@@ -4,7 +4,6 @@
 
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
-use std::any::Any;
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
@@ -116,7 +115,7 @@ pub(crate) async fn guarded(
         ))),
         Err(panic) => Err(HandlerError::Transient(format!(
             "handler panicked: {}",
-            panic_message(panic.as_ref())
+            crate::parts::panic_message(panic.as_ref())
         ))),
     }
 }
@@ -153,16 +152,6 @@ pub(crate) fn retry_time(now: DateTime<Utc>, delay: Duration) -> DateTime<Utc> {
         .expect("MAX_RETRY_DELAY fits a chrono duration");
     now.checked_add_signed(delay)
         .unwrap_or(DateTime::<Utc>::MAX_UTC)
-}
-
-fn panic_message(panic: &(dyn Any + Send)) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_owned()
-    }
 }
 
 #[cfg(test)]

@@ -17,6 +17,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::parts::Watch;
+
 use crate::config::{IngestSettings, KafkaSettings, RouteMode, RouteSettings};
 use crate::finals::Finals;
 use crate::handlers::Registered;
@@ -40,6 +42,9 @@ pub enum IngestError {
     /// Writing a batch failed unexpectedly (a bug): later offsets must not be committed.
     #[error("a batch could not be persisted ({0}); no later offset is committed")]
     FlushFailed(String),
+    /// A follower of the fleet's brakes or breakers panicked (a bug): ingest stopped.
+    #[error("a part of ingest panicked: {0}")]
+    PartDied(String),
 }
 
 /// Ingest progress visible from outside (for the benchmark and the demo).
@@ -110,9 +115,10 @@ impl Ingest {
         tracing::info!(?topics, group = %self.kafka.group_id, "ingest started");
         let brakes = self.flusher.brakes.clone();
         let stop_following = CancellationToken::new();
+        let watch = Watch::default();
         let following = brakes.any().then(|| {
             let stop = stop_following.clone();
-            tokio::spawn(async move { brakes.follow(stop).await })
+            watch.spawn("brake follower", async move { brakes.follow(stop).await })
         });
         let process_mode = self
             .flusher
@@ -122,20 +128,27 @@ impl Ingest {
         let breakers = process_mode.then(|| {
             let (breakers, store) = (self.flusher.breakers.clone(), self.flusher.store.clone());
             let stop = stop_following.clone();
-            tokio::spawn(async move { breakers.follow(&store, stop).await })
+            watch.spawn("breaker follower", async move {
+                breakers.follow(&store, stop).await
+            })
         });
         let outcome = consume::consume(
             &consumer,
             &self.flusher,
             &self.limits,
             &self.progress,
-            &shutdown,
+            &watch.stop_on(&shutdown),
         )
         .await;
         stop_following.cancel();
         for follower in following.into_iter().chain(breakers) {
+            // A panic is in `watch`.
             let _ = follower.await;
         }
+        let outcome = match (outcome, watch.failure()) {
+            (Ok(()), Some(died)) => Err(IngestError::PartDied(died)),
+            (outcome, _) => outcome,
+        };
         consumer.unsubscribe();
         match &outcome {
             Ok(()) => tracing::info!("ingest stopped"),

@@ -3,9 +3,8 @@
 //! fleet's rate limit otherwise.
 
 use chrono::Utc;
-use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use governor::DefaultDirectRateLimiter;
 use std::collections::BTreeMap;
-use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
@@ -363,12 +362,7 @@ impl RateShare {
 
 /// A limiter admitting `rate` calls per second with a burst of one second's worth.
 fn limiter(rate: f64) -> DefaultDirectRateLimiter {
-    let period = Duration::from_secs_f64(1.0 / rate).max(Duration::from_nanos(1));
-    let burst = NonZeroU32::new(rate.ceil().clamp(1.0, 1024.0) as u32).expect("at least 1");
-    let quota = Quota::with_period(period)
-        .expect("a positive period")
-        .allow_burst(burst);
-    RateLimiter::direct(quota)
+    crate::rate::limiter(rate, rate.ceil().clamp(1.0, 1024.0) as u32)
 }
 
 /// The log line and counter of a state change this member made.

@@ -20,6 +20,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{HandlerSettings, RouteSettings, WorkerSettings};
 use crate::finals::Finals;
 use crate::handlers::Registered;
+use crate::parts::Watch;
 use crate::store::{FinishOutcome, Result, Store};
 use crate::task::TaskId;
 use crate::telemetry::Metrics;
@@ -40,6 +41,11 @@ pub struct Processed {
     /// Whether the result was written (false: the lease had been taken over).
     pub written: bool,
 }
+
+/// A background part of the pool panicked (a bug); the pool drained and stopped.
+#[derive(Debug, thiserror::Error)]
+#[error("a part of the worker pool panicked: {0}")]
+pub struct PartDied(pub String);
 
 /// A pool of workers serving a set of handlers.
 #[derive(Clone)]
@@ -128,7 +134,11 @@ impl WorkerPool {
 
     /// Runs until `shutdown` fires, then stops claiming, lets running handlers finish for
     /// up to `shutdown_timeout`, writes their results and releases the leases of the rest.
-    pub async fn run(self, shutdown: CancellationToken) {
+    /// A background part that panics (breaker follower, heartbeat, listener, finisher,
+    /// compensator) stops the pool the same way and is its error.
+    pub async fn run(self, shutdown: CancellationToken) -> std::result::Result<(), PartDied> {
+        let watch = Watch::default();
+        let shutdown = watch.stop_on(&shutdown);
         let in_flight = Arc::new(InFlight::default());
         let wake = Arc::new(Notify::new());
         let background_stop = CancellationToken::new();
@@ -139,9 +149,13 @@ impl WorkerPool {
             &self.limits,
             self.served.names(),
         ));
-        let following = tokio::spawn(admission.clone().run(background_stop.clone()));
+        let following = watch.spawn(
+            "breaker follower",
+            admission.clone().run(background_stop.clone()),
+        );
 
-        let mut finisher = tokio::spawn(
+        let mut finisher = watch.spawn(
+            "finisher",
             Finisher {
                 store: self.store.clone(),
                 worker_id: self.worker_id.clone(),
@@ -155,19 +169,21 @@ impl WorkerPool {
             }
             .run(completions_rx),
         );
-        let heartbeat = tokio::spawn(inflight::heartbeat_loop(
-            self.store.clone(),
-            in_flight.clone(),
-            self.metrics.clone(),
-            self.settings.heartbeat,
-            self.settings.lease,
-            background_stop.clone(),
-        ));
-        let listener = tokio::spawn(wakeup::listen(
-            self.store.clone(),
-            wake.clone(),
-            background_stop.clone(),
-        ));
+        let heartbeat = watch.spawn(
+            "heartbeat",
+            inflight::heartbeat_loop(
+                self.store.clone(),
+                in_flight.clone(),
+                self.metrics.clone(),
+                self.settings.heartbeat,
+                self.settings.lease,
+                background_stop.clone(),
+            ),
+        );
+        let listener = watch.spawn(
+            "new-task listener",
+            wakeup::listen(self.store.clone(), wake.clone(), background_stop.clone()),
+        );
         tracing::info!(worker = %self.worker_id, handlers = ?self.served.names(),
             concurrency = self.settings.concurrency, batch_size = self.settings.batch_size,
             "worker pool started");
@@ -187,7 +203,8 @@ impl WorkerPool {
             attempts: TaskTracker::new(),
             interrupt: CancellationToken::new(),
         });
-        let compensator = tokio::spawn(
+        let compensator = watch.spawn(
+            "compensator",
             Compensator {
                 store: self.store.clone(),
                 worker_id: self.worker_id.clone(),
@@ -202,7 +219,13 @@ impl WorkerPool {
         for _ in 0..CLAIM_LOOPS {
             claim_loops.spawn(claimer.clone().run(shutdown.clone()));
         }
-        while claim_loops.join_next().await.is_some() {}
+        while let Some(joined) = claim_loops.join_next().await {
+            if let Err(error) = joined {
+                if let Ok(panic) = error.try_into_panic() {
+                    std::panic::resume_unwind(panic);
+                }
+            }
+        }
         let _ = compensator.await;
 
         self.drain_attempts(&claimer).await;
@@ -219,9 +242,12 @@ impl WorkerPool {
         }
         self.release(&in_flight).await;
         background_stop.cancel();
-        let _ = heartbeat.await;
-        let _ = following.await;
-        let _ = listener.await;
+        // Their panics are in `watch`.
+        let _ = tokio::join!(heartbeat, following, listener);
+        match watch.failure() {
+            Some(message) => Err(PartDied(message)),
+            None => Ok(()),
+        }
     }
 
     /// Lets running handlers finish until the shutdown deadline, then interrupts them.
