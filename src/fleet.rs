@@ -81,11 +81,12 @@ impl FleetBuilder {
     /// when it first republishes) and a `webhook` handler per `[webhooks.NAME]`.
     pub fn with_builtin_handlers(self) -> Self {
         let republish = RepublishHandler::new(&self.settings).with_metrics(self.metrics.clone());
+        let fleet = self.settings.fleet_identity();
         let webhooks: Vec<_> = self
             .settings
             .webhooks
             .iter()
-            .map(|(name, settings)| (name.clone(), WebhookHandler::new(name, settings)))
+            .map(|(name, settings)| (name.clone(), WebhookHandler::new(name, settings, &fleet)))
             .collect();
         let mut builder = self
             .handler("log", LogHandler)

@@ -259,6 +259,13 @@ impl Settings {
         Ok(settings)
     }
 
+    /// This fleet's name to the systems its handlers call (part of the webhook's
+    /// `Idempotency-Key`): `database.schema` and `kafka.group_id`. Two fleets that share
+    /// a database differ in the schema; two that consume one cluster differ in the group.
+    pub fn fleet_identity(&self) -> String {
+        format!("{}/{}", self.database.schema, self.kafka.group_id)
+    }
+
     /// Checks values that parse but make no sense, and the upper bounds of durations
     /// and counts (see redrive.example.toml).
     pub fn validate(&self) -> Result<(), ConfigError> {

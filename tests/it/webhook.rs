@@ -84,13 +84,11 @@ async fn envelope_calls_carry_one_idempotency_key_per_task_and_the_failure_conte
 
     let requests = server.requests();
     assert_eq!(requests.len(), 2);
+    let key = requests[0].header("idempotency-key").expect("a key");
     for (n, request) in requests.iter().enumerate() {
         assert_eq!(request.method, "POST");
         assert_eq!(request.path, "/hook");
-        assert_eq!(
-            request.header("idempotency-key"),
-            Some("kafka:orders.dlt:3:42")
-        );
+        assert_eq!(request.header("idempotency-key"), Some(key));
         assert_eq!(request.header("x-correlation-id"), Some("corr-1"));
         assert_eq!(request.header("content-type"), Some("application/json"));
         let attempt = (n + 1).to_string();
@@ -253,10 +251,7 @@ async fn a_refused_connection_is_transient_and_routes_override_the_target() {
     );
     assert_eq!(request.header("authorization"), Some("Bearer s3cret-token"));
     assert_eq!(request.header("x-route"), Some("orders"));
-    assert_eq!(
-        request.header("idempotency-key"),
-        Some(format!("redrive-task-{routed}").as_str())
-    );
+    assert!(request.header("idempotency-key").is_some());
 }
 
 #[test]
@@ -296,4 +291,82 @@ fn bad_webhook_settings_are_refused_at_start_up_naming_the_key() {
         let error = load(pairs).unwrap_or_else(|| panic!("{pairs:?} accepted"));
         assert!(error.contains(key), "{pairs:?}: {error}");
     }
+}
+
+/// The `Idempotency-Key` names the message, not only its coordinates: the same on every
+/// attempt of a task, another one for other content at the same coordinates (a recreated
+/// topic, after retention deleted the first task) and for the same message in another
+/// fleet (another schema or consumer group).
+#[tokio::test]
+async fn idempotency_keys_are_stable_per_task_and_differ_per_content_and_fleet() {
+    let (store, settings) = fresh_store().await;
+    let (other_store, other_settings) = fresh_store().await;
+    let calls = std::sync::atomic::AtomicUsize::new(0);
+    let server =
+        TestServer::start(
+            move |_| match calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+                0 | 1 => Reply::status(503),
+                _ => Reply::status(200),
+            },
+        )
+        .await;
+    let hook = webhook(&server.url("/hook"));
+    let message = |value: &[u8]| {
+        let mut task = NewTask::new("hook", value.to_vec());
+        task.dedup_key = Some("kafka:orders.dlt:3:42".into());
+        task
+    };
+    let key_of = |n: usize| {
+        server.requests()[n]
+            .header("idempotency-key")
+            .unwrap()
+            .to_owned()
+    };
+
+    let pool_a = pool(&store, &settings, hook.clone());
+    let first = store.enqueue(&message(b"v1")).await.unwrap().id();
+    for _ in 0..3 {
+        attempt(&pool_a, first).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        store.get(first).await.unwrap().unwrap().status,
+        Status::Resolved
+    );
+    assert_eq!(server.requests().len(), 3);
+    assert!(
+        key_of(1) == key_of(0) && key_of(2) == key_of(0),
+        "one key for every attempt"
+    );
+    let body_key = server.requests()[0].json()["idempotency_key"].clone();
+    assert_eq!(body_key, key_of(0), "the envelope carries the header's key");
+
+    // Retention deleted the task; the recreated topic has other content at 3:42.
+    sqlx::query("DELETE FROM recovery_task WHERE id = $1")
+        .bind(first.0)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let recreated = store.enqueue(&message(b"v2")).await.unwrap().id();
+    attempt(&pool_a, recreated).await;
+    assert_ne!(key_of(3), key_of(0), "other content, another key");
+
+    // Another fleet (its own schema) sends the very same message.
+    let pool_b = pool(&other_store, &other_settings, hook.clone());
+    let same = other_store.enqueue(&message(b"v1")).await.unwrap().id();
+    attempt(&pool_b, same).await;
+    assert_ne!(key_of(4), key_of(0), "another schema, another key");
+
+    // And a fleet with another consumer group on the same schema's tables.
+    sqlx::query("DELETE FROM recovery_task")
+        .execute(other_store.pool())
+        .await
+        .unwrap();
+    let mut grouped = other_settings.clone();
+    grouped.kafka.group_id = "redrive-eu".into();
+    let pool_c = pool(&other_store, &grouped, hook);
+    let again = other_store.enqueue(&message(b"v1")).await.unwrap().id();
+    attempt(&pool_c, again).await;
+    let keys: std::collections::HashSet<String> = (0..6).map(key_of).collect();
+    assert_eq!(keys.len(), 4, "one key per task and fleet: {keys:?}");
 }
