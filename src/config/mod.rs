@@ -18,6 +18,7 @@ mod checks;
 mod env;
 mod kafka;
 mod log;
+mod loops;
 pub mod pattern;
 mod resilience;
 mod source_error;
@@ -33,6 +34,8 @@ pub use kafka::{
     RouteSettings,
 };
 pub use log::{LogFormat, LogSettings};
+pub(crate) use loops::refuse_loops;
+pub use loops::replay_loop;
 pub use resilience::{BreakerSettings, HandlerSettings};
 pub use webhook::{ResolvedTarget, WebhookBody, WebhookSettings, WebhookTarget};
 
@@ -255,6 +258,7 @@ impl Settings {
             *handler = handler.trim().to_owned();
         }
         validate_routes(&mut settings.routes, None)?;
+        refuse_loops(&settings)?;
         settings.validate()?;
         Ok(settings)
     }

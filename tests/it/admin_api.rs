@@ -47,6 +47,7 @@ impl Api {
         let state = AppState {
             store: store.clone(),
             kafka: settings.kafka.clone(),
+            routes: fleet.settings().routes.clone(),
             budgets: fleet.budgets(),
         };
         let app = admin::router(state, Tokens::new(&settings.admin));
@@ -461,5 +462,35 @@ async fn a_running_member_serves_the_api_and_is_listed_live() {
         store.live_members().await.unwrap(),
         [],
         "a clean stop removes the member"
+    );
+}
+
+/// A replay to a topic one of the member's capture routes consumes is a 400 naming the
+/// route, before any Kafka client is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_into_a_captured_topic_is_refused() {
+    let (store, mut settings) = fresh_store().await;
+    settings.kafka.bootstrap_servers = "127.0.0.1:1".into();
+    let mut route = redrive::config::RouteSettings::new(
+        &["orders.dlt"],
+        redrive::config::RouteMode::Capture,
+        "log",
+    );
+    route.name = "dlt".into();
+    settings.routes.push(route);
+    let api = Api::start(&store, &with_tokens(settings)).await;
+    keyed_tasks(&store, "log", &[b"k1"]).await;
+    let (status, body) = api
+        .post(
+            "/api/v1/tasks/replay",
+            Some(OPERATE),
+            json!({"all": true, "to": "orders.dlt"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let error = body["error"].as_str().unwrap();
+    assert!(
+        error.contains("capture route routes[0].topics") && error.contains("endless loop"),
+        "{error}"
     );
 }
