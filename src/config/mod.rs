@@ -20,6 +20,7 @@ mod kafka;
 mod log;
 mod loops;
 pub mod pattern;
+pub mod redact;
 mod resilience;
 mod source_error;
 mod webhook;

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::{Handler, HandlerContext, HandlerError};
-use crate::config::{ConfigError, ResolvedTarget, WebhookBody, WebhookSettings};
+use crate::config::{redact, ConfigError, ResolvedTarget, WebhookBody, WebhookSettings};
 use crate::task::{SourceCoordinates, Task};
 
 /// Most bytes of a response body kept in the recorded error.
@@ -25,7 +25,8 @@ const KEY_RECIPE: &[u8] = b"redrive-idempotency-key-v1";
 
 /// Calls an HTTP endpoint per attempt. 2xx resolves the task; a connection error, a
 /// timeout, 408, 425, 429 and 5xx are transient (with `Retry-After` honoured up to
-/// `retry_after_max`); any other answer is permanent. Redirects are not followed.
+/// `retry_after_max`); any other answer is permanent. Redirects are not followed. Its
+/// errors show the URL without credentials ([`redact`]), and scrub them from the body.
 pub struct WebhookHandler {
     name: String,
     fleet: String,
@@ -127,8 +128,8 @@ impl Handler for WebhookHandler {
             HandlerError::transient(format!(
                 "{} {}: {}",
                 target.method,
-                target.url,
-                describe(&error)
+                redact::redacted(&target.url),
+                redact::scrub(&describe(&error.without_url()), &target.url)
             ))
         })?;
         let status = response.status();
@@ -136,7 +137,8 @@ impl Handler for WebhookHandler {
             return Ok(());
         }
         let headers = response.headers().clone();
-        let body = head_of_body(response).await;
+        // The server may echo the request, credentials and all.
+        let body = redact::scrub(&head_of_body(response).await, &target.url);
         Err(self.classify(status, &headers, &body))
     }
 

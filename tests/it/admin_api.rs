@@ -10,10 +10,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::fresh_store;
 
-const OPERATE: &str = "operate-token-0123456789";
-const READ: &str = "read-token-0123456789ab";
+pub(crate) const OPERATE: &str = "operate-token-0123456789";
+pub(crate) const READ: &str = "read-token-0123456789ab";
 
-fn with_tokens(mut settings: Settings) -> Settings {
+pub(crate) fn with_tokens(mut settings: Settings) -> Settings {
     for (name, role, token) in [
         ("ops", Role::Operate, OPERATE),
         ("viewer", Role::Read, READ),
@@ -30,14 +30,14 @@ fn with_tokens(mut settings: Settings) -> Settings {
 }
 
 /// The API on a loopback port, over `store`.
-struct Api {
+pub(crate) struct Api {
     base: String,
     client: reqwest::Client,
     stop: CancellationToken,
 }
 
 impl Api {
-    async fn start(store: &Store, settings: &Settings) -> Api {
+    pub(crate) async fn start(store: &Store, settings: &Settings) -> Api {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address: SocketAddr = listener.local_addr().unwrap();
         let fleet = Fleet::builder(settings.clone())
@@ -60,7 +60,7 @@ impl Api {
         }
     }
 
-    async fn get(&self, path: &str, token: Option<&str>) -> (StatusCode, Value) {
+    pub(crate) async fn get(&self, path: &str, token: Option<&str>) -> (StatusCode, Value) {
         let mut request = self.client.get(format!("{}{path}", self.base));
         if let Some(token) = token {
             request = request.bearer_auth(token);

@@ -682,3 +682,52 @@ fn producing_to_a_topic_a_route_consumes_is_refused_naming_both_keys() {
         "{text}"
     );
 }
+
+/// Credentials in a webhook URL (userinfo, query values) appear neither in the settings'
+/// `Debug` output nor in any configuration error about it.
+#[test]
+fn credentials_in_webhook_urls_are_never_shown() {
+    let secrets = ["s3cret-pass", "s3cret-key"];
+    let url = |scheme: &str| {
+        format!(
+            "{scheme}://user:{}@hooks.example:8443/in?api_key={}",
+            secrets[0], secrets[1]
+        )
+    };
+    let settings = load_toml(&format!(
+        "[webhooks.billing]\nurl = \"{}\"\n[webhooks.billing.routes.orders]\nurl = \"{}\"",
+        url("https"),
+        url("http")
+    ))
+    .unwrap();
+    let shown = format!("{settings:?}");
+    assert!(shown.contains("hooks.example:8443/in"), "{shown}");
+    for secret in secrets {
+        assert_no_secret(&shown, secret);
+    }
+    let errors = [
+        load_toml(&format!("[webhooks.billing]\nurl = \"{}\"", url("ftp"))),
+        load_toml(&format!(
+            "[webhooks.billing]\nurl = \"{}\"",
+            url("https").replace("hooks.example", "hooks example")
+        )),
+        load_toml(&format!(
+            "[webhooks.billing]\nurl = \"https://a.example/\"\n\
+             [webhooks.billing.routes.orders]\nurl = \"{}\"",
+            url("mailto")
+        )),
+        load_toml(&format!(
+            "[webhooks.billing]\nroutes = \"{}\"",
+            url("https")
+        )),
+        load_env(&[("REDRIVE__WEBHOOKS__BILLING__URL", &url("ftp"))]),
+    ];
+    for error in errors {
+        let error = error.expect_err("refused");
+        let text = format!("{error} / {error:?}");
+        assert!(text.contains("webhooks.billing"), "{text}");
+        for secret in secrets {
+            assert_no_secret(&text, secret);
+        }
+    }
+}

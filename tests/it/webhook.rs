@@ -370,3 +370,111 @@ async fn idempotency_keys_are_stable_per_task_and_differ_per_content_and_fleet()
     let keys: std::collections::HashSet<String> = (0..6).map(key_of).collect();
     assert_eq!(keys.len(), 4, "one key per task and fleet: {keys:?}");
 }
+
+/// Credentials in a webhook URL (userinfo, query values) never reach what is stored or
+/// shown: the last error, the attempt history, `tasks show` and `tasks list`, and the
+/// admin API's answers to a read token; neither for an unreachable server nor for one
+/// that fails and echoes the request in its body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_in_the_url_are_never_stored_or_shown() {
+    let (store, settings) = fresh_store().await;
+    let secrets = ["s3cret-pass", "s3cret-key"];
+    let with_credentials = |address: &str| {
+        format!(
+            "http://user:{}@{address}/hook?api_key={}&v=1",
+            secrets[0], secrets[1]
+        )
+    };
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let unreachable = with_credentials(&closed.local_addr().unwrap().to_string());
+    drop(closed);
+    let echoing =
+        TestServer::start(|_| Reply::status(503).body("cannot POST /hook?api_key=s3cret-key&v=1"))
+            .await;
+    let mut hook = webhook(&unreachable);
+    hook.routes.insert(
+        "echo".into(),
+        WebhookTarget {
+            url: Some(with_credentials(&echoing.addr.to_string())),
+            ..WebhookTarget::default()
+        },
+    );
+    let pool = pool(&store, &settings, hook);
+
+    let down = store
+        .enqueue(&NewTask::new("hook", b"x".to_vec()))
+        .await
+        .unwrap()
+        .id();
+    attempt(&pool, down).await;
+    set_aside(&store, down).await;
+    let mut routed = NewTask::new("hook", b"y".to_vec());
+    routed.failure.route = Some("echo".into());
+    let failing = store.enqueue(&routed).await.unwrap().id();
+    attempt(&pool, failing).await;
+    assert_eq!(echoing.requests().len(), 1, "the server was called");
+
+    let mut shown = Vec::new();
+    for id in [down, failing] {
+        let task = store.get(id).await.unwrap().unwrap();
+        shown.push(task.last_error.clone().unwrap_or_default());
+        let history: Vec<String> = sqlx::query_scalar(
+            "SELECT coalesce(error, '') FROM recovery_attempt WHERE task_id = $1",
+        )
+        .bind(id.0)
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+        assert_eq!(history.len(), 1);
+        shown.extend(history);
+        for args in [
+            vec!["tasks".to_owned(), "show".to_owned(), id.to_string()],
+            vec![
+                "tasks".to_owned(),
+                "show".to_owned(),
+                id.to_string(),
+                "--json".to_owned(),
+            ],
+        ] {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = crate::operator_cli::run(&settings, &args);
+            assert!(out.status.success(), "{args:?}");
+            shown.push(String::from_utf8_lossy(&out.stdout).into_owned());
+        }
+    }
+    for json in [&["--json"][..], &[]] {
+        let mut args = vec!["tasks", "list", "--status", "failed,discarded"];
+        args.extend_from_slice(json);
+        let out = crate::operator_cli::run(&settings, &args);
+        let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success() && listed.contains("HTTP 503"),
+            "{listed}"
+        );
+        shown.push(listed);
+    }
+    let api = crate::admin_api::Api::start(&store, &crate::admin_api::with_tokens(settings)).await;
+    for path in [
+        "/api/v1/tasks?status=failed,discarded".to_owned(),
+        format!("/api/v1/tasks/{down}"),
+        format!("/api/v1/tasks/{failing}"),
+    ] {
+        let (_, body) = api.get(&path, Some(crate::admin_api::READ)).await;
+        shown.push(body.to_string());
+    }
+    for text in &shown {
+        for secret in secrets {
+            assert!(!text.contains(secret), "{secret} shown in: {text}");
+        }
+    }
+    let all = shown.join("\n");
+    assert!(all.contains("HTTP 503"), "{all}");
+    // What is left of the URL still says where the call went.
+    let error = store.get(down).await.unwrap().unwrap().last_error.unwrap();
+    assert!(
+        error.contains("connection failed")
+            && error.contains("http://***@127.0.0.1:")
+            && error.contains("/hook?api_key=***&v=***"),
+        "{error}"
+    );
+}
