@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, AppState, Tokens};
-use crate::config::{validate_routes, ConfigError, Settings};
+use crate::config::{refuse_loops, validate_routes, ConfigError, Settings};
 use crate::finals::{FinalSink, Finals};
 use crate::handlers::{
     Handler, HandlerRegistry, LogHandler, Registered, RegistryError, RepublishHandler,
@@ -81,11 +81,12 @@ impl FleetBuilder {
     /// when it first republishes) and a `webhook` handler per `[webhooks.NAME]`.
     pub fn with_builtin_handlers(self) -> Self {
         let republish = RepublishHandler::new(&self.settings).with_metrics(self.metrics.clone());
+        let fleet = self.settings.fleet_identity();
         let webhooks: Vec<_> = self
             .settings
             .webhooks
             .iter()
-            .map(|(name, settings)| (name.clone(), WebhookHandler::new(name, settings)))
+            .map(|(name, settings)| (name.clone(), WebhookHandler::new(name, settings, &fleet)))
             .collect();
         let mut builder = self
             .handler("log", LogHandler)
@@ -111,6 +112,7 @@ impl FleetBuilder {
             .select(&settings.worker.handlers, &settings.retry)
             .map_err(|e| ConfigError::new("worker.handlers", e.to_string()))?;
         validate_routes(&mut settings.routes, Some(&self.registry.names()))?;
+        refuse_loops(settings)?;
         let registered = self.registry.names();
         if let Some(name) = settings.handlers.keys().find(|n| !registered.contains(n)) {
             return Err(ConfigError::new(
@@ -288,6 +290,7 @@ impl Fleet {
             let state = AppState {
                 store: store.clone(),
                 kafka: self.settings.kafka.clone(),
+                routes: self.settings.routes.clone(),
                 budgets: self.budgets(),
             };
             let app = admin::router(state, Tokens::new(&self.settings.admin));

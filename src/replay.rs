@@ -18,7 +18,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::KafkaSettings;
+use crate::config::{replay_loop, KafkaSettings, RouteSettings};
 use crate::kafka::context::QuietContext;
 use crate::kafka::dlt::own;
 use crate::kafka::message::Consumed;
@@ -54,11 +54,13 @@ pub enum ReplayError {
     Invalid(String),
 }
 
-/// Checks a replay before it is recorded: a valid rate, and every topic it would
-/// produce to exists. Nothing is produced.
+/// Checks a replay before it is recorded: a valid rate, no topic it would produce to
+/// consumed by one of `routes`' capture routes (an endless loop, see
+/// [`crate::config::replay_loop`]), and every such topic exists. Nothing is produced.
 pub async fn check_replay(
     store: &Store,
     kafka: &KafkaSettings,
+    routes: &[RouteSettings],
     replay: &NewReplay,
 ) -> Result<(), ReplayError> {
     if let Some(rate) = replay.rate {
@@ -76,6 +78,9 @@ pub async fn check_replay(
         Some(topic) => vec![topic.clone()],
         None => store.original_topics(&replay.filter).await?,
     };
+    if let Some(why) = topics.iter().find_map(|t| replay_loop(routes, t)) {
+        return Err(ReplayError::Invalid(why));
+    }
     let kafka = kafka.clone();
     tokio::task::spawn_blocking(move || {
         let reader = Reader::new(&kafka)?;

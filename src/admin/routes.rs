@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
-use crate::config::KafkaSettings;
+use crate::config::{KafkaSettings, RouteSettings};
 use crate::replay::check_replay;
 use crate::store::{
     Action, AuditEntry, AuditQuery, Budget, Budgets, CheckReport, Member, NewReplay, Operator,
@@ -27,6 +27,8 @@ pub struct AppState {
     pub store: Store,
     /// For replays: the cluster to check topics on.
     pub kafka: KafkaSettings,
+    /// For replays: the member's routes, whose captured topics a replay may not target.
+    pub routes: Vec<RouteSettings>,
     /// For `check`.
     pub budgets: Budgets,
 }
@@ -385,7 +387,7 @@ pub async fn replay(
         rate: request.rate,
         detached: true,
     };
-    check_replay(&state.store, &state.kafka, &replay).await?;
+    check_replay(&state.store, &state.kafka, &state.routes, &replay).await?;
     let operator = Operator {
         actor: caller.name.clone(),
         reason: request.reason,

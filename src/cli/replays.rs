@@ -145,7 +145,8 @@ pub async fn run_in_foreground(
         rate: args.rate,
         detached: args.detach,
     };
-    check_replay(store, &fleet.settings().kafka, &replay).await?;
+    let settings = fleet.settings();
+    check_replay(store, &settings.kafka, &settings.routes, &replay).await?;
     let count = store
         .count_selected(&crate::store::Selection::Filter(replay.filter.clone()))
         .await?;

@@ -270,8 +270,8 @@ pub(crate) fn url_parameters(url: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Decodes `%XX` escapes and `+` of a URL query name.
-fn percent_decode(text: &str) -> String {
+/// Decodes `%XX` escapes and `+` of a URL query part.
+pub(crate) fn percent_decode(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -18,7 +18,9 @@ mod checks;
 mod env;
 mod kafka;
 mod log;
+mod loops;
 pub mod pattern;
+pub mod redact;
 mod resilience;
 mod source_error;
 mod webhook;
@@ -33,6 +35,8 @@ pub use kafka::{
     RouteSettings,
 };
 pub use log::{LogFormat, LogSettings};
+pub(crate) use loops::refuse_loops;
+pub use loops::replay_loop;
 pub use resilience::{BreakerSettings, HandlerSettings};
 pub use webhook::{ResolvedTarget, WebhookBody, WebhookSettings, WebhookTarget};
 
@@ -255,8 +259,16 @@ impl Settings {
             *handler = handler.trim().to_owned();
         }
         validate_routes(&mut settings.routes, None)?;
+        refuse_loops(&settings)?;
         settings.validate()?;
         Ok(settings)
+    }
+
+    /// This fleet's name to the systems its handlers call (part of the webhook's
+    /// `Idempotency-Key`): `database.schema` and `kafka.group_id`. Two fleets that share
+    /// a database differ in the schema; two that consume one cluster differ in the group.
+    pub fn fleet_identity(&self) -> String {
+        format!("{}/{}", self.database.schema, self.kafka.group_id)
     }
 
     /// Checks values that parse but make no sense, and the upper bounds of durations

@@ -19,6 +19,11 @@ pub fn anchored(pattern: &str) -> String {
     format!("^({inner})$")
 }
 
+/// Whether subscribing `pattern` delivers `topic` (and the route table claims it).
+pub fn matches(pattern: &str, topic: &str) -> bool {
+    regex::Regex::new(&anchored(pattern)).is_ok_and(|re| re.is_match(topic))
+}
+
 /// Why `pattern` could be read differently by the two engines, if it could.
 pub fn check(pattern: &str) -> Result<(), String> {
     if pattern.is_empty() {

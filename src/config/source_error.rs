@@ -21,9 +21,9 @@ pub(super) fn from_config_error(err: config::ConfigError) -> ConfigError {
     ConfigError::new(key, message)
 }
 
-/// The message of `err` about `key`. A string where `[database]` or `[kafka]` (or
-/// anything in them) belongs may hold the database password or a Kafka secret, so it is
-/// described, not quoted; a TOML syntax error keeps its position and reason but not the
+/// The message of `err` about `key`. A string where `[database]`, `[kafka]` or
+/// `[webhooks]` (or anything in them) belongs may hold a password, a Kafka secret or a
+/// webhook credential, so it is described, not quoted; a TOML syntax error keeps its position and reason but not the
 /// quoted line of the file, which may hold a secret.
 fn sanitized(err: &config::ConfigError, key: &str) -> String {
     match err {
@@ -50,10 +50,10 @@ fn sanitized(err: &config::ConfigError, key: &str) -> String {
     }
 }
 
-/// Keys whose values may be secrets: the database URL and Kafka properties (or the
-/// tables above them, where a misplaced value lands).
+/// Keys whose values may be secrets: the database URL, Kafka properties and webhook
+/// URLs and headers (or the tables above them, where a misplaced value lands).
 fn is_secret_key(key: &str) -> bool {
-    ["database", "kafka"]
+    ["database", "kafka", "webhooks"]
         .iter()
         .any(|root| key == *root || key.starts_with(&format!("{root}.")))
 }

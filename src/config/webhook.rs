@@ -8,6 +8,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::checks::{at_most, within, ONE_DAY, ONE_HOUR};
+use super::redact;
 use super::{duration, ConfigError};
 
 /// What a webhook call sends as its body.
@@ -21,8 +22,9 @@ pub enum WebhookBody {
     Raw,
 }
 
-/// Where and how a webhook call goes. Header values may hold credentials: `Debug`
-/// shows header names only.
+/// Where and how a webhook call goes. Header values and the URL's userinfo and query
+/// may hold credentials: `Debug` shows header names only and the URL redacted
+/// ([`redact`]).
 #[derive(Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WebhookTarget {
@@ -39,7 +41,7 @@ pub struct WebhookTarget {
 impl fmt::Debug for WebhookTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WebhookTarget")
-            .field("url", &self.url)
+            .field("url", &self.url.as_deref().map(redact::redacted_text))
             .field("method", &self.method)
             .field("headers", &self.headers.keys().collect::<Vec<_>>())
             .field("body", &self.body)
@@ -47,7 +49,8 @@ impl fmt::Debug for WebhookTarget {
     }
 }
 
-/// `[webhooks.NAME]`: a webhook handler named NAME. `Debug` shows header names only.
+/// `[webhooks.NAME]`: a webhook handler named NAME. `Debug` shows header names only and
+/// the URL redacted.
 #[derive(Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WebhookSettings {
@@ -100,8 +103,9 @@ impl Default for WebhookSettings {
     }
 }
 
-/// A target with every part checked and parsed, ready for reqwest.
-#[derive(Debug, Clone)]
+/// A target with every part checked and parsed, ready for reqwest. `Debug` shows the
+/// URL redacted and header names only.
+#[derive(Clone)]
 pub struct ResolvedTarget {
     /// Where to send.
     pub url: Url,
@@ -111,6 +115,17 @@ pub struct ResolvedTarget {
     pub headers: HeaderMap,
     /// What to send.
     pub body: WebhookBody,
+}
+
+impl fmt::Debug for ResolvedTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResolvedTarget")
+            .field("url", &redact::redacted(&self.url))
+            .field("method", &self.method)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("body", &self.body)
+            .finish()
+    }
 }
 
 impl WebhookSettings {
@@ -202,13 +217,15 @@ impl WebhookSettings {
     }
 }
 
+/// Parses a target URL; an error shows it redacted, or not at all when it does not parse.
 fn parse_url(text: &str) -> Result<Url, String> {
-    let url = Url::parse(text).map_err(|e| format!("{text:?} is not a URL ({e})"))?;
+    let url = Url::parse(text).map_err(|e| format!("is not a URL ({e})"))?;
+    let shown = redact::redacted(&url);
     if !matches!(url.scheme(), "http" | "https") {
-        return Err(format!("{text:?} must be an http:// or https:// URL"));
+        return Err(format!("{shown:?} must be an http:// or https:// URL"));
     }
     if url.host_str().unwrap_or_default().is_empty() {
-        return Err(format!("{text:?} has no host"));
+        return Err(format!("{shown:?} has no host"));
     }
     Ok(url)
 }

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::{Handler, HandlerContext, HandlerError};
-use crate::config::{ConfigError, ResolvedTarget, WebhookBody, WebhookSettings};
+use crate::config::{redact, ConfigError, ResolvedTarget, WebhookBody, WebhookSettings};
 use crate::task::{SourceCoordinates, Task};
 
 /// Most bytes of a response body kept in the recorded error.
@@ -20,11 +20,16 @@ pub const ERROR_BODY_BYTES: usize = 2048;
 /// Header carrying the idempotency key, the same on every attempt of a task.
 pub const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
 
+/// Version of the idempotency key's recipe, hashed in with its parts.
+const KEY_RECIPE: &[u8] = b"redrive-idempotency-key-v1";
+
 /// Calls an HTTP endpoint per attempt. 2xx resolves the task; a connection error, a
 /// timeout, 408, 425, 429 and 5xx are transient (with `Retry-After` honoured up to
-/// `retry_after_max`); any other answer is permanent. Redirects are not followed.
+/// `retry_after_max`); any other answer is permanent. Redirects are not followed. Its
+/// errors show the URL without credentials ([`redact`]), and scrub them from the body.
 pub struct WebhookHandler {
     name: String,
+    fleet: String,
     client: Client,
     own: ResolvedTarget,
     routes: BTreeMap<String, ResolvedTarget>,
@@ -33,8 +38,13 @@ pub struct WebhookHandler {
 }
 
 impl WebhookHandler {
-    /// A handler for `[webhooks.NAME]`; refuses settings that do not validate.
-    pub fn new(name: &str, settings: &WebhookSettings) -> Result<WebhookHandler, ConfigError> {
+    /// A handler for `[webhooks.NAME]` of the fleet named `fleet` (see
+    /// [`crate::Settings::fleet_identity`]); refuses settings that do not validate.
+    pub fn new(
+        name: &str,
+        settings: &WebhookSettings,
+        fleet: &str,
+    ) -> Result<WebhookHandler, ConfigError> {
         settings.validate(name)?;
         let client = Client::builder()
             .connect_timeout(settings.connect_timeout)
@@ -50,6 +60,7 @@ impl WebhookHandler {
             .collect::<Result<_, ConfigError>>()?;
         Ok(WebhookHandler {
             name: name.to_owned(),
+            fleet: fleet.to_owned(),
             client,
             own: settings.resolve(name, None)?,
             routes,
@@ -95,7 +106,7 @@ impl Handler for WebhookHandler {
                 ("application/octet-stream", value)
             }
             WebhookBody::Envelope => {
-                let envelope = Envelope::new(&self.name, ctx, task);
+                let envelope = Envelope::new(&self.name, &self.fleet, ctx, task);
                 let json = serde_json::to_vec(&envelope).map_err(HandlerError::permanent)?;
                 ("application/json", json)
             }
@@ -105,7 +116,7 @@ impl Handler for WebhookHandler {
             .request(target.method.clone(), target.url.clone())
             .header(CONTENT_TYPE, content_type)
             .headers(target.headers.clone())
-            .header(IDEMPOTENCY_KEY, idempotency_key(task))
+            .header(IDEMPOTENCY_KEY, idempotency_key(&self.fleet, task))
             .header("X-Redrive-Task-Id", task.id.0)
             .header("X-Redrive-Attempt", ctx.attempt);
         if let Some(id) = task.failure.correlation_id.as_deref() {
@@ -117,8 +128,8 @@ impl Handler for WebhookHandler {
             HandlerError::transient(format!(
                 "{} {}: {}",
                 target.method,
-                target.url,
-                describe(&error)
+                redact::redacted(&target.url),
+                redact::scrub(&describe(&error.without_url()), &target.url)
             ))
         })?;
         let status = response.status();
@@ -126,7 +137,8 @@ impl Handler for WebhookHandler {
             return Ok(());
         }
         let headers = response.headers().clone();
-        let body = head_of_body(response).await;
+        // The server may echo the request, credentials and all.
+        let body = redact::scrub(&head_of_body(response).await, &target.url);
         Err(self.classify(status, &headers, &body))
     }
 
@@ -136,19 +148,25 @@ impl Handler for WebhookHandler {
     }
 }
 
-/// The task's dedup key when it is a plain header value, else its SHA-256; the task id
-/// for a task stored without one. The same for every attempt of a task.
-pub fn idempotency_key(task: &Task) -> String {
-    match task.dedup_key.as_deref() {
-        Some(key) if key.len() <= 200 && key.bytes().all(|b| b.is_ascii_graphic()) => {
-            key.to_owned()
-        }
-        Some(key) => format!(
-            "sha256:{}",
-            crate::readable::hex(&Sha256::digest(key.as_bytes()))
-        ),
-        None => format!("redrive-task-{}", task.id),
+/// `sha256:` and the hex SHA-256 of the fleet's identity, the task's dedup key (its id
+/// when it has none) and its content digest ([`crate::task::Failure::content_digest`]):
+/// the same on every attempt of the task, another key for other content at the same
+/// coordinates (a recreated topic) and for the same message in another fleet.
+pub fn idempotency_key(fleet: &str, task: &Task) -> String {
+    let id = task.id.to_string();
+    let dedup = task.dedup_key.as_deref().unwrap_or(&id);
+    let digest = task.failure.content_digest();
+    let mut hasher = Sha256::new();
+    for part in [
+        KEY_RECIPE,
+        fleet.as_bytes(),
+        dedup.as_bytes(),
+        digest.as_bytes(),
+    ] {
+        hasher.update((part.len() as u64).to_be_bytes());
+        hasher.update(part);
     }
+    format!("sha256:{}", crate::readable::hex(&hasher.finalize()))
 }
 
 /// Delay asked for by `Retry-After`: delta seconds or an HTTP date (a past date is 0).
@@ -280,13 +298,13 @@ struct FailureContext<'a> {
 }
 
 impl<'a> Envelope<'a> {
-    fn new(handler: &'a str, ctx: &HandlerContext, task: &'a Task) -> Envelope<'a> {
+    fn new(handler: &'a str, fleet: &str, ctx: &HandlerContext, task: &'a Task) -> Envelope<'a> {
         let failure = &task.failure;
         Envelope {
             task_id: task.id.0,
             handler,
             attempt: ctx.attempt,
-            idempotency_key: idempotency_key(task),
+            idempotency_key: idempotency_key(fleet, task),
             route: failure.route.as_deref(),
             event_type: failure.event_type.as_deref(),
             correlation_id: failure.correlation_id.as_deref(),
@@ -341,18 +359,36 @@ mod tests {
     }
 
     #[test]
-    fn idempotency_keys_are_stable_header_values() {
+    fn idempotency_keys_name_fleet_coordinates_and_content() {
         let mut task = crate::task::NewTask::new("h", "v").unsaved();
         task.id = crate::task::TaskId(7);
-        assert_eq!(idempotency_key(&task), "redrive-task-7");
         task.dedup_key = Some("kafka:orders:0:42".into());
-        assert_eq!(idempotency_key(&task), "kafka:orders:0:42");
-        task.dedup_key = Some("key with spaces\n".into());
-        let hashed = idempotency_key(&task);
-        assert!(
-            hashed.starts_with("sha256:") && hashed.len() == 7 + 64,
-            "{hashed}"
+        let key = idempotency_key("redrive/redrive", &task);
+        assert!(key.starts_with("sha256:") && key.len() == 7 + 64, "{key}");
+        assert!(key.bytes().all(|b| b.is_ascii_graphic()), "a header value");
+        assert_eq!(key, idempotency_key("redrive/redrive", &task), "stable");
+
+        let mut other = task.clone();
+        other.id = crate::task::TaskId(8);
+        assert_eq!(
+            key,
+            idempotency_key("redrive/redrive", &other),
+            "not the id"
         );
-        assert_eq!(hashed, idempotency_key(&task));
+        other.failure.value = Some(b"w".to_vec());
+        assert_ne!(key, idempotency_key("redrive/redrive", &other), "content");
+        assert_ne!(key, idempotency_key("redrive/eu", &task), "fleet");
+        task.dedup_key = Some("kafka:orders:0:43".into());
+        assert_ne!(
+            key,
+            idempotency_key("redrive/redrive", &task),
+            "coordinates"
+        );
+
+        // Without a dedup key, the task id stands in.
+        task.dedup_key = None;
+        let by_id = idempotency_key("redrive/redrive", &task);
+        task.id = crate::task::TaskId(9);
+        assert_ne!(by_id, idempotency_key("redrive/redrive", &task));
     }
 }

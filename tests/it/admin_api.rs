@@ -10,10 +10,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::fresh_store;
 
-const OPERATE: &str = "operate-token-0123456789";
-const READ: &str = "read-token-0123456789ab";
+pub(crate) const OPERATE: &str = "operate-token-0123456789";
+pub(crate) const READ: &str = "read-token-0123456789ab";
 
-fn with_tokens(mut settings: Settings) -> Settings {
+pub(crate) fn with_tokens(mut settings: Settings) -> Settings {
     for (name, role, token) in [
         ("ops", Role::Operate, OPERATE),
         ("viewer", Role::Read, READ),
@@ -30,14 +30,14 @@ fn with_tokens(mut settings: Settings) -> Settings {
 }
 
 /// The API on a loopback port, over `store`.
-struct Api {
+pub(crate) struct Api {
     base: String,
     client: reqwest::Client,
     stop: CancellationToken,
 }
 
 impl Api {
-    async fn start(store: &Store, settings: &Settings) -> Api {
+    pub(crate) async fn start(store: &Store, settings: &Settings) -> Api {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address: SocketAddr = listener.local_addr().unwrap();
         let fleet = Fleet::builder(settings.clone())
@@ -47,6 +47,7 @@ impl Api {
         let state = AppState {
             store: store.clone(),
             kafka: settings.kafka.clone(),
+            routes: fleet.settings().routes.clone(),
             budgets: fleet.budgets(),
         };
         let app = admin::router(state, Tokens::new(&settings.admin));
@@ -59,7 +60,7 @@ impl Api {
         }
     }
 
-    async fn get(&self, path: &str, token: Option<&str>) -> (StatusCode, Value) {
+    pub(crate) async fn get(&self, path: &str, token: Option<&str>) -> (StatusCode, Value) {
         let mut request = self.client.get(format!("{}{path}", self.base));
         if let Some(token) = token {
             request = request.bearer_auth(token);
@@ -461,5 +462,35 @@ async fn a_running_member_serves_the_api_and_is_listed_live() {
         store.live_members().await.unwrap(),
         [],
         "a clean stop removes the member"
+    );
+}
+
+/// A replay to a topic one of the member's capture routes consumes is a 400 naming the
+/// route, before any Kafka client is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_into_a_captured_topic_is_refused() {
+    let (store, mut settings) = fresh_store().await;
+    settings.kafka.bootstrap_servers = "127.0.0.1:1".into();
+    let mut route = redrive::config::RouteSettings::new(
+        &["orders.dlt"],
+        redrive::config::RouteMode::Capture,
+        "log",
+    );
+    route.name = "dlt".into();
+    settings.routes.push(route);
+    let api = Api::start(&store, &with_tokens(settings)).await;
+    keyed_tasks(&store, "log", &[b"k1"]).await;
+    let (status, body) = api
+        .post(
+            "/api/v1/tasks/replay",
+            Some(OPERATE),
+            json!({"all": true, "to": "orders.dlt"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let error = body["error"].as_str().unwrap();
+    assert!(
+        error.contains("capture route routes[0].topics") && error.contains("endless loop"),
+        "{error}"
     );
 }

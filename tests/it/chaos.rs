@@ -807,7 +807,6 @@ struct TaskRow {
     status: String,
     attempts: i32,
     lease_version: i64,
-    dedup_key: String,
     coordinates: (i32, i64),
 }
 
@@ -838,27 +837,16 @@ struct Stored {
 
 impl Stored {
     async fn load(pool: &PgPool) -> Stored {
-        type Task = (
-            i64,
-            Vec<u8>,
-            String,
-            i32,
-            i64,
-            String,
-            Option<String>,
-            i32,
-            i64,
-        );
+        type Task = (i64, Vec<u8>, String, i32, i64, Option<String>, i32, i64);
         let rows: Vec<Task> = sqlx::query_as(
-            "SELECT id, msg_key, status, attempts, lease_version, dedup_key, source_topic, \
+            "SELECT id, msg_key, status, attempts, lease_version, source_topic, \
                     source_partition, source_offset FROM recovery_task",
         )
         .fetch_all(pool)
         .await
         .unwrap();
         let mut tasks = HashMap::new();
-        for (id, key, status, attempts, lease_version, dedup_key, topic, partition, offset) in rows
-        {
+        for (id, key, status, attempts, lease_version, topic, partition, offset) in rows {
             assert_eq!(topic.as_deref(), Some(TOPIC));
             let key = String::from_utf8(key).unwrap();
             let task = TaskRow {
@@ -866,7 +854,6 @@ impl Stored {
                 status,
                 attempts,
                 lease_version,
-                dedup_key,
                 coordinates: (partition, offset),
             };
             tasks.insert(id, task);
@@ -1082,7 +1069,7 @@ async fn no_stale_write(run: &Run, stored: &Stored) {
 }
 
 /// Each call the downstream received belongs to a counted attempt of the task it names,
-/// carries the task's dedup key as its `Idempotency-Key`, and was acted on as answered:
+/// carries one `Idempotency-Key` of its own on every call, and was acted on as answered:
 /// a 200 resolved the task, a 400 ended it, a 503 or a timeout scheduled a retry, unless
 /// the attempt was interrupted (its member killed, or its lease lost, and the next claim
 /// recorded it `lease_expired`; or the client gave up first, a timeout).
@@ -1095,6 +1082,8 @@ async fn no_stale_write(run: &Run, stored: &Stored) {
 /// of `BATCH` tasks in flight per member per termination.
 fn deliveries_bounded_by_interruptions(run: &Run, stored: &Stored, calls: &[Call]) {
     let mut per_attempt = HashSet::new();
+    let mut key_of_task: HashMap<i64, &str> = HashMap::new();
+    let mut task_of_key: HashMap<&str, i64> = HashMap::new();
     let mut answered: HashMap<(i64, Answer), usize> = HashMap::new();
     let mut unseen = 0;
     for call in calls {
@@ -1103,9 +1092,12 @@ fn deliveries_bounded_by_interruptions(run: &Run, stored: &Stored, calls: &[Call
             task.order, call.order,
             "{call:?} names another order's task"
         );
-        assert_eq!(
-            call.idempotency_key, task.dedup_key,
-            "{call:?}: Idempotency-Key"
+        let key = call.idempotency_key.as_str();
+        let per_task = *key_of_task.entry(call.task_id).or_insert(key);
+        let per_key = *task_of_key.entry(key).or_insert(call.task_id);
+        assert!(
+            per_task == key && per_key == call.task_id,
+            "{call:?}: one Idempotency-Key per task"
         );
         let fresh = per_attempt.insert((call.task_id, call.attempt));
         assert!(fresh, "two calls for one attempt: {call:?}");

@@ -605,3 +605,129 @@ fn retention_ages_are_checked() {
         "not a duration",
     );
 }
+
+/// A republish target or a parking topic that a route consumes is an endless loop
+/// (each task produced comes back as a new task): refused at start-up, naming both keys.
+#[test]
+fn producing_to_a_topic_a_route_consumes_is_refused_naming_both_keys() {
+    let capture =
+        "[[routes]]\ntopics = [\"orders.dlt\"]\nmode = \"capture\"\nhandler = \"republish\"\n";
+    let by_pattern =
+        "[[routes]]\npattern = \"^.*\\\\.dlt\"\nmode = \"capture\"\nhandler = \"log\"\n";
+    let process = "[[routes]]\ntopics = [\"orders\"]\nmode = \"process\"\nhandler = \"log\"\n";
+    let refused: &[(String, &str, &str)] = &[
+        (
+            format!("[republish]\ntarget_topic = \"orders.dlt\"\n{capture}"),
+            "republish.target_topic",
+            "routes[0].topics",
+        ),
+        (
+            format!("[parking]\ntopic = \"orders.dlt\"\n{capture}"),
+            "parking.topic",
+            "routes[0].topics",
+        ),
+        // The pattern matches whole names, as librdkafka's subscription does.
+        (
+            format!("[parking]\ntopic = \"orders.parked.dlt\"\n{process}{by_pattern}"),
+            "parking.topic",
+            "routes[1].pattern",
+        ),
+        (
+            format!("[republish]\ntarget_topic = \"payments.dlt\"\n{by_pattern}"),
+            "republish.target_topic",
+            "routes[0].pattern",
+        ),
+        // A parked message a process route runs again fails again, and is parked again.
+        (
+            format!("[parking]\ntopic = \"orders\"\n{process}"),
+            "parking.topic",
+            "routes[0].topics",
+        ),
+        // A process route that republishes to its own topic feeds itself.
+        (
+            "[republish]\ntarget_topic = \"orders\"\n[[routes]]\ntopics = [\"orders\"]\n\
+             mode = \"process\"\nhandler = \"republish\"\n"
+                .to_owned(),
+            "republish.target_topic",
+            "routes[0].topics",
+        ),
+    ];
+    for (toml, key, route_key) in refused {
+        assert_refused(load_toml(toml), key, route_key);
+        assert_refused(load_toml(toml), key, "endless loop");
+    }
+    // Not loops: republishing into a topic a process route handles (the usual way back),
+    // and a pattern that only matches when read unanchored at the end.
+    for toml in [
+        format!("[republish]\ntarget_topic = \"orders\"\n{process}{capture}"),
+        format!("[parking]\ntopic = \"orders.dlt.parked\"\n{by_pattern}"),
+    ] {
+        let settings = load_toml(&toml).unwrap_or_else(|e| panic!("{toml}: {e}"));
+        Fleet::builder(settings)
+            .with_builtin_handlers()
+            .build()
+            .unwrap_or_else(|e| panic!("{toml}: {e}"));
+    }
+    // Settings built in code are checked when the fleet is built.
+    let mut settings = load_env(&[]).unwrap();
+    settings.routes.push(redrive::config::RouteSettings::new(
+        &["orders.dlt"],
+        redrive::config::RouteMode::Capture,
+        "log",
+    ));
+    settings.parking.topic = Some("orders.dlt".into());
+    let text = builtin_build_error(settings);
+    assert!(
+        text.contains("parking.topic") && text.contains("routes[0].topics"),
+        "{text}"
+    );
+}
+
+/// Credentials in a webhook URL (userinfo, query values) appear neither in the settings'
+/// `Debug` output nor in any configuration error about it.
+#[test]
+fn credentials_in_webhook_urls_are_never_shown() {
+    let secrets = ["s3cret-pass", "s3cret-key"];
+    let url = |scheme: &str| {
+        format!(
+            "{scheme}://user:{}@hooks.example:8443/in?api_key={}",
+            secrets[0], secrets[1]
+        )
+    };
+    let settings = load_toml(&format!(
+        "[webhooks.billing]\nurl = \"{}\"\n[webhooks.billing.routes.orders]\nurl = \"{}\"",
+        url("https"),
+        url("http")
+    ))
+    .unwrap();
+    let shown = format!("{settings:?}");
+    assert!(shown.contains("hooks.example:8443/in"), "{shown}");
+    for secret in secrets {
+        assert_no_secret(&shown, secret);
+    }
+    let errors = [
+        load_toml(&format!("[webhooks.billing]\nurl = \"{}\"", url("ftp"))),
+        load_toml(&format!(
+            "[webhooks.billing]\nurl = \"{}\"",
+            url("https").replace("hooks.example", "hooks example")
+        )),
+        load_toml(&format!(
+            "[webhooks.billing]\nurl = \"https://a.example/\"\n\
+             [webhooks.billing.routes.orders]\nurl = \"{}\"",
+            url("mailto")
+        )),
+        load_toml(&format!(
+            "[webhooks.billing]\nroutes = \"{}\"",
+            url("https")
+        )),
+        load_env(&[("REDRIVE__WEBHOOKS__BILLING__URL", &url("ftp"))]),
+    ];
+    for error in errors {
+        let error = error.expect_err("refused");
+        let text = format!("{error} / {error:?}");
+        assert!(text.contains("webhooks.billing"), "{text}");
+        for secret in secrets {
+            assert_no_secret(&text, secret);
+        }
+    }
+}

@@ -402,11 +402,25 @@ async fn json_log_lines_carry_the_task_id_and_no_secret() {
     use secrecy::ExposeSecret;
     let (store, settings) = fresh_store().await;
     let ids = store
-        .enqueue_many(&[redrive::NewTask::new("republish", b"x".to_vec())])
+        .enqueue_many(&[
+            redrive::NewTask::new("republish", b"x".to_vec()),
+            redrive::NewTask::new("hook", b"y".to_vec()),
+        ])
         .await
         .unwrap();
     let task_id = ids[0].id().0;
-    let secrets = ["sasl-secret-7d1f", "admin-token-secret-93ab0c"];
+    let hook_id = ids[1].id().0;
+    let secrets = [
+        "sasl-secret-7d1f",
+        "admin-token-secret-93ab0c",
+        "url-pass-secret-5e2a",
+        "url-key-secret-c41b",
+    ];
+    // A webhook whose URL carries credentials, on a port nothing listens on.
+    let hook_url = format!(
+        "http://user:{}@127.0.0.1:1/hook?api_key={}",
+        secrets[2], secrets[3]
+    );
     let child = Command::new(env!("CARGO_BIN_EXE_redrive"))
         .arg("run")
         .env(
@@ -427,23 +441,27 @@ async fn json_log_lines_carry_the_task_id_and_no_secret() {
         .env("REDRIVE__ADMIN__LISTEN", "127.0.0.1:0")
         .env("REDRIVE__ADMIN__TOKENS__OPS__ROLE", "operate")
         .env("REDRIVE__ADMIN__TOKENS__OPS__TOKEN", secrets[1])
+        .env("REDRIVE__WEBHOOKS__HOOK__URL", &hook_url)
         .env("REDRIVE__WORKER__POLL_INTERVAL", "100ms")
         .env_remove("RUST_LOG")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // The republish attempt fails (no topic known): a permanent failure, logged.
-    eventually(Duration::from_secs(20), "the attempt", || async {
-        store
-            .get(redrive::TaskId(task_id))
-            .await
-            .unwrap()
-            .unwrap()
-            .attempts
-            > 0
-    })
-    .await;
+    // The republish attempt fails (no topic known): a permanent failure, logged; the
+    // webhook's cannot connect: a transient failure, logged.
+    for id in [task_id, hook_id] {
+        eventually(Duration::from_secs(20), "the attempts", || async {
+            store
+                .get(redrive::TaskId(id))
+                .await
+                .unwrap()
+                .unwrap()
+                .attempts
+                > 0
+        })
+        .await;
+    }
     tokio::time::sleep(Duration::from_millis(500)).await;
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let out = child.wait_with_output().unwrap();
@@ -468,6 +486,11 @@ async fn json_log_lines_carry_the_task_id_and_no_secret() {
         }
     }
     assert!(attempt_lines >= 1, "no line names task {task_id}:\n{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("connection failed") && l.contains("127.0.0.1:1/hook")),
+        "no line tells the webhook's failure:\n{text}"
+    );
     assert!(
         text.lines()
             .any(|l| l.contains("\"outcome\":\"permanent_failure\"")

@@ -259,3 +259,64 @@ async fn a_detached_replay_is_run_by_a_fleet_member() {
     stop.cancel();
     running.await.unwrap().unwrap();
 }
+
+/// A replay to a topic a capture route consumes would come back as new tasks, which the
+/// same selection replays again: refused before anything is recorded or produced, named
+/// by `--to` and when it is a task's original topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_to_a_topic_a_capture_route_consumes_is_refused() {
+    use std::io::Write;
+    let kafka = cluster(&[("orders", 3), ("orders.dlt", 3)]);
+    let (store, mut settings) = fresh_store().await;
+    settings.kafka.bootstrap_servers = kafka.bootstrap_servers();
+    stored_failures(&store, 10).await;
+    let mut config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    write!(
+        config,
+        "[[routes]]\npattern = \"^.*\\\\.dlt\"\nmode = \"capture\"\nhandler = \"log\"\n"
+    )
+    .unwrap();
+    let config = config.path().to_str().unwrap().to_owned();
+    let replay = |to: &[&str]| {
+        let mut args = vec!["--config", &config, "tasks", "replay", "--all", "--yes"];
+        args.extend_from_slice(to);
+        run(&settings, &args)
+    };
+
+    let out = replay(&["--to", "orders.dlt"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("\"orders.dlt\" is consumed by capture route routes[0].pattern")
+            && stderr.contains("endless loop"),
+        "{stderr}"
+    );
+    // Each task's original topic is checked too.
+    sqlx::query("UPDATE recovery_task SET original_topic = 'orders.dlt' WHERE id % 2 = 0")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let out = replay(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("endless loop"), "{stderr}");
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_replay").await,
+        0
+    );
+    assert!(consume(
+        &kafka.bootstrap_servers(),
+        "orders.dlt",
+        3,
+        1,
+        Duration::from_secs(2)
+    )
+    .is_empty());
+    // A topic the route does not consume (its pattern matches whole names) is fine.
+    let out = replay(&["--to", "orders", "--dry-run"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -84,13 +84,11 @@ async fn envelope_calls_carry_one_idempotency_key_per_task_and_the_failure_conte
 
     let requests = server.requests();
     assert_eq!(requests.len(), 2);
+    let key = requests[0].header("idempotency-key").expect("a key");
     for (n, request) in requests.iter().enumerate() {
         assert_eq!(request.method, "POST");
         assert_eq!(request.path, "/hook");
-        assert_eq!(
-            request.header("idempotency-key"),
-            Some("kafka:orders.dlt:3:42")
-        );
+        assert_eq!(request.header("idempotency-key"), Some(key));
         assert_eq!(request.header("x-correlation-id"), Some("corr-1"));
         assert_eq!(request.header("content-type"), Some("application/json"));
         let attempt = (n + 1).to_string();
@@ -253,10 +251,7 @@ async fn a_refused_connection_is_transient_and_routes_override_the_target() {
     );
     assert_eq!(request.header("authorization"), Some("Bearer s3cret-token"));
     assert_eq!(request.header("x-route"), Some("orders"));
-    assert_eq!(
-        request.header("idempotency-key"),
-        Some(format!("redrive-task-{routed}").as_str())
-    );
+    assert!(request.header("idempotency-key").is_some());
 }
 
 #[test]
@@ -296,4 +291,190 @@ fn bad_webhook_settings_are_refused_at_start_up_naming_the_key() {
         let error = load(pairs).unwrap_or_else(|| panic!("{pairs:?} accepted"));
         assert!(error.contains(key), "{pairs:?}: {error}");
     }
+}
+
+/// The `Idempotency-Key` names the message, not only its coordinates: the same on every
+/// attempt of a task, another one for other content at the same coordinates (a recreated
+/// topic, after retention deleted the first task) and for the same message in another
+/// fleet (another schema or consumer group).
+#[tokio::test]
+async fn idempotency_keys_are_stable_per_task_and_differ_per_content_and_fleet() {
+    let (store, settings) = fresh_store().await;
+    let (other_store, other_settings) = fresh_store().await;
+    let calls = std::sync::atomic::AtomicUsize::new(0);
+    let server =
+        TestServer::start(
+            move |_| match calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+                0 | 1 => Reply::status(503),
+                _ => Reply::status(200),
+            },
+        )
+        .await;
+    let hook = webhook(&server.url("/hook"));
+    let message = |value: &[u8]| {
+        let mut task = NewTask::new("hook", value.to_vec());
+        task.dedup_key = Some("kafka:orders.dlt:3:42".into());
+        task
+    };
+    let key_of = |n: usize| {
+        server.requests()[n]
+            .header("idempotency-key")
+            .unwrap()
+            .to_owned()
+    };
+
+    let pool_a = pool(&store, &settings, hook.clone());
+    let first = store.enqueue(&message(b"v1")).await.unwrap().id();
+    for _ in 0..3 {
+        attempt(&pool_a, first).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        store.get(first).await.unwrap().unwrap().status,
+        Status::Resolved
+    );
+    assert_eq!(server.requests().len(), 3);
+    assert!(
+        key_of(1) == key_of(0) && key_of(2) == key_of(0),
+        "one key for every attempt"
+    );
+    let body_key = server.requests()[0].json()["idempotency_key"].clone();
+    assert_eq!(body_key, key_of(0), "the envelope carries the header's key");
+
+    // Retention deleted the task; the recreated topic has other content at 3:42.
+    sqlx::query("DELETE FROM recovery_task WHERE id = $1")
+        .bind(first.0)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let recreated = store.enqueue(&message(b"v2")).await.unwrap().id();
+    attempt(&pool_a, recreated).await;
+    assert_ne!(key_of(3), key_of(0), "other content, another key");
+
+    // Another fleet (its own schema) sends the very same message.
+    let pool_b = pool(&other_store, &other_settings, hook.clone());
+    let same = other_store.enqueue(&message(b"v1")).await.unwrap().id();
+    attempt(&pool_b, same).await;
+    assert_ne!(key_of(4), key_of(0), "another schema, another key");
+
+    // And a fleet with another consumer group on the same schema's tables.
+    sqlx::query("DELETE FROM recovery_task")
+        .execute(other_store.pool())
+        .await
+        .unwrap();
+    let mut grouped = other_settings.clone();
+    grouped.kafka.group_id = "redrive-eu".into();
+    let pool_c = pool(&other_store, &grouped, hook);
+    let again = other_store.enqueue(&message(b"v1")).await.unwrap().id();
+    attempt(&pool_c, again).await;
+    let keys: std::collections::HashSet<String> = (0..6).map(key_of).collect();
+    assert_eq!(keys.len(), 4, "one key per task and fleet: {keys:?}");
+}
+
+/// Credentials in a webhook URL (userinfo, query values) never reach what is stored or
+/// shown: the last error, the attempt history, `tasks show` and `tasks list`, and the
+/// admin API's answers to a read token; neither for an unreachable server nor for one
+/// that fails and echoes the request in its body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_in_the_url_are_never_stored_or_shown() {
+    let (store, settings) = fresh_store().await;
+    let secrets = ["s3cret-pass", "s3cret-key"];
+    let with_credentials = |address: &str| {
+        format!(
+            "http://user:{}@{address}/hook?api_key={}&v=1",
+            secrets[0], secrets[1]
+        )
+    };
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let unreachable = with_credentials(&closed.local_addr().unwrap().to_string());
+    drop(closed);
+    let echoing =
+        TestServer::start(|_| Reply::status(503).body("cannot POST /hook?api_key=s3cret-key&v=1"))
+            .await;
+    let mut hook = webhook(&unreachable);
+    hook.routes.insert(
+        "echo".into(),
+        WebhookTarget {
+            url: Some(with_credentials(&echoing.addr.to_string())),
+            ..WebhookTarget::default()
+        },
+    );
+    let pool = pool(&store, &settings, hook);
+
+    let down = store
+        .enqueue(&NewTask::new("hook", b"x".to_vec()))
+        .await
+        .unwrap()
+        .id();
+    attempt(&pool, down).await;
+    set_aside(&store, down).await;
+    let mut routed = NewTask::new("hook", b"y".to_vec());
+    routed.failure.route = Some("echo".into());
+    let failing = store.enqueue(&routed).await.unwrap().id();
+    attempt(&pool, failing).await;
+    assert_eq!(echoing.requests().len(), 1, "the server was called");
+
+    let mut shown = Vec::new();
+    for id in [down, failing] {
+        let task = store.get(id).await.unwrap().unwrap();
+        shown.push(task.last_error.clone().unwrap_or_default());
+        let history: Vec<String> = sqlx::query_scalar(
+            "SELECT coalesce(error, '') FROM recovery_attempt WHERE task_id = $1",
+        )
+        .bind(id.0)
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+        assert_eq!(history.len(), 1);
+        shown.extend(history);
+        for args in [
+            vec!["tasks".to_owned(), "show".to_owned(), id.to_string()],
+            vec![
+                "tasks".to_owned(),
+                "show".to_owned(),
+                id.to_string(),
+                "--json".to_owned(),
+            ],
+        ] {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = crate::operator_cli::run(&settings, &args);
+            assert!(out.status.success(), "{args:?}");
+            shown.push(String::from_utf8_lossy(&out.stdout).into_owned());
+        }
+    }
+    for json in [&["--json"][..], &[]] {
+        let mut args = vec!["tasks", "list", "--status", "failed,discarded"];
+        args.extend_from_slice(json);
+        let out = crate::operator_cli::run(&settings, &args);
+        let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success() && listed.contains("HTTP 503"),
+            "{listed}"
+        );
+        shown.push(listed);
+    }
+    let api = crate::admin_api::Api::start(&store, &crate::admin_api::with_tokens(settings)).await;
+    for path in [
+        "/api/v1/tasks?status=failed,discarded".to_owned(),
+        format!("/api/v1/tasks/{down}"),
+        format!("/api/v1/tasks/{failing}"),
+    ] {
+        let (_, body) = api.get(&path, Some(crate::admin_api::READ)).await;
+        shown.push(body.to_string());
+    }
+    for text in &shown {
+        for secret in secrets {
+            assert!(!text.contains(secret), "{secret} shown in: {text}");
+        }
+    }
+    let all = shown.join("\n");
+    assert!(all.contains("HTTP 503"), "{all}");
+    // What is left of the URL still says where the call went.
+    let error = store.get(down).await.unwrap().unwrap().last_error.unwrap();
+    assert!(
+        error.contains("connection failed")
+            && error.contains("http://***@127.0.0.1:")
+            && error.contains("/hook?api_key=***&v=***"),
+        "{error}"
+    );
 }
