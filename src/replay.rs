@@ -206,7 +206,7 @@ impl Replayer {
             let Some(last) = tasks.last().map(|t| t.id.0) else {
                 if let Some((upto, _)) = pending.take() {
                     // The pending batch's tasks no longer match: move past it.
-                    self.commit(&job, &operator, upto, &[], 0).await?;
+                    self.commit(&job, &operator, upto, &[], 0, false).await?;
                     cursor = upto;
                     continue;
                 }
@@ -228,7 +228,14 @@ impl Replayer {
                     HashSet::new()
                 }
             };
-            let upto = pending.take().map_or(last, |(upto, _)| upto);
+            // A pending batch is re-read in pages up to its end: its selection may have
+            // grown since it was begun (tasks failing meanwhile), and a page that stops
+            // short of the end moves the cursor only as far as the page went.
+            let (upto, rest) = match pending.take() {
+                Some((upto, done)) if last < upto => (last, Some((upto, done))),
+                Some((upto, _)) => (upto, None),
+                None => (last, None),
+            };
             let mut sent = Vec::new();
             let mut skipped = 0;
             let mut sends = Vec::new();
@@ -283,16 +290,20 @@ impl Replayer {
             if interrupted {
                 return Ok(());
             }
-            if !self.commit(&job, &operator, upto, &sent, skipped).await? {
+            let still_pending = rest.is_some();
+            if !(self.commit(&job, &operator, upto, &sent, skipped, still_pending)).await? {
                 return Ok(());
             }
             progress.inc((sent.len() + skipped as usize) as u64);
             cursor = upto;
+            pending = rest;
         }
     }
 
     /// Moves the job past the batch up to `upto`: counts, and with `mark_resolved` the
-    /// replayed tasks resolved, in one transaction. False when the job is no longer ours.
+    /// replayed tasks resolved, in one transaction. `still_pending`: `upto` is inside the
+    /// pending batch, whose end and marks stay recorded. False when the job is no longer
+    /// ours.
     async fn commit(
         &self,
         job: &ReplayJob,
@@ -300,6 +311,7 @@ impl Replayer {
         upto: i64,
         sent: &[TaskId],
         skipped: i64,
+        still_pending: bool,
     ) -> Result<bool, ReplayError> {
         let mut tx = self
             .store
@@ -318,6 +330,7 @@ impl Replayer {
             upto,
             sent.len() as i64,
             skipped,
+            still_pending,
         )
         .await?;
         if ours {

@@ -339,8 +339,10 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// In `conn`'s transaction: the batch up to `upto` is produced. Returns false when
-    /// the job is no longer `runner`'s (the caller rolls back).
+    /// In `conn`'s transaction: the batch up to `upto` is produced. With
+    /// `still_pending`, `upto` is a page inside the pending batch, whose end and marks
+    /// are kept. Returns false when the job is no longer `runner`'s (the caller rolls
+    /// back).
     pub(crate) async fn end_replay_batch(
         conn: &mut PgConnection,
         id: i64,
@@ -348,10 +350,13 @@ impl Store {
         upto: i64,
         produced: i64,
         skipped: i64,
+        still_pending: bool,
     ) -> Result<bool> {
         let done = sqlx::query(
             "UPDATE recovery_replay SET cursor = $3, produced = produced + $4, \
-                 skipped = skipped + $5, pending_upto = NULL, pending_marks = NULL, \
+                 skipped = skipped + $5, \
+                 pending_upto = CASE WHEN $6 THEN pending_upto END, \
+                 pending_marks = CASE WHEN $6 THEN pending_marks END, \
                  heartbeat_at = now() \
              WHERE id = $1 AND runner = $2 AND status = 'running'",
         )
@@ -360,6 +365,7 @@ impl Store {
         .bind(upto)
         .bind(produced)
         .bind(skipped)
+        .bind(still_pending)
         .execute(&mut *conn)
         .await?;
         if done.rows_affected() == 1 {

@@ -320,3 +320,79 @@ async fn a_replay_to_a_topic_a_capture_route_consumes_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Regression: resuming a pending batch re-read `(cursor, pending_upto]` with the usual
+/// page limit and then moved the cursor to `pending_upto`. When more tasks matched in
+/// that range than when the batch began (workers failing tasks during a
+/// `--status permanent_failure` replay), everything after the re-read's page was
+/// skipped, tasks of the original batch among them: "done 201/200".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_batch_whose_selection_grew_produces_every_task_once() {
+    let kafka = cluster(&[("orders", 3)]);
+    let bootstrap = kafka.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    settings.kafka.bootstrap_servers = bootstrap.clone();
+    let expected = stored_failures(&store, 400).await;
+    // Every other task has failed for good: the replay's first batch is those 200.
+    sqlx::query(
+        "UPDATE recovery_task SET status = 'permanent_failure', \
+         finished_at = now() WHERE id % 2 = 1",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let operator = redrive::store::Operator {
+        actor: "test".into(),
+        reason: None,
+    };
+    let replay = redrive::store::NewReplay {
+        filter: redrive::store::TaskFilter {
+            status: vec![redrive::Status::PermanentFailure],
+            ..Default::default()
+        },
+        target_topic: None,
+        mark_resolved: false,
+        rate: None,
+        detached: false,
+    };
+    let job = store
+        .create_replay(&operator, &replay, "runner")
+        .await
+        .unwrap();
+    let first_batch_end =
+        scalar(&store, "SELECT max(id) FROM recovery_task WHERE id % 2 = 1").await;
+    let nothing_produced: redrive::store::Marks =
+        [("orders".to_owned(), (0..3).map(|p| (p, 0)).collect())].into();
+    // The runner began that batch and stopped before producing any of it.
+    assert!(store
+        .begin_replay_batch(job.id, "runner", first_batch_end, &nothing_produced)
+        .await
+        .unwrap());
+    // Meanwhile the other 200 failed for good too.
+    sqlx::query(
+        "UPDATE recovery_task SET status = 'permanent_failure', \
+         finished_at = now() WHERE status = 'failed'",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+
+    let job = store.replay(job.id).await.unwrap().unwrap();
+    let replayer = redrive::replay::Replayer::new(
+        store.clone(),
+        settings.kafka.clone(),
+        settings.ingest.max_message_bytes,
+        "runner".into(),
+    );
+    let done = replayer
+        .run(
+            job,
+            &indicatif::ProgressBar::hidden(),
+            &tokio_util::sync::CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.status, "done");
+    assert_eq!(done.produced, 400, "{done:?}");
+    assert_replayed_once(&bootstrap, "orders", &expected);
+}
