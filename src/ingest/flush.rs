@@ -49,6 +49,8 @@ struct Pending {
     message: Consumed,
     route: Arc<RouteSettings>,
     task: NewTask,
+    /// Whether a task records this message already (a redelivery), if known.
+    recorded: Option<bool>,
 }
 
 /// The order keys with an open task.
@@ -132,6 +134,7 @@ impl Flusher {
                 message,
                 route,
                 task,
+                recorded: Some(false),
             };
             match ordered_key {
                 Some(key) => {
@@ -144,9 +147,10 @@ impl Flusher {
                 None => units.push(vec![pending]),
             }
         }
-        let open = self
-            .open_order_keys(unit_of_key.into_keys().collect())
-            .await;
+        let (open, ()) = tokio::join!(
+            self.open_order_keys(unit_of_key.into_keys().collect()),
+            self.mark_recorded(&mut units),
+        );
         let deadline = Instant::now() + self.limits.process_budget;
         let concurrency = self.limits.process_concurrency as usize;
         let mut outcomes: Vec<(usize, NewTask)> = stream::iter(units)
@@ -177,6 +181,35 @@ impl Flusher {
         }
     }
 
+    /// Marks the process-mode messages that a task records already: redelivered after
+    /// a crash, a rebalance or an offset reset. They were handled (their task says how)
+    /// and must not run inline again, after newer messages of their key, with a failure
+    /// that would have nowhere to go. Should the database not answer, none is known to
+    /// be new: they are stored unattempted, for the pool.
+    async fn mark_recorded(&self, units: &mut [Vec<Pending>]) {
+        let mut process: Vec<&mut Pending> = (units.iter_mut().flatten())
+            .filter(|p| p.route.mode == RouteMode::Process)
+            .collect();
+        if process.is_empty() {
+            return;
+        }
+        let tasks: Vec<&NewTask> = process.iter().map(|p| &p.task).collect();
+        match self.store.recorded(&tasks).await {
+            Ok(recorded) => {
+                for (i, pending) in process.iter_mut().enumerate() {
+                    pending.recorded = Some(recorded.contains(&i));
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "could not tell redelivered process-mode messages \
+                    from new ones; storing them without an inline attempt");
+                for pending in process {
+                    pending.recorded = None;
+                }
+            }
+        }
+    }
+
     /// The tasks of one unit (one message, or the process-mode messages of one order
     /// key, in offset order), each with its index in the batch.
     async fn unit_to_tasks(
@@ -195,11 +228,25 @@ impl Flusher {
             message,
             route,
             mut task,
+            recorded,
         } in unit
         {
-            let stored = match route.mode {
-                RouteMode::Capture => Some(task),
-                RouteMode::Process if waiting => {
+            let stored = match (route.mode, recorded) {
+                (RouteMode::Capture, _) => Some(task),
+                (RouteMode::Process, Some(true)) => {
+                    // Its task decides what happens to it, and to its key's next ones.
+                    self.count(&route, "redelivered");
+                    None
+                }
+                (RouteMode::Process, None) => {
+                    task.failure.ingest_note = Some(append_note(
+                        task.failure.ingest_note.take(),
+                        "not attempted inline: whether it was already recorded could not be read",
+                    ));
+                    self.count(&route, "deferred");
+                    Some(task)
+                }
+                (RouteMode::Process, Some(false)) if waiting => {
                     task.failure.ingest_note = Some(append_note(
                         task.failure.ingest_note.take(),
                         "not attempted inline: an earlier failure of its key is open (ordering = \"key\")",
@@ -207,7 +254,9 @@ impl Flusher {
                     self.count(&route, "deferred");
                     Some(task)
                 }
-                RouteMode::Process => self.process(&message, &route, task, deadline).await,
+                (RouteMode::Process, Some(false)) => {
+                    self.process(&message, &route, task, deadline).await
+                }
             };
             if let Some(task) = stored {
                 waiting |= task.status == Status::Failed;

@@ -1,12 +1,12 @@
 //! Recording failures: one statement for many tasks, idempotent on the dedup key.
 
 use sqlx::{PgConnection, Row};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
-use super::row::tasks_from_rows;
+use super::row::{task_from_row, tasks_from_rows};
 use super::{Result, Store, StoreError};
 use crate::headers;
-use crate::task::{InlineAttempt, NewTask, TaskId};
+use crate::task::{InlineAttempt, NewTask, Task, TaskId};
 
 /// What enqueueing one task did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +99,48 @@ impl Store {
         .bind(keys)
         .fetch_all(&self.pool)
         .await?)
+    }
+
+    /// Which of `tasks` are recorded already: a task holds the same message under its
+    /// dedup key, or under the key a collision gives it (the key and the content
+    /// digest). Answers the indexes into `tasks`.
+    pub async fn recorded(&self, tasks: &[&NewTask]) -> Result<HashSet<usize>> {
+        let wanted: Vec<(usize, String, String)> = tasks
+            .iter()
+            .enumerate()
+            .filter_map(|(index, task)| {
+                let key = task.effective_dedup_key()?;
+                let digested = format!("{key}#{}", task.failure.content_digest());
+                Some((index, key, digested))
+            })
+            .collect();
+        if wanted.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let keys: Vec<&str> = (wanted.iter())
+            .flat_map(|(_, key, digested)| [key.as_str(), digested.as_str()])
+            .collect();
+        let rows = sqlx::query("SELECT * FROM recovery_task WHERE dedup_key = ANY($1)")
+            .bind(&keys)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut found: HashMap<String, Task> = HashMap::new();
+        for row in &rows {
+            let task = task_from_row(row)?;
+            if let Some(key) = task.dedup_key.clone() {
+                found.insert(key, task);
+            }
+        }
+        Ok(wanted
+            .into_iter()
+            .filter(|(index, key, digested)| {
+                found.contains_key(digested)
+                    || found
+                        .get(key)
+                        .is_some_and(|t| tasks[*index].failure.same_message_as(&t.failure))
+            })
+            .map(|(index, _, _)| index)
+            .collect())
     }
 
     /// Stores many tasks in one statement; the result has one entry per input, in order.

@@ -309,3 +309,139 @@ async fn a_stored_replay_with_a_hostile_rate_does_not_stop_the_member() {
     assert_eq!(produced.len(), 1);
     member.stop().await;
 }
+
+/// Regression: process mode ran every redelivered message inline again before finding
+/// that its task existed, so after a member died between storing and committing, an old
+/// message was re-applied after a newer one of its key, and a failure of that re-run
+/// was dropped. Here the broker refuses every offset commit of the first member, which
+/// is then SIGKILLed: the second member gets everything again. The message that has a
+/// task is not run again; the downstream ends on each key's newest message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivered_process_mode_message_that_has_a_task_is_not_run_again() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let broker = crate::broker::cluster(&[("accounts", 1)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, settings) = fresh_store().await;
+    // The first call of "v1" fails; every other call succeeds.
+    let failed_once = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let server = crate::http_server::TestServer::start({
+        let failed_once = failed_once.clone();
+        move |request| {
+            let value = request.json()["value"]["data"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned();
+            if value == "v1" && !failed_once.swap(true, Ordering::SeqCst) {
+                crate::http_server::Reply::status(503)
+            } else {
+                crate::http_server::Reply::status(200)
+            }
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("redrive.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[kafka]
+bootstrap_servers = "{bootstrap}"
+group_id = "redelivery"
+[kafka.properties]
+"session.timeout.ms" = "6000"
+"heartbeat.interval.ms" = "500"
+[ingest]
+linger = "10ms"
+[worker]
+poll_interval = "100ms"
+[retry]
+backoff_base = "200ms"
+backoff_cap = "200ms"
+jitter = "none"
+[webhooks.accounts]
+url = "{url}"
+[[routes]]
+topics = ["accounts"]
+mode = "process"
+handler = "accounts"
+ordering = "key"
+"#,
+            url = server.url("/balance"),
+        ),
+    )
+    .unwrap();
+    let member = || {
+        crate::operator_cli::redrive(&settings)
+            .env("REDRIVE__KAFKA__BOOTSTRAP_SERVERS", &bootstrap)
+            .arg("--config")
+            .arg(&config)
+            .arg("run")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    broker.request_errors(
+        RDKafkaApiKey::OffsetCommit,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT; 10_000],
+    );
+    let mut first = member();
+    let producer = crate::broker::producer(&bootstrap);
+    let sample = |value: &str| crate::broker::Sample {
+        key: Some("alice".into()),
+        value: Some(value.into()),
+        ..Default::default()
+    };
+    crate::broker::produce(&producer, "accounts", &sample("v1")).await;
+    eventually(
+        Duration::from_secs(30),
+        "v1 failed inline, then resolved by the pool",
+        || async {
+            scalar(
+                &store,
+                "SELECT count(*) FROM recovery_task WHERE status = 'resolved'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    crate::broker::produce(&producer, "accounts", &sample("v2")).await;
+    eventually(Duration::from_secs(30), "v2 applied inline", || async {
+        server
+            .requests()
+            .iter()
+            .any(|r| r.json()["value"]["data"] == "v2")
+    })
+    .await;
+    first.kill().unwrap();
+    first.wait().unwrap();
+    broker.clear_request_errors(RDKafkaApiKey::OffsetCommit);
+    let before = server.requests().len();
+
+    let mut second = member();
+    eventually(
+        Duration::from_secs(30),
+        "the redelivered batch committed",
+        || async { crate::broker::committed(&bootstrap, "redelivery", "accounts", 1) == vec![2] },
+    )
+    .await;
+    second.kill().unwrap();
+    second.wait().unwrap();
+    let calls: Vec<String> = server.requests()[before..]
+        .iter()
+        .map(|r| r.json()["value"]["data"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(!calls.contains(&"v1".to_owned()), "v1 ran again: {calls:?}");
+    let last = server.requests().last().unwrap().json();
+    assert_eq!(
+        last["value"]["data"], "v2",
+        "the downstream ends on the newest"
+    );
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_task").await,
+        1,
+        "nothing recorded twice"
+    );
+}
