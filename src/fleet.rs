@@ -389,6 +389,10 @@ impl Fleet {
                 .filter(|(on, _)| *on)
                 .map(|(_, role)| (*role).to_owned())
                 .collect(),
+            handlers: match self.settings.worker.enabled {
+                true => self.handler_names(),
+                false => Vec::new(),
+            },
             started_at: chrono::Utc::now(),
             last_seen: chrono::Utc::now(),
         }

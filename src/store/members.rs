@@ -27,10 +27,20 @@ pub struct Member {
     pub version: String,
     /// What it runs: `worker`, `ingest`, `admin`, `replay`.
     pub roles: Vec<String>,
+    /// The handlers its worker pool serves (empty: not recorded, taken as every one).
+    pub handlers: Vec<String>,
     /// When it started.
     pub started_at: DateTime<Utc>,
     /// When it last recorded itself.
     pub last_seen: DateTime<Utc>,
+}
+
+impl Member {
+    /// Whether its worker pool calls `handler`.
+    pub fn serves(&self, handler: &str) -> bool {
+        self.roles.iter().any(|r| r == "worker")
+            && (self.handlers.is_empty() || self.handlers.iter().any(|h| h == handler))
+    }
 }
 
 impl Store {
@@ -38,14 +48,16 @@ impl Store {
     /// forgets members gone for a day.
     pub async fn record_member(&self, member: &Member) -> Result<()> {
         sqlx::query(
-            "INSERT INTO recovery_member (id, host, version, roles, started_at, last_seen) \
-             VALUES ($1, $2, $3, $4, $5, now()) \
-             ON CONFLICT (id) DO UPDATE SET last_seen = now(), roles = excluded.roles",
+            "INSERT INTO recovery_member (id, host, version, roles, handlers, started_at, last_seen) \
+             VALUES ($1, $2, $3, $4, $5, $6, now()) \
+             ON CONFLICT (id) DO UPDATE SET last_seen = now(), roles = excluded.roles, \
+                 handlers = excluded.handlers",
         )
         .bind(&member.id)
         .bind(&member.host)
         .bind(&member.version)
         .bind(&member.roles)
+        .bind(&member.handlers)
         .bind(member.started_at)
         .execute(&self.pool)
         .await?;
@@ -82,6 +94,7 @@ impl Store {
                     host: r.try_get("host")?,
                     version: r.try_get("version")?,
                     roles: r.try_get("roles")?,
+                    handlers: r.try_get("handlers")?,
                     started_at: r.try_get("started_at")?,
                     last_seen: r.try_get("last_seen")?,
                 })

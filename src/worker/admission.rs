@@ -63,6 +63,8 @@ impl Guard {
 /// `fleet rate / live workers`, and at most `tickets` claimed calls wait for their turn.
 struct RateShare {
     fleet_rate: f64,
+    /// How many members the limiter's share divides by (1 until first counted).
+    members: std::sync::atomic::AtomicUsize,
     limiter: RwLock<Arc<DefaultDirectRateLimiter>>,
     tickets: Arc<Semaphore>,
 }
@@ -323,23 +325,23 @@ impl Admission {
         Ok(())
     }
 
+    /// Divides each fleet rate among the live members that serve its handler.
     async fn share_rates(&self) {
         if !self.limits.values().any(|l| l.rate.is_some()) {
             return;
         }
-        let workers = match self.store.live_members().await {
-            Ok(members) => members
-                .iter()
-                .filter(|m| m.roles.iter().any(|r| r == "worker"))
-                .count()
-                .max(1),
+        let members = match self.store.live_members().await {
+            Ok(members) => members,
             Err(error) => {
                 tracing::warn!(%error, "could not count live members; rate shares unchanged");
                 return;
             }
         };
-        for rate in self.limits.values().filter_map(|l| l.rate.as_ref()) {
-            rate.share_among(workers);
+        for (handler, limits) in &self.limits {
+            if let Some(rate) = &limits.rate {
+                let serving = members.iter().filter(|m| m.serves(handler)).count();
+                rate.share_among(serving.max(1));
+            }
         }
     }
 }
@@ -349,13 +351,21 @@ impl RateShare {
         let tickets = fleet_rate.ceil().clamp(1.0, 1024.0) as usize;
         RateShare {
             fleet_rate,
+            members: std::sync::atomic::AtomicUsize::new(1),
             limiter: RwLock::new(Arc::new(limiter(fleet_rate))),
             tickets: Arc::new(Semaphore::new(tickets)),
         }
     }
 
-    fn share_among(&self, workers: usize) {
-        let share = self.fleet_rate / workers as f64;
+    /// Divides the fleet rate among `members`. The limiter is replaced only when the
+    /// count changed: a new limiter starts with a full burst, and replacing it on every
+    /// recount let calls through faster than the share.
+    fn share_among(&self, members: usize) {
+        use std::sync::atomic::Ordering;
+        if self.members.swap(members, Ordering::Relaxed) == members {
+            return;
+        }
+        let share = self.fleet_rate / members as f64;
         *self.limiter.write().expect("not poisoned") = Arc::new(limiter(share));
     }
 }

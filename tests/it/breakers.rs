@@ -403,6 +403,70 @@ async fn the_fleet_rate_is_shared_among_live_members() {
     );
 }
 
+/// Regression: a fleet rate was divided among every live worker member, also those
+/// that do not serve its handler: here the one member that calls `paced` ran at half
+/// the fleet's rate.
+#[tokio::test]
+async fn the_fleet_rate_is_shared_only_among_members_serving_the_handler() {
+    let (store, mut settings) = fresh_store().await;
+    settings.worker.poll_interval = Duration::from_millis(50);
+    let rate = 20.0;
+    settings.handlers.insert(
+        "paced".into(),
+        HandlerSettings {
+            rate_limit: Some(rate),
+            ..HandlerSettings::default()
+        },
+    );
+    let gauge = Arc::new(Gauge::default());
+    let member = |serves: &str| {
+        let mut settings = settings.clone();
+        settings.worker.handlers = vec![serves.to_owned()];
+        let fleet = Fleet::builder(settings)
+            .handler("paced", Slow(gauge.clone(), Duration::ZERO))
+            .handler("other", Slow(Arc::default(), Duration::ZERO))
+            .build()
+            .unwrap();
+        Member::start(fleet, &store)
+    };
+    let members = [member("paced"), member("other")];
+    eventually(Duration::from_secs(5), "two live members", || async {
+        store.live_members().await.unwrap().len() == 2
+    })
+    .await;
+    // Shares are recounted every 2 s.
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    let tasks: Vec<NewTask> = (0..80)
+        .map(|i| NewTask::new("paced", format!("{i}")))
+        .collect();
+    store.enqueue_many(&tasks).await.unwrap();
+    eventually(Duration::from_secs(30), "all resolved", || async {
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE status = 'resolved'",
+        )
+        .await
+            == 80
+    })
+    .await;
+    for member in members {
+        member.stop().await;
+    }
+    let mut starts = gauge.starts.lock().unwrap().clone();
+    starts.sort();
+    // After the first second's burst, calls start at the full rate (20/s), not half.
+    let span = starts
+        .last()
+        .unwrap()
+        .duration_since(starts[0])
+        .as_secs_f64();
+    let at_half_rate = (80.0 - rate) / (rate / 2.0);
+    assert!(
+        span < at_half_rate * 0.75,
+        "80 calls took {span:.2}s; at half the rate they take {at_half_rate:.1}s"
+    );
+}
+
 #[tokio::test]
 async fn redrive_breakers_lists_forces_and_releases_through_the_binary() {
     let (store, settings) = fresh_store().await;
