@@ -13,6 +13,7 @@ mod guarantees;
 mod http_server;
 mod ingest;
 mod ingest_faults;
+mod member_process;
 mod model;
 mod observability;
 mod operator_cli;
