@@ -3,6 +3,7 @@
 
 mod auth;
 mod error;
+mod origin;
 mod routes;
 
 use axum::routing::{get, post};
@@ -42,8 +43,12 @@ impl Modify for BearerAuth {
 }
 
 /// The API's routes over `state`, authenticated by `tokens` (the OpenAPI document is
-/// public).
+/// public). Cross-site requests, and on an open API foreign host names, are refused
+/// first (see `origin`).
 pub fn router(state: AppState, tokens: Tokens) -> Router {
+    let guard = origin::Guard {
+        open: tokens.is_open(),
+    };
     let api = Router::new()
         .route("/api/v1/tasks", get(routes::list_tasks))
         .route("/api/v1/tasks/retry", post(routes::retry))
@@ -69,6 +74,10 @@ pub fn router(state: AppState, tokens: Tokens) -> Router {
         )
         .merge(api)
         .fallback(|| async { ApiError::not_found("no such endpoint; see /api/v1/openapi.json") })
+        .layer(middleware::from_fn_with_state(
+            guard,
+            origin::refuse_foreign,
+        ))
 }
 
 /// Serves the API on `listener` until `shutdown` fires.
