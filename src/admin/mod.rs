@@ -80,13 +80,13 @@ pub fn router(state: AppState, tokens: Tokens) -> Router {
         ))
 }
 
-/// Serves the API on `listener` until `shutdown` fires.
+/// Serves the API on `listener` until `shutdown` fires; requests in progress then get
+/// up to `drain` to finish. A request's head must arrive within 10 s.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
     shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    drain: std::time::Duration,
+) {
+    crate::listener::serve(listener, app, shutdown, drain).await
 }

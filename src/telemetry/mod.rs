@@ -42,13 +42,15 @@ pub fn init_logging(format: LogFormat, level: &str) {
 
 /// Serves `GET /metrics` (Prometheus text format), `GET /healthz` (alive) and
 /// `GET /readyz` (ready: the database answers with its migrations current, Kafka when
-/// ingest runs, not shutting down; 503 with what is wrong otherwise) until `stop` fires.
+/// ingest runs, not shutting down; 503 with what is wrong otherwise) until `stop` fires,
+/// then lets requests in progress finish for up to `drain`.
 pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
     metrics: Metrics,
     store: Store,
     stop: tokio_util::sync::CancellationToken,
-) -> std::io::Result<()> {
+    drain: std::time::Duration,
+) {
     use axum::http::StatusCode;
     use axum::routing::get;
     use axum::Json;
@@ -90,7 +92,5 @@ pub async fn serve_metrics(
             get(|| async { Json(serde_json::json!({"status": "alive"})) }),
         )
         .route("/readyz", get(ready));
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await
+    crate::listener::serve(listener, app, stop, drain).await
 }

@@ -51,7 +51,12 @@ impl Api {
         };
         let app = admin::router(state, Tokens::new(&settings.admin));
         let stop = CancellationToken::new();
-        tokio::spawn(admin::serve(listener, app, stop.clone()));
+        tokio::spawn(admin::serve(
+            listener,
+            app,
+            stop.clone(),
+            std::time::Duration::from_secs(1),
+        ));
         Api {
             base: format!("http://{address}"),
             client: reqwest::Client::new(),

@@ -1,0 +1,78 @@
+//! The serve loop of the HTTP listeners (the admin API, metrics and health): HTTP/1.1
+//! with a bound on every wait a client decides, so that no client can keep a member
+//! from stopping.
+//!
+//! - A request's head must arrive within [`HEADER_READ_TIMEOUT`] (a kept-alive
+//!   connection waiting for its next request counts), else the connection is closed.
+//! - On shutdown the listener closes, idle connections close at once, and requests in
+//!   progress get the drain time given to finish; then every connection is dropped.
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// Longest a client may take to send a request's head.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Pause after a failed accept (out of file descriptors, say) before the next one.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+
+/// Serves `app` on `listener` until `stop` fires, then lets requests in progress finish
+/// for up to `drain` and drops the connections still open.
+pub async fn serve(listener: TcpListener, app: Router, stop: CancellationToken, drain: Duration) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    connections.spawn(connection(stream, app.clone(), stop.clone()));
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "accepting an HTTP connection failed");
+                    tokio::time::sleep(ACCEPT_PAUSE).await;
+                }
+            },
+        }
+    }
+    drop(listener);
+    let drained = tokio::time::timeout(drain, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::info!(
+            open = connections.len(),
+            ?drain,
+            "closing HTTP connections still open after the drain"
+        );
+    }
+}
+
+/// Serves one connection; on `stop`, finishes the request in progress (an idle
+/// connection closes at once).
+async fn connection(stream: TcpStream, app: Router, stop: CancellationToken) {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let served = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
+    tokio::pin!(served);
+    let outcome = tokio::select! {
+        outcome = served.as_mut() => outcome,
+        _ = stop.cancelled() => {
+            served.as_mut().graceful_shutdown();
+            served.await
+        }
+    };
+    if let Err(error) = outcome {
+        tracing::debug!(%error, "HTTP connection ended with an error");
+    }
+}
