@@ -472,6 +472,7 @@ pub async fn cancel_on_signal(shutdown: CancellationToken) {
         signal = name,
         "second signal: stopping now, without waiting for running work (its leases lapse)"
     );
+    telemetry::flush_logs();
     std::process::exit(128 + number);
 }
 

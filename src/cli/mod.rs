@@ -16,9 +16,11 @@ use crate::headers::Header;
 use crate::store::{Enqueued, Store};
 use crate::task::{Failure, NewTask, TaskId};
 use crate::telemetry;
+use output::outln;
 
 mod brake;
 mod breakers;
+pub(crate) mod output;
 mod replays;
 mod selection;
 mod table;
@@ -171,7 +173,7 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
     } else {
         settings.log.level.as_str()
     };
-    telemetry::init_logging(settings.log.format, level);
+    let _logs = telemetry::init_logging(settings.log.format, level);
     match cli.command {
         Command::Run(args) => {
             let mut settings = settings;
@@ -183,7 +185,7 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
         Command::Migrate => {
             let store = Store::connect(&settings.database).await?;
             store.migrate().await?;
-            println!("schema {:?} is up to date", store.schema());
+            outln!("schema {:?} is up to date", store.schema());
         }
         Command::Enqueue(args) => {
             let fleet = register(Fleet::builder(settings.clone())).build()?;
@@ -365,12 +367,12 @@ async fn enqueue(store: &Store, args: EnqueueArgs, values: Vec<Vec<u8>>) -> anyh
     for chunk in tasks.chunks(1000) {
         for outcome in store.enqueue_many(chunk).await? {
             match outcome {
-                Enqueued::Created(id) => println!("created task {id}"),
+                Enqueued::Created(id) => outln!("created task {id}"),
                 Enqueued::Existing(id) => {
                     if let Some(delay) = args.delay {
                         check_same_delay(store, id, delay).await?;
                     }
-                    println!("task {id} already exists with this content");
+                    outln!("task {id} already exists with this content");
                 }
                 Enqueued::Conflict(id) => {
                     bail!("dedup key already belongs to task {id} with different content")
