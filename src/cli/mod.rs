@@ -188,7 +188,7 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
             outln!("schema {:?} is up to date", store.schema());
         }
         Command::Enqueue(args) => {
-            let fleet = register(Fleet::builder(settings.clone())).build()?;
+            let fleet = verb_fleet(register, &settings)?;
             if !fleet.handler_names().contains(&args.handler) {
                 bail!(
                     "unknown handler {:?} (registered: {})",
@@ -202,12 +202,12 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
             enqueue(&store, args, values).await?;
         }
         Command::Tasks(command) => {
-            let fleet = register(Fleet::builder(settings.clone())).build()?;
+            let fleet = verb_fleet(register, &settings)?;
             let store = operator_store(&settings).await?;
             tasks::run(command, &fleet, &store).await?;
         }
         Command::Replays(command) => {
-            let fleet = register(Fleet::builder(settings.clone())).build()?;
+            let fleet = verb_fleet(register, &settings)?;
             let store = operator_store(&settings).await?;
             replays::run(command, &fleet, &store).await?;
         }
@@ -229,6 +229,18 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
         Command::Demo(options) => demo::run(&settings, &options).await?,
     }
     Ok(())
+}
+
+/// The fleet a verb reads its handlers and attempt budgets from, built without the
+/// parking producer: a verb never parks, and a verb that only reads creates no Kafka
+/// client (the replay verbs create their own producer when they produce).
+fn verb_fleet(
+    register: impl FnOnce(FleetBuilder) -> FleetBuilder,
+    settings: &Settings,
+) -> anyhow::Result<Fleet> {
+    let mut settings = settings.clone();
+    settings.parking.topic = None;
+    Ok(register(Fleet::builder(settings)).build()?)
 }
 
 /// The store an operator verb works on, refused with what to do when its schema is

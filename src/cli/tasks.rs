@@ -328,10 +328,18 @@ fn applicable_filter(action: &Action, selection: &Selection) -> Option<TaskFilte
     Some(filter)
 }
 
-/// Asks on the terminal; true to go on. Off a terminal, never asks.
+/// Asks `question` on the terminal; true to go on. Off a terminal (a script, a pipe)
+/// there is no one to ask: refused unless `yes` (`--yes`).
 pub fn confirm(question: &str, yes: bool) -> anyhow::Result<bool> {
-    if yes || !std::io::stdin().is_terminal() {
+    if yes {
         return Ok(true);
+    }
+    if !std::io::stdin().is_terminal() {
+        bail!(
+            "{} needs confirmation, and standard input is not a terminal to ask on: \
+             pass --yes to act without asking; nothing was done",
+            question.trim_end_matches('?')
+        );
     }
     err!("{question} [y/N] ");
     std::io::stderr().flush()?;
