@@ -283,7 +283,7 @@ impl Fleet {
         if let Some(listener) = admin_listener {
             tracing::info!(listen = ?self.settings.admin.listen, "serving the admin API");
             let state = AppState {
-                store: store.clone(),
+                store: admin::api_store(&self.settings.database, &self.settings.admin)?,
                 kafka: self.settings.kafka.clone(),
                 budgets: self.budgets(),
             };
