@@ -76,3 +76,42 @@ async fn connection(stream: TcpStream, app: Router, stop: CancellationToken) {
         tracing::debug!(%error, "HTTP connection ended with an error");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A client that never finishes a request's head is disconnected after
+    /// [`HEADER_READ_TIMEOUT`], while the server runs on.
+    #[tokio::test]
+    async fn a_client_that_never_sends_a_whole_head_is_disconnected() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let app = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve(listener, app, stop.clone(), Duration::from_secs(1)));
+        let mut idle = TcpStream::connect(address).await.unwrap();
+        idle.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            .await
+            .unwrap();
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(HEADER_READ_TIMEOUT * 3, idle.read_to_end(&mut rest))
+            .await
+            .expect("disconnected once the head is overdue");
+        assert!(closed.is_ok(), "{closed:?}");
+        let mut client = TcpStream::connect(address).await.unwrap();
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        client.read_to_string(&mut answer).await.unwrap();
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok"),
+            "{answer}"
+        );
+        stop.cancel();
+        server.await.unwrap();
+    }
+}
