@@ -3,7 +3,6 @@
 //! dead-letter topic, and a fleet member that captures them and republishes them behind
 //! a fault-injecting wrapper.
 
-use crate::cli::output::{out, outln};
 use anyhow::Context;
 use clap::Args;
 use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
@@ -15,6 +14,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+use crate::cli::output::{out, outln};
 use crate::config::{RouteMode, RouteSettings, Settings};
 use crate::fleet::{cancel_on_signal, Fleet};
 use crate::handlers::faults::FaultInjecting;

@@ -1,7 +1,6 @@
 //! `redrive bench ingest`: messages persisted per second, from the first message consumed
 //! to the last offset committed, through librdkafka's mock cluster into PostgreSQL.
 
-use crate::cli::output::outln;
 use anyhow::Context;
 use clap::Args;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -13,6 +12,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::{fresh_store, median};
+use crate::cli::output::outln;
 use crate::config::{RouteMode, RouteSettings, Settings};
 use crate::fleet::Fleet;
 use crate::handlers::LogHandler;

@@ -9,13 +9,13 @@ pub mod ops;
 pub mod rebalance;
 pub mod webhook;
 
-use crate::cli::output::outln;
 use anyhow::Context;
 use async_trait::async_trait;
 use clap::Args;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+use crate::cli::output::outln;
 use crate::config::Settings;
 use crate::fleet::Fleet;
 use crate::handlers::{Handler, HandlerContext, HandlerError};

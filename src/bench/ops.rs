@@ -2,12 +2,12 @@
 //! large stores, and a working fleet's drain rate while a bulk discard runs beside it
 //! (against the same fleet with the bulk action idle, measured in the same sitting).
 
-use crate::cli::output::outln;
 use clap::Args;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::{bench_fleet, drop_schema, fresh_store, median};
+use crate::cli::output::outln;
 use crate::config::Settings;
 use crate::store::{Action, Budget, Operator, Selection, Store, TaskFilter};
 use crate::task::Status;

@@ -6,7 +6,6 @@
 //! too) was consumed again. Its schema is `<schema>_bench_rebalance`, so that it can run
 //! beside the other benchmarks.
 
-use crate::cli::output::outln;
 use anyhow::Context;
 use clap::Args;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -23,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{fresh_store, median};
+use crate::cli::output::outln;
 use crate::config::{parse_duration, DatabaseSettings, Settings};
 use crate::store::Store;
 

@@ -4,7 +4,6 @@
 //! the drain of a healthy handler while another handler's breaker is open with a large
 //! backlog held, against the same drain without that backlog.
 
-use crate::cli::output::outln;
 use axum::http::StatusCode;
 use clap::Args;
 use std::net::SocketAddr;
@@ -12,6 +11,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::{drop_schema, fresh_store, median, NoopHandler};
+use crate::cli::output::outln;
 use crate::config::{BreakerSettings, HandlerSettings, Settings, WebhookSettings};
 use crate::fleet::Fleet;
 use crate::store::{BreakerCommand, Operator, Store};

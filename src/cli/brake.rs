@@ -1,9 +1,9 @@
 //! `redrive brake`: the bad-deploy brakes of process-mode routes, and releasing one.
 
-use super::output::outln;
 use anyhow::{bail, Context};
 use clap::Subcommand;
 
+use super::output::outln;
 use super::table;
 use super::tasks::cli_operator;
 use crate::config::Settings;

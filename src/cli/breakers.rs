@@ -1,9 +1,9 @@
 //! `redrive breakers`: the fleet's circuit breakers, and forcing one open or closed.
 
-use super::output::outln;
 use anyhow::{bail, Context};
 use clap::Subcommand;
 
+use super::output::outln;
 use super::table;
 use super::tasks::cli_operator;
 use crate::breaker::Breaker;

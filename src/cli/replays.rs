@@ -1,12 +1,12 @@
 //! `redrive tasks replay`, `redrive replays ...` and `redrive audit`.
 
-use super::output::{errln, outln};
 use anyhow::bail;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use tokio_util::sync::CancellationToken;
 
+use super::output::{errln, outln};
 use super::selection::{parse_time, FilterArgs};
 use super::table;
 use super::tasks::{cli_operator, confirm};

@@ -1,11 +1,11 @@
 //! `redrive tasks VERB`: look at tasks and act on them, over the store's fenced operations.
 
-use super::output::{err, errln, outln};
 use anyhow::{bail, Context};
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use std::io::{IsTerminal, Write};
 
+use super::output::{err, errln, outln};
 use super::replays::{run_in_foreground, ReplayArgs};
 use super::selection::{parse_time, FilterArgs, SelectionArgs};
 use super::table;

@@ -7,12 +7,15 @@ mod metrics;
 
 pub use attempt_log::{log_attempt, AttemptLine};
 pub use health::{Health, Readiness};
-pub use log_lines::{LogLines, QUEUE_LINES};
 pub use metrics::Metrics;
 
 use std::sync::OnceLock;
 use std::time::Duration;
 use tracing_subscriber::EnvFilter;
+
+use crate::config::LogFormat;
+use crate::store::Store;
+use log_lines::LogLines;
 
 /// The log writer of this process, once [`init_logging`] started it.
 static LOG_LINES: OnceLock<LogLines> = OnceLock::new();
@@ -20,14 +23,11 @@ static LOG_LINES: OnceLock<LogLines> = OnceLock::new();
 /// How long [`flush_logs`] waits for queued log lines at most.
 const FLUSH_WITHIN: Duration = Duration::from_secs(1);
 
-use crate::config::LogFormat;
-use crate::store::Store;
-
 /// Installs the global `tracing` subscriber on stderr: text or JSON lines (`log.format`;
 /// `auto` is text on a terminal), filtered by `RUST_LOG`, else `level`. JSON lines carry
 /// the fields of their spans (an attempt's task id, a batch's route). Lines are written
-/// by a thread of its own ([`LogLines`]): a slow, stuck or closed stderr never stops or
-/// stalls the process; keep the returned guard until the process ends (dropping it
+/// by a thread of its own, through a bounded queue: a slow, stuck or closed stderr never
+/// stops or stalls the process; keep the returned guard until the process ends (dropping it
 /// flushes them). Does nothing if a subscriber is already installed.
 pub fn init_logging(format: LogFormat, level: &str) -> LogGuard {
     use std::io::IsTerminal;
