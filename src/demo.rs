@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+use crate::cli::output::{out, outln};
 use crate::config::{RouteMode, RouteSettings, Settings};
 use crate::fleet::{cancel_on_signal, Fleet};
 use crate::handlers::faults::FaultInjecting;
@@ -68,23 +69,23 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> anyhow::Result<(
         .await?;
     store.migrate().await?;
 
-    println!("redrive demo");
-    println!("  Kafka-protocol broker (in-process): {bootstrap}");
-    println!("  dead-letter topic {DEAD_LETTER_TOPIC} -> republish to the original topic ({TARGET_TOPIC}); permanent failures parked on {PARKING_TOPIC}");
-    println!(
+    outln!("redrive demo");
+    outln!("  Kafka-protocol broker (in-process): {bootstrap}");
+    outln!("  dead-letter topic {DEAD_LETTER_TOPIC} -> republish to the original topic ({TARGET_TOPIC}); permanent failures parked on {PARKING_TOPIC}");
+    outln!(
         "  PostgreSQL schema {:?} (recreated for this run)",
         store.schema()
     );
-    println!(
+    outln!(
         "  faults injected: {:.0}% transient, {:.0}% permanent",
         options.transient * 100.0,
         options.permanent * 100.0
     );
-    println!("  add your own failures while it runs: echo oops | kcat -b {bootstrap} -t {DEAD_LETTER_TOPIC} -P");
+    outln!("  add your own failures while it runs: echo oops | kcat -b {bootstrap} -t {DEAD_LETTER_TOPIC} -P");
     if let Some(addr) = options.metrics {
-        println!("  metrics: http://{addr}/metrics");
+        outln!("  metrics: http://{addr}/metrics");
     }
-    println!();
+    outln!();
 
     let republish = RepublishHandler::new(&settings);
     let fleet = Fleet::builder(settings.clone())
@@ -128,10 +129,10 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> anyhow::Result<(
             started.elapsed().as_secs_f64()
         );
         if live {
-            print!("\r{line}");
+            out!("\r{line}");
             std::io::stdout().flush()?;
         } else if ticks % 4 == 1 {
-            println!("{line}");
+            outln!("{line}");
         }
         let finished = counts.total() - counts.failed;
         if !options.keep_running && counts.failed == 0 && finished >= options.messages as i64 {
@@ -139,23 +140,23 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> anyhow::Result<(
         }
     }
     if live {
-        println!();
+        outln!();
     }
     feeding.abort();
     member.await??;
     let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM recovery_attempt")
         .fetch_one(store.pool())
         .await?;
-    println!("\nsummary after {:.1}s", started.elapsed().as_secs_f64());
+    outln!("\nsummary after {:.1}s", started.elapsed().as_secs_f64());
     let parked = metrics.parked.with_label_values(&["produced"]).get();
-    println!("  tasks ingested          {}", counts.total());
-    println!("  resolved (republished)  {}", counts.resolved);
-    println!(
+    outln!("  tasks ingested          {}", counts.total());
+    outln!("  resolved (republished)  {}", counts.resolved);
+    outln!(
         "  permanent failures      {} (parked on {PARKING_TOPIC}: {parked})",
         counts.permanent_failure
     );
-    println!("  still failed            {}", counts.failed);
-    println!("  attempts made           {attempts}");
+    outln!("  still failed            {}", counts.failed);
+    outln!("  attempts made           {attempts}");
     drop(broker);
     Ok(())
 }

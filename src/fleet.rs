@@ -46,9 +46,6 @@ pub enum FleetError {
     /// A part of the member panicked (a bug); the others were stopped.
     #[error("a part of this member panicked: {0}")]
     Panicked(String),
-    /// An HTTP endpoint (metrics or admin API) failed while serving.
-    #[error("HTTP endpoint: {0}")]
-    Serve(#[from] std::io::Error),
 }
 
 /// Collects settings and handlers; [`FleetBuilder::build`] validates them together.
@@ -288,14 +285,14 @@ impl Fleet {
         if let Some(listener) = admin_listener {
             tracing::info!(listen = ?self.settings.admin.listen, "serving the admin API");
             let state = AppState {
-                store: store.clone(),
+                store: admin::api_store(&self.settings.database, &self.settings.admin)?,
                 kafka: self.settings.kafka.clone(),
                 routes: self.settings.routes.clone(),
                 budgets: self.budgets(),
             };
             let app = admin::router(state, Tokens::new(&self.settings.admin));
-            let serve = admin::serve(listener, app, shutdown.clone());
-            parts.spawn(async move { serve.await.map_err(FleetError::from) });
+            let drain = self.settings.worker.shutdown_timeout;
+            parts.spawn(admin::serve(listener, app, shutdown.clone(), drain).map(Ok));
         }
         // The metrics and health endpoints outlive the other parts, so that `/readyz`
         // says "shutting down" while they drain.
@@ -307,6 +304,7 @@ impl Fleet {
                 self.metrics.clone(),
                 store.clone(),
                 serving.clone(),
+                self.settings.worker.shutdown_timeout,
             ))
         });
         let health = self.metrics.health.clone();
@@ -360,13 +358,8 @@ impl Fleet {
             .await;
         serving.cancel();
         if let Some(telemetry) = telemetry {
-            let served = telemetry
-                .await
-                .map_err(|e| FleetError::Panicked(e.to_string()));
-            if let (Ok(()), Err(error)) =
-                (&outcome, served.and_then(|r| r.map_err(FleetError::from)))
-            {
-                outcome = Err(error);
+            if let (Ok(()), Err(panic)) = (&outcome, telemetry.await) {
+                outcome = Err(FleetError::Panicked(panic.to_string()));
             }
         }
         outcome
@@ -466,17 +459,38 @@ async fn supervise(
     outcome
 }
 
-/// Fires `shutdown` on the first SIGTERM or SIGINT.
+/// Fires `shutdown` on the first SIGTERM or SIGINT. A second one ends the process at
+/// once, without waiting for running work, with the exit status a shell gives a process
+/// the signal killed (128 + its number): the leases it holds lapse after `worker.lease`
+/// and other members take the tasks over.
 pub async fn cancel_on_signal(shutdown: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
-    let name = tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    };
-    tracing::info!(signal = name, "shutdown requested");
+    let (name, _) = next_signal(&mut term, &mut int).await;
+    tracing::info!(
+        signal = name,
+        "shutdown requested; a second SIGTERM or SIGINT stops at once"
+    );
     shutdown.cancel();
+    let (name, number) = next_signal(&mut term, &mut int).await;
+    tracing::warn!(
+        signal = name,
+        "second signal: stopping now, without waiting for running work (its leases lapse)"
+    );
+    telemetry::flush_logs();
+    std::process::exit(128 + number);
+}
+
+/// The next of SIGTERM and SIGINT: its name and number.
+async fn next_signal(
+    term: &mut tokio::signal::unix::Signal,
+    int: &mut tokio::signal::unix::Signal,
+) -> (&'static str, i32) {
+    tokio::select! {
+        _ = term.recv() => ("SIGTERM", libc::SIGTERM),
+        _ = int.recv() => ("SIGINT", libc::SIGINT),
+    }
 }
 
 #[cfg(test)]

@@ -31,6 +31,7 @@ pub mod handlers;
 pub mod headers;
 mod ingest;
 mod kafka;
+mod listener;
 mod parking;
 mod parts;
 pub mod rate;

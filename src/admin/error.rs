@@ -1,6 +1,9 @@
 //! Errors of the admin API: a status and a JSON body `{"error": "..."}`. Bad input is a
-//! 4xx naming what is wrong; a database that cannot be reached is a 503.
+//! 4xx naming what is wrong. Of database errors, only a database that cannot be reached
+//! is a 503 (with `Retry-After`); a statement cancelled by `admin.statement_timeout` is a
+//! 504, and any other (bad data, a missing table) a 500 saying what PostgreSQL said.
 
+use axum::http::header::RETRY_AFTER;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -14,7 +17,16 @@ use crate::store::StoreError;
 pub struct ApiError {
     status: StatusCode,
     message: String,
+    /// Seconds after which trying again may work (`Retry-After`).
+    retry_after: Option<u64>,
 }
+
+/// `Retry-After` of a 503 for a database that cannot be reached.
+const UNAVAILABLE_RETRY_AFTER: u64 = 5;
+
+/// SQLSTATE of a statement PostgreSQL cancelled (`statement_timeout`, or an
+/// administrator's `pg_cancel_backend`).
+const QUERY_CANCELED: &str = "57014";
 
 /// The body of every error answer.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -28,6 +40,16 @@ impl ApiError {
         ApiError {
             status,
             message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// 429: too many requests of this kind run now; try again after `retry_after`
+    /// seconds.
+    pub fn too_many(message: impl Into<String>, retry_after: u64) -> ApiError {
+        ApiError {
+            retry_after: Some(retry_after),
+            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, message)
         }
     }
 
@@ -65,16 +87,40 @@ impl From<StoreError> for ApiError {
                 ApiError::not_found(error.to_string())
             }
             StoreError::Replay(_) => ApiError::conflict(error.to_string()),
-            StoreError::Database(_) | StoreError::Migrate(_) => {
-                tracing::warn!(%error, "admin API: database error");
+            StoreError::Database(ref database) if cancelled(database) => {
+                tracing::warn!(%error, "admin API: a statement was cancelled");
                 ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the database cannot be reached or refused the request; try again",
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "the database did not finish this request within admin.statement_timeout \
+                     (or it was cancelled); narrow it, or raise admin.statement_timeout",
+                )
+            }
+            _ if error.is_unavailable() => {
+                tracing::warn!(%error, "admin API: database unavailable");
+                ApiError {
+                    retry_after: Some(UNAVAILABLE_RETRY_AFTER),
+                    ..ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the database cannot be reached (or all of the API's connections are \
+                         busy); try again",
+                    )
+                }
+            }
+            StoreError::Database(_) | StoreError::Migrate(_) => {
+                tracing::error!(%error, "admin API: the database refused a request");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("the database refused the request: {error}"),
                 )
             }
             other => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, other.to_string()),
         }
     }
+}
+
+/// Whether PostgreSQL cancelled the statement.
+fn cancelled(error: &sqlx::Error) -> bool {
+    error.as_database_error().and_then(|e| e.code()).as_deref() == Some(QUERY_CANCELED)
 }
 
 impl From<ReplayError> for ApiError {
@@ -93,12 +139,16 @@ impl From<ReplayError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
+        let mut response = (
             self.status,
             Json(ErrorBody {
                 error: self.message,
             }),
         )
-            .into_response()
+            .into_response();
+        if let Some(seconds) = self.retry_after {
+            response.headers_mut().insert(RETRY_AFTER, seconds.into());
+        }
+        response
     }
 }

@@ -3,6 +3,8 @@
 
 mod auth;
 mod error;
+mod limit;
+mod origin;
 mod routes;
 
 use axum::routing::{get, post};
@@ -12,8 +14,12 @@ use tokio_util::sync::CancellationToken;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
+use crate::config::{AdminSettings, DatabaseSettings};
+use crate::store::{Store, StoreError};
+
 pub use auth::{Caller, Tokens};
 pub use error::{ApiError, ErrorBody};
+pub use limit::HEAVY_READS;
 pub use routes::{ActionRequest, ActionResponse, AppState, ReplayRequest, MAX_IDS};
 
 /// The OpenAPI document of the admin API.
@@ -42,8 +48,14 @@ impl Modify for BearerAuth {
 }
 
 /// The API's routes over `state`, authenticated by `tokens` (the OpenAPI document is
-/// public).
+/// public). Cross-site requests, and on an open API foreign host names, are refused
+/// first (see `origin`).
 pub fn router(state: AppState, tokens: Tokens) -> Router {
+    let guard = origin::Guard {
+        open: tokens.is_open(),
+    };
+    let heavy = limit::heavy_slots();
+    let limited = || middleware::from_fn_with_state(heavy.clone(), limit::heavy);
     let api = Router::new()
         .route("/api/v1/tasks", get(routes::list_tasks))
         .route("/api/v1/tasks/retry", post(routes::retry))
@@ -53,10 +65,10 @@ pub fn router(state: AppState, tokens: Tokens) -> Router {
         .route("/api/v1/tasks/{id}", get(routes::get_task))
         .route("/api/v1/replays", get(routes::list_replays))
         .route("/api/v1/replays/{id}/cancel", post(routes::cancel_replay))
-        .route("/api/v1/stats", get(routes::stats))
+        .route("/api/v1/stats", get(routes::stats).route_layer(limited()))
         .route("/api/v1/audit", get(routes::audit))
         .route("/api/v1/members", get(routes::members))
-        .route("/api/v1/check", get(routes::check))
+        .route("/api/v1/check", get(routes::check).route_layer(limited()))
         .route_layer(middleware::from_fn_with_state(
             Arc::new(tokens),
             auth::authenticate,
@@ -69,15 +81,29 @@ pub fn router(state: AppState, tokens: Tokens) -> Router {
         )
         .merge(api)
         .fallback(|| async { ApiError::not_found("no such endpoint; see /api/v1/openapi.json") })
+        .layer(middleware::from_fn_with_state(
+            guard,
+            origin::refuse_foreign,
+        ))
 }
 
-/// Serves the API on `listener` until `shutdown` fires.
+/// Connections the API's own pool opens at most (per member).
+pub const CONNECTIONS: u32 = 4;
+
+/// The store the API works on: a pool of its own of at most [`CONNECTIONS`], whose
+/// statements PostgreSQL cancels after `admin.statement_timeout`, so that API requests
+/// neither take the fleet's connections nor hold the database for long.
+pub fn api_store(database: &DatabaseSettings, admin: &AdminSettings) -> Result<Store, StoreError> {
+    Store::connect_bounded(database, CONNECTIONS, admin.statement_timeout)
+}
+
+/// Serves the API on `listener` until `shutdown` fires; requests in progress then get
+/// up to `drain` to finish. A request's head must arrive within 10 s.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
     shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    drain: std::time::Duration,
+) {
+    crate::listener::serve(listener, app, shutdown, drain).await
 }

@@ -428,7 +428,8 @@ pub async fn cancel_replay(
 
 /// Counts by status and handler, due work per handler, the last hour's outcomes, live
 /// members.
-#[utoipa::path(get, path = "/api/v1/stats", security(("bearer" = [])), responses((status = 200, body = Stats)))]
+#[utoipa::path(get, path = "/api/v1/stats", security(("bearer" = [])),
+    responses((status = 200, body = Stats), (status = 429, body = ErrorBody), (status = 504, body = ErrorBody)))]
 pub async fn stats(State(state): Shared) -> Result<Json<Stats>, ApiError> {
     Ok(Json(state.store.stats().await?))
 }
@@ -479,7 +480,8 @@ pub async fn members(State(state): Shared) -> Result<Json<Vec<Member>>, ApiError
 }
 
 /// Checks the store's invariants (reads every task: use sparingly).
-#[utoipa::path(get, path = "/api/v1/check", security(("bearer" = [])), responses((status = 200, body = CheckReport)))]
+#[utoipa::path(get, path = "/api/v1/check", security(("bearer" = [])),
+    responses((status = 200, body = CheckReport), (status = 429, body = ErrorBody), (status = 504, body = ErrorBody)))]
 pub async fn check(State(state): Shared) -> Result<Json<CheckReport>, ApiError> {
     Ok(Json(state.store.check(&state.budgets).await?))
 }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::{fresh_store, median};
+use crate::cli::output::outln;
 use crate::config::{RouteMode, RouteSettings, Settings};
 use crate::fleet::Fleet;
 use crate::handlers::LogHandler;
@@ -41,17 +42,17 @@ pub struct IngestBenchOptions {
 
 /// Runs the ingest benchmark and prints its figures.
 pub async fn run(settings: &Settings, options: &IngestBenchOptions) -> anyhow::Result<()> {
-    println!(
+    outln!(
         "redrive bench ingest: {} messages of {} bytes on {} partitions, batch {}, {} run(s), median shown",
         options.messages, options.value_bytes, options.partitions, options.batch_size, options.runs
     );
     let mut rates = Vec::new();
     for run in 1..=options.runs.max(1) {
         let rate = one_run(settings, options).await?;
-        println!("  run {run}: {rate:.0} messages/s persisted");
+        outln!("  run {run}: {rate:.0} messages/s persisted");
         rates.push(rate);
     }
-    println!(
+    outln!(
         "ingest: {:.0} messages/s persisted (median)",
         median(&rates)
     );

@@ -15,6 +15,7 @@ use clap::Args;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+use crate::cli::output::outln;
 use crate::config::Settings;
 use crate::fleet::Fleet;
 use crate::handlers::{Handler, HandlerContext, HandlerError};
@@ -124,13 +125,18 @@ async fn run_queue(settings: &Settings, options: &BenchOptions) -> anyhow::Resul
         .database
         .max_connections
         .max(options.enqueue_connections as u32 + 8);
-    println!(
+    outln!(
         "redrive bench: {} tasks of {} bytes, attempt history kept, {} run(s) per batch size, median shown",
         options.tasks, options.value_bytes, options.runs
     );
-    println!(
+    outln!(
         "{:>6} {:>11} {:>12} {:>12} {:>10} {:>10}",
-        "batch", "concurrency", "enqueue/s", "drain/s", "p50 ms", "p99 ms"
+        "batch",
+        "concurrency",
+        "enqueue/s",
+        "drain/s",
+        "p50 ms",
+        "p99 ms"
     );
     for &batch in &options.batch_sizes {
         let concurrency = options.concurrency.unwrap_or(batch * 4).max(1);
@@ -139,7 +145,7 @@ async fn run_queue(settings: &Settings, options: &BenchOptions) -> anyhow::Resul
             runs.push(one_run(&settings, options, batch, concurrency).await?);
         }
         let median = |f: fn(&RunFigures) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
-        println!(
+        outln!(
             "{:>6} {:>11} {:>12.0} {:>12.0} {:>10.1} {:>10.1}",
             batch,
             concurrency,
@@ -151,7 +157,7 @@ async fn run_queue(settings: &Settings, options: &BenchOptions) -> anyhow::Resul
     }
     if options.pickup_samples > 0 {
         let (p50, p99) = pickup_latency(&settings, options.pickup_samples).await?;
-        println!("idle pick-up latency (enqueue committed -> resolved), {} samples: p50 {p50:.1} ms, p99 {p99:.1} ms", options.pickup_samples);
+        outln!("idle pick-up latency (enqueue committed -> resolved), {} samples: p50 {p50:.1} ms, p99 {p99:.1} ms", options.pickup_samples);
     }
     Ok(())
 }

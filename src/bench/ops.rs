@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::{bench_fleet, drop_schema, fresh_store, median};
+use crate::cli::output::outln;
 use crate::config::Settings;
 use crate::store::{Action, Budget, Operator, Selection, Store, TaskFilter};
 use crate::task::Status;
@@ -65,11 +66,11 @@ async fn seed(store: &Store, handler: &str, count: usize, due_in_days: i32) -> a
 
 /// Runs the benchmark and prints its figures.
 pub async fn run(settings: &Settings, options: &OpsBenchOptions) -> anyhow::Result<()> {
-    println!(
+    outln!(
         "redrive bench ops: bulk actions by filter, {} run(s) per figure, median shown",
         options.runs
     );
-    println!("{:>10} {:>14} {:>14}", "tasks", "discard/s", "retry/s");
+    outln!("{:>10} {:>14} {:>14}", "tasks", "discard/s", "retry/s");
     for &size in &options.sizes {
         let store = fresh_store(settings).await?;
         seed(&store, "idle", size, 0).await?;
@@ -96,7 +97,7 @@ pub async fn run(settings: &Settings, options: &OpsBenchOptions) -> anyhow::Resu
             anyhow::ensure!(done.changed == size as i64, "retried {}", done.changed);
             retries.push(size as f64 / started.elapsed().as_secs_f64());
         }
-        println!(
+        outln!(
             "{:>10} {:>14.0} {:>14.0}",
             size,
             median(&discards),
@@ -105,9 +106,10 @@ pub async fn run(settings: &Settings, options: &OpsBenchOptions) -> anyhow::Resu
         drop_schema(&store).await?;
     }
 
-    println!(
+    outln!(
         "drain of {} tasks (batch 100) beside {} tasks of another handler:",
-        options.drain_tasks, options.bulk_tasks
+        options.drain_tasks,
+        options.bulk_tasks
     );
     let (mut alone, mut beside) = (Vec::new(), Vec::new());
     for _ in 0..options.runs.max(1) {
@@ -115,9 +117,9 @@ pub async fn run(settings: &Settings, options: &OpsBenchOptions) -> anyhow::Resu
         beside.push(drain(settings, options, true).await?);
     }
     let (alone, beside) = (median(&alone), median(&beside));
-    println!("  bulk action idle:            {alone:>10.0} tasks/s");
-    println!("  bulk discard/retry running:  {beside:>10.0} tasks/s");
-    println!(
+    outln!("  bulk action idle:            {alone:>10.0} tasks/s");
+    outln!("  bulk discard/retry running:  {beside:>10.0} tasks/s");
+    outln!(
         "  ratio {:.2} (the target is at least 0.50)",
         beside / alone
     );

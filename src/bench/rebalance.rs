@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{fresh_store, median};
+use crate::cli::output::outln;
 use crate::config::{parse_duration, DatabaseSettings, Settings};
 use crate::store::Store;
 
@@ -88,7 +89,7 @@ pub async fn run(settings: &Settings, options: &RebalanceBenchOptions) -> anyhow
     // The members' librdkafka properties: `kafka.properties`, then `--property`.
     let mut properties = settings.kafka.properties.clone();
     properties.extend(options.properties.iter().cloned());
-    println!(
+    outln!(
         "redrive bench rebalance: {} members, {} partitions, {} messages/s, {} kill(s); properties: {}",
         options.members,
         options.partitions,
@@ -143,9 +144,7 @@ async fn measure(
     let quiet_from = chrono::Utc::now();
     tokio::time::sleep(Duration::from_secs(10)).await;
     let quiet = longest_pause(store, quiet_from, chrono::Utc::now()).await?;
-    println!(
-        "  group formed after {formed:.1} s; longest pause in 10 s without kills: {quiet:.1} s"
-    );
+    outln!("  group formed after {formed:.1} s; longest pause in 10 s without kills: {quiet:.1} s");
     let mut figures = Vec::new();
     for kill in 1..=options.kills {
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -159,7 +158,7 @@ async fn measure(
         let settled = clock.elapsed().as_secs_f64();
         tokio::time::sleep(Duration::from_secs(2)).await;
         let pause = longest_pause(store, killed_at, chrono::Utc::now()).await?;
-        println!(
+        outln!(
             "  kill {kill}: longest fleet-wide pause {pause:.1} s; every partition consumed again after {recovered:.1} s; group settled after {settled:.1} s"
         );
         figures.push(KillFigures {
@@ -182,7 +181,7 @@ fn print_summary(figures: &[KillFigures]) {
         let values: Vec<f64> = figures.iter().map(figure).collect();
         let max = values.iter().copied().fold(0.0, f64::max);
         if !values.is_empty() {
-            println!("{what}: median {:.1} s, max {max:.1} s", median(&values));
+            outln!("{what}: median {:.1} s, max {max:.1} s", median(&values));
         }
     }
 }
@@ -371,7 +370,7 @@ async fn wait_stored(
         let stored = store.status_counts().await?.total();
         anyhow::ensure!(stored <= produced, "{stored} tasks for {produced} messages");
         if stored == produced {
-            println!("  {produced} messages produced, {stored} tasks stored");
+            outln!("  {produced} messages produced, {stored} tasks stored");
             return Ok(());
         }
         anyhow::ensure!(

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::{drop_schema, fresh_store, median, NoopHandler};
+use crate::cli::output::outln;
 use crate::config::{BreakerSettings, HandlerSettings, Settings, WebhookSettings};
 use crate::fleet::Fleet;
 use crate::store::{BreakerCommand, Operator, Store};
@@ -173,14 +174,18 @@ where
 pub async fn run(settings: &Settings, options: &WebhookBenchOptions) -> anyhow::Result<()> {
     let (addr, server) = answering_server().await?;
     let n = options.tasks;
-    println!(
+    outln!(
         "redrive bench webhook: {n} tasks per drain, local server answering 200 at once, \
          median of {} run(s)",
         options.runs
     );
-    println!(
+    outln!(
         "{:>11} {:>16} {:>12} {:>13} {:>14}",
-        "concurrency", "webhook calls/s", "p99 call ms", "no-op drain/s", "share of no-op"
+        "concurrency",
+        "webhook calls/s",
+        "p99 call ms",
+        "no-op drain/s",
+        "share of no-op"
     );
     for &concurrency in &options.concurrency {
         let hook = medians(options.runs, || {
@@ -191,7 +196,7 @@ pub async fn run(settings: &Settings, options: &WebhookBenchOptions) -> anyhow::
             drain(settings, addr, "noop", n, concurrency, 0)
         })
         .await?;
-        println!(
+        outln!(
             "{:>11} {:>16.0} {:>12.1} {:>13.0} {:>13.0}%",
             concurrency,
             hook.per_s,
@@ -209,7 +214,7 @@ pub async fn run(settings: &Settings, options: &WebhookBenchOptions) -> anyhow::
         drain(settings, addr, "noop", n, concurrency, n)
     })
     .await?;
-    println!(
+    outln!(
         "breaker isolation at concurrency {concurrency}: no-op drain {:.0}/s alone, {:.0}/s beside \
          {n} webhook tasks held by its open breaker ({:.0}% of alone; none attempted)",
         alone.per_s,

@@ -3,6 +3,7 @@
 use anyhow::{bail, Context};
 use clap::Subcommand;
 
+use super::output::outln;
 use super::table;
 use super::tasks::cli_operator;
 use crate::config::Settings;
@@ -41,7 +42,7 @@ pub async fn run(command: BrakeCommand, settings: &Settings, store: &Store) -> a
                 .release_brake(&route, &cli_operator(Some(reason)))
                 .await
                 .context("releasing the brake")?;
-            println!(
+            outln!(
                 "brake of {route} released (engaged {} times); the route resumes",
                 brake.trips
             );
@@ -69,7 +70,7 @@ async fn list(settings: &Settings, store: &Store, json: bool) -> anyhow::Result<
     }
     brakes.sort_by(|a, b| a.route.cmp(&b.route));
     if json {
-        println!("{}", serde_json::to_string_pretty(&brakes)?);
+        outln!("{}", serde_json::to_string_pretty(&brakes)?);
         return Ok(());
     }
     let now = chrono::Utc::now();

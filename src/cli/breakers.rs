@@ -3,6 +3,7 @@
 use anyhow::{bail, Context};
 use clap::Subcommand;
 
+use super::output::outln;
 use super::table;
 use super::tasks::cli_operator;
 use crate::breaker::Breaker;
@@ -67,7 +68,7 @@ pub async fn run(
         .command_breaker(&handler, command, breaker, &cli_operator(Some(reason)))
         .await
         .context("changing the breaker")?;
-    println!(
+    outln!(
         "breaker of {handler}: {}{}",
         after.state,
         after
@@ -101,7 +102,7 @@ async fn list(settings: &Settings, store: &Store, json: bool) -> anyhow::Result<
             .filter(|b| !settings.handlers.contains_key(&b.handler)),
     );
     if json {
-        println!("{}", serde_json::to_string_pretty(&breakers)?);
+        outln!("{}", serde_json::to_string_pretty(&breakers)?);
         return Ok(());
     }
     let rows: Vec<Vec<String>> = breakers

@@ -16,9 +16,11 @@ use crate::headers::Header;
 use crate::store::{Enqueued, Store};
 use crate::task::{Failure, NewTask, TaskId};
 use crate::telemetry;
+use output::outln;
 
 mod brake;
 mod breakers;
+pub(crate) mod output;
 mod replays;
 mod selection;
 mod table;
@@ -171,7 +173,7 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
     } else {
         settings.log.level.as_str()
     };
-    telemetry::init_logging(settings.log.format, level);
+    let _logs = telemetry::init_logging(settings.log.format, level);
     match cli.command {
         Command::Run(args) => {
             let mut settings = settings;
@@ -183,10 +185,10 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
         Command::Migrate => {
             let store = Store::connect(&settings.database).await?;
             store.migrate().await?;
-            println!("schema {:?} is up to date", store.schema());
+            outln!("schema {:?} is up to date", store.schema());
         }
         Command::Enqueue(args) => {
-            let fleet = register(Fleet::builder(settings.clone())).build()?;
+            let fleet = verb_fleet(register, &settings)?;
             if !fleet.handler_names().contains(&args.handler) {
                 bail!(
                     "unknown handler {:?} (registered: {})",
@@ -200,12 +202,12 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
             enqueue(&store, args, values).await?;
         }
         Command::Tasks(command) => {
-            let fleet = register(Fleet::builder(settings.clone())).build()?;
+            let fleet = verb_fleet(register, &settings)?;
             let store = operator_store(&settings).await?;
             tasks::run(command, &fleet, &store).await?;
         }
         Command::Replays(command) => {
-            let fleet = register(Fleet::builder(settings.clone())).build()?;
+            let fleet = verb_fleet(register, &settings)?;
             let store = operator_store(&settings).await?;
             replays::run(command, &fleet, &store).await?;
         }
@@ -227,6 +229,18 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
         Command::Demo(options) => demo::run(&settings, &options).await?,
     }
     Ok(())
+}
+
+/// The fleet a verb reads its handlers and attempt budgets from, built without the
+/// parking producer: a verb never parks, and a verb that only reads creates no Kafka
+/// client (the replay verbs create their own producer when they produce).
+fn verb_fleet(
+    register: impl FnOnce(FleetBuilder) -> FleetBuilder,
+    settings: &Settings,
+) -> anyhow::Result<Fleet> {
+    let mut settings = settings.clone();
+    settings.parking.topic = None;
+    Ok(register(Fleet::builder(settings)).build()?)
 }
 
 /// The store an operator verb works on, refused with what to do when its schema is
@@ -365,12 +379,12 @@ async fn enqueue(store: &Store, args: EnqueueArgs, values: Vec<Vec<u8>>) -> anyh
     for chunk in tasks.chunks(1000) {
         for outcome in store.enqueue_many(chunk).await? {
             match outcome {
-                Enqueued::Created(id) => println!("created task {id}"),
+                Enqueued::Created(id) => outln!("created task {id}"),
                 Enqueued::Existing(id) => {
                     if let Some(delay) = args.delay {
                         check_same_delay(store, id, delay).await?;
                     }
-                    println!("task {id} already exists with this content");
+                    outln!("task {id} already exists with this content");
                 }
                 Enqueued::Conflict(id) => {
                     bail!("dedup key already belongs to task {id} with different content")

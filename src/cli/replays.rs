@@ -6,6 +6,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use tokio_util::sync::CancellationToken;
 
+use super::output::{errln, outln};
 use super::selection::{parse_time, FilterArgs};
 use super::table;
 use super::tasks::{cli_operator, confirm};
@@ -151,17 +152,17 @@ pub async fn run_in_foreground(
         .count_selected(&crate::store::Selection::Filter(replay.filter.clone()))
         .await?;
     if count == 0 {
-        eprintln!("no task matches the filter; nothing to replay");
+        errln!("no task matches the filter; nothing to replay");
         return Ok(());
     }
     let target = args.to.as_deref().unwrap_or("each task's original topic");
     if args.dry_run {
-        println!(
+        outln!(
             "replay would produce up to {count} message(s) to {target}; nothing produced (dry run)"
         );
         return Ok(());
     }
-    eprintln!("replay: {count} task(s) selected, to {target}");
+    errln!("replay: {count} task(s) selected, to {target}");
     if !confirm(&format!("replay {count} task(s) to {target}?"), args.yes)? {
         bail!("not confirmed; nothing produced");
     }
@@ -178,9 +179,9 @@ pub async fn run_in_foreground(
 
 fn print_job_started(job: &ReplayJob, json: bool) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(job)?);
+        outln!("{}", serde_json::to_string_pretty(job)?);
     } else {
-        println!(
+        outln!(
             "replay job {} recorded; a fleet member will run it (follow it with `redrive replays list`)",
             job.id
         );
@@ -212,12 +213,12 @@ async fn foreground(replayer: &Replayer, job: ReplayJob, json: bool) -> anyhow::
     progress.abandon();
     let job = outcome?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&job)?);
+        outln!("{}", serde_json::to_string_pretty(&job)?);
     }
     match job.status.as_str() {
         "done" => {
             if !json {
-                println!(
+                outln!(
                     "replay job {id} done: {} produced, {} skipped (no topic or no stored payload)",
                     job.produced, job.skipped
                 );
@@ -238,7 +239,7 @@ pub async fn run(command: ReplaysCommand, fleet: &Fleet, store: &Store) -> anyho
         ReplaysCommand::List { limit, json } => {
             let jobs = store.replays(limit).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&jobs)?);
+                outln!("{}", serde_json::to_string_pretty(&jobs)?);
                 return Ok(());
             }
             let rows: Vec<Vec<String>> = jobs
@@ -269,7 +270,7 @@ pub async fn run(command: ReplaysCommand, fleet: &Fleet, store: &Store) -> anyho
         }
         ReplaysCommand::Cancel { id } => {
             let job = store.cancel_replay(&cli_operator(None), id).await?;
-            println!(
+            outln!(
                 "replay job {id} cancelled after {} message(s)",
                 job.produced
             );
@@ -304,7 +305,7 @@ pub async fn audit(args: AuditArgs, store: &Store) -> anyhow::Result<()> {
         })
         .await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&entries)?);
+        outln!("{}", serde_json::to_string_pretty(&entries)?);
         return Ok(());
     }
     let rows: Vec<Vec<String>> = entries

@@ -1,9 +1,11 @@
 //! Plain text tables for the operator verbs.
 
+use super::output::out;
+
 /// Prints `rows` under `header`, each column as wide as its widest cell (cells are cut
 /// to `MAX_CELL` characters).
 pub fn print(header: &[&str], rows: &[Vec<String>]) {
-    print!("{}", render(header, rows));
+    out!("{}", render(header, rows));
 }
 
 /// Longest cell shown.

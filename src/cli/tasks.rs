@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use std::io::{IsTerminal, Write};
 
+use super::output::{err, errln, outln};
 use super::replays::{run_in_foreground, ReplayArgs};
 use super::selection::{parse_time, FilterArgs, SelectionArgs};
 use super::table;
@@ -179,11 +180,11 @@ async fn list(store: &Store, args: ListArgs) -> anyhow::Result<()> {
         .list(&filter, args.after.map(TaskId), args.limit)
         .await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&page)?);
+        outln!("{}", serde_json::to_string_pretty(&page)?);
         return Ok(());
     }
     if page.tasks.is_empty() {
-        eprintln!("no task matches");
+        errln!("no task matches");
         return Ok(());
     }
     let rows: Vec<Vec<String>> = page
@@ -213,7 +214,7 @@ async fn list(store: &Store, args: ListArgs) -> anyhow::Result<()> {
         &rows,
     );
     if let Some(cursor) = page.next_cursor {
-        eprintln!("more: --after {cursor}");
+        errln!("more: --after {cursor}");
     }
     Ok(())
 }
@@ -223,7 +224,7 @@ async fn show(store: &Store, args: ShowArgs) -> anyhow::Result<()> {
         bail!("no such task: {}", args.id);
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&detail)?);
+        outln!("{}", serde_json::to_string_pretty(&detail)?);
         return Ok(());
     }
     if let Some(fields) = detail.task.as_object() {
@@ -233,36 +234,36 @@ async fn show(store: &Store, args: ShowArgs) -> anyhow::Result<()> {
                 serde_json::Value::Null => continue,
                 other => other.to_string(),
             };
-            println!("{name:<22} {text}");
+            outln!("{name:<22} {text}");
         }
     }
     let render = |r: &crate::readable::Readable| format!("{} ({} bytes)", r.line(), r.size);
-    println!(
+    outln!(
         "{:<22} {}",
         "key",
         detail.key.as_ref().map_or("(none)".into(), render)
     );
-    println!(
+    outln!(
         "{:<22} {}",
         "value",
         detail.value.as_ref().map_or("(none)".into(), render)
     );
     for header in &detail.headers {
-        println!(
+        outln!(
             "{:<22} {} = {}",
             "header",
             header.name.line(),
             header.value.as_ref().map_or("(no value)".into(), render)
         );
     }
-    println!();
+    outln!();
     if detail.history.is_empty() {
-        println!("no attempt yet");
+        outln!("no attempt yet");
     } else {
         print_history(&detail.history);
     }
     if let Some(compensation) = &detail.compensation {
-        println!();
+        outln!();
         let due = match compensation.finished_at {
             Some(at) => format!("ended {}", at.format("%Y-%m-%d %H:%M:%S%.3f")),
             None => format!(
@@ -270,9 +271,10 @@ async fn show(store: &Store, args: ShowArgs) -> anyhow::Result<()> {
                 compensation.due_at.format("%Y-%m-%d %H:%M:%S%.3f")
             ),
         };
-        println!(
+        outln!(
             "compensation           {} after {} attempt(s), {due}",
-            compensation.state, compensation.attempts
+            compensation.state,
+            compensation.attempts
         );
         if !compensation.history.is_empty() {
             print_history(&compensation.history);
@@ -326,12 +328,20 @@ fn applicable_filter(action: &Action, selection: &Selection) -> Option<TaskFilte
     Some(filter)
 }
 
-/// Asks on the terminal; true to go on. Off a terminal, never asks.
+/// Asks `question` on the terminal; true to go on. Off a terminal (a script, a pipe)
+/// there is no one to ask: refused unless `yes` (`--yes`).
 pub fn confirm(question: &str, yes: bool) -> anyhow::Result<bool> {
-    if yes || !std::io::stdin().is_terminal() {
+    if yes {
         return Ok(true);
     }
-    eprint!("{question} [y/N] ");
+    if !std::io::stdin().is_terminal() {
+        bail!(
+            "{} needs confirmation, and standard input is not a terminal to ask on: \
+             pass --yes to act without asking; nothing was done",
+            question.trim_end_matches('?')
+        );
+    }
+    err!("{question} [y/N] ");
     std::io::stderr().flush()?;
     let mut answer = String::new();
     std::io::stdin()
@@ -367,12 +377,12 @@ async fn bulk(
             Selection::Filter(_) => "no task matching the filter",
         };
         if options.json {
-            println!(
+            outln!(
                 "{}",
                 serde_json::json!({ "action": verb, "matched": 0, "changed": 0 })
             );
         }
-        eprintln!(
+        errln!(
             "{what} is in a status {verb} applies to ({}); nothing changed",
             names(action.applies_to())
         );
@@ -387,16 +397,16 @@ async fn bulk(
             let report = serde_json::json!({
                 "action": verb, "dry_run": true, "matched": count, "sample": sample,
             });
-            println!("{}", serde_json::to_string_pretty(&report)?);
+            outln!("{}", serde_json::to_string_pretty(&report)?);
         } else {
-            println!("{verb} would change {count} task(s); nothing changed (dry run)");
+            outln!("{verb} would change {count} task(s); nothing changed (dry run)");
             for task in sample {
-                println!("  {} {} {}", task.id, task.status, task.handler);
+                outln!("  {} {} {}", task.id, task.status, task.handler);
             }
         }
         return Ok(());
     }
-    eprintln!("{verb}: {count} task(s) selected");
+    errln!("{verb}: {count} task(s) selected");
     if !confirm(&format!("{verb} {count} task(s)?"), options.yes)? {
         bail!("not confirmed; nothing changed");
     }
@@ -405,11 +415,12 @@ async fn bulk(
         let report = serde_json::json!({
             "action": verb, "matched": count, "changed": report.changed, "audit_id": report.audit_id,
         });
-        println!("{report}");
+        outln!("{report}");
     } else {
-        println!(
+        outln!(
             "{verb}: {} task(s) changed (audit entry {})",
-            report.changed, report.audit_id
+            report.changed,
+            report.audit_id
         );
     }
     Ok(())
@@ -418,7 +429,7 @@ async fn bulk(
 async fn stats(store: &Store, json: bool) -> anyhow::Result<()> {
     let stats = store.stats().await?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&stats)?);
+        outln!("{}", serde_json::to_string_pretty(&stats)?);
         return Ok(());
     }
     let rows: Vec<Vec<String>> = stats
@@ -427,7 +438,7 @@ async fn stats(store: &Store, json: bool) -> anyhow::Result<()> {
         .map(|c| vec![c.status.to_string(), c.handler.clone(), c.count.to_string()])
         .collect();
     table::print(&["STATUS", "HANDLER", "TASKS"], &rows);
-    println!();
+    outln!();
     let rows: Vec<Vec<String>> = stats
         .due
         .iter()
@@ -443,14 +454,14 @@ async fn stats(store: &Store, json: bool) -> anyhow::Result<()> {
         })
         .collect();
     table::print(&["HANDLER", "DUE", "OLDEST DUE FOR"], &rows);
-    println!();
+    outln!();
     let rows: Vec<Vec<String>> = stats
         .last_hour
         .iter()
         .map(|o| vec![o.outcome.clone(), o.count.to_string()])
         .collect();
     table::print(&["OUTCOME (LAST HOUR)", "COUNT"], &rows);
-    println!();
+    outln!();
     let rows: Vec<Vec<String>> = stats
         .members
         .iter()
@@ -475,16 +486,16 @@ async fn stats(store: &Store, json: bool) -> anyhow::Result<()> {
 async fn check(fleet: &Fleet, store: &Store, json: bool) -> anyhow::Result<()> {
     let report = store.check(&fleet.budgets()).await?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         for v in &report.violations {
-            println!("task {}: {}: {}", v.task_id, v.kind, v.detail);
+            outln!("task {}: {}: {}", v.task_id, v.kind, v.detail);
         }
         for (kind, count) in &report.counts {
-            eprintln!("{kind}: {count} violation(s)");
+            errln!("{kind}: {count} violation(s)");
         }
         if report.violations.is_empty() {
-            println!("every invariant holds");
+            outln!("every invariant holds");
         }
     }
     if !report.violations.is_empty() {

@@ -6,14 +6,14 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::checks::{within, ONE_DAY, TEN_YEARS};
+use super::checks::{within, ONE_DAY, ONE_HOUR, TEN_YEARS};
 use super::{optional_duration, ConfigError};
 
 /// Shortest admin token accepted: a guessable bearer token is no protection.
 pub const MIN_TOKEN_CHARS: usize = 16;
 
 /// `[admin]`: the admin HTTP API.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminSettings {
     /// Address to serve the API on, e.g. `"127.0.0.1:9465"`; none turns it off.
@@ -21,6 +21,20 @@ pub struct AdminSettings {
     /// Bearer tokens by name; the name is the actor in the audit log. Without any, the
     /// API is open, which is allowed on a loopback address only.
     pub tokens: BTreeMap<String, AdminToken>,
+    /// Longest a database statement of an API request runs before PostgreSQL cancels it
+    /// (the request is answered 504).
+    #[serde(deserialize_with = "super::duration")]
+    pub statement_timeout: Duration,
+}
+
+impl Default for AdminSettings {
+    fn default() -> Self {
+        AdminSettings {
+            listen: None,
+            tokens: BTreeMap::new(),
+            statement_timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 /// One bearer token of the admin API.
@@ -54,6 +68,7 @@ pub enum Role {
 
 impl AdminSettings {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        within("admin.statement_timeout", self.statement_timeout, ONE_HOUR)?;
         for (name, token) in &self.tokens {
             let key = format!("admin.tokens.{name}");
             if name.is_empty()

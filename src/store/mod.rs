@@ -138,6 +138,28 @@ impl Store {
         })
     }
 
+    /// A pool of at most `max_connections`, connected on first use, in which PostgreSQL
+    /// cancels any statement that runs longer than `statement_timeout` (SQLSTATE 57014):
+    /// for work on behalf of requests (the admin API), so that none holds the database
+    /// for long.
+    pub fn connect_bounded(
+        settings: &DatabaseSettings,
+        max_connections: u32,
+        statement_timeout: std::time::Duration,
+    ) -> Result<Store> {
+        let timeout = format!("{}ms", statement_timeout.as_millis().max(1));
+        let options = settings
+            .connect_options()?
+            .options([("statement_timeout", timeout.as_str())]);
+        Ok(Store {
+            pool: PgPoolOptions::new()
+                .max_connections(max_connections)
+                .acquire_timeout(settings.connect_timeout)
+                .connect_lazy_with(options),
+            schema: settings.schema.clone(),
+        })
+    }
+
     /// Creates the schema if needed and applies pending migrations. Safe to run from
     /// several processes at once: they serialise on an advisory lock.
     pub async fn migrate(&self) -> Result<()> {

@@ -2,22 +2,34 @@
 
 mod attempt_log;
 mod health;
+mod log_lines;
 mod metrics;
 
 pub use attempt_log::{log_attempt, AttemptLine};
 pub use health::{Health, Readiness};
 pub use metrics::Metrics;
 
+use std::sync::OnceLock;
+use std::time::Duration;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
 use crate::store::Store;
+use log_lines::LogLines;
+
+/// The log writer of this process, once [`init_logging`] started it.
+static LOG_LINES: OnceLock<LogLines> = OnceLock::new();
+
+/// How long [`flush_logs`] waits for queued log lines at most.
+const FLUSH_WITHIN: Duration = Duration::from_secs(1);
 
 /// Installs the global `tracing` subscriber on stderr: text or JSON lines (`log.format`;
 /// `auto` is text on a terminal), filtered by `RUST_LOG`, else `level`. JSON lines carry
-/// the fields of their spans (an attempt's task id, a batch's route). Does nothing if a
-/// subscriber is already installed.
-pub fn init_logging(format: LogFormat, level: &str) {
+/// the fields of their spans (an attempt's task id, a batch's route). Lines are written
+/// by a thread of its own, through a bounded queue: a slow, stuck or closed stderr never
+/// stops or stalls the process; keep the returned guard until the process ends (dropping it
+/// flushes them). Does nothing if a subscriber is already installed.
+pub fn init_logging(format: LogFormat, level: &str) -> LogGuard {
     use std::io::IsTerminal;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
     let json = match format {
@@ -25,9 +37,13 @@ pub fn init_logging(format: LogFormat, level: &str) {
         LogFormat::Text => false,
         LogFormat::Auto => !std::io::stderr().is_terminal(),
     };
+    let writer = LOG_LINES
+        .get_or_init(|| LogLines::start(std::io::stderr(), json))
+        .clone();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .log_internal_errors(false)
+        .with_writer(writer);
     let _ = if json {
         builder
             .json()
@@ -38,17 +54,37 @@ pub fn init_logging(format: LogFormat, level: &str) {
     } else {
         builder.try_init()
     };
+    LogGuard(())
+}
+
+/// Flushes the log lines when dropped (see [`init_logging`]).
+#[derive(Debug)]
+pub struct LogGuard(());
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        flush_logs();
+    }
+}
+
+/// Waits (up to a second) for the log lines queued so far to reach stderr.
+pub fn flush_logs() {
+    if let Some(lines) = LOG_LINES.get() {
+        lines.flush(FLUSH_WITHIN);
+    }
 }
 
 /// Serves `GET /metrics` (Prometheus text format), `GET /healthz` (alive) and
 /// `GET /readyz` (ready: the database answers with its migrations current, Kafka when
-/// ingest runs, not shutting down; 503 with what is wrong otherwise) until `stop` fires.
+/// ingest runs, not shutting down; 503 with what is wrong otherwise) until `stop` fires,
+/// then lets requests in progress finish for up to `drain`.
 pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
     metrics: Metrics,
     store: Store,
     stop: tokio_util::sync::CancellationToken,
-) -> std::io::Result<()> {
+    drain: std::time::Duration,
+) {
     use axum::http::StatusCode;
     use axum::routing::get;
     use axum::Json;
@@ -90,7 +126,5 @@ pub async fn serve_metrics(
             get(|| async { Json(serde_json::json!({"status": "alive"})) }),
         )
         .route("/readyz", get(ready));
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await
+    crate::listener::serve(listener, app, stop, drain).await
 }

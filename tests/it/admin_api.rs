@@ -52,7 +52,12 @@ impl Api {
         };
         let app = admin::router(state, Tokens::new(&settings.admin));
         let stop = CancellationToken::new();
-        tokio::spawn(admin::serve(listener, app, stop.clone()));
+        tokio::spawn(admin::serve(
+            listener,
+            app,
+            stop.clone(),
+            std::time::Duration::from_secs(1),
+        ));
         Api {
             base: format!("http://{address}"),
             client: reqwest::Client::new(),
@@ -493,4 +498,275 @@ async fn a_replay_into_a_captured_topic_is_refused() {
         error.contains("capture route routes[0].topics") && error.contains("endless loop"),
         "{error}"
     );
+}
+
+/// A GET of `path` with extra request headers (`Host` among them).
+async fn get_with(
+    api: &Api,
+    path: &str,
+    token: Option<&str>,
+    headers: &[(&str, &str)],
+) -> (StatusCode, Value) {
+    let mut request = api.client.get(format!("{}{path}", api.base));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    answer(request.send().await.unwrap()).await
+}
+
+/// Regression: the token-less API answered any `Host`, so a web page on a rebinding
+/// domain (or any site, through the operator's browser) could read payloads and act.
+/// An open API answers loopback names only, and no API answers a cross-site request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_api_answers_only_its_loopback_names_and_no_cross_site_request() {
+    let (store, settings) = fresh_store().await;
+    let open = Api::start(&store, &settings).await;
+    let ids = keyed_tasks(&store, "log", &[b"k1"]).await;
+    let port = open.base.rsplit(':').next().unwrap().to_owned();
+    let own = format!("127.0.0.1:{port}");
+    for host in [
+        own.clone(),
+        format!("localhost:{port}"),
+        "LOCALHOST".to_owned(),
+        "127.8.9.10".to_owned(),
+        format!("[::1]:{port}"),
+    ] {
+        let (status, body) = get_with(&open, "/api/v1/tasks", None, &[("host", &host)]).await;
+        assert_eq!(status, StatusCode::OK, "{host}: {body}");
+    }
+    let same_origin = format!("http://{own}");
+    let (status, body) = get_with(
+        &open,
+        "/api/v1/tasks",
+        None,
+        &[("origin", &same_origin), ("sec-fetch-site", "same-origin")],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for (headers, says) in [
+        (vec![("host", format!("evil.example:{port}"))], "Host"),
+        (vec![("host", "127.0.0.1.evil.example".to_owned())], "Host"),
+        (vec![("host", "localhost.evil.example".to_owned())], "Host"),
+        (
+            vec![("origin", "http://evil.example".to_owned())],
+            "cross-site",
+        ),
+        (vec![("origin", "null".to_owned())], "cross-site"),
+        (
+            vec![("sec-fetch-site", "cross-site".to_owned())],
+            "cross-site",
+        ),
+        (
+            vec![("sec-fetch-site", "same-site".to_owned())],
+            "cross-site",
+        ),
+    ] {
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        for path in ["/api/v1/tasks", "/api/v1/openapi.json"] {
+            let (status, body) = get_with(&open, path, None, &headers).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{headers:?} {path}: {body}");
+            let error = body["error"].as_str().unwrap();
+            assert!(error.contains(says), "{headers:?}: {error}");
+        }
+        let mut request = open
+            .client
+            .post(format!("{}/api/v1/tasks/discard", open.base))
+            .json(&json!({"ids": [ids[0].0], "reason": "from a web page"}));
+        for (name, value) in &headers {
+            request = request.header(*name, *value);
+        }
+        let (status, body) = answer(request.send().await.unwrap()).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{headers:?}: {body}");
+    }
+    assert_eq!(
+        store.get(ids[0]).await.unwrap().unwrap().status,
+        redrive::Status::Failed,
+        "no refused request changed anything"
+    );
+
+    // With tokens the API may be reached under any name, but not cross-site.
+    let (store, settings) = fresh_store().await;
+    let guarded = Api::start(&store, &with_tokens(settings)).await;
+    let (status, body) = get_with(
+        &guarded,
+        "/api/v1/tasks",
+        Some(READ),
+        &[("host", "redrive.internal:9465")],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = get_with(
+        &guarded,
+        "/api/v1/tasks",
+        Some(READ),
+        &[
+            ("origin", "https://evil.example"),
+            ("sec-fetch-site", "cross-site"),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+}
+
+/// Heavy reads (`/stats`, `/check`) run a few at a time; one more is answered 429 with
+/// `Retry-After` at once instead of queueing on the database, while light reads go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_reads_beyond_the_limit_are_answered_429_at_once() {
+    let (store, settings) = fresh_store().await;
+    let api = Api::start(&store, &with_tokens(settings)).await;
+    let mut lock = store.pool().begin().await.unwrap();
+    sqlx::query("LOCK TABLE recovery_task IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let mut waiting = Vec::new();
+    for path in ["/api/v1/stats", "/api/v1/check"] {
+        let request = api
+            .client
+            .get(format!("{}{path}", api.base))
+            .bearer_auth(READ)
+            .send();
+        waiting.push(tokio::spawn(request));
+    }
+    crate::support::eventually(
+        std::time::Duration::from_secs(30),
+        "both heavy reads waiting on the lock",
+        || async {
+            crate::support::scalar(
+                &store,
+                "SELECT count(*) FROM pg_locks WHERE relation = 'recovery_task'::regclass AND NOT granted",
+            )
+            .await
+                == admin::HEAVY_READS as i64
+        },
+    )
+    .await;
+    for path in ["/api/v1/stats", "/api/v1/check"] {
+        let response = api
+            .client
+            .get(format!("{}{path}", api.base))
+            .bearer_auth(READ)
+            .timeout(std::time::Duration::from_secs(10))
+            .send()
+            .await
+            .expect("an answer at once, not a place in the queue");
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS, "{path}");
+        assert!(response.headers().get("retry-after").is_some(), "{path}");
+        let (_, body) = answer(response).await;
+        assert!(
+            body["error"].as_str().unwrap().contains("try again"),
+            "{body}"
+        );
+    }
+    let (status, _) = api.get("/api/v1/members", Some(READ)).await;
+    assert_eq!(status, StatusCode::OK, "light reads are not limited");
+    lock.commit().await.unwrap();
+    for request in waiting {
+        assert_eq!(request.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+}
+
+/// Regression: API work had no bound, and every database error was answered 503 "cannot
+/// be reached". A statement of an API request is cancelled after
+/// `admin.statement_timeout` (504), an error of the data is a 500 that says what the
+/// database said, and only a database that cannot be reached is a 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_statements_are_bounded_and_database_errors_are_told_apart() {
+    let (store, base) = fresh_store().await;
+    let proxy = crate::support::PgProxy::start().await;
+    let listen = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let env = std::collections::HashMap::from(
+        [
+            ("REDRIVE__DATABASE__URL", crate::support::database_url()),
+            ("REDRIVE__DATABASE__SCHEMA", base.database.schema.clone()),
+            ("REDRIVE__WORKER__ENABLED", "false".to_owned()),
+            ("REDRIVE__ADMIN__LISTEN", listen.to_string()),
+            ("REDRIVE__ADMIN__STATEMENT_TIMEOUT", "300ms".to_owned()),
+            ("REDRIVE__ADMIN__TOKENS__VIEWER__ROLE", "read".to_owned()),
+            ("REDRIVE__ADMIN__TOKENS__VIEWER__TOKEN", READ.to_owned()),
+        ]
+        .map(|(k, v)| (k.to_owned(), v)),
+    );
+    let settings = proxy.route(&Settings::load(None, Some(env)).expect("valid settings"));
+    let fleet = Fleet::builder(settings)
+        .with_builtin_handlers()
+        .build()
+        .unwrap();
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(fleet.run_with_store(store.clone(), stop.clone()));
+    let api = Api {
+        base: format!("http://{listen}"),
+        client: reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(20))
+            .build()
+            .unwrap(),
+        stop: stop.clone(),
+    };
+    crate::support::eventually(std::time::Duration::from_secs(30), "the API", || async {
+        api.client
+            .get(format!("{}/api/v1/stats", api.base))
+            .bearer_auth(READ)
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == StatusCode::OK)
+    })
+    .await;
+
+    let mut lock = store.pool().begin().await.unwrap();
+    sqlx::query("LOCK TABLE recovery_task IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let (status, body) = api.get("/api/v1/stats", Some(READ)).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("admin.statement_timeout"),
+        "{body}"
+    );
+    lock.rollback().await.unwrap();
+    let (status, _) = api.get("/api/v1/stats", Some(READ)).await;
+    assert_eq!(status, StatusCode::OK);
+
+    sqlx::query("ALTER TABLE recovery_audit RENAME TO recovery_audit_gone")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let (status, body) = api.get("/api/v1/audit", Some(READ)).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    let error = body["error"].as_str().unwrap();
+    assert!(
+        error.contains("recovery_audit") && !error.contains("cannot be reached"),
+        "{error}"
+    );
+
+    proxy.cut();
+    let response = api
+        .client
+        .get(format!("{}/api/v1/stats", api.base))
+        .bearer_auth(READ)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(response.headers().get("retry-after").is_some());
+    let (_, body) = answer(response).await;
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("cannot be reached"),
+        "{body}"
+    );
+    proxy.restore();
+    stop.cancel();
+    running.await.unwrap().unwrap();
 }

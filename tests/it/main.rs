@@ -14,6 +14,7 @@ mod hardening;
 mod http_server;
 mod ingest;
 mod ingest_faults;
+mod member_process;
 mod model;
 mod observability;
 mod operator_cli;

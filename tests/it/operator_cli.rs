@@ -147,6 +147,7 @@ async fn list_show_and_act_by_ids_and_by_filter() {
             "4",
             "--reason",
             "duplicates",
+            "--yes",
             "--json",
         ],
     );
@@ -405,5 +406,134 @@ async fn bulk_actions_on_100_000_tasks_stay_under_100_mb() {
     assert_eq!(
         scalar(&store, "SELECT count(*) FROM recovery_attempt").await,
         200_000
+    );
+}
+
+/// Regression: read-only verbs built the whole fleet, parking producer included: with
+/// the broker down they logged librdkafka's warnings, and with a Kafka setting that
+/// cannot make a client they failed. No read-only verb creates a Kafka client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_verbs_create_no_kafka_client() {
+    let (store, settings) = fresh_store().await;
+    seed(&store).await;
+    for args in [
+        &["tasks", "list"][..],
+        &["tasks", "list", "--json"],
+        &["tasks", "show", "1"],
+        &["tasks", "stats"],
+        &["tasks", "check"],
+        &["tasks", "retry", "--all", "--dry-run"],
+        &["replays", "list"],
+        &["audit"],
+        &["breakers", "list"],
+        &["brake", "list"],
+    ] {
+        let out = redrive(&settings)
+            .args(args)
+            .env("REDRIVE__PARKING__TOPIC", "parked")
+            .env("REDRIVE__KAFKA__BOOTSTRAP_SERVERS", "127.0.0.1:1")
+            .env("REDRIVE__KAFKA__PROPERTIES__SECURITY_PROTOCOL", "ssl")
+            .env(
+                "REDRIVE__KAFKA__PROPERTIES__SSL_CA_LOCATION",
+                "/nonexistent/ca.pem",
+            )
+            .output()
+            .unwrap();
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("librdkafka") && !stderr.to_lowercase().contains("kafka"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+/// Regression: off a terminal, bulk verbs acted without asking (a 5,001-task retry ran
+/// from a script). Without a terminal to ask on they need `--yes`, and change nothing
+/// without it; a dry run needs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_verbs_off_a_terminal_act_only_with_yes() {
+    let (store, settings) = fresh_store().await;
+    seed(&store).await;
+    for args in [
+        &["tasks", "retry", "--all"][..],
+        &["tasks", "retry", "3", "5"],
+        &["tasks", "discard", "--handler", "log", "--reason", "x"],
+        &["tasks", "resolve", "7", "--reason", "x"],
+    ] {
+        let error = fails(&settings, args);
+        assert!(
+            error.contains("--yes") && error.contains("not a terminal"),
+            "{args:?}: {error}"
+        );
+        assert!(!error.contains("panicked"), "{error}");
+    }
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_audit").await,
+        0,
+        "nothing was done"
+    );
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_attempt").await,
+        0
+    );
+    let dry = ok(
+        &settings,
+        &["tasks", "discard", "3", "--reason", "x", "--dry-run"],
+    );
+    assert!(dry.contains("would change 1 task(s)"), "{dry}");
+    let done = ok(
+        &settings,
+        &["tasks", "discard", "3", "--reason", "x", "--yes"],
+    );
+    assert!(done.contains("1 task(s) changed"), "{done}");
+}
+
+/// Regression: `tasks list --json | head -c 100` exited 101 with a panic ("failed
+/// printing to stdout"). A verb whose standard output is closed does its work,
+/// discards what it would print and exits as it would have, without a word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verb_whose_output_is_closed_ends_quietly() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let (store, settings) = fresh_store().await;
+    seed(&store).await;
+    for args in [
+        &["tasks", "list", "--json"][..],
+        &["tasks", "list"],
+        &["tasks", "show", "1"],
+        &["tasks", "stats"],
+        &["tasks", "discard", "2", "--reason", "x", "--yes"],
+    ] {
+        // A pipe whose read end is closed before the verb starts.
+        let mut fds = [0; 2];
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        drop(unsafe { OwnedFd::from_raw_fd(fds[0]) });
+        let write = unsafe { OwnedFd::from_raw_fd(fds[1]) };
+        let out = redrive(&settings)
+            .args(args)
+            .stdout(Stdio::from(write))
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        let stderr = text(&out.stderr);
+        assert!(
+            !stderr.contains("panicked") && !stderr.contains("Error"),
+            "{args:?}: {stderr}"
+        );
+    }
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE status = 'discarded'"
+        )
+        .await,
+        1,
+        "the discard was done though its report was discarded"
     );
 }
