@@ -7,10 +7,11 @@ use serde::Serialize;
 use sqlx::Row;
 use std::time::Duration;
 
+use super::lease::millis;
 use super::query::attempts_from_rows;
 use super::row::task_from_row;
 use super::{Attempt, Result, Store};
-use crate::task::{Task, TaskId};
+use crate::task::{Lease, Task, TaskId};
 
 /// A claimed compensation: the task it undoes, and the claim's fencing token.
 #[derive(Debug, Clone)]
@@ -21,6 +22,17 @@ pub struct Compensating {
     pub version: i64,
     /// Compensation attempt number, 1 for the first.
     pub attempt: i32,
+}
+
+impl Compensating {
+    /// The claim as a lease on the task's compensation: its writes match
+    /// `(task id, version)`.
+    pub fn claim(&self) -> Lease {
+        Lease {
+            id: self.task.id,
+            version: self.version,
+        }
+    }
 }
 
 /// What a compensation attempt decided.
@@ -94,16 +106,46 @@ SELECT t.*, claimed.version AS compensation_version, claimed.attempts AS compens
 FROM claimed JOIN recovery_task t ON t.id = claimed.task_id
 "#;
 
+// Writing a result ends the claim (the version moves on), so a heartbeat that raced
+// with it cannot push a retry's due time a lease ahead.
 const FINISH: &str = r#"
 WITH done AS (
     UPDATE recovery_compensation
     SET state = $3, due_at = coalesce($4, due_at), last_error = $5,
-        finished_at = CASE WHEN $3 = 'pending' THEN NULL ELSE now() END
+        finished_at = CASE WHEN $3 = 'pending' THEN NULL ELSE now() END,
+        version = version + 1
     WHERE task_id = $1 AND version = $2 AND state = 'pending'
-    RETURNING task_id, version, attempts)
+    RETURNING task_id, attempts)
 INSERT INTO recovery_compensation_attempt
     (task_id, version, attempt, worker, started_at, duration_ms, outcome, error)
-SELECT task_id, version, attempts, $6, $7, $8, $9, $5 FROM done
+SELECT task_id, $2, attempts, $6, $7, $8, $9, $5 FROM done
+RETURNING task_id
+"#;
+
+// A running call's claim is kept alive like an attempt's lease: each heartbeat pushes
+// `due_at` a lease ahead. A claim missing from the answer was lost (an operator retried
+// or resolved the task, or the claim lapsed and another member took it).
+const EXTEND: &str = r#"
+UPDATE recovery_compensation c
+SET due_at = now() + $3 * interval '1 millisecond'
+FROM unnest($1::bigint[], $2::bigint[]) AS l(task_id, version)
+WHERE c.task_id = l.task_id AND c.version = l.version AND c.state = 'pending'
+RETURNING c.task_id, c.version
+"#;
+
+// A call interrupted at shutdown gives its claim back: due now, under a new version. The
+// attempt still counts (it may have undone part of the work) and gets its history row.
+const RELEASE: &str = r#"
+WITH released AS (
+    UPDATE recovery_compensation
+    SET version = version + 1, due_at = now()
+    WHERE task_id = $1 AND version = $2 AND state = 'pending'
+    RETURNING task_id, attempts)
+INSERT INTO recovery_compensation_attempt
+    (task_id, version, attempt, worker, started_at, duration_ms, outcome, error)
+SELECT task_id, $2, attempts, $3, $4, $5, 'released',
+       'interrupted at shutdown before it finished; the claim was given back'
+FROM released
 RETURNING task_id
 "#;
 
@@ -172,6 +214,56 @@ impl Store {
             .fetch_optional(&self.pool)
             .await?;
         Ok(written.is_some())
+    }
+
+    /// Extends the claims of running compensations (`id` is the task, `version` the
+    /// claim's) by `lease`; returns the claims extended. A claim missing from the answer
+    /// was lost: its call is to stop, its result would be refused.
+    pub async fn extend_compensations(
+        &self,
+        claims: &[Lease],
+        lease: Duration,
+    ) -> Result<Vec<Lease>> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (ids, versions): (Vec<i64>, Vec<i64>) =
+            claims.iter().map(|c| (c.id.0, c.version)).unzip();
+        let rows = sqlx::query(EXTEND)
+            .bind(ids)
+            .bind(versions)
+            .bind(millis(lease))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Lease {
+                    id: TaskId(r.try_get("task_id")?),
+                    version: r.try_get("version")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Gives back the claim of a compensation interrupted (at shutdown) after running
+    /// `duration` from `started_at`: due again now, with a `released` history row. False
+    /// when the claim was no longer held.
+    pub async fn release_compensation(
+        &self,
+        worker: &str,
+        claim: Lease,
+        started_at: DateTime<Utc>,
+        duration: Duration,
+    ) -> Result<bool> {
+        let released = sqlx::query(RELEASE)
+            .bind(claim.id.0)
+            .bind(claim.version)
+            .bind(worker)
+            .bind(started_at)
+            .bind(i32::try_from(duration.as_millis()).unwrap_or(i32::MAX))
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(released.is_some())
     }
 
     /// Task `id`'s compensation, if it owes or owed one.

@@ -9,7 +9,8 @@ use crate::store::Store;
 use crate::task::Lease;
 use crate::telemetry::Metrics;
 
-/// Leases held by this process, each with the token that tells its handler it was lost.
+/// Leases held by this process, each with the token that tells its handler it was lost
+/// (the compensator keeps its claims, leases on compensations, in one of its own).
 ///
 /// Keyed by the whole lease, `(id, version)`: after a lapse the same process may hold a
 /// newer lease on the same task while the old attempt is still running, and the old
@@ -49,7 +50,7 @@ impl InFlight {
     }
 
     /// Marks leases as lost: their handlers are told to stop, their results are dropped.
-    fn lose(&self, lost: &[Lease]) -> usize {
+    pub(super) fn lose(&self, lost: &[Lease]) -> usize {
         let mut leases = self.leases.lock().expect("in-flight lock");
         let mut count = 0;
         for lease in lost {

@@ -132,8 +132,9 @@ impl WorkerPool {
         Ok(Some(processed))
     }
 
-    /// Runs until `shutdown` fires, then stops claiming, lets running handlers finish for
-    /// up to `shutdown_timeout`, writes their results and releases the leases of the rest.
+    /// Runs until `shutdown` fires, then stops claiming, lets running handlers (and
+    /// compensations) finish for up to `shutdown_timeout`, writes their results and
+    /// releases the leases (and compensation claims) of the rest.
     /// A background part that panics (breaker follower, heartbeat, listener, finisher,
     /// compensator) stops the pool the same way and is its error.
     pub async fn run(self, shutdown: CancellationToken) -> std::result::Result<(), PartDied> {
@@ -210,8 +211,7 @@ impl WorkerPool {
                 worker_id: self.worker_id.clone(),
                 served: self.served.clone(),
                 metrics: self.metrics.clone(),
-                lease: self.settings.lease,
-                poll_interval: self.settings.poll_interval,
+                settings: self.settings.clone(),
             }
             .run(shutdown.clone()),
         );
@@ -226,9 +226,8 @@ impl WorkerPool {
                 }
             }
         }
-        let _ = compensator.await;
-
-        self.drain_attempts(&claimer).await;
+        // Running compensations and attempts drain side by side, under one deadline each.
+        let _ = tokio::join!(compensator, self.drain_attempts(&claimer));
         drop(claimer);
         let give_up = tokio::time::Instant::now() + self.settings.shutdown_timeout;
         if tokio::time::timeout_at(give_up, &mut finisher)

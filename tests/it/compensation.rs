@@ -13,11 +13,12 @@ use redrive::{
     Store, Task, TaskId,
 };
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{eventually, fresh_store, scalar};
+use crate::support::{eventually, fresh_store, scalar, Member};
 
 /// Fails every task for good; compensates as the task's value says, counting calls.
 struct Undoing {
@@ -342,4 +343,207 @@ async fn inline_permanent_failures_owe_compensations_and_retention_keeps_them_wh
             0
         );
     }
+}
+
+/// Fails a task for good on its first call and resolves it on the next; its
+/// compensation runs for `hold` (stopping early when its token fires, if it `heeds` it),
+/// counting calls and cancellations.
+#[derive(Clone)]
+struct SlowUndo {
+    hold: Duration,
+    heeds: bool,
+    handled: Arc<AtomicU32>,
+    calls: Arc<AtomicU32>,
+    cancelled: Arc<AtomicU32>,
+}
+
+impl SlowUndo {
+    fn new(hold: Duration, heeds: bool) -> SlowUndo {
+        SlowUndo {
+            hold,
+            heeds,
+            handled: Arc::default(),
+            calls: Arc::default(),
+            cancelled: Arc::default(),
+        }
+    }
+}
+
+#[async_trait]
+impl Handler for SlowUndo {
+    async fn handle(&self, _: &HandlerContext, _: &Task) -> Result<(), HandlerError> {
+        match self.handled.fetch_add(1, Ordering::SeqCst) {
+            0 => Err(HandlerError::permanent("refused")),
+            _ => Ok(()),
+        }
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        Some(Duration::from_secs(120))
+    }
+
+    fn compensates(&self) -> bool {
+        true
+    }
+
+    async fn compensate(&self, ctx: &HandlerContext, _: &Task) -> Result<(), HandlerError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let heeded = async {
+            if self.heeds {
+                ctx.cancellation.cancelled().await
+            } else {
+                std::future::pending().await
+            }
+        };
+        tokio::select! {
+            _ = heeded => {
+                self.cancelled.fetch_add(1, Ordering::SeqCst);
+                Err(HandlerError::transient("cancelled"))
+            }
+            _ = tokio::time::sleep(self.hold) => Ok(()),
+        }
+    }
+}
+
+/// Settings for members that heartbeat every 100 ms under a `lease`.
+fn quick(settings: &redrive::Settings, lease: Duration) -> redrive::Settings {
+    let mut settings = settings.clone();
+    settings.worker.poll_interval = Duration::from_millis(50);
+    settings.worker.lease = lease;
+    settings.worker.heartbeat = Duration::from_millis(100);
+    settings
+}
+
+fn start(settings: &redrive::Settings, store: &Store, handler: &SlowUndo) -> Member {
+    let fleet = Fleet::builder(settings.clone())
+        .handler("h", handler.clone())
+        .build()
+        .unwrap();
+    Member::start(fleet, store)
+}
+
+/// Regression: the compensate call got a token nothing cancelled, so an operator's
+/// retry fenced its result but let it keep undoing while the reopened task redid.
+#[tokio::test]
+async fn an_operators_retry_during_a_compensation_cancels_the_call() {
+    let (store, settings) = fresh_store().await;
+    let undo = SlowUndo::new(Duration::from_secs(60), true);
+    let id = store.enqueue(&NewTask::new("h", "x")).await.unwrap().id();
+    let member = start(&quick(&settings, Duration::from_secs(2)), &store, &undo);
+    eventually(
+        Duration::from_secs(10),
+        "the compensation running",
+        || async { undo.calls.load(Ordering::SeqCst) == 1 },
+    )
+    .await;
+
+    let operator = Operator {
+        actor: "ops".into(),
+        reason: None,
+    };
+    let retry = Action::Retry {
+        at: None,
+        budget: Budget::Fresh,
+    };
+    let report = store
+        .act(&operator, &retry, &Selection::Ids(vec![id]))
+        .await
+        .unwrap();
+    assert_eq!(report.changed, 1);
+    eventually(
+        Duration::from_secs(3),
+        "the call's token cancelled",
+        || async { undo.cancelled.load(Ordering::SeqCst) == 1 },
+    )
+    .await;
+    eventually(
+        Duration::from_secs(10),
+        "the retried task resolved",
+        || async { store.get(id).await.unwrap().unwrap().status == Status::Resolved },
+    )
+    .await;
+    member.stop().await;
+    assert_eq!(
+        compensation_state(&store, id).await,
+        ("cancelled".into(), 1, 0)
+    );
+}
+
+/// Regression: compensation claims were never heartbeated, so a call longer than the
+/// lease was claimed and run again by another member while the first still ran.
+#[tokio::test]
+async fn a_compensation_longer_than_the_lease_runs_once_among_members() {
+    let (store, settings) = fresh_store().await;
+    let undo = SlowUndo::new(Duration::from_millis(2500), true);
+    let id = store.enqueue(&NewTask::new("h", "x")).await.unwrap().id();
+    let settings = quick(&settings, Duration::from_millis(500));
+    let members = [
+        start(&settings, &store, &undo),
+        start(&settings, &store, &undo),
+    ];
+    eventually(Duration::from_secs(15), "the compensation done", || async {
+        undo.calls.load(Ordering::SeqCst) > 1
+            || scalar(
+                &store,
+                "SELECT count(*) FROM recovery_compensation WHERE state = 'compensated'",
+            )
+            .await
+                == 1
+    })
+    .await;
+    for member in members {
+        member.stop().await;
+    }
+    assert_eq!(undo.calls.load(Ordering::SeqCst), 1, "called once");
+    assert_eq!(undo.cancelled.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        compensation_state(&store, id).await,
+        ("compensated".into(), 1, 1)
+    );
+}
+
+/// Regression: the pool waited for the compensator's whole batch before its shutdown
+/// drain began, so SIGTERM waited up to the handler's timeout. Now a compensate call
+/// that ignores its token is interrupted at `shutdown_timeout` and its claim given back
+/// (another member takes it at once, not a lease later).
+#[tokio::test]
+async fn shutdown_interrupts_a_long_compensation_and_gives_its_claim_back() {
+    let (store, settings) = fresh_store().await;
+    let mut settings = quick(&settings, Duration::from_secs(60));
+    settings.worker.shutdown_timeout = Duration::from_millis(500);
+    let stubborn = SlowUndo::new(Duration::from_secs(100), false);
+    let id = store.enqueue(&NewTask::new("h", "x")).await.unwrap().id();
+    let member = start(&settings, &store, &stubborn);
+    eventually(
+        Duration::from_secs(10),
+        "the compensation running",
+        || async { stubborn.calls.load(Ordering::SeqCst) == 1 },
+    )
+    .await;
+    let stopping = Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), member.stop())
+        .await
+        .expect("the member stops");
+    let took = stopping.elapsed();
+    assert!(took < Duration::from_secs(3), "shutdown took {took:?}");
+    let view = store.compensation(id).await.unwrap().unwrap();
+    assert_eq!(view.state, "pending");
+    assert_eq!(
+        view.history
+            .iter()
+            .map(|a| a.outcome.as_str())
+            .collect::<Vec<_>>(),
+        ["released"]
+    );
+
+    let quick_undo = SlowUndo::new(Duration::ZERO, true);
+    quick_undo.handled.store(1, Ordering::SeqCst);
+    let next = start(&settings, &store, &quick_undo);
+    eventually(
+        Duration::from_secs(5),
+        "the next member compensated",
+        || async { compensation_state(&store, id).await.0 == "compensated" },
+    )
+    .await;
+    next.stop().await;
 }
