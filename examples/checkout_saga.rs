@@ -21,7 +21,11 @@
 //!
 //! An order whose value holds `"refuse": true` has its event rejected for good after
 //! the payment: the task ends in PERMANENT_FAILURE and the handler's compensation undoes
-//! the steps done, last first (`refund_payment`, then `cancel_order`), once.
+//! the steps done, last first (`refund_payment`, then `cancel_order`), once. Once the
+//! downstream accepts such orders (`CHECKOUT_ACCEPT_REFUSED=1`), an operator may retry
+//! the task: a plain `redrive tasks retry` is refused because its compensation ran, and
+//! `--force` runs it again from the first step (the order saved and paid anew), never
+//! from the checkpoint the compensation undid.
 
 use async_trait::async_trait;
 use redrive::{Handler, HandlerContext, HandlerError, Task};
@@ -39,6 +43,7 @@ const UNDO: [&str; 3] = ["cancel_order", "refund_payment", "retract_event"];
 struct Checkout {
     ledger: PathBuf,
     pause_after: Option<String>,
+    accept_refused: bool,
 }
 
 impl Checkout {
@@ -65,7 +70,7 @@ impl Handler for Checkout {
     async fn handle(&self, ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
         let done = steps_done(task);
         for (n, step) in STEPS.iter().enumerate().skip(done) {
-            if *step == "publish_event" && refused(task) {
+            if *step == "publish_event" && refused(task) && !self.accept_refused {
                 return Err(HandlerError::permanent("event rejected: order refused"));
             }
             self.perform(task, step)?;
@@ -127,6 +132,7 @@ async fn main() -> anyhow::Result<()> {
             .map(PathBuf::from)
             .unwrap_or_else(|| "checkout-ledger.txt".into()),
         pause_after: std::env::var("CHECKOUT_PAUSE_AFTER").ok(),
+        accept_refused: std::env::var_os("CHECKOUT_ACCEPT_REFUSED").is_some(),
     };
     redrive::cli::main_with(|fleet| fleet.handler("checkout", checkout)).await
 }

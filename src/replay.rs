@@ -321,7 +321,10 @@ impl Replayer {
             .map_err(StoreError::from)?;
         if job.mark_resolved && !sent.is_empty() {
             let selection = crate::store::Selection::Ids(sent.to_vec());
-            apply_batch(&mut tx, operator, &Action::Resolve, &selection, 0, None).await?;
+            // Replaying is the operator's deliberate redo: what it produced is resolved,
+            // over a compensation too.
+            let resolve = Action::Resolve { force: true };
+            apply_batch(&mut tx, operator, &resolve, &selection, 0, None).await?;
         }
         let ours = Store::end_replay_batch(
             &mut tx,

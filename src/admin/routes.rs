@@ -120,6 +120,11 @@ pub struct ActionRequest {
     pub at: Option<DateTime<Utc>>,
     /// Retry: raise the budget by this many attempts instead of a whole new budget.
     pub more_attempts: Option<i32>,
+    /// Retry and resolve: also act on tasks whose compensation has started (running,
+    /// waiting to retry, compensated or failed). A forced retry starts them over from no
+    /// checkpoint; a compensation still pending is cancelled. Without it they are left
+    /// alone and counted in `refused`.
+    pub force: bool,
 }
 
 impl ActionRequest {
@@ -159,10 +164,13 @@ fn selection_of(filter: &TaskFilter, all: bool) -> Result<Selection, ApiError> {
 pub struct ActionResponse {
     /// `retry`, `discard` or `resolve`.
     pub action: &'static str,
-    /// Tasks selected in a status the action applies to.
+    /// Tasks selected in a status the action applies to, less those it leaves alone.
     pub matched: i64,
     /// Tasks changed (0 on a dry run).
     pub changed: i64,
+    /// Tasks left alone because their compensation has started (retry and resolve
+    /// without `force`).
+    pub refused: i64,
     /// Its audit log entry (absent on a dry run).
     pub audit_id: Option<i64>,
     /// Whether this was a dry run.
@@ -277,12 +285,13 @@ async fn act(
     if let Selection::Ids(ids) = &selection {
         state.store.ensure_exist(ids).await?;
     }
-    let matched = state.store.count_applicable(&action, &selection).await?;
-    if request.dry_run || matched == 0 {
+    let applicable = state.store.count_applicable(&action, &selection).await?;
+    if request.dry_run || applicable.changes == 0 {
         return Ok(Json(ActionResponse {
             action: action.name(),
-            matched,
+            matched: applicable.changes,
             changed: 0,
+            refused: applicable.refused,
             audit_id: None,
             dry_run: request.dry_run,
         }));
@@ -294,15 +303,17 @@ async fn act(
     let report = state.store.act(&operator, &action, &selection).await?;
     Ok(Json(ActionResponse {
         action: action.name(),
-        matched,
+        matched: applicable.changes,
         changed: report.changed,
+        refused: report.refused,
         audit_id: Some(report.audit_id),
         dry_run: false,
     }))
 }
 
 /// Makes tasks due again with a new attempt budget (failed, permanent_failure and
-/// discarded ones).
+/// discarded ones); a task whose compensation has started only with `force` (then from
+/// no checkpoint).
 #[utoipa::path(post, path = "/api/v1/tasks/retry", request_body = ActionRequest, security(("bearer" = [])),
     responses((status = 200, body = ActionResponse), (status = 400, body = ErrorBody),
               (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
@@ -324,6 +335,7 @@ pub async fn retry(
     let action = Action::Retry {
         at: request.at,
         budget,
+        force: request.force,
     };
     act(&state, &caller, action, request).await
 }
@@ -350,10 +362,16 @@ pub async fn discard(
     request: Result<Json<ActionRequest>, JsonRejection>,
 ) -> Result<Json<ActionResponse>, ApiError> {
     let request = with_reason(body(request)?)?;
+    if request.force {
+        return Err(ApiError::bad_request(
+            "\"force\" belongs to retry and resolve (a discard leaves the compensation owed)",
+        ));
+    }
     act(&state, &caller, Action::Discard, request).await
 }
 
-/// Declares tasks handled (failed and permanent_failure ones): they become resolved.
+/// Declares tasks handled (failed and permanent_failure ones): they become resolved; a
+/// task whose compensation has started only with `force`.
 #[utoipa::path(post, path = "/api/v1/tasks/resolve", request_body = ActionRequest, security(("bearer" = [])),
     responses((status = 200, body = ActionResponse), (status = 400, body = ErrorBody),
               (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
@@ -363,7 +381,10 @@ pub async fn resolve(
     request: Result<Json<ActionRequest>, JsonRejection>,
 ) -> Result<Json<ActionResponse>, ApiError> {
     let request = with_reason(body(request)?)?;
-    act(&state, &caller, Action::Resolve, request).await
+    let action = Action::Resolve {
+        force: request.force,
+    };
+    act(&state, &caller, action, request).await
 }
 
 /// Starts a replay job, run by a fleet member: the stored messages of the tasks a

@@ -86,6 +86,7 @@ pub async fn run(settings: &Settings, options: &OpsBenchOptions) -> anyhow::Resu
             let retry = Action::Retry {
                 at: None,
                 budget: Budget::Fresh,
+                force: false,
             };
             let done = store
                 .act(
@@ -139,6 +140,7 @@ async fn drain(settings: &Settings, options: &OpsBenchOptions, bulk: bool) -> an
         let (store, stop) = (store.clone(), stop_bulk.clone());
         tokio::spawn(async move {
             let retry = Action::Retry {
+                force: false,
                 at: Some(chrono::Utc::now() + chrono::TimeDelta::days(1)),
                 budget: Budget::Fresh,
             };

@@ -10,7 +10,7 @@ use super::replays::{run_in_foreground, ReplayArgs};
 use super::selection::{parse_time, FilterArgs, SelectionArgs};
 use super::table;
 use crate::fleet::Fleet;
-use crate::store::{Action, Budget, Operator, Selection, Store, TaskFilter, MAX_PAGE};
+use crate::store::{Action, Applicable, Budget, Operator, Selection, Store, TaskFilter, MAX_PAGE};
 use crate::task::{Status, TaskId};
 
 /// The task verbs.
@@ -21,11 +21,18 @@ pub enum TasksCommand {
     /// Show every field of a task, its payload and its attempt history.
     Show(ShowArgs),
     /// Make tasks due again (failed, permanent_failure or discarded ones) with a new budget.
+    ///
+    /// A task whose compensation has started (running, waiting to retry, compensated or
+    /// failed) is left alone unless --force: the compensation may have undone what its
+    /// checkpoint says is done. Exits 1 when it left any task alone for that reason.
     Retry(RetryArgs),
     /// Give up on tasks (failed or permanent_failure ones): they become discarded.
     Discard(DecideArgs),
     /// Declare tasks handled (failed or permanent_failure ones): they become resolved.
-    Resolve(DecideArgs),
+    ///
+    /// A task whose compensation has started is left alone unless --force. Exits 1 when
+    /// it left any task alone for that reason.
+    Resolve(ResolveArgs),
     /// Produce the stored messages of the tasks a filter selects to a topic.
     Replay(ReplayArgs),
     /// Counts by status and handler, due work, the last hour's attempts, live members.
@@ -98,9 +105,25 @@ pub struct RetryArgs {
     /// Why (written to the audit log).
     #[arg(long)]
     pub reason: Option<String>,
+    /// Also retry tasks whose compensation has started: they start over from the first
+    /// step (their checkpoint cleared), and a compensation still running is cancelled.
+    #[arg(long)]
+    pub force: bool,
     /// Confirmation and output.
     #[command(flatten)]
     pub bulk: BulkArgs,
+}
+
+/// Options of `tasks resolve`.
+#[derive(Debug, Args)]
+pub struct ResolveArgs {
+    /// Which tasks, why, confirmation and output.
+    #[command(flatten)]
+    pub decide: DecideArgs,
+    /// Also resolve tasks whose compensation has started (a compensation still running
+    /// is cancelled).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Options of `tasks discard` and `tasks resolve`.
@@ -145,6 +168,7 @@ pub async fn run(command: TasksCommand, fleet: &Fleet, store: &Store) -> anyhow:
             let action = Action::Retry {
                 at: args.at,
                 budget: args.more_attempts.map_or(Budget::Fresh, Budget::More),
+                force: args.force,
             };
             bulk(store, &action, &args.selection, args.reason, &args.bulk).await
         }
@@ -161,10 +185,10 @@ pub async fn run(command: TasksCommand, fleet: &Fleet, store: &Store) -> anyhow:
         TasksCommand::Resolve(args) => {
             bulk(
                 store,
-                &Action::Resolve,
-                &args.selection,
-                Some(args.reason),
-                &args.bulk,
+                &Action::Resolve { force: args.force },
+                &args.decide.selection,
+                Some(args.decide.reason),
+                &args.decide.bulk,
             )
             .await
         }
@@ -369,7 +393,10 @@ async fn bulk(
     if let Selection::Ids(ids) = &selection {
         store.ensure_exist(ids).await?;
     }
-    let count = store.count_applicable(action, &selection).await?;
+    let Applicable {
+        changes: count,
+        refused,
+    } = store.count_applicable(action, &selection).await?;
     let verb = action.name();
     if count == 0 {
         let what = match &selection {
@@ -379,8 +406,11 @@ async fn bulk(
         if options.json {
             outln!(
                 "{}",
-                serde_json::json!({ "action": verb, "matched": 0, "changed": 0 })
+                serde_json::json!({ "action": verb, "matched": 0, "changed": 0, "refused": refused })
             );
+        }
+        if refused > 0 {
+            bail!("{}; nothing changed", left_alone(action, refused));
         }
         errln!(
             "{what} is in a status {verb} applies to ({}); nothing changed",
@@ -395,13 +425,17 @@ async fn bulk(
         };
         if options.json {
             let report = serde_json::json!({
-                "action": verb, "dry_run": true, "matched": count, "sample": sample,
+                "action": verb, "dry_run": true, "matched": count, "refused": refused,
+                "sample": sample,
             });
             outln!("{}", serde_json::to_string_pretty(&report)?);
         } else {
             outln!("{verb} would change {count} task(s); nothing changed (dry run)");
             for task in sample {
                 outln!("  {} {} {}", task.id, task.status, task.handler);
+            }
+            if refused > 0 {
+                outln!("{}", left_alone(action, refused));
             }
         }
         return Ok(());
@@ -412,10 +446,11 @@ async fn bulk(
     }
     let report = store.act(&cli_operator(reason), action, &selection).await?;
     if options.json {
-        let report = serde_json::json!({
-            "action": verb, "matched": count, "changed": report.changed, "audit_id": report.audit_id,
+        let json = serde_json::json!({
+            "action": verb, "matched": count, "changed": report.changed,
+            "refused": report.refused, "audit_id": report.audit_id,
         });
-        outln!("{report}");
+        outln!("{json}");
     } else {
         outln!(
             "{verb}: {} task(s) changed (audit entry {})",
@@ -423,7 +458,25 @@ async fn bulk(
             report.audit_id
         );
     }
+    if report.refused > 0 {
+        bail!("{}", left_alone(action, report.refused));
+    }
     Ok(())
+}
+
+/// Why `action` left `count` tasks alone, and how to act on them anyway.
+fn left_alone(action: &Action, count: i64) -> String {
+    let forced = match action {
+        Action::Retry { .. } => {
+            "--force retries them from the first step (their checkpoint cleared)"
+        }
+        _ => "--force resolves them",
+    };
+    format!(
+        "{count} task(s) left alone: their compensation has started (running, waiting to \
+         retry, compensated or failed: see `tasks show ID`), so it may have undone work; \
+         {forced} and cancels a compensation still running"
+    )
 }
 
 async fn stats(store: &Store, json: bool) -> anyhow::Result<()> {

@@ -1,6 +1,8 @@
 //! Compensations: owed by tasks of compensating handlers once they end in
 //! PERMANENT_FAILURE (written by the statement that ends them), claimed by members like
-//! tasks, each result fenced by the claim's version and recorded in its own history.
+//! tasks, kept alive by heartbeats while they run, given back when interrupted at
+//! shutdown, each result fenced by the claim's version and recorded in its own history.
+//! Operator actions over a started compensation: `operate.rs`.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;

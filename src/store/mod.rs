@@ -35,7 +35,7 @@ pub use inspect::{
 };
 pub use members::{Member, MEMBER_BEAT, MEMBER_LIVE_WITHIN};
 pub(crate) use operate::apply_batch;
-pub use operate::{Action, ActionReport, Budget, Operator, ACTION_BATCH};
+pub use operate::{Action, ActionReport, Applicable, Budget, Operator, ACTION_BATCH};
 pub use query::{Attempt, StatusCounts};
 pub use replays::{Marks, NewReplay, ReplayJob, ReplayRowError, REPLAY_STALE_AFTER};
 pub use retention::RETENTION_BATCH;

@@ -6,9 +6,16 @@
 //! cannot overwrite the operator's decision (its result is fenced out); that attempt gets
 //! its history row (`fenced`), the action its own (`operator_<action>`). The audit row is
 //! written with the first batch and its count grows in each batch's transaction.
+//!
+//! A retry or resolve leaves alone, unless forced, a task whose compensation has started
+//! for its current failure (running, waiting to retry, compensated or failed): the
+//! compensation may have undone work the task's checkpoint says is done. A forced retry
+//! starts such a task over from no checkpoint; forcing either verb cancels a compensation
+//! still pending (a running call's claim is lost: it is told to stop, its result dropped).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 use sqlx::{PgConnection, Row};
 
 use super::filter::{bind_selection, Selection, CONDITION};
@@ -52,11 +59,20 @@ pub enum Action {
         at: Option<DateTime<Utc>>,
         /// The attempts it gets.
         budget: Budget,
+        /// Also retry tasks whose compensation has started: they start over from no
+        /// checkpoint, and a compensation still pending is cancelled.
+        #[serde(default)]
+        force: bool,
     },
     /// Give up on it: `discarded`.
     Discard,
     /// Declare it handled: `resolved`.
-    Resolve,
+    Resolve {
+        /// Also resolve tasks whose compensation has started (a compensation still
+        /// pending is cancelled).
+        #[serde(default)]
+        force: bool,
+    },
 }
 
 impl Action {
@@ -65,8 +81,25 @@ impl Action {
         match self {
             Action::Retry { .. } => "retry",
             Action::Discard => "discard",
-            Action::Resolve => "resolve",
+            Action::Resolve { .. } => "resolve",
         }
+    }
+
+    /// Whether it leaves alone tasks whose compensation has started (a retry or resolve
+    /// not forced).
+    pub fn spares_compensations(&self) -> bool {
+        matches!(
+            self,
+            Action::Retry { force: false, .. } | Action::Resolve { force: false }
+        )
+    }
+
+    /// Whether it was forced over compensations (written to the audit row).
+    fn forced(&self) -> bool {
+        matches!(
+            self,
+            Action::Retry { force: true, .. } | Action::Resolve { force: true }
+        )
     }
 
     /// The statuses it changes; tasks in other statuses are left alone. A resolved task
@@ -74,7 +107,7 @@ impl Action {
     pub fn applies_to(&self) -> &'static [Status] {
         match self {
             Action::Retry { .. } => &[Status::Failed, Status::PermanentFailure, Status::Discarded],
-            Action::Discard | Action::Resolve => &[Status::Failed, Status::PermanentFailure],
+            Action::Discard | Action::Resolve { .. } => &[Status::Failed, Status::PermanentFailure],
         }
     }
 
@@ -82,7 +115,7 @@ impl Action {
         match self {
             Action::Retry { .. } => Status::Failed,
             Action::Discard => Status::Discarded,
-            Action::Resolve => Status::Resolved,
+            Action::Resolve { .. } => Status::Resolved,
         }
     }
 }
@@ -94,22 +127,52 @@ pub struct ActionReport {
     pub audit_id: i64,
     /// Tasks changed.
     pub changed: i64,
+    /// Tasks left alone because their compensation has started (a retry or resolve
+    /// changes them only when forced).
+    pub refused: i64,
 }
+
+/// What an action would do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Applicable {
+    /// Tasks it would change.
+    pub changes: i64,
+    /// Tasks in a status it applies to that it would leave alone because their
+    /// compensation has started (see [`Action::spares_compensations`]).
+    pub refused: i64,
+}
+
+/// Whether compensation `c` of task `t` has started for the task's current failure: a
+/// compensation is owed only while the task is a permanent failure (or discarded after
+/// one); a task an operator retried since is failed, and its old compensation no longer
+/// speaks for it.
+const STARTED: &str = "(t.status IN ('permanent_failure', 'discarded') \
+    AND c.attempts > 0 AND c.state <> 'cancelled')";
 
 const BATCH: &str = r#"
 WITH target AS (
-    SELECT id, lease_owner, lease_version, attempts, leased_at
+    SELECT id, status, lease_owner, lease_version, attempts, leased_at
     FROM recovery_task
     WHERE {CONDITION} AND id > $13 AND status = ANY($14)
     ORDER BY id
     LIMIT $15
     FOR UPDATE),
+-- Their compensations, locked (after the tasks, as a worker's finish locks them): a claim
+-- starting now skips them until this commits, and one that committed meanwhile is seen.
+owed AS MATERIALIZED (
+    SELECT c.task_id, c.attempts, c.state
+    FROM recovery_compensation c JOIN target ON c.task_id = target.id
+    FOR UPDATE OF c),
+started AS (
+    SELECT t.id FROM target t JOIN owed c ON c.task_id = t.id WHERE {STARTED}),
+chosen AS (
+    SELECT * FROM target WHERE NOT $23 OR id NOT IN (SELECT id FROM started)),
 interrupted AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
     SELECT id, lease_version, attempts, lease_owner, coalesce(leased_at, now()),
            least(greatest(extract(epoch FROM now() - leased_at) * 1000, 0), 2147483647)::int,
            'fenced', 'an operator acted (' || $16 || ') while this attempt ran; its result was dropped'
-    FROM target
+    FROM chosen
     WHERE lease_owner IS NOT NULL
     ON CONFLICT DO NOTHING),
 changed AS (
@@ -126,12 +189,17 @@ changed AS (
             WHEN $17 <> 'failed' THEN t.attempt_grants
             WHEN $19::int IS NULL THEN t.attempts
             ELSE least(t.attempt_grants::bigint + $19, 1000000)::int END,
+        -- A forced retry over a compensation starts over: the checkpoint says done what
+        -- the compensation may have undone.
+        checkpoint = CASE WHEN $17 = 'failed' AND t.id IN (SELECT id FROM started) THEN NULL
+                          ELSE t.checkpoint END,
         updated_at = now()
-    FROM target
-    WHERE t.id = target.id
+    FROM chosen
+    WHERE t.id = chosen.id
     RETURNING t.id, t.lease_version, t.attempts),
 -- A retried or resolved task no longer owes its compensation (a new permanent failure
--- owes a new one); a discarded one still does.
+-- owes a new one); a discarded one still does. Cancelling moves the version on: a running
+-- call's claim is lost, its member stops it at the next heartbeat.
 cancelled AS (
     UPDATE recovery_compensation c
     SET state = 'cancelled', finished_at = now(), version = c.version + 1
@@ -142,10 +210,23 @@ recorded AS (
     SELECT id, lease_version, attempts, $20, now(), 0, 'operator_' || $16, $21 FROM changed),
 counted AS (
     UPDATE recovery_audit SET count = count + (SELECT count(*) FROM changed) WHERE id = $22)
-SELECT (SELECT max(id) FROM target) AS scanned_to, (SELECT count(*) FROM changed) AS changed
+SELECT (SELECT max(id) FROM target) AS scanned_to, (SELECT count(*) FROM changed) AS changed,
+       (SELECT count(*) FROM target) - (SELECT count(*) FROM chosen) AS refused
 "#;
 
-const COUNT: &str = "SELECT count(*) FROM recovery_task WHERE {CONDITION} AND status = ANY($13)";
+const COUNT: &str = r#"
+SELECT count(*) AS applies,
+       count(*) FILTER (WHERE EXISTS (
+           SELECT 1 FROM recovery_compensation c WHERE c.task_id = t.id AND {STARTED})) AS started
+FROM recovery_task t WHERE {CONDITION} AND status = ANY($13)
+"#;
+
+/// `statement` with its fragments filled in.
+fn statement(template: &str) -> String {
+    template
+        .replace("{CONDITION}", CONDITION)
+        .replace("{STARTED}", STARTED)
+}
 
 impl Store {
     /// Applies `action` to the tasks of `selection` (those in a status it applies to),
@@ -163,15 +244,23 @@ impl Store {
         let mut audit_id = None;
         let mut cursor = 0_i64;
         let mut changed = 0_i64;
+        let mut refused = 0_i64;
         loop {
             let mut tries = 0;
-            let (scanned_to, batch_changed) = loop {
+            let batch = loop {
                 let mut tx = self.pool.begin_with(ORDERED_WALK).await?;
                 let audit = match audit_id {
                     Some(id) => id,
                     None => {
-                        self.insert_audit(&mut tx, operator, action.name(), Some(selection), None)
-                            .await?
+                        let details = action.forced().then(|| json!({ "force": true }));
+                        self.insert_audit(
+                            &mut tx,
+                            operator,
+                            action.name(),
+                            Some(selection),
+                            details,
+                        )
+                        .await?
                     }
                 };
                 match apply_batch(&mut tx, operator, action, selection, cursor, Some(audit)).await {
@@ -187,8 +276,9 @@ impl Store {
                     Err(error) => return Err(error),
                 }
             };
-            changed += batch_changed;
-            match scanned_to {
+            changed += batch.changed;
+            refused += batch.refused;
+            match batch.scanned_to {
                 Some(last) => cursor = last,
                 None => break,
             }
@@ -196,18 +286,34 @@ impl Store {
         Ok(ActionReport {
             audit_id: audit_id.expect("the first batch wrote the audit row"),
             changed,
+            refused,
         })
     }
 
-    /// How many tasks of `selection` `action` would change now.
-    pub async fn count_applicable(&self, action: &Action, selection: &Selection) -> Result<i64> {
+    /// How many tasks of `selection` `action` would change now, and how many it would
+    /// leave alone because their compensation has started.
+    pub async fn count_applicable(
+        &self,
+        action: &Action,
+        selection: &Selection,
+    ) -> Result<Applicable> {
         let applies: Vec<&str> = action.applies_to().iter().map(|s| s.as_str()).collect();
-        let statement = COUNT.replace("{CONDITION}", CONDITION);
+        let statement = statement(COUNT);
         let row = bind_selection(sqlx::query(&statement), selection)
             .bind(applies)
             .fetch_one(&self.pool)
             .await?;
-        Ok(row.try_get(0)?)
+        let (applies, started): (i64, i64) = (row.try_get("applies")?, row.try_get("started")?);
+        Ok(match action.spares_compensations() {
+            true => Applicable {
+                changes: applies - started,
+                refused: started,
+            },
+            false => Applicable {
+                changes: applies,
+                refused: 0,
+            },
+        })
     }
 
     /// Fails with [`StoreError::UnknownTasks`] when any of `ids` is not a task.
@@ -230,9 +336,19 @@ impl Store {
     }
 }
 
+/// What one batch of an action did.
+pub(crate) struct Batch {
+    /// The last task id it looked at; none: nothing was left.
+    pub(crate) scanned_to: Option<i64>,
+    /// Tasks it changed.
+    pub(crate) changed: i64,
+    /// Tasks it left alone because their compensation has started.
+    pub(crate) refused: i64,
+}
+
 /// Applies `action` to the next batch of `selection` after task id `cursor`, in the
-/// caller's transaction (begun with [`ORDERED_WALK`]), adding the count to audit row `audit` if given. Returns the
-/// last task id the batch looked at (none: nothing was left) and how many it changed.
+/// caller's transaction (begun with [`ORDERED_WALK`]), adding the count to audit row
+/// `audit` if given.
 pub(crate) async fn apply_batch(
     conn: &mut PgConnection,
     operator: &Operator,
@@ -240,11 +356,11 @@ pub(crate) async fn apply_batch(
     selection: &Selection,
     cursor: i64,
     audit: Option<i64>,
-) -> Result<(Option<i64>, i64)> {
-    let statement = BATCH.replace("{CONDITION}", CONDITION);
+) -> Result<Batch> {
+    let statement = statement(BATCH);
     let applies: Vec<&str> = action.applies_to().iter().map(|s| s.as_str()).collect();
     let (at, more) = match action {
-        Action::Retry { at, budget } => (
+        Action::Retry { at, budget, .. } => (
             *at,
             match budget {
                 Budget::Fresh => None,
@@ -265,9 +381,14 @@ pub(crate) async fn apply_batch(
         .bind(&operator.actor)
         .bind(&operator.reason)
         .bind(audit)
+        .bind(action.spares_compensations())
         .fetch_one(&mut *conn)
         .await?;
-    Ok((row.try_get("scanned_to")?, row.try_get("changed")?))
+    Ok(Batch {
+        scanned_to: row.try_get("scanned_to")?,
+        changed: row.try_get("changed")?,
+        refused: row.try_get("refused")?,
+    })
 }
 
 /// A lock wait that timed out or a deadlock the database broke: worth another try.

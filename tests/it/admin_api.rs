@@ -770,3 +770,72 @@ async fn api_statements_are_bounded_and_database_errors_are_told_apart() {
     stop.cancel();
     running.await.unwrap().unwrap();
 }
+
+/// Retry and resolve leave a task whose compensation has started alone, counted in
+/// `refused`, unless `"force": true`; a discard takes no `force`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_and_resolve_over_a_started_compensation_need_force() {
+    let (store, settings) = fresh_store().await;
+    let api = Api::start(&store, &with_tokens(settings)).await;
+    let id = keyed_tasks(&store, "log", &[b"k1"]).await[0];
+    let lease = std::time::Duration::from_secs(30);
+    let claimed = store.claim(&["log".into()], 1, "w", lease).await.unwrap();
+    let failed = redrive::store::Finish {
+        lease: claimed[0].lease(),
+        outcome: redrive::store::FinishOutcome::PermanentFailure,
+        started_at: chrono::Utc::now(),
+        duration: std::time::Duration::ZERO,
+        error: Some("refused".into()),
+        compensate: true,
+    };
+    store.finish("w", &[failed]).await.unwrap();
+    let running = store
+        .claim_compensations(&["log".into()], 1, lease)
+        .await
+        .unwrap();
+    assert_eq!(running.len(), 1);
+
+    let ids = json!([id.0]);
+    for (path, body) in [
+        ("/api/v1/tasks/retry", json!({"ids": ids, "dry_run": true})),
+        ("/api/v1/tasks/retry", json!({"ids": ids})),
+        (
+            "/api/v1/tasks/resolve",
+            json!({"ids": ids, "reason": "by hand"}),
+        ),
+    ] {
+        let (status, body) = api.post(path, Some(OPERATE), body).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(
+            (&body["matched"], &body["changed"], &body["refused"]),
+            (&json!(0), &json!(0), &json!(1)),
+            "{path}: {body}"
+        );
+    }
+    let (status, body) = api
+        .post(
+            "/api/v1/tasks/discard",
+            Some(OPERATE),
+            json!({"ids": ids, "reason": "x", "force": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = api
+        .post(
+            "/api/v1/tasks/retry",
+            Some(OPERATE),
+            json!({"ids": ids, "force": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!((&body["changed"], &body["refused"]), (&json!(1), &json!(0)));
+    let task = store.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        (task.status, task.checkpoint),
+        (redrive::Status::Failed, None)
+    );
+    assert_eq!(
+        store.compensation(id).await.unwrap().unwrap().state,
+        "cancelled"
+    );
+}

@@ -1,6 +1,8 @@
 //! Compensation: a compensating handler's permanent failures are undone once, retried
 //! on their own budget, fenced against stale claims, cancelled by an operator's retry,
-//! recorded in their own history and kept from retention while owed.
+//! recorded in their own history and kept from retention while owed; a running one is
+//! heartbeated, stopped when its claim is lost and bounded at shutdown; a retry or
+//! resolve over a started one needs force.
 
 use async_trait::async_trait;
 use chrono::Utc;
@@ -260,6 +262,7 @@ async fn a_stale_claims_result_is_refused_and_an_operators_retry_cancels_what_is
     let retry = Action::Retry {
         at: None,
         budget: Budget::Fresh,
+        force: false,
     };
     store
         .act(&operator, &retry, &Selection::Ids(vec![again]))
@@ -423,7 +426,8 @@ fn start(settings: &redrive::Settings, store: &Store, handler: &SlowUndo) -> Mem
 }
 
 /// Regression: the compensate call got a token nothing cancelled, so an operator's
-/// retry fenced its result but let it keep undoing while the reopened task redid.
+/// retry fenced its result but let it keep undoing while the reopened task redid. (A
+/// retry over a running compensation now needs force.)
 #[tokio::test]
 async fn an_operators_retry_during_a_compensation_cancels_the_call() {
     let (store, settings) = fresh_store().await;
@@ -441,14 +445,15 @@ async fn an_operators_retry_during_a_compensation_cancels_the_call() {
         actor: "ops".into(),
         reason: None,
     };
-    let retry = Action::Retry {
+    let retry = |force| Action::Retry {
         at: None,
         budget: Budget::Fresh,
+        force,
     };
-    let report = store
-        .act(&operator, &retry, &Selection::Ids(vec![id]))
-        .await
-        .unwrap();
+    let just = Selection::Ids(vec![id]);
+    let report = store.act(&operator, &retry(false), &just).await.unwrap();
+    assert_eq!((report.changed, report.refused), (0, 1), "refused unforced");
+    let report = store.act(&operator, &retry(true), &just).await.unwrap();
     assert_eq!(report.changed, 1);
     eventually(
         Duration::from_secs(3),
@@ -546,4 +551,141 @@ async fn shutdown_interrupts_a_long_compensation_and_gives_its_claim_back() {
     )
     .await;
     next.stop().await;
+}
+
+/// Fails task `id` for good through a claim after saving `checkpoint`.
+async fn fail_after(store: &Store, id: TaskId, checkpoint: serde_json::Value) {
+    let claimed = store
+        .claim(&["h".to_owned()], 10, "w", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let task = claimed.iter().find(|t| t.id == id).expect("claimed");
+    assert!(store
+        .save_checkpoint(task.lease(), &checkpoint)
+        .await
+        .unwrap());
+    assert_eq!(
+        store.finish("w", &[permanent(task)]).await.unwrap().len(),
+        1
+    );
+}
+
+/// Regression: a retry after the compensation ran resumed from the checkpoint the
+/// compensation had undone, and a retry or resolve while it ran left it undoing.
+#[tokio::test]
+async fn retry_and_resolve_leave_a_task_whose_compensation_started_alone_unless_forced() {
+    let (store, _) = fresh_store().await;
+    let handlers = ["h".to_owned()];
+    let done = serde_json::json!({"steps_done": 2});
+    let mut ids = Vec::new();
+    for value in ["compensated", "running", "failed", "owed"] {
+        let id = store.enqueue(&NewTask::new("h", value)).await.unwrap().id();
+        fail_after(&store, id, done.clone()).await;
+        ids.push(id);
+    }
+    let (compensated, running, failed, owed) = (ids[0], ids[1], ids[2], ids[3]);
+    let claimed = store
+        .claim_compensations(&handlers, 3, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let claim_of = |id: TaskId| claimed.iter().find(|c| c.task.id == id).unwrap().version;
+    assert!(store
+        .finish_compensation("w", &result(compensated, claim_of(compensated)))
+        .await
+        .unwrap());
+    let refused = CompensationResult {
+        outcome: CompensationOutcome::Failed,
+        ..result(failed, claim_of(failed))
+    };
+    assert!(store.finish_compensation("w", &refused).await.unwrap());
+
+    let operator = Operator {
+        actor: "ops".into(),
+        reason: Some("downstream fixed".into()),
+    };
+    let retry = |force| Action::Retry {
+        at: None,
+        budget: Budget::Fresh,
+        force,
+    };
+    let everything = Selection::Ids(ids.clone());
+    let applicable = store
+        .count_applicable(&retry(false), &everything)
+        .await
+        .unwrap();
+    assert_eq!((applicable.changes, applicable.refused), (1, 3));
+    let report = store
+        .act(&operator, &retry(false), &everything)
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.changed, report.refused),
+        (1, 3),
+        "only the task whose compensation never started"
+    );
+    let task = store.get(owed).await.unwrap().unwrap();
+    assert_eq!(task.status, Status::Failed);
+    assert_eq!(task.checkpoint, Some(done.clone()), "nothing was undone");
+    assert_eq!(compensation_state(&store, owed).await.0, "cancelled");
+    let resolve = |force| Action::Resolve { force };
+    let three = Selection::Ids(vec![compensated, running, failed]);
+    let report = store.act(&operator, &resolve(false), &three).await.unwrap();
+    assert_eq!((report.changed, report.refused), (0, 3));
+    for id in [compensated, running, failed] {
+        let task = store.get(id).await.unwrap().unwrap();
+        assert_eq!(
+            (task.status, task.checkpoint),
+            (Status::PermanentFailure, Some(done.clone()))
+        );
+    }
+    assert_eq!(compensation_state(&store, running).await.0, "pending");
+
+    // Forced: the retried tasks start over from no checkpoint; the running compensation
+    // is cancelled (its claim's result refused), the finished ones stay as they ended.
+    let two = Selection::Ids(vec![compensated, running]);
+    let report = store.act(&operator, &retry(true), &two).await.unwrap();
+    assert_eq!((report.changed, report.refused), (2, 0));
+    assert!(!store
+        .finish_compensation("w", &result(running, claim_of(running)))
+        .await
+        .unwrap());
+    assert_eq!(compensation_state(&store, running).await.0, "cancelled");
+    assert_eq!(
+        compensation_state(&store, compensated).await.0,
+        "compensated"
+    );
+    let again = store
+        .claim(&handlers, 10, "w", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut started_over: Vec<_> = again.iter().map(|t| (t.id, t.checkpoint.clone())).collect();
+    started_over.sort_by_key(|(id, _)| *id);
+    assert_eq!(
+        started_over,
+        [
+            (compensated, None),
+            (running, None),
+            (owed, Some(done.clone()))
+        ]
+    );
+    let report = store
+        .act(&operator, &resolve(true), &Selection::Ids(vec![failed]))
+        .await
+        .unwrap();
+    assert_eq!((report.changed, report.refused), (1, 0));
+    assert_eq!(
+        store.get(failed).await.unwrap().unwrap().status,
+        Status::Resolved
+    );
+    let audit = store.audit(&Default::default()).await.unwrap();
+    assert_eq!(
+        audit.iter().map(|a| a.details.clone()).collect::<Vec<_>>(),
+        [
+            Some(serde_json::json!({"force": true})),
+            Some(serde_json::json!({"force": true})),
+            None,
+            None,
+        ],
+        "forcing is in the audit log"
+    );
 }

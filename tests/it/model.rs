@@ -273,11 +273,12 @@ impl Case {
                 Action::Retry {
                     at: None,
                     budget: Budget::Fresh,
+                    force: false,
                 },
                 "failed",
             ),
             1 => (Action::Discard, "discarded"),
-            _ => (Action::Resolve, "resolved"),
+            _ => (Action::Resolve { force: false }, "resolved"),
         };
         let operator = Operator {
             actor: "op".into(),
@@ -334,7 +335,7 @@ impl Case {
             outcome: match action {
                 Action::Retry { .. } => "operator_retry",
                 Action::Discard => "operator_discard",
-                Action::Resolve => "operator_resolve",
+                Action::Resolve { .. } => "operator_resolve",
             },
             started_at: Time::Between(start, end),
             error: Some(Some("model".into())),

@@ -133,6 +133,7 @@ async fn retry_grants_a_fresh_budget_or_n_more_attempts() {
             &Action::Retry {
                 at: None,
                 budget: Budget::Fresh,
+                force: false,
             },
             &Selection::Ids(vec![ids[0]]),
         )
@@ -144,6 +145,7 @@ async fn retry_grants_a_fresh_budget_or_n_more_attempts() {
             &Action::Retry {
                 at: None,
                 budget: Budget::More(1),
+                force: false,
             },
             &Selection::Ids(vec![ids[1]]),
         )
@@ -194,7 +196,7 @@ async fn actions_by_filter_change_exactly_what_the_filter_selects() {
     store
         .act(
             &operator("done"),
-            &Action::Resolve,
+            &Action::Resolve { force: false },
             &Selection::Ids(vec![others[0]]),
         )
         .await
@@ -227,9 +229,14 @@ async fn actions_by_filter_change_exactly_what_the_filter_selects() {
     let retry = Action::Retry {
         at: None,
         budget: Budget::Fresh,
+        force: false,
     };
     assert_eq!(
-        store.count_applicable(&retry, &everything).await.unwrap(),
+        store
+            .count_applicable(&retry, &everything)
+            .await
+            .unwrap()
+            .changes,
         1_235
     );
     let report = store
@@ -381,9 +388,9 @@ async fn retention_deletes_exactly_the_expired_tasks_with_two_members_at_once() 
     let ids = enqueue(&store, "h", &refs).await;
     let ids_of = |range: std::ops::Range<usize>| ids[range].to_vec();
     for (range, action) in [
-        (0..1_000, Action::Resolve),
+        (0..1_000, Action::Resolve { force: false }),
         (1_000..2_000, Action::Discard),
-        (2_000..2_500, Action::Resolve),
+        (2_000..2_500, Action::Resolve { force: false }),
     ] {
         store
             .act(&operator("setup"), &action, &Selection::Ids(ids_of(range)))
@@ -519,6 +526,7 @@ async fn bulk_batches_walk_the_key_even_with_stale_statistics() {
     let retry = Action::Retry {
         at: None,
         budget: Budget::Fresh,
+        force: false,
     };
     let report = acting.act(&operator("y"), &retry, &stale).await.unwrap();
     assert_eq!(report.changed, 20_000);

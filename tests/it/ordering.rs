@@ -225,6 +225,7 @@ async fn an_operators_retry_of_a_held_task_keeps_it_behind_and_a_reopened_task_q
     let retry_now = Action::Retry {
         at: None,
         budget: redrive::store::Budget::Fresh,
+        force: false,
     };
     store
         .act(&operator, &retry_now, &Selection::Ids(vec![ids[1]]))

@@ -68,6 +68,16 @@ async fn a_stale_attempts_checkpoint_is_refused_and_the_next_attempt_gets_the_la
 
 /// The `checkout_saga` example's binary, which `cargo test` builds beside redrive's.
 fn checkout(settings: &redrive::Settings, ledger: &std::path::Path, pause: bool) -> Child {
+    checkout_with(settings, ledger, pause, &[])
+}
+
+/// [`checkout`] with more environment variables.
+fn checkout_with(
+    settings: &redrive::Settings,
+    ledger: &std::path::Path,
+    pause: bool,
+    env: &[(&str, &str)],
+) -> Child {
     let redrive = std::path::Path::new(env!("CARGO_BIN_EXE_redrive"));
     let example = redrive.parent().unwrap().join("examples/checkout_saga");
     let mut command = Command::new(&example);
@@ -88,6 +98,7 @@ fn checkout(settings: &redrive::Settings, ledger: &std::path::Path, pause: bool)
     if pause {
         command.env("CHECKOUT_PAUSE_AFTER", "take_payment");
     }
+    command.envs(env.iter().copied());
     command
         .spawn()
         .unwrap_or_else(|e| panic!("{} (built by cargo test): {e}", example.display()))
@@ -242,5 +253,78 @@ async fn the_checkout_examples_refused_orders_are_compensated_once() {
     assert!(
         text.contains("compensation           compensated after 1 attempt(s)"),
         "{text}"
+    );
+}
+
+/// Regression: a retry after the compensation ran resumed from the checkpoint the
+/// compensation undid, publishing the event of a refunded, cancelled order. A plain
+/// retry is now refused; a forced one starts over from the first step.
+#[tokio::test]
+async fn the_checkout_examples_compensated_order_is_retried_only_by_force_and_from_the_start() {
+    let (store, settings) = fresh_store().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger.txt");
+    let id = store
+        .enqueue(&NewTask::new("checkout", r#"{"order": 1, "refuse": true}"#))
+        .await
+        .unwrap()
+        .id();
+    let mut member = checkout(&settings, &ledger, false);
+    eventually(Duration::from_secs(30), "the order compensated", || async {
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_compensation WHERE state = 'compensated'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    member.kill().unwrap();
+    member.wait().unwrap();
+    let steps = |steps: &[&str]| -> Vec<String> {
+        steps.iter().map(|step| format!("{id} {step}")).collect()
+    };
+    let undone = steps(&[
+        "save_order",
+        "take_payment",
+        "refund_payment",
+        "cancel_order",
+    ]);
+    assert_eq!(ledger_lines(&ledger), undone);
+
+    // The downstream now accepts the order; an operator retries it.
+    let mut member = checkout_with(
+        &settings,
+        &ledger,
+        false,
+        &[("CHECKOUT_ACCEPT_REFUSED", "1")],
+    );
+    let id_text = id.to_string();
+    let plain = crate::operator_cli::run(&settings, &["tasks", "retry", &id_text, "--yes"]);
+    let said = String::from_utf8_lossy(&plain.stderr);
+    assert!(!plain.status.success(), "a plain retry is refused: {said}");
+    assert!(said.contains("--force"), "{said}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(ledger_lines(&ledger), undone, "nothing ran");
+
+    let forced =
+        crate::operator_cli::run(&settings, &["tasks", "retry", &id_text, "--force", "--yes"]);
+    assert!(
+        forced.status.success(),
+        "{}",
+        String::from_utf8_lossy(&forced.stderr)
+    );
+    eventually(Duration::from_secs(30), "the order resolved", || async {
+        store.get(id).await.unwrap().unwrap().status == redrive::Status::Resolved
+    })
+    .await;
+    member.kill().unwrap();
+    member.wait().unwrap();
+    let mut expected = undone.clone();
+    expected.extend(steps(&["save_order", "take_payment", "publish_event"]));
+    assert_eq!(
+        ledger_lines(&ledger),
+        expected,
+        "redone from the first step"
     );
 }
