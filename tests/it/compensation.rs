@@ -479,9 +479,9 @@ async fn an_operators_retry_during_a_compensation_cancels_the_call() {
 #[tokio::test]
 async fn a_compensation_longer_than_the_lease_runs_once_among_members() {
     let (store, settings) = fresh_store().await;
-    let undo = SlowUndo::new(Duration::from_millis(2500), true);
+    let undo = SlowUndo::new(Duration::from_secs(3), true);
     let id = store.enqueue(&NewTask::new("h", "x")).await.unwrap().id();
-    let settings = quick(&settings, Duration::from_millis(500));
+    let settings = quick(&settings, Duration::from_secs(1));
     let members = [
         start(&settings, &store, &undo),
         start(&settings, &store, &undo),
@@ -542,7 +542,6 @@ async fn shutdown_interrupts_a_long_compensation_and_gives_its_claim_back() {
     );
 
     let quick_undo = SlowUndo::new(Duration::ZERO, true);
-    quick_undo.handled.store(1, Ordering::SeqCst);
     let next = start(&settings, &store, &quick_undo);
     eventually(
         Duration::from_secs(5),
