@@ -1,6 +1,5 @@
 //! The claim loop: take due tasks in batches as slots free up, start their attempts.
 
-use chrono::Utc;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, Notify, Semaphore};
@@ -236,10 +235,7 @@ impl Claimer {
             poll = poll.min(BLOCKED_RECHECK);
         }
         let wait = match self.store.next_due(self.served.names()).await {
-            Ok(Some(due)) => (due - Utc::now())
-                .to_std()
-                .unwrap_or(Duration::ZERO)
-                .min(poll),
+            Ok(Some(due_in)) => due_in.min(poll),
             Ok(None) => poll,
             Err(error) => {
                 self.metrics

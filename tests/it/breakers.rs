@@ -607,3 +607,98 @@ async fn process_mode_does_not_call_a_handler_inline_while_its_breaker_is_open()
     assert_eq!(calls.load(Ordering::SeqCst), 10);
     running.stop().await;
 }
+
+/// The preloaded library that gives a child process a clock of its own.
+const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// Regression: a breaker's times came from the member's clock while claims compare
+/// with PostgreSQL's: a member an hour behind opened the breaker with a hold that had
+/// ended an hour ago, so it held nothing. Every breaker time is PostgreSQL's now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_clock_is_behind_opens_a_breaker_that_holds() {
+    assert!(
+        std::path::Path::new(FAKETIME).exists(),
+        "{FAKETIME} is missing: apt-get install libfaketime"
+    );
+    let (store, settings) = fresh_store().await;
+    let server = TestServer::start(|_| Reply::status(503)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("redrive.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[worker]
+poll_interval = "100ms"
+concurrency = 1
+[retry]
+backoff_base = "50ms"
+backoff_cap = "50ms"
+max_attempts = 100
+[webhooks.billing]
+url = "{url}"
+[handlers.billing.breaker]
+consecutive_failures = 3
+cool_down = "60s"
+"#,
+            url = server.url("/charge"),
+        ),
+    )
+    .unwrap();
+    let tasks: Vec<NewTask> = (0..5)
+        .map(|i| NewTask::new("billing", format!("{i}")))
+        .collect();
+    store.enqueue_many(&tasks).await.unwrap();
+    let mut member = crate::operator_cli::redrive(&settings)
+        .arg("--config")
+        .arg(&config)
+        .arg("run")
+        .env("LD_PRELOAD", FAKETIME)
+        .env("FAKETIME", "-1h")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually(Duration::from_secs(30), "the breaker open", || async {
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_breaker WHERE state = 'open'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    let calls = server.requests().len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    member.kill().unwrap();
+    member.wait().unwrap();
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_breaker \
+             WHERE hold_until > now() + interval '50 seconds'",
+        )
+        .await,
+        1,
+        "the hold ends a cool-down from now by PostgreSQL's clock"
+    );
+    // The one call running as the breaker opened may have written its retry before the
+    // hold (README, breakers); every other task waits for the hold.
+    assert!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task \
+             WHERE status = 'failed' AND next_attempt_at > now() + interval '50 seconds'",
+        )
+        .await
+            >= 4,
+        "the tasks wait for the hold"
+    );
+    assert!(
+        server.requests().len() <= calls + 1,
+        "no calls while open: {} then {}",
+        calls,
+        server.requests().len()
+    );
+}
