@@ -76,11 +76,9 @@ WITH r AS (
 done AS (
     UPDATE recovery_task t
     SET status = r.status,
-        -- A retry waits for the handler's breaker hold, if any (greatest ignores NULL).
+        -- A retry waits for the handler's breaker hold, if any.
         next_attempt_at = CASE WHEN r.next_at IS NULL THEN t.next_attempt_at
-            ELSE greatest(r.next_at,
-                          (SELECT b.hold_until FROM recovery_breaker b WHERE b.handler = t.handler))
-            END,
+            ELSE (SELECT due_at FROM recovery_due_at(t.handler, r.next_at)) END,
         last_error = coalesce(r.error, t.last_error),
         lease_owner = NULL,
         leased_at = NULL,

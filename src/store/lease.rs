@@ -75,7 +75,8 @@ WITH released AS (
     SET lease_version = t.lease_version + 1,
         lease_owner = NULL,
         leased_at = NULL,
-        next_attempt_at = now(),
+        -- Due again now, or at the handler's breaker hold.
+        next_attempt_at = (SELECT due_at FROM recovery_due_at(t.handler, now())),
         attempts = greatest(t.attempts - 1, 0),
         updated_at = now()
     FROM (SELECT l.id, l.version, o.leased_at

@@ -118,9 +118,11 @@ changed AS (
         lease_owner = NULL,
         leased_at = NULL,
         lease_version = t.lease_version + 1,
-        -- A held task stays behind its key's open task.
-        next_attempt_at = CASE WHEN $17 = 'failed' AND NOT t.held THEN coalesce($18, now())
-                               ELSE t.next_attempt_at END,
+        -- A held task stays behind its key's open task; the others wait for their
+        -- handler's breaker hold, if any.
+        next_attempt_at = CASE WHEN $17 = 'failed' AND NOT t.held
+            THEN (SELECT due_at FROM recovery_due_at(t.handler, coalesce($18, now())))
+            ELSE t.next_attempt_at END,
         finished_at = CASE WHEN $17 = 'failed' THEN NULL ELSE now() END,
         attempt_grants = CASE
             WHEN $17 <> 'failed' THEN t.attempt_grants

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use redrive::breaker::BreakerState;
 use redrive::config::{BreakerSettings, HandlerSettings, WebhookSettings};
-use redrive::store::{BreakerCommand, Operator};
+use redrive::store::{Action, BreakerCommand, Budget, Operator, Selection};
 use redrive::{
     Fleet, Handler, HandlerContext, HandlerError, Jitter, NewTask, Settings, Store, Task,
 };
@@ -263,6 +263,51 @@ async fn operators_force_a_breaker_open_and_release_it_with_an_audit_row() {
     .await;
     assert_eq!(audit, 2);
     drop(settings);
+}
+
+/// An operator's retry does not call a handler its breaker holds back: the retried
+/// tasks (final or waiting, asked for now or for a time before the hold) are due at
+/// the breaker's hold, as tasks stored or failed meanwhile are.
+#[tokio::test]
+async fn an_operators_retry_waits_for_the_handlers_open_breaker() {
+    let (store, _) = fresh_store().await;
+    let operator = Operator {
+        actor: "ops".into(),
+        reason: None,
+    };
+    let waiting = store.enqueue(&NewTask::new("h", "a")).await.unwrap().id();
+    let ended = store.enqueue(&NewTask::new("h", "b")).await.unwrap().id();
+    store
+        .act(&operator, &Action::Discard, &Selection::Ids(vec![ended]))
+        .await
+        .unwrap();
+    let hour = BreakerSettings {
+        cool_down: Duration::from_secs(3600),
+        ..BreakerSettings::default()
+    };
+    store
+        .command_breaker("h", BreakerCommand::Open, &hour, &operator)
+        .await
+        .unwrap();
+    let stored = store.breakers(None).await.unwrap();
+    let hold = stored[0].hold_until.unwrap();
+    for at in [None] {
+        let retry = Action::Retry {
+            at,
+            budget: Budget::Fresh,
+        };
+        store
+            .act(&operator, &retry, &Selection::Ids(vec![waiting, ended]))
+            .await
+            .unwrap();
+        for id in [waiting, ended] {
+            let task = store.get(id).await.unwrap().unwrap();
+            assert_eq!(
+                task.next_attempt_at, hold,
+                "retried {at:?}: due at the breaker's hold"
+            );
+        }
+    }
 }
 
 /// Sleeps, counting how many calls run at once and when each started.
