@@ -7,10 +7,11 @@
 //! its history row (`fenced`), the action its own (`operator_<action>`). The audit row is
 //! written with the first batch and its count grows in each batch's transaction.
 
-use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, Row};
 
+use super::check::Budgets;
+use super::due::Due;
 use super::filter::{bind_selection, Selection, CONDITION};
 use super::{Result, Store, StoreError, ORDERED_WALK};
 use crate::task::{Status, TaskId};
@@ -30,26 +31,34 @@ pub struct Operator {
     pub reason: Option<String>,
 }
 
-/// How many attempts a retried task gets.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// How many attempts a retried task gets, counted from where it stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Budget {
     /// Its whole attempt budget again.
     #[default]
     Fresh,
-    /// Its budget grows by this many attempts (a task that used up its budget gets
-    /// exactly this many more).
-    More(i32),
+    /// `attempts` more than it has left: a task that used its budget up gets exactly
+    /// this many, even when its last attempts never called the handler (a lapsed lease,
+    /// then "no attempts left").
+    More {
+        /// How many more.
+        attempts: i32,
+        /// The fleet's budgets ([`crate::Fleet::budgets`]), by which what a task has
+        /// left is counted.
+        budgets: Budgets,
+    },
 }
 
 /// What an operator does to tasks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Action {
-    /// Back to `failed`, due at `at` (now by default), with a new attempt budget.
+    /// Back to `failed`, due at `at` (now by default; never before its handler's
+    /// breaker hold), with a new attempt budget.
     Retry {
         /// When the next attempt is due; now when absent.
-        at: Option<DateTime<Utc>>,
+        at: Option<Due>,
         /// The attempts it gets.
         budget: Budget,
     },
@@ -75,6 +84,21 @@ impl Action {
         match self {
             Action::Retry { .. } => &[Status::Failed, Status::PermanentFailure, Status::Discarded],
             Action::Discard | Action::Resolve => &[Status::Failed, Status::PermanentFailure],
+        }
+    }
+
+    /// What the audit row records beyond the verb: a retry's time and budget (`null`:
+    /// now, a whole budget).
+    fn details(&self) -> Option<serde_json::Value> {
+        match self {
+            Action::Retry { at, budget } => Some(serde_json::json!({
+                "at": at,
+                "more_attempts": match budget {
+                    Budget::Fresh => None,
+                    Budget::More { attempts, .. } => Some(attempts),
+                },
+            })),
+            Action::Discard | Action::Resolve => None,
         }
     }
 
@@ -121,13 +145,18 @@ changed AS (
         -- A held task stays behind its key's open task; the others wait for their
         -- handler's breaker hold, if any.
         next_attempt_at = CASE WHEN $17 = 'failed' AND NOT t.held
-            THEN (SELECT due_at FROM recovery_due_at(t.handler, coalesce($18, now())))
+            THEN (SELECT due_at FROM recovery_due_at(t.handler,
+                      coalesce($18, now() + make_interval(secs => $23), now())))
             ELSE t.next_attempt_at END,
         finished_at = CASE WHEN $17 = 'failed' THEN NULL ELSE now() END,
+        -- From where the task stands: a whole budget after the attempts it made, or N
+        -- more than it has left (attempts counted beyond its budget are not left).
         attempt_grants = CASE
             WHEN $17 <> 'failed' THEN t.attempt_grants
             WHEN $19::int IS NULL THEN t.attempts
-            ELSE least(t.attempt_grants::bigint + $19, 1000000)::int END,
+            ELSE least(t.attempt_grants::bigint + $19 + greatest(
+                     t.attempts - recovery_attempts_allowed(t, $24, $25, $26, $27, $28), 0),
+                 2147483647)::int END,
         updated_at = now()
     FROM target
     WHERE t.id = target.id
@@ -172,8 +201,15 @@ impl Store {
                 let audit = match audit_id {
                     Some(id) => id,
                     None => {
-                        self.insert_audit(&mut tx, operator, action.name(), Some(selection), None)
-                            .await?
+                        let details = action.details();
+                        self.insert_audit(
+                            &mut tx,
+                            operator,
+                            action.name(),
+                            Some(selection),
+                            details,
+                        )
+                        .await?
                     }
                 };
                 match apply_batch(&mut tx, operator, action, selection, cursor, Some(audit)).await {
@@ -233,8 +269,9 @@ impl Store {
 }
 
 /// Applies `action` to the next batch of `selection` after task id `cursor`, in the
-/// caller's transaction (begun with [`ORDERED_WALK`]), adding the count to audit row `audit` if given. Returns the
-/// last task id the batch looked at (none: nothing was left) and how many it changed.
+/// caller's transaction (begun with [`ORDERED_WALK`]), adding the count to audit row
+/// `audit` if given. Returns the last task id the batch looked at (none: nothing was
+/// left) and how many it changed.
 pub(crate) async fn apply_batch(
     conn: &mut PgConnection,
     operator: &Operator,
@@ -245,18 +282,27 @@ pub(crate) async fn apply_batch(
 ) -> Result<(Option<i64>, i64)> {
     let statement = BATCH.replace("{CONDITION}", CONDITION);
     let applies: Vec<&str> = action.applies_to().iter().map(|s| s.as_str()).collect();
-    let (at, more) = match action {
-        Action::Retry { at, budget } => (
-            *at,
-            match budget {
-                Budget::Fresh => None,
-                Budget::More(n) => Some(*n),
-            },
-        ),
+    let (at, delay) = match action {
+        Action::Retry {
+            at: Some(Due::At(time)),
+            ..
+        } => (Some(*time), None),
+        Action::Retry {
+            at: Some(Due::In(delay)),
+            ..
+        } => (None, Some(delay.as_secs_f64())),
         _ => (None, None),
     };
+    let no_budgets = Budgets::default();
+    let (more, budgets) = match action {
+        Action::Retry {
+            budget: Budget::More { attempts, budgets },
+            ..
+        } => (Some(*attempts), budgets),
+        _ => (None, &no_budgets),
+    };
     sqlx::query(LOCK_TIMEOUT).execute(&mut *conn).await?;
-    let row = bind_selection(sqlx::query(&statement), selection)
+    let query = bind_selection(sqlx::query(&statement), selection)
         .bind(cursor)
         .bind(&applies)
         .bind(ACTION_BATCH)
@@ -267,8 +313,8 @@ pub(crate) async fn apply_batch(
         .bind(&operator.actor)
         .bind(&operator.reason)
         .bind(audit)
-        .fetch_one(&mut *conn)
-        .await?;
+        .bind(delay);
+    let row = budgets.bind(query).fetch_one(&mut *conn).await?;
     Ok((row.try_get("scanned_to")?, row.try_get("changed")?))
 }
 

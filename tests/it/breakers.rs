@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use redrive::breaker::BreakerState;
 use redrive::config::{BreakerSettings, HandlerSettings, WebhookSettings};
-use redrive::store::{Action, BreakerCommand, Budget, Operator, Selection};
+use redrive::store::{Action, BreakerCommand, Budget, Due, Operator, Selection};
 use redrive::{
     Fleet, Handler, HandlerContext, HandlerError, Jitter, NewTask, Settings, Store, Task,
 };
@@ -291,7 +291,7 @@ async fn an_operators_retry_waits_for_the_handlers_open_breaker() {
         .unwrap();
     let stored = store.breakers(None).await.unwrap();
     let hold = stored[0].hold_until.unwrap();
-    for at in [None] {
+    for at in [None, Some(Due::In(Duration::from_secs(60)))] {
         let retry = Action::Retry {
             at,
             budget: Budget::Fresh,
