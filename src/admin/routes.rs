@@ -13,7 +13,7 @@ use super::error::{ApiError, ErrorBody};
 use crate::config::{KafkaSettings, RouteSettings};
 use crate::replay::check_replay;
 use crate::store::{
-    Action, AuditEntry, AuditQuery, Budget, Budgets, CheckReport, Member, NewReplay, Operator,
+    Action, AuditEntry, AuditQuery, Budget, Budgets, CheckReport, Due, Member, NewReplay, Operator,
     ReplayJob, Selection, Stats, Store, TaskDetail, TaskFilter, TaskPage, MAX_PAGE,
 };
 use crate::task::{Status, TaskId};
@@ -116,9 +116,13 @@ pub struct ActionRequest {
     pub reason: Option<String>,
     /// Count only; change nothing.
     pub dry_run: bool,
-    /// Retry: when the next attempt is due (default now).
-    pub at: Option<DateTime<Utc>>,
-    /// Retry: raise the budget by this many attempts instead of a whole new budget.
+    /// Retry: when the next attempt is due, as on the command line: a duration from now
+    /// ("1h": in an hour) or an RFC 3339 time, at most a year ahead (default now; never
+    /// before the handler's breaker hold).
+    #[schema(value_type = Option<String>)]
+    pub at: Option<Due>,
+    /// Retry: this many attempts more than the tasks have left (a task that used its
+    /// budget up gets exactly this many calls) instead of a whole new budget.
     pub more_attempts: Option<i32>,
     /// Retry and resolve: also act on tasks whose compensation has started (running,
     /// waiting to retry, compensated or failed). A forced retry starts them over from no
@@ -325,7 +329,10 @@ pub async fn retry(
     let request = body(request)?;
     let budget = match request.more_attempts {
         None => Budget::Fresh,
-        Some(n) if (1..=1_000_000).contains(&n) => Budget::More(n),
+        Some(attempts) if (1..=1_000_000).contains(&attempts) => Budget::More {
+            attempts,
+            budgets: state.budgets.clone(),
+        },
         Some(n) => {
             return Err(ApiError::bad_request(format!(
                 "more_attempts must be between 1 and 1000000 (got {n})"

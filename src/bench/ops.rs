@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::{bench_fleet, drop_schema, fresh_store, median};
 use crate::cli::output::outln;
 use crate::config::Settings;
-use crate::store::{Action, Budget, Operator, Selection, Store, TaskFilter};
+use crate::store::{Action, Budget, Due, Operator, Selection, Store, TaskFilter};
 use crate::task::Status;
 
 /// Options of `redrive bench ops`.
@@ -141,7 +141,7 @@ async fn drain(settings: &Settings, options: &OpsBenchOptions, bulk: bool) -> an
         tokio::spawn(async move {
             let retry = Action::Retry {
                 force: false,
-                at: Some(chrono::Utc::now() + chrono::TimeDelta::days(1)),
+                at: Some(Due::In(Duration::from_secs(24 * 3600))),
                 budget: Budget::Fresh,
             };
             while bulk && !stop.is_cancelled() {

@@ -1,16 +1,17 @@
 //! `redrive tasks VERB`: look at tasks and act on them, over the store's fenced operations.
 
 use anyhow::{bail, Context};
-use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use std::io::{IsTerminal, Write};
 
 use super::output::{err, errln, outln};
 use super::replays::{run_in_foreground, ReplayArgs};
-use super::selection::{parse_time, FilterArgs, SelectionArgs};
+use super::selection::{FilterArgs, SelectionArgs};
 use super::table;
 use crate::fleet::Fleet;
-use crate::store::{Action, Applicable, Budget, Operator, Selection, Store, TaskFilter, MAX_PAGE};
+use crate::store::{
+    Action, Applicable, Budget, Due, Operator, Selection, Store, TaskFilter, MAX_PAGE,
+};
 use crate::task::{Status, TaskId};
 
 /// The task verbs.
@@ -96,10 +97,12 @@ pub struct RetryArgs {
     /// Which tasks.
     #[command(flatten)]
     pub selection: SelectionArgs,
-    /// When the next attempt is due: RFC 3339 time (default: now).
-    #[arg(long, value_parser = parse_future_time)]
-    pub at: Option<DateTime<Utc>>,
-    /// Raise the attempt budget by N instead of granting a whole budget again.
+    /// When the next attempt is due: a duration from now ("1h": in an hour) or an RFC 3339
+    /// time, at most a year ahead (default: now; never before the handler's breaker hold).
+    #[arg(long)]
+    pub at: Option<Due>,
+    /// Give N attempts more than the tasks have left (a task that used its budget up gets
+    /// exactly N calls) instead of a whole budget again.
     #[arg(long, value_parser = clap::value_parser!(i32).range(1..=1_000_000))]
     pub more_attempts: Option<i32>,
     /// Why (written to the audit log).
@@ -140,13 +143,6 @@ pub struct DecideArgs {
     pub bulk: BulkArgs,
 }
 
-fn parse_future_time(text: &str) -> Result<DateTime<Utc>, String> {
-    DateTime::parse_from_rfc3339(text)
-        .map(|t| t.with_timezone(&Utc))
-        .map_err(|e| format!("{text:?} is not an RFC 3339 time: {e}"))
-        .or_else(|error| parse_time(text).map_err(|_| error))
-}
-
 /// The operator acting from this shell: `cli:<user>@<host>`.
 pub fn cli_operator(reason: Option<String>) -> Operator {
     let user = std::env::var("USER")
@@ -165,9 +161,16 @@ pub async fn run(command: TasksCommand, fleet: &Fleet, store: &Store) -> anyhow:
         TasksCommand::List(args) => list(store, args).await,
         TasksCommand::Show(args) => show(store, args).await,
         TasksCommand::Retry(args) => {
+            let budget = match args.more_attempts {
+                None => Budget::Fresh,
+                Some(attempts) => Budget::More {
+                    attempts,
+                    budgets: fleet.budgets(),
+                },
+            };
             let action = Action::Retry {
                 at: args.at,
-                budget: args.more_attempts.map_or(Budget::Fresh, Budget::More),
+                budget,
                 force: args.force,
             };
             bulk(store, &action, &args.selection, args.reason, &args.bulk).await

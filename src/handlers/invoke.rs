@@ -87,18 +87,38 @@ pub(crate) async fn invoke(
     }
 }
 
-/// The handler's verdict, with its timeout applied and a panic caught.
+/// The handler's verdict, with its timeout applied and a panic caught. A call whose
+/// lease is lost (the context's cancellation fires: taken over, fenced, or past its
+/// deadline while the database could not be reached) is stopped at once, whether or
+/// not the handler watches the token: its late effects could land after the next
+/// attempt's, or after the next task of its key.
 async fn call(
     registered: &Registered,
     ctx: &HandlerContext,
     task: &Task,
 ) -> Result<(), HandlerError> {
-    guarded(
+    let lost = || HandlerError::Transient("the lease was lost; the call was stopped".into());
+    if ctx.cancellation.is_cancelled() {
+        return Err(lost());
+    }
+    let call = guarded(
         registered.policy.timeout,
         registered.handler.handle(ctx, task),
-    )
-    .await
+    );
+    tokio::pin!(call);
+    tokio::select! {
+        biased;
+        verdict = &mut call => verdict,
+        _ = ctx.cancellation.cancelled() => {
+            // A handler that watches its token gets a moment to stop on its own.
+            let _ = tokio::time::timeout(CANCEL_GRACE, &mut call).await;
+            Err(lost())
+        }
+    }
 }
+
+/// How long a cancelled call may take to notice its token before it is dropped.
+const CANCEL_GRACE: Duration = Duration::from_millis(250);
 
 /// The verdict of `call` (a handler method), under `timeout` and with a panic caught:
 /// both are transient failures.

@@ -57,6 +57,28 @@ impl BreakerCommand {
 }
 
 impl Store {
+    /// The stored breakers of `handlers`, and PostgreSQL's clock as they were read: the
+    /// one clock their hold times are compared with.
+    pub(crate) async fn breakers_as_of_now(
+        &self,
+        handlers: &[String],
+    ) -> Result<(Vec<Breaker>, DateTime<Utc>)> {
+        let now = sqlx::query_scalar("SELECT clock_timestamp()")
+            .fetch_one(&self.pool)
+            .await?;
+        let breakers = sqlx::query("SELECT * FROM recovery_breaker WHERE handler = ANY($1)")
+            .bind(handlers)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok((
+            breakers
+                .iter()
+                .map(breaker_from_row)
+                .collect::<Result<_>>()?,
+            now,
+        ))
+    }
+
     /// The stored breakers of `handlers` (all of them when `None`), by handler name.
     pub async fn breakers(&self, handlers: Option<&[String]>) -> Result<Vec<Breaker>> {
         let rows = sqlx::query(
@@ -87,9 +109,9 @@ impl Store {
         settings: &BreakerSettings,
     ) -> Result<(Breaker, Option<Transition>)> {
         let mut tx = self.pool.begin().await?;
-        let mut breaker = lock(&mut tx, handler).await?;
+        let (mut breaker, now) = lock(&mut tx, handler).await?;
         let before = breaker.clone();
-        let transition = breaker.record(tally, settings, Utc::now());
+        let transition = breaker.record(tally, settings, now);
         save(&mut tx, &before, &breaker).await?;
         tx.commit().await?;
         Ok((breaker, transition))
@@ -103,9 +125,9 @@ impl Store {
         settings: &BreakerSettings,
     ) -> Result<(Breaker, Option<Transition>)> {
         let mut tx = self.pool.begin().await?;
-        let mut breaker = lock(&mut tx, handler).await?;
+        let (mut breaker, now) = lock(&mut tx, handler).await?;
         let before = breaker.clone();
-        let (_, transition) = breaker.advance(settings, Utc::now());
+        let (_, transition) = breaker.advance(settings, now);
         save(&mut tx, &before, &breaker).await?;
         tx.commit().await?;
         Ok((breaker, transition))
@@ -124,7 +146,7 @@ impl Store {
         let mut tx = self.pool.begin_with(DUE_ORDER).await?;
         // The claim round's earlier tasks wait to start while this waits for the row.
         sqlx::query(PROBE_LOCK_WAIT).execute(&mut *tx).await?;
-        let mut breaker = lock(&mut tx, handler).await?;
+        let (mut breaker, _) = lock(&mut tx, handler).await?;
         let available = breaker.probes_available(settings, wanted);
         if available == 0 {
             return Ok(Vec::new());
@@ -156,7 +178,7 @@ impl Store {
         operator: &Operator,
     ) -> Result<(Breaker, Option<Transition>)> {
         let mut tx = self.pool.begin().await?;
-        let mut breaker = lock(&mut tx, handler).await?;
+        let (mut breaker, now) = lock(&mut tx, handler).await?;
         let before = breaker.clone();
         let reason = format!(
             "{} by {}{}",
@@ -168,7 +190,7 @@ impl Store {
                 .map(|r| format!(": {r}"))
                 .unwrap_or_default()
         );
-        let transition = breaker.force(command.forced(), settings, Utc::now(), reason);
+        let transition = breaker.force(command.forced(), settings, now, reason);
         save(&mut tx, &before, &breaker).await?;
         let details = serde_json::json!({ "handler": handler, "state": breaker.state });
         self.insert_audit(&mut tx, operator, command.action(), None, Some(details))
@@ -183,16 +205,21 @@ impl Store {
 /// before giving up the round (SQLSTATE 55P03).
 const PROBE_LOCK_WAIT: &str = "SET LOCAL lock_timeout = '500ms'";
 
-async fn lock(tx: &mut PgConnection, handler: &str) -> Result<Breaker> {
+/// Locks `handler`'s breaker row (creating it closed): the breaker, and PostgreSQL's
+/// clock, which every member compares the breaker's times with.
+async fn lock(tx: &mut PgConnection, handler: &str) -> Result<(Breaker, DateTime<Utc>)> {
     sqlx::query("INSERT INTO recovery_breaker (handler) VALUES ($1) ON CONFLICT DO NOTHING")
         .bind(handler)
         .execute(&mut *tx)
         .await?;
-    let row = sqlx::query("SELECT * FROM recovery_breaker WHERE handler = $1 FOR UPDATE")
-        .bind(handler)
-        .fetch_one(&mut *tx)
-        .await?;
-    breaker_from_row(&row)
+    let row = sqlx::query(
+        "SELECT *, clock_timestamp() AS database_now FROM recovery_breaker \
+         WHERE handler = $1 FOR UPDATE",
+    )
+    .bind(handler)
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok((breaker_from_row(&row)?, row.try_get("database_now")?))
 }
 
 /// Writes `after` and moves the handler's waiting tasks: pushed to a new hold, or made

@@ -1,6 +1,9 @@
 //! The invariants a correct store keeps, checked by `redrive tasks check`.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+use sqlx::Postgres;
 use sqlx::Row;
 
 use super::members::MEMBER_LIVE_WITHIN;
@@ -16,7 +19,7 @@ const SHOWN_PER_KIND: i64 = 100;
 const EXPIRED_LEASE_GRACE_SECONDS: f64 = 60.0;
 
 /// Attempt budgets as the fleet applies them, for tasks that set none of their own.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Budgets {
     /// Routes whose policy sets max attempts.
     pub routes: Vec<(String, i32)>,
@@ -24,6 +27,26 @@ pub struct Budgets {
     pub handlers: Vec<(String, i32)>,
     /// For a handler this process does not know.
     pub default: i32,
+}
+
+impl Budgets {
+    /// Binds the budgets as the next five parameters, in the order SQL's
+    /// `recovery_attempts_allowed(task, ...)` takes them.
+    pub(crate) fn bind<'q>(
+        &self,
+        query: Query<'q, Postgres, PgArguments>,
+    ) -> Query<'q, Postgres, PgArguments> {
+        let (route_names, route_budgets): (Vec<String>, Vec<i32>) =
+            self.routes.iter().cloned().unzip();
+        let (handler_names, handler_budgets): (Vec<String>, Vec<i32>) =
+            self.handlers.iter().cloned().unzip();
+        query
+            .bind(route_names)
+            .bind(route_budgets)
+            .bind(handler_names)
+            .bind(handler_budgets)
+            .bind(self.default)
+    }
 }
 
 /// One broken invariant.
@@ -50,8 +73,8 @@ pub struct CheckReport {
 #[derive(Clone, Copy, PartialEq)]
 enum Params {
     None,
-    /// `$1`..`$6`: route names and budgets, handler names and budgets, the default
-    /// budget, and the error of an attempt refused for want of budget.
+    /// `$1`..`$6`: the budgets ([`Budgets::bind`]), and the error of an attempt refused
+    /// for want of budget.
     Budgets,
     /// `$1`: seconds a lease may be past its deadline; `$2`: how recent "live" is.
     Liveness,
@@ -101,10 +124,7 @@ const CHECKS: [(&str, &str, Params); 10] = [
     (
         "attempts_over_budget",
         "WITH budgeted AS ( \
-             SELECT t.id, t.attempts, t.attempt_grants + coalesce(t.max_attempts, \
-                 (SELECT m FROM unnest($1::text[], $2::int[]) AS r(name, m) WHERE r.name = t.route), \
-                 (SELECT m FROM unnest($3::text[], $4::int[]) AS h(name, m) WHERE h.name = t.handler), \
-                 $5) AS allowed \
+             SELECT t.id, t.attempts, recovery_attempts_allowed(t, $1, $2, $3, $4, $5) AS allowed \
              FROM recovery_task t) \
          SELECT b.id, 'handler called on attempt ' || a.attempt || ' of ' || b.allowed || ' allowed' \
          FROM budgeted b JOIN recovery_attempt a ON a.task_id = b.id \
@@ -155,25 +175,7 @@ impl Store {
             let q = sqlx::query(&statement);
             let q = match params {
                 Params::None => q,
-                Params::Budgets => q
-                    .bind(
-                        budgets
-                            .routes
-                            .iter()
-                            .map(|r| r.0.clone())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(budgets.routes.iter().map(|r| r.1).collect::<Vec<_>>())
-                    .bind(
-                        budgets
-                            .handlers
-                            .iter()
-                            .map(|h| h.0.clone())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(budgets.handlers.iter().map(|h| h.1).collect::<Vec<_>>())
-                    .bind(budgets.default)
-                    .bind(NO_ATTEMPTS_LEFT),
+                Params::Budgets => budgets.bind(q).bind(NO_ATTEMPTS_LEFT),
                 Params::Liveness => q
                     .bind(EXPIRED_LEASE_GRACE_SECONDS)
                     .bind(MEMBER_LIVE_WITHIN.as_secs_f64()),

@@ -40,8 +40,8 @@ SELECT i.dedup_key, i.handler, i.event_type, i.correlation_id,
        i.source_topic, i.source_partition, i.source_offset, i.source_timestamp, i.source_timestamp_type,
        i.msg_key, i.msg_value, i.msg_headers, i.error_class, i.error_message,
        i.attempts, i.max_attempts,
-       -- A handler's open breaker holds its new tasks too (greatest ignores NULL).
-       greatest(COALESCE(i.next_attempt_at, now()), b.hold_until),
+       -- A handler's open breaker holds its new tasks too.
+       d.due_at,
        CASE WHEN i.attempts > 0 THEN i.error_message END,
        i.original_topic, i.original_partition, i.original_offset, i.error_stacktrace,
        i.route, i.ingest_note, i.value_size, i.payload_stored, i.status,
@@ -58,7 +58,7 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],
             attempts, max_attempts, next_attempt_at,
             original_topic, original_partition, original_offset, error_stacktrace,
             route, ingest_note, value_size, payload_stored, status, order_key, ord)
-    LEFT JOIN recovery_breaker b ON b.handler = i.handler
+    CROSS JOIN LATERAL recovery_due_at(i.handler, COALESCE(i.next_attempt_at, now())) d
 ORDER BY i.ord
 ON CONFLICT (dedup_key) DO NOTHING
 RETURNING id, dedup_key

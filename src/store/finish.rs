@@ -66,17 +66,19 @@ pub struct Finish {
 // build side of a hash join.
 const FINISH: &str = r#"
 WITH r AS (
-    SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::timestamptz[],
-                         $5::text[], $6::text[], $7::timestamptz[], $8::int[], $10::bool[])
-        AS r(id, version, status, next_at, error, outcome, started_at, duration_ms, compensate)),
+    -- A retry is due as long after PostgreSQL's now as the worker asked after its own
+    -- ($11): a member whose clock is off still waits the backoff, no more, no less.
+    SELECT id, version, status, now() + (next_at - $11::timestamptz) AS next_at, error,
+           outcome, started_at, duration_ms, compensate
+    FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::timestamptz[],
+                $5::text[], $6::text[], $7::timestamptz[], $8::int[], $10::bool[])
+        AS u(id, version, status, next_at, error, outcome, started_at, duration_ms, compensate)),
 done AS (
     UPDATE recovery_task t
     SET status = r.status,
-        -- A retry waits for the handler's breaker hold, if any (greatest ignores NULL).
+        -- A retry waits for the handler's breaker hold, if any.
         next_attempt_at = CASE WHEN r.next_at IS NULL THEN t.next_attempt_at
-            ELSE greatest(r.next_at,
-                          (SELECT b.hold_until FROM recovery_breaker b WHERE b.handler = t.handler))
-            END,
+            ELSE (SELECT due_at FROM recovery_due_at(t.handler, r.next_at)) END,
         last_error = coalesce(r.error, t.last_error),
         lease_owner = NULL,
         leased_at = NULL,
@@ -168,6 +170,7 @@ impl Store {
             )
             .bind(worker)
             .bind(results.iter().map(|r| r.compensate).collect::<Vec<_>>())
+            .bind(Utc::now())
             .fetch_all(&self.pool)
             .await?;
         rows.iter()

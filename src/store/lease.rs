@@ -75,7 +75,8 @@ WITH released AS (
     SET lease_version = t.lease_version + 1,
         lease_owner = NULL,
         leased_at = NULL,
-        next_attempt_at = now(),
+        -- Due again now, or at the handler's breaker hold.
+        next_attempt_at = (SELECT due_at FROM recovery_due_at(t.handler, now())),
         attempts = greatest(t.attempts - 1, 0),
         updated_at = now()
     FROM (SELECT l.id, l.version, o.leased_at
@@ -232,19 +233,21 @@ impl Store {
         rows.iter().map(|r| Ok(TaskId(r.try_get("id")?))).collect()
     }
 
-    /// When the earliest unfinished task of `handlers` is due (leased tasks count with
-    /// their lease deadline), or `None` when there is none.
-    pub async fn next_due(&self, handlers: &[String]) -> Result<Option<DateTime<Utc>>> {
+    /// How long until the earliest unfinished task of `handlers` is due (leased tasks
+    /// count with their lease deadline; zero when one is due now), by PostgreSQL's
+    /// clock, or `None` when there is none.
+    pub async fn next_due(&self, handlers: &[String]) -> Result<Option<Duration>> {
         let mut tx = self.pool.begin_with(DUE_ORDER).await?;
-        let due = sqlx::query_scalar(
-            "SELECT next_attempt_at FROM recovery_task \
+        let millis: Option<f64> = sqlx::query_scalar(
+            "SELECT greatest(extract(epoch FROM next_attempt_at - clock_timestamp()) * 1000, 0)::float8 \
+             FROM recovery_task \
              WHERE status = 'failed' AND handler = ANY($1) ORDER BY next_attempt_at LIMIT 1",
         )
         .bind(handlers)
         .fetch_optional(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(due)
+        Ok(millis.map(|ms| Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::MAX)))
     }
 }
 

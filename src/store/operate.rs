@@ -13,11 +13,12 @@
 //! starts such a task over from no checkpoint; forcing either verb cancels a compensation
 //! still pending (a running call's claim is lost: it is told to stop, its result dropped).
 
-use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::{PgConnection, Row};
 
+use super::check::Budgets;
+use super::due::Due;
 use super::filter::{bind_selection, Selection, CONDITION};
 use super::{Result, Store, StoreError, ORDERED_WALK};
 use crate::task::{Status, TaskId};
@@ -37,26 +38,34 @@ pub struct Operator {
     pub reason: Option<String>,
 }
 
-/// How many attempts a retried task gets.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// How many attempts a retried task gets, counted from where it stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Budget {
     /// Its whole attempt budget again.
     #[default]
     Fresh,
-    /// Its budget grows by this many attempts (a task that used up its budget gets
-    /// exactly this many more).
-    More(i32),
+    /// `attempts` more than it has left: a task that used its budget up gets exactly
+    /// this many, even when its last attempts never called the handler (a lapsed lease,
+    /// then "no attempts left").
+    More {
+        /// How many more.
+        attempts: i32,
+        /// The fleet's budgets ([`crate::Fleet::budgets`]), by which what a task has
+        /// left is counted.
+        budgets: Budgets,
+    },
 }
 
 /// What an operator does to tasks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Action {
-    /// Back to `failed`, due at `at` (now by default), with a new attempt budget.
+    /// Back to `failed`, due at `at` (now by default; never before its handler's
+    /// breaker hold), with a new attempt budget.
     Retry {
         /// When the next attempt is due; now when absent.
-        at: Option<DateTime<Utc>>,
+        at: Option<Due>,
         /// The attempts it gets.
         budget: Budget,
         /// Also retry tasks whose compensation has started: they start over from no
@@ -108,6 +117,21 @@ impl Action {
         match self {
             Action::Retry { .. } => &[Status::Failed, Status::PermanentFailure, Status::Discarded],
             Action::Discard | Action::Resolve { .. } => &[Status::Failed, Status::PermanentFailure],
+        }
+    }
+
+    /// What the audit row records beyond the verb: a retry's time and budget (`null`:
+    /// now, a whole budget).
+    fn details(&self) -> Option<serde_json::Value> {
+        match self {
+            Action::Retry { at, budget, .. } => Some(serde_json::json!({
+                "at": at,
+                "more_attempts": match budget {
+                    Budget::Fresh => None,
+                    Budget::More { attempts, .. } => Some(attempts),
+                },
+            })),
+            Action::Discard | Action::Resolve { .. } => None,
         }
     }
 
@@ -166,7 +190,7 @@ owed AS MATERIALIZED (
 started AS (
     SELECT t.id FROM target t JOIN owed c ON c.task_id = t.id WHERE {STARTED}),
 chosen AS (
-    SELECT * FROM target WHERE NOT $23 OR id NOT IN (SELECT id FROM started)),
+    SELECT * FROM target WHERE NOT $29 OR id NOT IN (SELECT id FROM started)),
 interrupted AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
     SELECT id, lease_version, attempts, lease_owner, coalesce(leased_at, now()),
@@ -181,14 +205,21 @@ changed AS (
         lease_owner = NULL,
         leased_at = NULL,
         lease_version = t.lease_version + 1,
-        -- A held task stays behind its key's open task.
-        next_attempt_at = CASE WHEN $17 = 'failed' AND NOT t.held THEN coalesce($18, now())
-                               ELSE t.next_attempt_at END,
+        -- A held task stays behind its key's open task; the others wait for their
+        -- handler's breaker hold, if any.
+        next_attempt_at = CASE WHEN $17 = 'failed' AND NOT t.held
+            THEN (SELECT due_at FROM recovery_due_at(t.handler,
+                      coalesce($18, now() + make_interval(secs => $23), now())))
+            ELSE t.next_attempt_at END,
         finished_at = CASE WHEN $17 = 'failed' THEN NULL ELSE now() END,
+        -- From where the task stands: a whole budget after the attempts it made, or N
+        -- more than it has left (attempts counted beyond its budget are not left).
         attempt_grants = CASE
             WHEN $17 <> 'failed' THEN t.attempt_grants
             WHEN $19::int IS NULL THEN t.attempts
-            ELSE least(t.attempt_grants::bigint + $19, 1000000)::int END,
+            ELSE least(t.attempt_grants::bigint + $19 + greatest(
+                     t.attempts - recovery_attempts_allowed(t, $24, $25, $26, $27, $28), 0),
+                 2147483647)::int END,
         -- A forced retry over a compensation starts over: the checkpoint says done what
         -- the compensation may have undone.
         checkpoint = CASE WHEN $17 = 'failed' AND t.id IN (SELECT id FROM started) THEN NULL
@@ -252,7 +283,17 @@ impl Store {
                 let audit = match audit_id {
                     Some(id) => id,
                     None => {
-                        let details = action.forced().then(|| json!({ "force": true }));
+                        let mut details = action.details();
+                        if action.forced() {
+                            let forced = json!({ "force": true });
+                            details = Some(match details {
+                                Some(serde_json::Value::Object(mut fields)) => {
+                                    fields.insert("force".into(), true.into());
+                                    serde_json::Value::Object(fields)
+                                }
+                                _ => forced,
+                            });
+                        }
                         self.insert_audit(
                             &mut tx,
                             operator,
@@ -359,18 +400,27 @@ pub(crate) async fn apply_batch(
 ) -> Result<Batch> {
     let statement = statement(BATCH);
     let applies: Vec<&str> = action.applies_to().iter().map(|s| s.as_str()).collect();
-    let (at, more) = match action {
-        Action::Retry { at, budget, .. } => (
-            *at,
-            match budget {
-                Budget::Fresh => None,
-                Budget::More(n) => Some(*n),
-            },
-        ),
+    let (at, delay) = match action {
+        Action::Retry {
+            at: Some(Due::At(time)),
+            ..
+        } => (Some(*time), None),
+        Action::Retry {
+            at: Some(Due::In(delay)),
+            ..
+        } => (None, Some(delay.as_secs_f64())),
         _ => (None, None),
     };
+    let no_budgets = Budgets::default();
+    let (more, budgets) = match action {
+        Action::Retry {
+            budget: Budget::More { attempts, budgets },
+            ..
+        } => (Some(*attempts), budgets),
+        _ => (None, &no_budgets),
+    };
     sqlx::query(LOCK_TIMEOUT).execute(&mut *conn).await?;
-    let row = bind_selection(sqlx::query(&statement), selection)
+    let query = bind_selection(sqlx::query(&statement), selection)
         .bind(cursor)
         .bind(&applies)
         .bind(ACTION_BATCH)
@@ -381,6 +431,9 @@ pub(crate) async fn apply_batch(
         .bind(&operator.actor)
         .bind(&operator.reason)
         .bind(audit)
+        .bind(delay);
+    let row = budgets
+        .bind(query)
         .bind(action.spares_compensations())
         .fetch_one(&mut *conn)
         .await?;

@@ -60,6 +60,9 @@ pub struct Metrics {
     pub fenced_writes: IntCounterVec,
     /// Tasks claimed again after their lease expired (a worker died or stalled).
     pub leases_recovered: IntCounter,
+    /// Calls cancelled because their lease could not be renewed before its deadline
+    /// (this member was cut off from the database).
+    pub leases_lapsed_locally: IntCounter,
     /// Handler call duration, by handler.
     pub handler_seconds: HistogramVec,
     /// Tasks leased by this process right now.
@@ -241,6 +244,11 @@ impl Metrics {
                 r,
                 "redrive_leases_recovered_total",
                 "Tasks claimed again after their lease expired",
+            ),
+            leases_lapsed_locally: counter(
+                r,
+                "redrive_leases_lapsed_locally_total",
+                "Calls cancelled because their lease could not be renewed in time",
             ),
             handler_seconds,
             in_flight,

@@ -2,7 +2,6 @@
 //! a few probes while it is half-open, and within its bulkhead and its share of the
 //! fleet's rate limit otherwise.
 
-use chrono::Utc;
 use governor::DefaultDirectRateLimiter;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -271,7 +270,6 @@ impl Admission {
     }
 
     async fn follow_breakers(&self) -> crate::store::Result<()> {
-        let now = Utc::now();
         let guarded: Vec<String> = (self.limits.iter())
             .filter(|(_, l)| l.breaker.is_some())
             .map(|(name, _)| name.clone())
@@ -279,13 +277,11 @@ impl Admission {
         if guarded.is_empty() {
             return Ok(());
         }
-        // One read of every breaker this member follows, per tick.
-        let mut stored: std::collections::HashMap<String, Breaker> = (self.store)
-            .breakers(Some(&guarded))
-            .await?
-            .into_iter()
-            .map(|b| (b.handler.clone(), b))
-            .collect();
+        // One read of every breaker this member follows, per tick, with the database's
+        // clock: a hold ends when PostgreSQL says so, whatever this member's clock says.
+        let (stored, now) = self.store.breakers_as_of_now(&guarded).await?;
+        let mut stored: std::collections::HashMap<String, Breaker> =
+            stored.into_iter().map(|b| (b.handler.clone(), b)).collect();
         for (name, limits) in &self.limits {
             let Some(guard) = &limits.breaker else {
                 continue;

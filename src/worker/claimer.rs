@@ -1,6 +1,5 @@
 //! The claim loop: take due tasks in batches as slots free up, start their attempts.
 
-use chrono::Utc;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, Notify, Semaphore};
@@ -22,8 +21,9 @@ use crate::telemetry::Metrics;
 pub(crate) const CLAIM_LOOPS: usize = 2;
 
 /// What one claim round took, and the statement that failed, if one did.
-#[derive(Default)]
 struct ClaimRound {
+    /// When the round's first statement was sent: no lease of it began earlier.
+    started: tokio::time::Instant,
     claimed: Vec<(Task, Permits)>,
     /// How many of the claimed tasks were taken over from lapsed leases.
     recovered: usize,
@@ -91,7 +91,7 @@ impl Claimer {
             self.metrics.in_flight.add(tasks.len() as i64);
             for (task, permits) in tasks {
                 let slot = permit.split(1).expect("one permit per claimed task");
-                self.start(task, slot, permits);
+                self.start(task, slot, permits, round.started);
             }
             drop(permit);
             if pause > Duration::ZERO {
@@ -115,7 +115,12 @@ impl Claimer {
     /// half-open breakers. A statement that fails ends the round, and the round keeps
     /// what the statements before it claimed.
     async fn claim(&self, wanted: u32) -> ClaimRound {
-        let mut round = ClaimRound::default();
+        let mut round = ClaimRound {
+            started: tokio::time::Instant::now(),
+            claimed: Vec::new(),
+            recovered: 0,
+            failure: None,
+        };
         if let Err(error) = self.claim_into(wanted, &mut round).await {
             round.failure = Some(error);
         }
@@ -166,8 +171,14 @@ impl Claimer {
     }
 
     /// Starts one attempt; its result goes to the finisher with the slot.
-    fn start(&self, task: Task, slot: tokio::sync::OwnedSemaphorePermit, mut permits: Permits) {
-        let lease_lost = self.in_flight.insert(task.lease());
+    fn start(
+        &self,
+        task: Task,
+        slot: tokio::sync::OwnedSemaphorePermit,
+        mut permits: Permits,
+        claimed_at: tokio::time::Instant,
+    ) {
+        let lease_lost = (self.in_flight).insert(task.lease(), claimed_at, self.settings.lease);
         let registered = self.served.registered_for(&task);
         let keep_task = self.keep_final_tasks;
         let worker_id = self.worker_id.clone();
@@ -236,10 +247,7 @@ impl Claimer {
             poll = poll.min(BLOCKED_RECHECK);
         }
         let wait = match self.store.next_due(self.served.names()).await {
-            Ok(Some(due)) => (due - Utc::now())
-                .to_std()
-                .unwrap_or(Duration::ZERO)
-                .min(poll),
+            Ok(Some(due_in)) => due_in.min(poll),
             Ok(None) => poll,
             Err(error) => {
                 self.metrics

@@ -69,6 +69,9 @@ impl Compensator {
         let mut heartbeat = tokio::time::interval(this.settings.heartbeat);
         heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
         while !stop.is_cancelled() {
+            // The claims' local deadlines (kept by the claim set; the heartbeat, not a
+            // deadline check, finds a lost claim here).
+            let claimed_at = tokio::time::Instant::now();
             let full = match this
                 .store
                 .claim_compensations(&handlers, BATCH, this.settings.lease)
@@ -77,7 +80,10 @@ impl Compensator {
                 Ok(claimed) => {
                     let full = claimed.len() as i64 == BATCH;
                     for claimed in claimed {
-                        let lost = shared.claims.insert(claimed.claim());
+                        let lost =
+                            shared
+                                .claims
+                                .insert(claimed.claim(), claimed_at, this.settings.lease);
                         running.spawn(this.clone().compensate(claimed, lost, shared.clone()));
                     }
                     full

@@ -3,6 +3,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::Store;
@@ -15,18 +16,66 @@ use crate::telemetry::Metrics;
 /// Keyed by the whole lease, `(id, version)`: after a lapse the same process may hold a
 /// newer lease on the same task while the old attempt is still running, and the old
 /// attempt's bookkeeping must never touch the new lease's entry.
+///
+/// Each lease also has a local deadline: when it was claimed or last extended (the
+/// instant the statement was sent, never later than the database's), plus the lease.
+/// A member cut off from PostgreSQL cannot extend its leases; once a deadline passes,
+/// another member may take the task, so the call is cancelled here too.
 #[derive(Default)]
 pub(crate) struct InFlight {
-    leases: Mutex<HashMap<Lease, CancellationToken>>,
+    leases: Mutex<HashMap<Lease, Held>>,
+}
+
+struct Held {
+    lost: CancellationToken,
+    deadline: Instant,
 }
 
 impl InFlight {
-    /// Records a new lease; returns the token cancelled if the lease is lost.
-    pub(crate) fn insert(&self, lease: Lease) -> CancellationToken {
-        let token = CancellationToken::new();
+    /// Records a lease claimed by a statement sent at `claimed_at`; returns the token
+    /// cancelled if the lease is lost.
+    pub(crate) fn insert(
+        &self,
+        lease: Lease,
+        claimed_at: Instant,
+        length: Duration,
+    ) -> CancellationToken {
+        let lost = CancellationToken::new();
+        let held = Held {
+            lost: lost.clone(),
+            deadline: claimed_at + length,
+        };
+        self.leases
+            .lock()
+            .expect("in-flight lock")
+            .insert(lease, held);
+        lost
+    }
+
+    /// Moves the deadlines of `extended` leases to `sent_at + length`.
+    fn extended(&self, extended: &HashSet<Lease>, sent_at: Instant, length: Duration) {
         let mut leases = self.leases.lock().expect("in-flight lock");
-        leases.insert(lease, token.clone());
-        token
+        for (lease, held) in leases.iter_mut() {
+            if extended.contains(lease) {
+                held.deadline = sent_at + length;
+            }
+        }
+    }
+
+    /// Cancels the leases whose local deadline passes before `by`: they may be taken
+    /// over by then. Returns how many.
+    fn lose_lapsing(&self, by: Instant) -> usize {
+        let mut leases = self.leases.lock().expect("in-flight lock");
+        let lapsing: Vec<Lease> = (leases.iter())
+            .filter(|(_, held)| held.deadline <= by)
+            .map(|(lease, _)| *lease)
+            .collect();
+        for lease in &lapsing {
+            if let Some(held) = leases.remove(lease) {
+                held.lost.cancel();
+            }
+        }
+        lapsing.len()
     }
 
     /// Forgets leases whose results were written (or given up on).
@@ -54,8 +103,8 @@ impl InFlight {
         let mut leases = self.leases.lock().expect("in-flight lock");
         let mut count = 0;
         for lease in lost {
-            if let Some(token) = leases.remove(lease) {
-                token.cancel();
+            if let Some(held) = leases.remove(lease) {
+                held.lost.cancel();
                 count += 1;
             }
         }
@@ -81,33 +130,63 @@ pub(crate) async fn heartbeat_loop(
             _ = ticker.tick() => {}
         }
         let held = in_flight.snapshot();
-        if held.is_empty() {
-            continue;
-        }
-        match store.heartbeat(&held, lease).await {
-            Ok(extended) => {
-                metrics.health.database_ok();
-                let extended: HashSet<Lease> = extended.into_iter().collect();
-                let lost: Vec<Lease> = held.into_iter().filter(|l| !extended.contains(l)).collect();
-                let count = in_flight.lose(&lost);
-                if count > 0 {
-                    metrics
-                        .fenced_writes
-                        .with_label_values(&["heartbeat"])
-                        .inc_by(count as u64);
-                    tracing::warn!(
-                        count,
-                        "leases were taken over; their handlers are cancelled"
-                    );
-                }
-            }
-            Err(error) => {
+        if !held.is_empty() {
+            // A statement stuck on a dead connection must not keep the deadlines below
+            // from being checked.
+            let renewing = renew(&store, &in_flight, &metrics, held, lease);
+            if tokio::time::timeout(interval, renewing).await.is_err() {
                 metrics
                     .database_errors
                     .with_label_values(&["heartbeat"])
                     .inc();
-                metrics.health.database_failed("heartbeat", &error);
             }
+        }
+        // What would lapse before the next beat could renew it is given up now: cut
+        // off from the database, this member cannot know whether another took it over.
+        let lapsing = in_flight.lose_lapsing(Instant::now() + interval);
+        if lapsing > 0 {
+            metrics.leases_lapsed_locally.inc_by(lapsing as u64);
+            tracing::warn!(
+                count = lapsing,
+                "leases could not be renewed before their deadline; their handlers are cancelled"
+            );
+        }
+    }
+}
+
+/// Extends `held`; cancels the leases that were taken over.
+async fn renew(
+    store: &Store,
+    in_flight: &InFlight,
+    metrics: &Metrics,
+    held: Vec<Lease>,
+    lease: Duration,
+) {
+    let sent_at = Instant::now();
+    match store.heartbeat(&held, lease).await {
+        Ok(extended) => {
+            metrics.health.database_ok();
+            let extended: HashSet<Lease> = extended.into_iter().collect();
+            in_flight.extended(&extended, sent_at, lease);
+            let lost: Vec<Lease> = held.into_iter().filter(|l| !extended.contains(l)).collect();
+            let count = in_flight.lose(&lost);
+            if count > 0 {
+                metrics
+                    .fenced_writes
+                    .with_label_values(&["heartbeat"])
+                    .inc_by(count as u64);
+                tracing::warn!(
+                    count,
+                    "leases were taken over; their handlers are cancelled"
+                );
+            }
+        }
+        Err(error) => {
+            metrics
+                .database_errors
+                .with_label_values(&["heartbeat"])
+                .inc();
+            metrics.health.database_failed("heartbeat", &error);
         }
     }
 }

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use std::net::SocketAddr;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::fresh_store;
+use crate::support::{fresh_store, scalar};
 
 pub(crate) const OPERATE: &str = "operate-token-0123456789";
 pub(crate) const READ: &str = "read-token-0123456789ab";
@@ -215,7 +215,7 @@ async fn bad_input_is_a_400_that_says_what_is_wrong() {
         ),
         (
             "/api/v1/tasks/discard",
-            json!({"ids": [1], "reason": "r", "at": "2030-01-01T00:00:00Z"}),
+            json!({"ids": [1], "reason": "r", "at": "1h"}),
             "belong to retry",
         ),
         ("/api/v1/tasks/replay", json!({"filter": {}}), "every task"),
@@ -275,6 +275,54 @@ async fn bad_input_is_a_400_that_says_what_is_wrong() {
         (status, body["matched"].as_i64()),
         (StatusCode::OK, Some(0))
     );
+}
+
+/// A retry's `at` and `more_attempts` mean what they mean on the command line: a
+/// duration is that long from now, a time far off is refused; both are audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retrys_at_and_more_attempts_match_the_command_line() {
+    let (store, settings) = fresh_store().await;
+    let api = Api::start(&store, &with_tokens(settings)).await;
+    let ids = keyed_tasks(&store, "log", &[b"k"]).await;
+    let (status, body) = api
+        .post(
+            "/api/v1/tasks/retry",
+            Some(OPERATE),
+            json!({"ids": ids, "at": "1h", "more_attempts": 2}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE next_attempt_at \
+             BETWEEN now() + interval '59 minutes' AND now() + interval '61 minutes'"
+        )
+        .await,
+        1,
+        "due in an hour"
+    );
+    let (_, audit) = api.get("/api/v1/audit", Some(READ)).await;
+    assert_eq!(audit[0]["details"], json!({"at": "1h", "more_attempts": 2}));
+    for (far, says) in [
+        ("2999-01-01T00:00:00Z", "more than a year from now"),
+        ("-1h", "negative"),
+        ("soon", "neither an RFC 3339 time nor a duration"),
+    ] {
+        let (status, body) = api
+            .post(
+                "/api/v1/tasks/retry",
+                Some(OPERATE),
+                json!({"ids": ids, "at": far}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{far}: {body}");
+        let error = body["error"].as_str().unwrap();
+        assert!(
+            error.contains("at: ") && error.contains(says),
+            "{far}: {error}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use redrive::breaker::BreakerState;
 use redrive::config::{BreakerSettings, HandlerSettings, WebhookSettings};
-use redrive::store::{BreakerCommand, Operator};
+use redrive::store::{Action, BreakerCommand, Budget, Due, Operator, Selection};
 use redrive::{
     Fleet, Handler, HandlerContext, HandlerError, Jitter, NewTask, Settings, Store, Task,
 };
@@ -263,6 +263,52 @@ async fn operators_force_a_breaker_open_and_release_it_with_an_audit_row() {
     .await;
     assert_eq!(audit, 2);
     drop(settings);
+}
+
+/// An operator's retry does not call a handler its breaker holds back: the retried
+/// tasks (final or waiting, asked for now or for a time before the hold) are due at
+/// the breaker's hold, as tasks stored or failed meanwhile are.
+#[tokio::test]
+async fn an_operators_retry_waits_for_the_handlers_open_breaker() {
+    let (store, _) = fresh_store().await;
+    let operator = Operator {
+        actor: "ops".into(),
+        reason: None,
+    };
+    let waiting = store.enqueue(&NewTask::new("h", "a")).await.unwrap().id();
+    let ended = store.enqueue(&NewTask::new("h", "b")).await.unwrap().id();
+    store
+        .act(&operator, &Action::Discard, &Selection::Ids(vec![ended]))
+        .await
+        .unwrap();
+    let hour = BreakerSettings {
+        cool_down: Duration::from_secs(3600),
+        ..BreakerSettings::default()
+    };
+    store
+        .command_breaker("h", BreakerCommand::Open, &hour, &operator)
+        .await
+        .unwrap();
+    let stored = store.breakers(None).await.unwrap();
+    let hold = stored[0].hold_until.unwrap();
+    for at in [None, Some(Due::In(Duration::from_secs(60)))] {
+        let retry = Action::Retry {
+            at,
+            budget: Budget::Fresh,
+            force: false,
+        };
+        store
+            .act(&operator, &retry, &Selection::Ids(vec![waiting, ended]))
+            .await
+            .unwrap();
+        for id in [waiting, ended] {
+            let task = store.get(id).await.unwrap().unwrap();
+            assert_eq!(
+                task.next_attempt_at, hold,
+                "retried {at:?}: due at the breaker's hold"
+            );
+        }
+    }
 }
 
 /// Sleeps, counting how many calls run at once and when each started.
@@ -606,4 +652,99 @@ async fn process_mode_does_not_call_a_handler_inline_while_its_breaker_is_open()
     .await;
     assert_eq!(calls.load(Ordering::SeqCst), 10);
     running.stop().await;
+}
+
+/// The preloaded library that gives a child process a clock of its own.
+const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// Regression: a breaker's times came from the member's clock while claims compare
+/// with PostgreSQL's: a member an hour behind opened the breaker with a hold that had
+/// ended an hour ago, so it held nothing. Every breaker time is PostgreSQL's now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_clock_is_behind_opens_a_breaker_that_holds() {
+    assert!(
+        std::path::Path::new(FAKETIME).exists(),
+        "{FAKETIME} is missing: apt-get install libfaketime"
+    );
+    let (store, settings) = fresh_store().await;
+    let server = TestServer::start(|_| Reply::status(503)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("redrive.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[worker]
+poll_interval = "100ms"
+concurrency = 1
+[retry]
+backoff_base = "50ms"
+backoff_cap = "50ms"
+max_attempts = 100
+[webhooks.billing]
+url = "{url}"
+[handlers.billing.breaker]
+consecutive_failures = 3
+cool_down = "60s"
+"#,
+            url = server.url("/charge"),
+        ),
+    )
+    .unwrap();
+    let tasks: Vec<NewTask> = (0..5)
+        .map(|i| NewTask::new("billing", format!("{i}")))
+        .collect();
+    store.enqueue_many(&tasks).await.unwrap();
+    let mut member = crate::operator_cli::redrive(&settings)
+        .arg("--config")
+        .arg(&config)
+        .arg("run")
+        .env("LD_PRELOAD", FAKETIME)
+        .env("FAKETIME", "-1h")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually(Duration::from_secs(30), "the breaker open", || async {
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_breaker WHERE state = 'open'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    let calls = server.requests().len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    member.kill().unwrap();
+    member.wait().unwrap();
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_breaker \
+             WHERE hold_until > now() + interval '50 seconds'",
+        )
+        .await,
+        1,
+        "the hold ends a cool-down from now by PostgreSQL's clock"
+    );
+    // The one call running as the breaker opened may have written its retry before the
+    // hold (README, breakers); every other task waits for the hold.
+    assert!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task \
+             WHERE status = 'failed' AND next_attempt_at > now() + interval '50 seconds'",
+        )
+        .await
+            >= 4,
+        "the tasks wait for the hold"
+    );
+    assert!(
+        server.requests().len() <= calls + 1,
+        "no calls while open: {} then {}",
+        calls,
+        server.requests().len()
+    );
 }

@@ -681,10 +681,10 @@ async fn retry_and_resolve_leave_a_task_whose_compensation_started_alone_unless_
         audit.iter().map(|a| a.details.clone()).collect::<Vec<_>>(),
         [
             Some(serde_json::json!({"force": true})),
-            Some(serde_json::json!({"force": true})),
+            Some(serde_json::json!({"at": null, "more_attempts": null, "force": true})),
             None,
-            None,
+            Some(serde_json::json!({"at": null, "more_attempts": null})),
         ],
-        "forcing is in the audit log"
+        "forcing is in the audit log, beside a retry's time and budget"
     );
 }

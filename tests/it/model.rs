@@ -584,7 +584,10 @@ impl Case {
                 }
             })
             .collect();
+        let sent = now();
         let written = db(self.store.finish(&name, &results).await)?;
+        // A retry is due as long after the database's now as it was asked after ours.
+        let latency = now() - sent;
         self.log.push(format!(
             "{name} finishes {:?}: wrote {written:?}",
             results
@@ -600,7 +603,7 @@ impl Case {
             row.status = match result.outcome {
                 FinishOutcome::Resolved => "resolved",
                 FinishOutcome::Retry { at } => {
-                    row.next_at = Time::At(at);
+                    row.next_at = Time::Between(at, at + latency);
                     "failed"
                 }
                 FinishOutcome::PermanentFailure => "permanent_failure",

@@ -317,6 +317,108 @@ async fn check_exits_1_and_names_the_task_when_an_invariant_breaks() {
     );
 }
 
+/// Runs the binary with `retry.max_attempts` set, and expects success; stdout.
+fn ok_with_budget(settings: &redrive::Settings, budget: &str, args: &[&str]) -> String {
+    let out = redrive(settings)
+        .env("REDRIVE__RETRY__MAX_ATTEMPTS", budget)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// `tasks retry --at` takes a duration meaning that long from now, or an RFC 3339 time,
+/// and refuses a time far off; `--more-attempts N` leaves a task that ended "no attempts
+/// left" exactly N calls; the audit row records both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_at_means_from_now_more_attempts_counts_from_where_the_task_stands() {
+    let (store, settings) = fresh_store().await;
+    // Ended "no attempts left": 4 attempts counted against a budget of 3.
+    sqlx::raw_sql(
+        "INSERT INTO recovery_task (handler, msg_value, status, attempts, finished_at) \
+         VALUES ('log', 'x', 'permanent_failure', 4, now()), \
+                ('log', 'y', 'permanent_failure', 3, now())",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let retry = ["tasks", "retry", "1", "--at", "1h", "--more-attempts", "2"];
+    ok_with_budget(&settings, "3", &[&retry[..], &["--yes"]].concat());
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE id = 1 AND status = 'failed' \
+             AND next_attempt_at BETWEEN now() + interval '59 minutes' \
+                                     AND now() + interval '61 minutes'"
+        )
+        .await,
+        1,
+        "due in an hour"
+    );
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT 3 + attempt_grants::bigint - attempts FROM recovery_task WHERE id = 1"
+        )
+        .await,
+        2,
+        "calls left"
+    );
+    let audit: Value = serde_json::from_str(&ok(&settings, &["audit", "--json"])).unwrap();
+    assert_eq!(
+        audit[0]["details"],
+        serde_json::json!({"at": "1h", "more_attempts": 2})
+    );
+
+    let at = (chrono::Utc::now() + chrono::TimeDelta::hours(2)).to_rfc3339();
+    ok_with_budget(
+        &settings,
+        "3",
+        &["tasks", "retry", "2", "--at", &at, "--yes"],
+    );
+    let due: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT next_attempt_at FROM recovery_task WHERE id = 2")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    let asked: chrono::DateTime<chrono::Utc> = at.parse().unwrap();
+    assert_eq!((due - asked).num_milliseconds(), 0, "due when asked");
+
+    for (far, says) in [
+        ("2999-01-01T00:00:00Z", "more than a year from now"),
+        ("1999-01-01T00:00:00Z", "more than a day ago"),
+        ("400d", "more than a year from now"),
+        ("-1h", "negative"),
+    ] {
+        let at = format!("--at={far}");
+        let error = fails(&settings, &["tasks", "retry", "1", &at, "--yes"]);
+        assert!(
+            error.contains("--at") && error.contains(says),
+            "{far}: {error}"
+        );
+    }
+}
+
+/// `tasks check` reads any budget a configuration may set, with grants on top.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reads_the_largest_budget() {
+    let (store, settings) = fresh_store().await;
+    sqlx::raw_sql(
+        "INSERT INTO recovery_task (handler, msg_value, attempts, attempt_grants) \
+         VALUES ('log', 'x', 0, 5)",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    ok_with_budget(&settings, "2147483647", &["tasks", "check"]);
+}
+
 /// The peak resident memory of process `pid` so far (`VmHWM`), in bytes.
 fn peak_rss(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

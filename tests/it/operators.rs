@@ -2,8 +2,9 @@
 //! the invariant check against planted corruption, and retention across members.
 
 use async_trait::async_trait;
-use redrive::store::{Action, Budget, Budgets, Operator, Selection, TaskFilter};
+use redrive::store::{Action, Budget, Budgets, Due, Operator, Selection, TaskFilter};
 use redrive::{Fleet, Handler, HandlerContext, HandlerError, NewTask, Status, Store, Task, TaskId};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -144,7 +145,10 @@ async fn retry_grants_a_fresh_budget_or_n_more_attempts() {
             &operator("one more"),
             &Action::Retry {
                 at: None,
-                budget: Budget::More(1),
+                budget: Budget::More {
+                    attempts: 1,
+                    budgets: fleet.budgets(),
+                },
                 force: false,
             },
             &Selection::Ids(vec![ids[1]]),
@@ -160,6 +164,136 @@ async fn retry_grants_a_fresh_budget_or_n_more_attempts() {
         );
     }
     assert_eq!(store.check(&fleet.budgets()).await.unwrap().violations, []);
+}
+
+/// A task whose last attempt lapsed ends "no attempts left" on the claim after (an
+/// attempt counted, no call made). `--more-attempts N` then gives it exactly N calls,
+/// as it does a task that used its budget up by calls, and the check agrees.
+#[tokio::test]
+async fn more_attempts_after_no_attempts_left_gives_exactly_that_many_calls() {
+    let (store, settings) = fresh_store().await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let fleet = Fleet::builder(settings)
+        .handler("counted", CountedFailures(calls.clone()))
+        .build()
+        .unwrap();
+    let ids = enqueue(&store, "counted", &[b"a"]).await;
+    let pool = fleet.worker_pool(store.clone());
+    for _ in 0..2 {
+        pool.process_next().await.unwrap().unwrap();
+    }
+    // The third attempt's member dies: its lease lapses, and the claim after it finds
+    // the budget used up.
+    let handlers = ["counted".to_owned()];
+    let lost = store
+        .claim(&handlers, 1, "dead", Duration::from_millis(1))
+        .await
+        .unwrap();
+    assert_eq!(lost.len(), 1);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    pool.process_next().await.unwrap().unwrap();
+    let ended = store.get(ids[0]).await.unwrap().unwrap();
+    assert_eq!(
+        (ended.status, ended.attempts),
+        (Status::PermanentFailure, 4)
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    let more = Action::Retry {
+        at: None,
+        budget: Budget::More {
+            attempts: 2,
+            budgets: fleet.budgets(),
+        },
+        force: false,
+    };
+    store
+        .act(&operator("two more"), &more, &Selection::Ids(ids.clone()))
+        .await
+        .unwrap();
+    while pool.process_next().await.unwrap().is_some() {}
+    assert_eq!(calls.load(Ordering::SeqCst), 4, "exactly two more calls");
+    let task = store.get(ids[0]).await.unwrap().unwrap();
+    assert_eq!((task.status, task.attempts), (Status::PermanentFailure, 6));
+    assert_eq!(store.check(&fleet.budgets()).await.unwrap().violations, []);
+}
+
+/// A retry's audit row records when the tasks are due and the attempts granted.
+#[tokio::test]
+async fn a_retrys_time_and_budget_are_in_its_audit_row() {
+    let (store, _) = fresh_store().await;
+    let ids = enqueue(&store, "h", &[b"a"]).await;
+    let more = Action::Retry {
+        at: Some(Due::In(Duration::from_secs(5400))),
+        budget: Budget::More {
+            attempts: 2,
+            budgets: Budgets::default(),
+        },
+        force: false,
+    };
+    let fresh = Action::Retry {
+        at: None,
+        budget: Budget::Fresh,
+        force: false,
+    };
+    for action in [more, fresh] {
+        store
+            .act(&operator("again"), &action, &Selection::Ids(ids.clone()))
+            .await
+            .unwrap();
+    }
+    let audit = store.audit(&Default::default()).await.unwrap();
+    let details: Vec<_> = audit.into_iter().map(|a| a.details).collect();
+    assert_eq!(
+        details,
+        [
+            Some(serde_json::json!({"at": null, "more_attempts": null})),
+            Some(serde_json::json!({"at": "1h 30m", "more_attempts": 2})),
+        ]
+    );
+}
+
+/// The check reads any budget, with grants on top of it.
+#[tokio::test]
+async fn the_check_reads_the_largest_budget_with_grants() {
+    let (store, _) = fresh_store().await;
+    let ids = enqueue(&store, "h", &[b"a"]).await;
+    let largest = Budgets {
+        default: i32::MAX,
+        ..Budgets::default()
+    };
+    let more = Action::Retry {
+        at: None,
+        budget: Budget::More {
+            attempts: 5,
+            budgets: largest.clone(),
+        },
+        force: false,
+    };
+    store
+        .act(&operator("again"), &more, &Selection::Ids(ids))
+        .await
+        .unwrap();
+    assert_eq!(store.check(&largest).await.unwrap().violations, []);
+}
+
+/// Fails every call transiently, counting them; three attempts.
+struct CountedFailures(Arc<AtomicUsize>);
+
+#[async_trait]
+impl Handler for CountedFailures {
+    async fn handle(&self, _: &HandlerContext, _: &Task) -> Result<(), HandlerError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Err(HandlerError::transient("still down"))
+    }
+
+    fn max_attempts(&self) -> Option<u32> {
+        Some(3)
+    }
+
+    fn backoff(&self) -> Option<redrive::Backoff> {
+        AlwaysFails.backoff()
+    }
 }
 
 struct AlwaysFails;

@@ -9,8 +9,10 @@ use chrono::Utc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use redrive::config::{Ordering, RouteMode};
-use redrive::store::{Action, Budgets, Finish, FinishOutcome, Operator, Selection};
-use redrive::task::order_key;
+use redrive::store::{
+    Action, Budget, Budgets, Finish, FinishOutcome, Operator, Selection, TaskFilter, ACTION_BATCH,
+};
+use redrive::task::{order_key, Status};
 use redrive::{
     Failure, Fleet, Handler, HandlerContext, HandlerError, NewTask, Store, Task, TaskId,
 };
@@ -21,7 +23,7 @@ use std::time::Duration;
 use crate::broker::{cluster, produce, producer, route, use_cluster, Sample};
 use crate::http_server::{Reply, TestServer};
 use crate::ingest::Running;
-use crate::support::{eventually, fresh_store, scalar};
+use crate::support::{self, eventually, fresh_store, scalar};
 
 const KEYS: [&str; 4] = ["alice", "bob", "carol", "dave"];
 
@@ -537,4 +539,69 @@ ordering = "key"
         scalar(&store, "SELECT count(*) FROM recovery_task WHERE held").await,
         0
     );
+}
+
+/// An operator batch that reopens many final tasks of one key makes the oldest due and
+/// holds the rest behind it, whatever order the plan visits the rows in: with 64 kB of
+/// `work_mem` the batch's join is a multi-batch hash join that reorders them.
+#[tokio::test]
+async fn a_batch_reopening_a_keys_tasks_makes_its_oldest_due_whatever_the_plan() {
+    let (store, mut settings) = fresh_store().await;
+    let url = format!("{}?options[work_mem]=64kB", support::database_url());
+    settings.database.url = url.into();
+    let small_memory = Store::connect(&settings.database).await.unwrap();
+    let work_mem: String = sqlx::query_scalar("SHOW work_mem")
+        .fetch_one(small_memory.pool())
+        .await
+        .unwrap();
+    assert_eq!(work_mem, "64kB");
+    // One batch of final tasks, most of them of key "k", then enough resolved tasks
+    // (which a retry leaves alone) that the join's hash table needs several batches.
+    let tasks: Vec<NewTask> = (0..ACTION_BATCH + 4000)
+        .map(|i| NewTask {
+            status: if i < ACTION_BATCH {
+                Status::PermanentFailure
+            } else {
+                Status::Resolved
+            },
+            ..ordered((i % 5 != 0).then_some("k"), i.to_string())
+        })
+        .collect();
+    store.enqueue_many(&tasks).await.unwrap();
+    sqlx::query("ANALYZE recovery_task")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let retry = Action::Retry {
+        at: None,
+        budget: Budget::Fresh,
+        force: false,
+    };
+    let everything = Selection::Filter(TaskFilter::default());
+    let operator = Operator {
+        actor: "ops".into(),
+        reason: None,
+    };
+    let report = small_memory
+        .act(&operator, &retry, &everything)
+        .await
+        .unwrap();
+    assert_eq!(report.changed, ACTION_BATCH);
+    let unheld: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM recovery_task WHERE order_key IS NOT NULL AND status = 'failed' \
+         AND NOT held ORDER BY id",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    let oldest: i64 = scalar(
+        &store,
+        "SELECT min(id) FROM recovery_task WHERE order_key IS NOT NULL AND status = 'failed'",
+    )
+    .await;
+    assert_eq!(unheld, [oldest], "only the key's oldest task is due");
+    let due = store.get(TaskId(oldest)).await.unwrap().unwrap();
+    assert!(due.next_attempt_at <= Utc::now());
+    let budgets = Budgets::default();
+    assert_eq!(store.check(&budgets).await.unwrap().violations, []);
 }
