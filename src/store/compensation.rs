@@ -9,7 +9,7 @@ use serde::Serialize;
 use sqlx::Row;
 use std::time::Duration;
 
-use super::lease::millis;
+use super::lease::{millis, split};
 use super::query::attempts_from_rows;
 use super::row::task_from_row;
 use super::{Attempt, Result, Store};
@@ -229,8 +229,7 @@ impl Store {
         if claims.is_empty() {
             return Ok(Vec::new());
         }
-        let (ids, versions): (Vec<i64>, Vec<i64>) =
-            claims.iter().map(|c| (c.id.0, c.version)).unzip();
+        let (ids, versions) = split(claims);
         let rows = sqlx::query(EXTEND)
             .bind(ids)
             .bind(versions)

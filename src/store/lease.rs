@@ -253,7 +253,7 @@ impl Store {
 
 /// Ids and versions in id order: every multi-row write locks rows in that order, so a
 /// heartbeat and a finish on overlapping tasks cannot deadlock.
-fn split(leases: &[Lease]) -> (Vec<i64>, Vec<i64>) {
+pub(super) fn split(leases: &[Lease]) -> (Vec<i64>, Vec<i64>) {
     let mut pairs: Vec<(i64, i64)> = leases.iter().map(|l| (l.id.0, l.version)).collect();
     pairs.sort_unstable();
     pairs.into_iter().unzip()

@@ -266,7 +266,9 @@ impl Admission {
             }
         }
         // Report what was counted last.
-        let _ = self.follow_breakers().await;
+        if let Err(error) = self.follow_breakers().await {
+            tracing::warn!(%error, "could not report the last breaker tallies at shutdown");
+        }
     }
 
     async fn follow_breakers(&self) -> crate::store::Result<()> {
