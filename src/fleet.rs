@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, AppState, Tokens};
-use crate::config::{refuse_loops, validate_routes, ConfigError, Settings};
+use crate::config::{refuse_loops, validate_routes, ConfigError, RouteMode, Settings};
 use crate::finals::{FinalSink, Finals};
 use crate::handlers::{
     Handler, HandlerRegistry, LogHandler, Registered, RegistryError, RepublishHandler,
@@ -13,6 +13,8 @@ use crate::handlers::{
 };
 use crate::ingest::Ingest;
 use crate::parking::Parking;
+use crate::parts::Watch;
+use crate::resilience::follower::BreakerFollower;
 use crate::store::{Budgets, Member, Store, StoreError};
 use crate::telemetry::{self, Metrics};
 use crate::upkeep;
@@ -262,7 +264,8 @@ impl Fleet {
         store: Store,
         shutdown: CancellationToken,
     ) -> Result<(), FleetError> {
-        let ingest = self.ingest(store.clone());
+        let breakers = self.breaker_follower(store.clone());
+        let ingest = self.ingest(store.clone(), breakers.clone());
         if ingest.is_none() && !self.settings.worker.enabled && self.settings.admin.listen.is_none()
         {
             return Err(ConfigError::new(
@@ -281,6 +284,10 @@ impl Fleet {
             Some(listen) => Some(bind(listen, "metrics.listen").await?),
             None => None,
         };
+        // The breaker follower runs outside the supervised parts, until they have all
+        // ended; should it panic, the member stops and that is its error.
+        let watch = Watch::default();
+        let shutdown = watch.stop_on(&shutdown);
         let mut parts = tokio::task::JoinSet::new();
         if let Some(listener) = admin_listener {
             tracing::info!(listen = ?self.settings.admin.listen, "serving the admin API");
@@ -313,7 +320,12 @@ impl Fleet {
             stopping.cancelled().await;
             health.shutting_down();
         });
-        let pool = self.worker_pool(store.clone());
+        let stop_following = CancellationToken::new();
+        let following = watch.spawn(
+            "breaker follower",
+            breakers.clone().run(stop_following.clone()),
+        );
+        let pool = self.worker_pool(store.clone()).with_breakers(breakers);
         let member = self.member(pool.worker_id(), ingest.is_some());
         parts.spawn(upkeep::keep_member_recorded(store.clone(), member, shutdown.clone()).map(Ok));
         parts.spawn(
@@ -337,6 +349,7 @@ impl Fleet {
                 self.settings.kafka.clone(),
                 self.settings.ingest.max_message_bytes,
                 pool.worker_id().to_owned(),
+                self.settings.routes.clone(),
                 self.metrics.clone(),
                 shutdown.clone(),
             )
@@ -353,6 +366,12 @@ impl Fleet {
             });
         }
         let mut outcome = supervise(parts, &shutdown).await;
+        // Followed until the pool has written its last results: their calls are reported.
+        stop_following.cancel();
+        let _ = following.await;
+        if let (Ok(()), Some(died)) = (&outcome, watch.failure()) {
+            outcome = Err(FleetError::Panicked(died));
+        }
         self.finals
             .drain(self.settings.worker.shutdown_timeout)
             .await;
@@ -391,9 +410,39 @@ impl Fleet {
         }
     }
 
-    /// The ingest of this member, if it has routes and ingest is enabled.
-    pub(crate) fn ingest(&self, store: Store) -> Option<Ingest> {
-        if !self.settings.ingest.enabled || self.settings.routes.is_empty() {
+    /// Whether this member ingests: it has routes and ingest is enabled.
+    fn ingests(&self) -> bool {
+        self.settings.ingest.enabled && !self.settings.routes.is_empty()
+    }
+
+    /// The member's one follower of the fleet's breakers: it guards the breakers of the
+    /// handlers its worker pool calls and reads those of the handlers its process-mode
+    /// routes call inline. It is started once, by [`Fleet::run_with_store`].
+    pub(crate) fn breaker_follower(&self, store: Store) -> Arc<BreakerFollower> {
+        let guarded = match self.settings.worker.enabled {
+            true => self.handler_names(),
+            false => Vec::new(),
+        };
+        let routes = match self.ingests() {
+            true => self.settings.routes.as_slice(),
+            false => &[],
+        };
+        let process_mode = (routes.iter())
+            .filter(|r| r.mode == RouteMode::Process)
+            .map(|r| r.handler.as_str());
+        Arc::new(BreakerFollower::new(
+            store,
+            self.metrics.clone(),
+            &self.settings.handlers,
+            &guarded,
+            process_mode,
+        ))
+    }
+
+    /// The ingest of this member, if it has routes and ingest is enabled; process mode
+    /// follows the breakers with `breakers`.
+    pub(crate) fn ingest(&self, store: Store, breakers: Arc<BreakerFollower>) -> Option<Ingest> {
+        if !self.ingests() {
             return None;
         }
         Some(
@@ -404,7 +453,7 @@ impl Fleet {
                 self.settings.routes.clone(),
                 self.ingest_handlers.clone(),
                 self.metrics.clone(),
-                format!("ingest-{}", std::process::id()),
+                breakers,
             )
             .with_finals(self.finals.clone()),
         )

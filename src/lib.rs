@@ -20,7 +20,6 @@ pub mod admin;
 pub mod backoff;
 #[cfg(feature = "bench")]
 mod bench;
-pub mod breaker;
 pub mod cli;
 pub mod config;
 #[cfg(feature = "demo")]
@@ -37,6 +36,7 @@ mod parts;
 pub mod rate;
 pub mod readable;
 pub mod replay;
+pub mod resilience;
 pub mod store;
 pub mod task;
 pub mod telemetry;

@@ -74,13 +74,13 @@ pub async fn check_replay(
         }
     }
     replay.filter.validate().map_err(ReplayError::Invalid)?;
-    let topics = match &replay.target_topic {
-        Some(topic) => vec![topic.clone()],
-        None => store.original_topics(&replay.filter).await?,
-    };
-    if let Some(why) = topics.iter().find_map(|t| replay_loop(routes, t)) {
-        return Err(ReplayError::Invalid(why));
-    }
+    let topics = refuse_loop(
+        store,
+        routes,
+        &replay.filter,
+        replay.target_topic.as_deref(),
+    )
+    .await?;
     let kafka = kafka.clone();
     tokio::task::spawn_blocking(move || {
         let reader = Reader::new(&kafka)?;
@@ -93,23 +93,53 @@ pub async fn check_replay(
     .expect("the topic check does not panic")
 }
 
+/// The topics a replay of `filter` produces to (`target`, or the selected tasks'
+/// original topics), unless one of `routes`' capture routes consumes one of them (an
+/// endless loop, see [`crate::config::replay_loop`]).
+async fn refuse_loop(
+    store: &Store,
+    routes: &[RouteSettings],
+    filter: &crate::store::TaskFilter,
+    target: Option<&str>,
+) -> Result<Vec<String>, ReplayError> {
+    let topics = match target {
+        Some(topic) => vec![topic.to_owned()],
+        None => store.original_topics(filter).await?,
+    };
+    match topics.iter().find_map(|t| replay_loop(routes, t)) {
+        Some(why) => Err(ReplayError::Invalid(why)),
+        None => Ok(topics),
+    }
+}
+
 /// Runs replay jobs for one runner (a CLI or a fleet member).
 pub struct Replayer {
     store: Store,
     kafka: KafkaSettings,
     max_message_bytes: u32,
     runner: String,
+    /// The routes of the configuration it runs with: a job whose topic one of them
+    /// consumes is refused, however the job was recorded.
+    routes: Vec<RouteSettings>,
     metrics: Metrics,
 }
 
 impl Replayer {
-    /// A runner named `runner` producing with the cluster of `kafka`.
-    pub fn new(store: Store, kafka: KafkaSettings, max_message_bytes: u32, runner: String) -> Self {
+    /// A runner named `runner` producing with the cluster of `kafka`, refusing jobs
+    /// that would produce to a topic one of `routes` captures.
+    pub fn new(
+        store: Store,
+        kafka: KafkaSettings,
+        max_message_bytes: u32,
+        runner: String,
+        routes: Vec<RouteSettings>,
+    ) -> Self {
         Replayer {
             store,
             kafka,
             max_message_bytes,
             runner,
+            routes,
             metrics: Metrics::new(),
         }
     }
@@ -142,7 +172,19 @@ impl Replayer {
             self.runner.clone(),
             lost.clone(),
         ));
-        let outcome = self.produce_all(job, progress, &lost).await;
+        // Checked on every run, not only when the job was recorded: it may have been
+        // recorded by a CLI without the fleet's configuration, or before the route.
+        let outcome = match refuse_loop(
+            &self.store,
+            &self.routes,
+            &job.filter,
+            job.target_topic.as_deref(),
+        )
+        .await
+        {
+            Ok(_) => self.produce_all(job, progress, &lost).await,
+            Err(refused) => Err(refused),
+        };
         beat.abort();
         if let Err(error) = &outcome {
             tracing::warn!(job = id, %error, "replay stopped; resume it with `redrive replays resume`");

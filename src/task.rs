@@ -7,6 +7,10 @@ use std::str::FromStr;
 
 use crate::headers::Header;
 
+mod outcome;
+
+pub use outcome::{AttemptOutcome, FinishOutcome, UnknownOutcome};
+
 /// Identifier of a recovery task (the table's primary key).
 #[derive(
     Debug,
@@ -266,8 +270,8 @@ pub struct InlineAttempt {
     pub started_at: DateTime<Utc>,
     /// How long it ran, in milliseconds.
     pub duration_ms: i32,
-    /// `retry` or `permanent_failure`, as in the attempt history.
-    pub outcome: String,
+    /// What the attempt decided, as in the attempt history.
+    pub outcome: AttemptOutcome,
     /// What went wrong.
     pub error: Option<String>,
     /// Whether a permanent failure is to be compensated ([`crate::Handler::compensates`]).

@@ -8,7 +8,7 @@ use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{KafkaSettings, RetentionSettings};
+use crate::config::{KafkaSettings, RetentionSettings, RouteSettings};
 use crate::replay::Replayer;
 use crate::store::{Member, Store, MEMBER_BEAT, RETENTION_BATCH};
 use crate::task::Status;
@@ -108,17 +108,19 @@ pub async fn apply_retention(
     }
 }
 
-/// Runs detached replay jobs, one at a time, until shutdown.
+/// Runs detached replay jobs, one at a time, until shutdown, refusing those that would
+/// produce to a topic one of `routes` captures.
 pub async fn run_detached_replays(
     store: Store,
     kafka: KafkaSettings,
     max_message_bytes: u32,
     runner: String,
+    routes: Vec<RouteSettings>,
     metrics: Metrics,
     shutdown: CancellationToken,
 ) {
-    let replayer =
-        Replayer::new(store.clone(), kafka, max_message_bytes, runner).with_metrics(metrics);
+    let replayer = Replayer::new(store.clone(), kafka, max_message_bytes, runner, routes)
+        .with_metrics(metrics);
     let mut trouble = Trouble::default();
     loop {
         match store.claim_detached_replay(replayer.runner()).await {

@@ -75,7 +75,9 @@ async fn one_run(base: &Settings, options: &IngestBenchOptions) -> anyhow::Resul
     let fleet = Fleet::builder(settings.clone())
         .handler("log", LogHandler)
         .build()?;
-    let ingest = fleet.ingest(store.clone()).context("the bench route")?;
+    // Capture mode: no handler is called inline, no breaker followed.
+    let breakers = fleet.breaker_follower(store.clone());
+    let ingest = (fleet.ingest(store.clone(), breakers)).context("the bench route")?;
     let progress = ingest.progress();
     let stop = CancellationToken::new();
     let running = tokio::spawn(ingest.run(stop.clone()));

@@ -50,20 +50,26 @@ pub enum BenchKind {
     Webhook(webhook::WebhookBenchOptions),
 }
 
+/// A count of at least one.
+fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(1..)
+}
+
 /// Options of the queue benchmark.
 #[derive(Debug, Clone, Args)]
 pub struct BenchOptions {
     /// Tasks enqueued, then drained, per run.
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = 100_000, value_parser = at_least_one())]
     pub tasks: usize,
     /// Claim (and finish) batch sizes to compare, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "10,100,500")]
+    #[arg(long, value_delimiter = ',', default_value = "10,100,500",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::config::MAX_BATCH)))]
     pub batch_sizes: Vec<u32>,
     /// Worker concurrency (tasks in flight); default: four times the batch size.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::config::MAX_CONCURRENCY)))]
     pub concurrency: Option<u32>,
     /// Runs per batch size; the median is reported.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = at_least_one())]
     pub runs: usize,
     /// Tasks per enqueue statement.
     #[arg(long, default_value_t = 1000)]

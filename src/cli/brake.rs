@@ -3,9 +3,9 @@
 use anyhow::{bail, Context};
 use clap::Subcommand;
 
+use super::operator::cli_operator;
 use super::output::outln;
 use super::table;
-use super::tasks::cli_operator;
 use crate::config::Settings;
 use crate::store::{Brake, Store};
 

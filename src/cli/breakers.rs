@@ -3,11 +3,11 @@
 use anyhow::{bail, Context};
 use clap::Subcommand;
 
+use super::operator::cli_operator;
 use super::output::outln;
 use super::table;
-use super::tasks::cli_operator;
-use crate::breaker::Breaker;
 use crate::config::Settings;
+use crate::resilience::breaker::Breaker;
 use crate::store::{BreakerCommand, Store};
 
 /// `redrive breakers ...`

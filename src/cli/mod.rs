@@ -20,6 +20,7 @@ use output::outln;
 
 mod brake;
 mod breakers;
+mod operator;
 pub(crate) mod output;
 mod replays;
 mod selection;

@@ -6,10 +6,10 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use tokio_util::sync::CancellationToken;
 
+use super::operator::{cli_operator, confirm};
 use super::output::{errln, outln};
 use super::selection::{parse_time, FilterArgs};
 use super::table;
-use super::tasks::{cli_operator, confirm};
 use crate::fleet::{cancel_on_signal, Fleet};
 use crate::replay::{check_replay, Replayer};
 use crate::store::{AuditQuery, NewReplay, ReplayJob, Store};
@@ -125,6 +125,7 @@ fn replayer(fleet: &Fleet, store: &Store) -> Replayer {
         settings.kafka.clone(),
         settings.ingest.max_message_bytes,
         runner_name(),
+        settings.routes.clone(),
     )
 }
 

@@ -1,17 +1,15 @@
 //! `redrive tasks VERB`: look at tasks and act on them, over the store's fenced operations.
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::{Args, Subcommand};
-use std::io::{IsTerminal, Write};
 
-use super::output::{err, errln, outln};
+use super::operator::{cli_operator, confirm};
+use super::output::{errln, outln};
 use super::replays::{run_in_foreground, ReplayArgs};
 use super::selection::{FilterArgs, SelectionArgs};
 use super::table;
 use crate::fleet::Fleet;
-use crate::store::{
-    Action, Applicable, Budget, Due, Operator, Selection, Store, TaskFilter, MAX_PAGE,
-};
+use crate::store::{Action, Applicable, Budget, Due, Selection, Store, TaskFilter, MAX_PAGE};
 use crate::task::{Status, TaskId};
 
 /// The task verbs.
@@ -143,18 +141,6 @@ pub struct DecideArgs {
     pub bulk: BulkArgs,
 }
 
-/// The operator acting from this shell: `cli:<user>@<host>`.
-pub fn cli_operator(reason: Option<String>) -> Operator {
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .unwrap_or_else(|_| "unknown".into());
-    let host = gethostname::gethostname().to_string_lossy().into_owned();
-    Operator {
-        actor: format!("cli:{user}@{host}"),
-        reason,
-    }
-}
-
 /// Runs a task verb.
 pub async fn run(command: TasksCommand, fleet: &Fleet, store: &Store) -> anyhow::Result<()> {
     match command {
@@ -264,6 +250,9 @@ async fn show(store: &Store, args: ShowArgs) -> anyhow::Result<()> {
             outln!("{name:<22} {text}");
         }
     }
+    if let Some(reason) = &detail.unreadable {
+        outln!("{:<22} {reason}", "unreadable");
+    }
     let render = |r: &crate::readable::Readable| format!("{} ({} bytes)", r.line(), r.size);
     outln!(
         "{:<22} {}",
@@ -353,28 +342,6 @@ fn applicable_filter(action: &Action, selection: &Selection) -> Option<TaskFilte
             .collect()
     };
     Some(filter)
-}
-
-/// Asks `question` on the terminal; true to go on. Off a terminal (a script, a pipe)
-/// there is no one to ask: refused unless `yes` (`--yes`).
-pub fn confirm(question: &str, yes: bool) -> anyhow::Result<bool> {
-    if yes {
-        return Ok(true);
-    }
-    if !std::io::stdin().is_terminal() {
-        bail!(
-            "{} needs confirmation, and standard input is not a terminal to ask on: \
-             pass --yes to act without asking; nothing was done",
-            question.trim_end_matches('?')
-        );
-    }
-    err!("{question} [y/N] ");
-    std::io::stderr().flush()?;
-    let mut answer = String::new();
-    std::io::stdin()
-        .read_line(&mut answer)
-        .context("reading the answer")?;
-    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
 }
 
 fn names(statuses: &[Status]) -> String {

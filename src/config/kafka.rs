@@ -27,7 +27,7 @@ impl fmt::Debug for KafkaSettings {
         let properties: BTreeMap<&str, &str> = self
             .properties
             .keys()
-            .map(|key| (key.as_str(), crate::kafka::REDACTED))
+            .map(|key| (key.as_str(), super::librdkafka::REDACTED))
             .collect();
         f.debug_struct("KafkaSettings")
             .field("bootstrap_servers", &self.bootstrap_servers)
@@ -42,7 +42,7 @@ impl KafkaSettings {
     /// client; the error names the property, never its value.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         for (key, value) in &self.properties {
-            crate::kafka::check_property(key, value)
+            super::librdkafka::check_property(key, value)
                 .map_err(|reason| ConfigError::new(format!("kafka.properties.{key}"), reason))?;
         }
         Ok(())

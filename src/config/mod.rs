@@ -17,6 +17,7 @@ mod brake;
 mod checks;
 mod env;
 mod kafka;
+pub(crate) mod librdkafka;
 mod log;
 mod loops;
 pub mod pattern;
@@ -25,8 +26,9 @@ mod resilience;
 mod source_error;
 mod webhook;
 
-/// Consumer group defaults used unless `kafka.properties` sets them.
-pub use crate::kafka::{ASSIGNMENT_STRATEGY, HEARTBEAT_INTERVAL, SESSION_TIMEOUT};
+/// Fixed amounts of a member's work in flight: claim loops per worker pool, ingest
+/// batches written at once.
+pub use crate::{ingest::FLUSHES_IN_FLIGHT, worker::CLAIM_LOOPS};
 pub use admin::{AdminSettings, AdminToken, RetentionSettings, Role, MIN_TOKEN_CHARS};
 pub use brake::BrakeSettings;
 pub(crate) use kafka::validate_routes;
@@ -34,6 +36,8 @@ pub use kafka::{
     IngestSettings, KafkaSettings, Ordering, ParkingSettings, RepublishSettings, RouteMode,
     RouteSettings,
 };
+/// Consumer group defaults used unless `kafka.properties` sets them.
+pub use librdkafka::{ASSIGNMENT_STRATEGY, HEARTBEAT_INTERVAL, SESSION_TIMEOUT};
 pub use log::{LogFormat, LogSettings};
 pub(crate) use loops::refuse_loops;
 pub use loops::replay_loop;
@@ -324,8 +328,8 @@ impl Settings {
 
 impl WorkerSettings {
     fn validate(&self) -> Result<(), ConfigError> {
-        positive("worker.concurrency", self.concurrency)?;
-        positive("worker.batch_size", self.batch_size)?;
+        count("worker.concurrency", self.concurrency, MAX_CONCURRENCY)?;
+        count("worker.batch_size", self.batch_size, MAX_BATCH)?;
         within("worker.lease", self.lease, ONE_DAY)?;
         nonzero("worker.heartbeat", self.heartbeat)?;
         within("worker.poll_interval", self.poll_interval, ONE_HOUR)?;
@@ -374,7 +378,7 @@ impl DatabaseSettings {
     fn validate(&self) -> Result<(), ConfigError> {
         self.connect_options()?;
         checks::schema_name(&self.schema)?;
-        positive("database.max_connections", self.max_connections)?;
+        count("database.max_connections", self.max_connections, MAX_POOL)?;
         within("database.connect_timeout", self.connect_timeout, ONE_HOUR)
     }
 
@@ -413,6 +417,25 @@ fn positive(key: &str, value: u32) -> Result<(), ConfigError> {
     }
     Ok(())
 }
+
+/// Refuses a count of 0 or above `max`: a member allocates for it at start.
+fn count(key: &str, value: u32, max: u32) -> Result<(), ConfigError> {
+    positive(key, value)?;
+    if value > max {
+        return Err(ConfigError::new(
+            key,
+            format!("must be at most {max} (got {value})"),
+        ));
+    }
+    Ok(())
+}
+
+/// The largest database pool: far above any PostgreSQL's `max_connections`.
+pub const MAX_POOL: u32 = 10_000;
+/// The largest claim batch.
+pub const MAX_BATCH: u32 = 10_000;
+/// The most tasks in flight in one member.
+pub const MAX_CONCURRENCY: u32 = 100_000;
 
 fn nonzero(key: &str, value: Duration) -> Result<(), ConfigError> {
     if value.is_zero() {

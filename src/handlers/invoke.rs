@@ -8,16 +8,11 @@ use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
 use super::{HandlerContext, HandlerError, Policy, Registered};
-use crate::store::FinishOutcome;
-use crate::task::Task;
+use crate::task::{FinishOutcome, Task};
 
 /// The longest delay before a retry: a larger backoff or Retry-After is clamped to it,
 /// so adding it to the current time can never overflow.
 pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(366 * 24 * 3600);
-
-/// How the error of an attempt made past the budget starts (the handler is not called:
-/// a lease that lapsed on the last attempt leads there). `redrive tasks check` knows it.
-pub const NO_ATTEMPTS_LEFT: &str = "no attempts left";
 
 /// How the handler answered, for a circuit breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,22 +57,22 @@ pub(crate) async fn invoke(
         .saturating_add(u32::try_from(task.attempt_grants).unwrap_or(0));
     let started_at = Utc::now();
     let clock = Instant::now();
-    let (verdict, kind) = if ctx.attempt > max_attempts {
-        let error = HandlerError::Permanent(format!(
-            "{NO_ATTEMPTS_LEFT}: attempt {} exceeds max attempts {max_attempts}",
+    let (outcome, error, kind) = if ctx.attempt > max_attempts {
+        let error = format!(
+            "no attempts left: attempt {} exceeds max attempts {max_attempts}",
             ctx.attempt
-        ));
-        (Err(error), Verdict::NotCalled)
+        );
+        (FinishOutcome::NotCalled, Some(error), Verdict::NotCalled)
     } else {
         let verdict = call(registered, ctx, task).await;
         let kind = match &verdict {
             Ok(()) | Err(HandlerError::Permanent(_)) => Verdict::Answered,
             Err(_) => Verdict::Transient,
         };
-        (verdict, kind)
+        let (outcome, error) = classify(verdict, ctx.attempt, max_attempts, policy);
+        (outcome, error, kind)
     };
     let duration = clock.elapsed();
-    let (outcome, error) = classify(verdict, ctx.attempt, max_attempts, policy);
     Attempted {
         verdict: kind,
         outcome,

@@ -8,8 +8,10 @@
 //! commit, and the group redelivers from the last committed offsets.
 
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -17,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::brake::{Paused, FOLLOW_EVERY};
 use super::context::IngestContext;
 use super::flush::{FlushError, Flusher, Offsets};
+use super::in_flight::FlushesInFlight;
 use super::{IngestError, IngestProgress};
 use crate::config::IngestSettings;
 use crate::kafka::message::Consumed;
@@ -24,7 +27,11 @@ use crate::telemetry::Metrics;
 
 /// Batches being written at once: enough to overlap one insert's commit with the next
 /// batch's round trip. Ingest holds at most this many batches plus the one being filled.
-pub(crate) const FLUSHES_IN_FLIGHT: usize = 3;
+pub const FLUSHES_IN_FLIGHT: usize = 3;
+
+/// How often the latest offsets are committed again, so that a refused commit of an
+/// idle partition is not the last word.
+const RECOMMIT_EVERY: Duration = Duration::from_secs(3);
 
 /// How long flushes still running at shutdown may take before they are abandoned.
 const SHUTDOWN_FLUSH_DEADLINE: Duration = Duration::from_secs(10);
@@ -78,6 +85,43 @@ impl Batch {
         self.linger_until = None;
         std::mem::take(&mut self.messages)
     }
+
+    /// Leaves out the messages of partitions given up in a rebalance: uncommitted, they
+    /// go to the partitions' next owner.
+    fn leave_out(&mut self, given_up: &[(String, i32)]) {
+        if given_up.is_empty() {
+            return;
+        }
+        self.messages.retain(|m| {
+            let (topic, partition) = (m.message.topic(), m.message.partition());
+            !given_up.iter().any(|(t, p)| t == topic && *p == partition)
+        });
+        self.bytes = self.messages.iter().map(Consumed::size).sum();
+        if self.messages.is_empty() {
+            self.linger_until = None;
+        }
+    }
+}
+
+/// Starts flushing `messages`, noting which partitions the flush holds until it ends.
+fn spawn_flush(
+    flusher: &Flusher,
+    in_flight: &Arc<FlushesInFlight>,
+    messages: Vec<Consumed>,
+) -> JoinHandle<Result<Offsets, FlushError>> {
+    let mut partitions: Vec<(String, i32)> = messages
+        .iter()
+        .map(|m| (m.message.topic().to_owned(), m.message.partition()))
+        .collect();
+    partitions.sort_unstable();
+    partitions.dedup();
+    let flushing = in_flight.start(partitions.into_iter());
+    let flush = flusher.clone().flush(messages);
+    tokio::spawn(async move {
+        let outcome = flush.await;
+        flushing.ended(outcome.as_ref().ok());
+        outcome
+    })
 }
 
 /// Flushes in consumption order.
@@ -105,9 +149,13 @@ pub(crate) async fn consume(
     let mut paused = Paused::default();
     let mut follow = tokio::time::interval(FOLLOW_EVERY);
     follow.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let holding = consumer.context().in_flight.clone();
+    let mut recommit = tokio::time::interval(RECOMMIT_EVERY);
+    recommit.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        batch.leave_out(&holding.take_given_up());
         if batch.is_ready() && flushes.len() < in_flight {
-            flushes.push_back(tokio::spawn(flusher.clone().flush(batch.take())));
+            flushes.push_back(spawn_flush(flusher, &holding, batch.take()));
         }
         // Lingering matters only when a flush could start once it ends: with every flush
         // slot taken, an expired linger would fire on every turn (a busy loop).
@@ -136,8 +184,12 @@ pub(crate) async fn consume(
             _ = follow.tick(), if brakes.any() => {
                 paused.apply(consumer, &flusher.routes, &brakes.engaged());
             }
+            _ = recommit.tick() => consumer.context().commit_latest_again(consumer),
             received = consumer.recv(), if !batch.is_full() => match received {
                 Ok(message) => {
+                    // A rebalance in this receive gave partitions up: their earlier
+                    // messages go now, before a message of a partition assigned since.
+                    batch.leave_out(&holding.take_given_up());
                     progress.first_consumed.get_or_init(Instant::now);
                     errors.recovered();
                     batch.push(Consumed::new(&message));
@@ -159,12 +211,14 @@ async fn finish(
     mut flushes: Flushes,
 ) {
     // The last batch starts once the others are stored, as ordered routes need.
+    batch.leave_out(&consumer.context().in_flight.take_given_up());
+    let holding = consumer.context().in_flight.clone();
     let mut last = (!batch.messages.is_empty()).then(|| batch.take());
     let deadline = tokio::time::Instant::now() + SHUTDOWN_FLUSH_DEADLINE;
     loop {
         if flushes.is_empty() {
             let Some(last) = last.take() else { return };
-            flushes.push_back(tokio::spawn(flusher.clone().flush(last)));
+            flushes.push_back(spawn_flush(flusher, &holding, last));
         }
         let flush = flushes.pop_front().expect("one flush at least");
         match tokio::time::timeout_at(deadline, flush).await {

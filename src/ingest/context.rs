@@ -1,5 +1,5 @@
-//! The ingest consumer's context: rebalance logging, and the latest commits repeated
-//! once a rebalance is over.
+//! The ingest consumer's context: rebalance logging, revoked partitions given up only
+//! after their flushes, and the latest commits repeated once a rebalance is over.
 
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{
@@ -9,8 +9,9 @@ use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
+use super::in_flight::{FlushesInFlight, REVOKED_FLUSH_WAIT};
 use crate::kafka::context::QuietContext;
 use crate::telemetry::Metrics;
 
@@ -30,6 +31,8 @@ pub(super) struct IngestContext {
     quiet: QuietContext,
     /// Where statistics go: consumer lag, and the brokers' reachability.
     metrics: Metrics,
+    /// The flushes running per partition: a revoked partition waits for its own.
+    pub(super) in_flight: Arc<FlushesInFlight>,
 }
 
 impl IngestContext {
@@ -40,6 +43,19 @@ impl IngestContext {
             committing: Mutex::default(),
             quiet: QuietContext::default(),
             metrics,
+            in_flight: Arc::default(),
+        }
+    }
+
+    /// Commits the latest offsets of the partitions still held again. librdkafka reports
+    /// no result for the consume loop's asynchronous commits, and a refused one is not
+    /// retried; an idle partition has no later batch whose commit would cover it, so
+    /// the loop calls this now and then (as Kafka's auto-commit repeats its commits).
+    /// Never an older offset than one sent before: the latest is the highest.
+    pub(super) fn commit_latest_again(&self, consumer: &impl Consumer<Self>) {
+        match consumer.assignment() {
+            Ok(held) => self.commit_again(consumer, &held),
+            Err(error) => tracing::debug!(%error, "cannot read the assignment to commit again"),
         }
     }
 
@@ -70,7 +86,7 @@ impl IngestContext {
     }
 
     /// Commits the remembered offsets of the partitions in `held`; forgets the others.
-    fn commit_again(&self, consumer: &BaseConsumer<Self>, held: &TopicPartitionList) {
+    fn commit_again(&self, consumer: &impl Consumer<Self>, held: &TopicPartitionList) {
         let mut tpl = TopicPartitionList::new();
         {
             let mut committing = self.committing.lock().expect("not poisoned");
@@ -87,10 +103,60 @@ impl IngestContext {
         if tpl.count() == 0 {
             return;
         }
-        tracing::debug!(partitions = %describe(&tpl), "committing the latest offsets again after the rebalance");
+        tracing::debug!(partitions = %describe(&tpl), "committing the latest offsets again");
         if let Err(error) = consumer.commit(&tpl, CommitMode::Async) {
             tracing::warn!(%error, "offset commit failed; the messages will be redelivered and deduplicated");
         }
+    }
+}
+
+impl IngestContext {
+    /// Waits (bounded) for the flushes holding `revoked` partitions, then commits what
+    /// they stored before the partitions go to their next owner.
+    fn commit_flushed(&self, consumer: &BaseConsumer<Self>, revoked: &TopicPartitionList) {
+        let partitions: Vec<(String, i32)> = revoked
+            .elements()
+            .iter()
+            .map(|e| (e.topic().to_owned(), e.partition()))
+            .collect();
+        let wait = if self.in_flight.holds_any(&partitions) {
+            tracing::info!(partitions = %describe(revoked), "waiting for the revoked partitions' batches to be stored");
+            REVOKED_FLUSH_WAIT
+        } else {
+            std::time::Duration::ZERO
+        };
+        let committable = give_up_blocking(&self.in_flight, &partitions, wait);
+        let mut tpl = TopicPartitionList::new();
+        for ((topic, partition), next) in committable {
+            if let Err(error) = tpl.add_partition_offset(&topic, partition, Offset::Offset(next)) {
+                tracing::warn!(%error, "bad offset");
+            }
+        }
+        if tpl.count() == 0 {
+            return;
+        }
+        if let Err(error) = consumer.commit(&tpl, CommitMode::Sync) {
+            tracing::warn!(%error, "committing the revoked partitions' offsets failed; their new owner gets the messages again and deduplicates them");
+        }
+    }
+}
+
+/// [`FlushesInFlight::give_up`] from the consume loop's thread, which the flushes do not
+/// need: on a multi-threaded runtime its other tasks move to another thread while it
+/// blocks. A current-thread runtime cannot run the flushes meanwhile, so there it does
+/// not wait (as in tests that run a member inside one).
+fn give_up_blocking(
+    in_flight: &FlushesInFlight,
+    partitions: &[(String, i32)],
+    wait: std::time::Duration,
+) -> BTreeMap<(String, i32), i64> {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|handle| handle.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => {
+            tokio::task::block_in_place(|| in_flight.give_up(partitions, wait))
+        }
+        Ok(_) => in_flight.give_up(partitions, std::time::Duration::ZERO),
+        Err(_) => in_flight.give_up(partitions, wait),
     }
 }
 
@@ -136,6 +202,9 @@ impl ConsumerContext for IngestContext {
                     partitions = %describe(tpl),
                     "partitions revoked"
                 );
+                if !consumer.assignment_lost() {
+                    self.commit_flushed(consumer, tpl);
+                }
                 self.forget(tpl);
             }
             Rebalance::Assign(tpl) => {

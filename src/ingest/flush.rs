@@ -1,26 +1,23 @@
-//! Persisting one batch of consumed messages: run process-mode handlers, insert the
-//! tasks, and only then report the offsets that may be committed.
+//! Persisting one batch of consumed messages: map each to its route's task, let process
+//! mode run its handlers inline ([`ProcessMode`]), insert the tasks, and only then
+//! report the offsets that may be committed.
 
-use futures::stream::{self, StreamExt};
 use rdkafka::message::Message;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::brake::Brakes;
-use super::breakers::InlineBreakers;
+use super::mapping::{append_note, minimal_form, to_task};
+use super::process::{Mapped, ProcessMode};
 use super::routes::RouteTable;
-use crate::config::{IngestSettings, RouteMode, RouteSettings};
+use crate::config::IngestSettings;
 use crate::finals::Finals;
-use crate::handlers::invoke::invoke;
-use crate::handlers::{HandlerContext, Registered};
-use crate::kafka::message::{minimal_form, to_task, with_payload, Consumed};
-use crate::store::{Enqueued, FinishOutcome, Store, StoreError};
-use crate::task::{InlineAttempt, NewTask, Status, TaskId};
-use crate::telemetry::{log_attempt, AttemptLine, Metrics};
-use tracing::Instrument;
+use crate::kafka::message::Consumed;
+use crate::store::{Enqueued, Store, StoreError};
+use crate::task::{NewTask, Status, TaskId};
+use crate::telemetry::Metrics;
 
 /// Next offset to commit per (topic, partition).
 pub(crate) type Offsets = BTreeMap<(String, i32), i64>;
@@ -43,45 +40,16 @@ pub enum FlushError {
     DigestCollision(String),
 }
 
-/// A consumed message on its way to becoming a task, with its place in the batch.
-struct Pending {
-    index: usize,
-    message: Consumed,
-    route: Arc<RouteSettings>,
-    task: NewTask,
-    /// Whether a task records this message already (a redelivery), if known.
-    recorded: Option<bool>,
-}
-
-/// The order keys with an open task.
-enum OpenKeys {
-    /// These.
-    Some(HashSet<Vec<u8>>),
-    /// Unknown (the database did not answer): all of them, to be safe.
-    All,
-}
-
-impl OpenKeys {
-    fn contains(&self, key: &[u8]) -> bool {
-        match self {
-            OpenKeys::Some(keys) => keys.contains(key),
-            OpenKeys::All => true,
-        }
-    }
-}
-
 /// What a flush needs; cheap to clone into a spawned task.
 #[derive(Clone)]
 pub(crate) struct Flusher {
     pub(crate) store: Store,
     pub(crate) brakes: Arc<Brakes>,
-    pub(crate) breakers: Arc<InlineBreakers>,
     pub(crate) routes: Arc<RouteTable>,
-    pub(crate) handlers: Arc<BTreeMap<String, Registered>>,
     pub(crate) limits: IngestSettings,
     pub(crate) metrics: Metrics,
-    pub(crate) worker_id: String,
     pub(crate) finals: Finals,
+    pub(crate) process: Arc<ProcessMode>,
 }
 
 impl Flusher {
@@ -100,250 +68,36 @@ impl Flusher {
                 .or_insert(0);
             *next = (*next).max(m.offset() + 1);
         }
-        let tasks = self.to_tasks(messages).await?;
+        let tasks = self.process.tasks(self.map(messages)?).await;
         if !tasks.is_empty() {
             self.insert(tasks).await?;
         }
         Ok(offsets)
     }
 
-    /// Capture-mode messages become tasks; process-mode ones only if their handler
-    /// fails. Inline attempts share the batch's time budget. The process-mode messages
-    /// of one order key (`ordering = "key"`) run one after another: after one fails, or
-    /// while the key has an open task, the rest are stored unattempted, to wait their turn.
-    async fn to_tasks(&self, messages: Vec<Consumed>) -> Result<Vec<NewTask>, FlushError> {
-        let mut units: Vec<Vec<Pending>> = Vec::new();
-        let mut unit_of_key: HashMap<Vec<u8>, usize> = HashMap::new();
-        for (index, message) in messages.into_iter().enumerate() {
-            let m = &message.message;
-            let Some(route) = self.routes.route_for(m.topic()) else {
-                return Err(FlushError::Unrouted {
-                    topic: m.topic().to_owned(),
-                    partition: m.partition(),
-                    offset: m.offset(),
-                });
-            };
-            let route = route.clone();
-            let task = to_task(&message, &route, &self.limits);
-            let ordered_key = match route.mode {
-                RouteMode::Process => task.order_key.clone(),
-                RouteMode::Capture => None,
-            };
-            let pending = Pending {
-                index,
-                message,
-                route,
-                task,
-                recorded: Some(false),
-            };
-            match ordered_key {
-                Some(key) => {
-                    let unit = *unit_of_key.entry(key).or_insert_with(|| {
-                        units.push(Vec::new());
-                        units.len() - 1
+    /// Each message with its route and its task; a message no route claims fails the
+    /// batch.
+    fn map(&self, messages: Vec<Consumed>) -> Result<Vec<Mapped>, FlushError> {
+        messages
+            .into_iter()
+            .map(|message| {
+                let m = &message.message;
+                let Some(route) = self.routes.route_for(m.topic()) else {
+                    return Err(FlushError::Unrouted {
+                        topic: m.topic().to_owned(),
+                        partition: m.partition(),
+                        offset: m.offset(),
                     });
-                    units[unit].push(pending);
-                }
-                None => units.push(vec![pending]),
-            }
-        }
-        let (open, ()) = tokio::join!(
-            self.open_order_keys(unit_of_key.into_keys().collect()),
-            self.mark_recorded(&mut units),
-        );
-        let deadline = Instant::now() + self.limits.process_budget;
-        let concurrency = self.limits.process_concurrency as usize;
-        let mut outcomes: Vec<(usize, NewTask)> = stream::iter(units)
-            .map(|unit| self.unit_to_tasks(unit, &open, deadline))
-            .buffered(concurrency)
-            .flat_map(stream::iter)
+                };
+                let route = route.clone();
+                let task = to_task(&message, &route, &self.limits);
+                Ok(Mapped {
+                    message,
+                    route,
+                    task,
+                })
+            })
             .collect()
-            .await;
-        // Stored in the order consumed: a key's tasks queue by id.
-        outcomes.sort_unstable_by_key(|(index, _)| *index);
-        Ok(outcomes.into_iter().map(|(_, task)| task).collect())
-    }
-
-    /// The order keys among `keys` that have an open task: their messages must not run
-    /// inline. Should the database not answer, every key counts as open (the messages
-    /// are stored, and held only if a task is open indeed).
-    async fn open_order_keys(&self, keys: Vec<Vec<u8>>) -> OpenKeys {
-        if keys.is_empty() {
-            return OpenKeys::Some(HashSet::new());
-        }
-        match self.store.open_order_keys(&keys).await {
-            Ok(open) => OpenKeys::Some(open.into_iter().collect()),
-            Err(error) => {
-                tracing::warn!(%error, "could not read the open tasks of ordered keys; \
-                    storing their messages without an inline attempt");
-                OpenKeys::All
-            }
-        }
-    }
-
-    /// Marks the process-mode messages that a task records already: redelivered after
-    /// a crash, a rebalance or an offset reset. They were handled (their task says how)
-    /// and must not run inline again, after newer messages of their key, with a failure
-    /// that would have nowhere to go. Should the database not answer, none is known to
-    /// be new: they are stored unattempted, for the pool.
-    async fn mark_recorded(&self, units: &mut [Vec<Pending>]) {
-        let mut process: Vec<&mut Pending> = (units.iter_mut().flatten())
-            .filter(|p| p.route.mode == RouteMode::Process)
-            .collect();
-        if process.is_empty() {
-            return;
-        }
-        let tasks: Vec<&NewTask> = process.iter().map(|p| &p.task).collect();
-        match self.store.recorded(&tasks).await {
-            Ok(recorded) => {
-                for (i, pending) in process.iter_mut().enumerate() {
-                    pending.recorded = Some(recorded.contains(&i));
-                }
-            }
-            Err(error) => {
-                tracing::warn!(%error, "could not tell redelivered process-mode messages \
-                    from new ones; storing them without an inline attempt");
-                for pending in process {
-                    pending.recorded = None;
-                }
-            }
-        }
-    }
-
-    /// The tasks of one unit (one message, or the process-mode messages of one order
-    /// key, in offset order), each with its index in the batch.
-    async fn unit_to_tasks(
-        &self,
-        unit: Vec<Pending>,
-        open: &OpenKeys,
-        deadline: Instant,
-    ) -> Vec<(usize, NewTask)> {
-        let mut waiting = unit
-            .first()
-            .and_then(|p| p.task.order_key.as_ref())
-            .is_some_and(|key| open.contains(key));
-        let mut tasks = Vec::new();
-        for Pending {
-            index,
-            message,
-            route,
-            mut task,
-            recorded,
-        } in unit
-        {
-            let stored = match (route.mode, recorded) {
-                (RouteMode::Capture, _) => Some(task),
-                (RouteMode::Process, Some(true)) => {
-                    // Its task decides what happens to it, and to its key's next ones.
-                    self.count(&route, "redelivered");
-                    None
-                }
-                (RouteMode::Process, None) => {
-                    task.failure.ingest_note = Some(append_note(
-                        task.failure.ingest_note.take(),
-                        "not attempted inline: whether it was already recorded could not be read",
-                    ));
-                    self.count(&route, "deferred");
-                    Some(task)
-                }
-                (RouteMode::Process, Some(false)) if waiting => {
-                    task.failure.ingest_note = Some(append_note(
-                        task.failure.ingest_note.take(),
-                        "not attempted inline: an earlier failure of its key is open (ordering = \"key\")",
-                    ));
-                    self.count(&route, "deferred");
-                    Some(task)
-                }
-                (RouteMode::Process, Some(false)) => {
-                    self.process(&message, &route, task, deadline).await
-                }
-            };
-            if let Some(task) = stored {
-                waiting |= task.status == Status::Failed;
-                tasks.push((index, task));
-            }
-        }
-        tasks
-    }
-
-    /// Runs the route's handler on a message (the whole message, even one too large to
-    /// store) through the same invocation as the worker pool. Success stores nothing; a
-    /// failure becomes a task with the verdict kept: retry at the time it says, or a
-    /// permanent failure at once. A message the budget left no time for is stored
-    /// unattempted, for the pool.
-    async fn process(
-        &self,
-        message: &Consumed,
-        route: &RouteSettings,
-        mut task: NewTask,
-        deadline: Instant,
-    ) -> Option<NewTask> {
-        let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-            task.failure.ingest_note = Some(append_note(
-                task.failure.ingest_note.take(),
-                "not attempted inline: the batch's time budget (ingest.process_budget) ran out",
-            ));
-            self.count(route, "deferred");
-            return Some(task);
-        };
-        if !self.breakers.allows(&route.handler) {
-            task.failure.ingest_note = Some(append_note(
-                task.failure.ingest_note.take(),
-                "not attempted inline: the handler's circuit breaker is open",
-            ));
-            self.count(route, "deferred");
-            return Some(task);
-        }
-        let mut registered = self.handlers[&route.handler].clone();
-        registered.policy = registered.policy.for_route(route);
-        registered.policy.timeout = registered.policy.timeout.min(left.max(MIN_INLINE_TIME));
-        let preview = with_payload(&task, message).unsaved();
-        let ctx = HandlerContext::new(self.worker_id.clone(), 1, CancellationToken::new());
-        let span = tracing::info_span!(
-            "attempt",
-            task_id = tracing::field::Empty,
-            handler = %route.handler,
-            attempt = 1,
-            route = %route.name,
-            correlation_id = task.failure.correlation_id.as_deref(),
-        );
-        let attempted = invoke(&registered, &ctx, &preview).instrument(span).await;
-        log_attempt(&AttemptLine {
-            task_id: None,
-            handler: &route.handler,
-            attempt: 1,
-            route: Some(&route.name),
-            correlation_id: task.failure.correlation_id.as_deref(),
-            outcome: attempted.outcome,
-            error: attempted.error.as_deref(),
-        });
-        task.attempts = 1;
-        let outcome = match attempted.outcome {
-            FinishOutcome::Resolved => {
-                self.count(route, "processed");
-                self.brakes.record(&route.name, false).await;
-                return None;
-            }
-            FinishOutcome::Retry { at } => {
-                task.next_attempt_at = Some(at);
-                "retry"
-            }
-            FinishOutcome::PermanentFailure => {
-                task.status = Status::PermanentFailure;
-                "permanent_failure"
-            }
-        };
-        self.brakes.record(&route.name, true).await;
-        task.failure.error_message = attempted.error.clone();
-        task.inline_attempt = Some(InlineAttempt {
-            worker: self.worker_id.clone(),
-            started_at: attempted.started_at,
-            duration_ms: i32::try_from(attempted.duration.as_millis()).unwrap_or(i32::MAX),
-            outcome: outcome.to_owned(),
-            error: attempted.error,
-            compensate: registered.handler.compensates(),
-        });
-        Some(task)
     }
 
     /// Inserts until it works. Rows the database refuses as data go in one by one, and
@@ -454,17 +208,7 @@ impl Flusher {
             }
         }
     }
-
-    fn count(&self, route: &RouteSettings, outcome: &str) {
-        self.metrics
-            .ingested
-            .with_label_values(&[&route.name, outcome])
-            .inc();
-    }
 }
-
-/// The shortest time an inline attempt gets, even when the budget is nearly spent.
-const MIN_INLINE_TIME: Duration = Duration::from_millis(100);
 
 /// `task`, whose coordinates already belong to task `existing` with other content, under
 /// a dedup key that also carries its content digest: its redelivery still finds it.
@@ -479,13 +223,6 @@ fn collision(mut task: NewTask, existing: TaskId) -> NewTask {
     task
 }
 
-fn append_note(note: Option<String>, more: &str) -> String {
-    match note {
-        Some(note) => format!("{note}; {more}"),
-        None => more.to_owned(),
-    }
-}
-
 /// A refusal of the data itself (SQLSTATE class 22 or 54), as opposed to an outage.
 fn is_data_error(error: &StoreError) -> bool {
     let StoreError::Database(sqlx::Error::Database(db)) = error else {
@@ -498,7 +235,8 @@ fn is_data_error(error: &StoreError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::RouteSettings;
+    use crate::config::{RouteMode, RouteSettings};
+    use crate::resilience::follower::BreakerFollower;
 
     /// Regression: a message on a topic that no route claimed was logged and dropped,
     /// and its offset committed. It is an error now, and the batch reports no offsets.
@@ -508,17 +246,34 @@ mod tests {
         route.name = "orders".into();
         route.pattern = Some("orders".into());
         let store = Store::unreachable_for_test();
-        let brakes = Brakes::new(store.clone(), Metrics::new(), "test".into(), &[]);
+        let brakes = Arc::new(Brakes::new(
+            store.clone(),
+            Metrics::new(),
+            "test".into(),
+            &[],
+        ));
         let flusher = Flusher {
-            store,
-            brakes: Arc::new(brakes),
-            breakers: Arc::default(),
+            store: store.clone(),
+            brakes: brakes.clone(),
             routes: Arc::new(RouteTable::new(vec![route])),
-            handlers: Arc::default(),
             limits: IngestSettings::default(),
             metrics: Metrics::new(),
-            worker_id: "test".into(),
             finals: Finals::default(),
+            process: Arc::new(ProcessMode {
+                store,
+                brakes,
+                breakers: Arc::new(BreakerFollower::new(
+                    Store::unreachable_for_test(),
+                    Metrics::new(),
+                    &BTreeMap::new(),
+                    &[],
+                    [],
+                )),
+                handlers: Arc::default(),
+                limits: IngestSettings::default(),
+                metrics: Metrics::new(),
+                worker_id: "test".into(),
+            }),
         };
         let stray = Consumed::for_test(10); // on topic "test"
         let outcome = flusher.flush(vec![stray]).await;

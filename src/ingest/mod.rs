@@ -3,12 +3,15 @@
 //! committed; redelivered messages find their task by source coordinates.
 
 mod brake;
-mod breakers;
 mod consume;
 mod context;
 mod flush;
+mod in_flight;
+mod mapping;
+mod process;
 mod routes;
 
+pub use consume::FLUSHES_IN_FLIGHT;
 pub use flush::FlushError;
 
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -19,15 +22,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::parts::Watch;
 
-use crate::config::{IngestSettings, KafkaSettings, RouteMode, RouteSettings};
+use crate::config::{IngestSettings, KafkaSettings, RouteSettings};
 use crate::finals::Finals;
 use crate::handlers::Registered;
 use crate::kafka::{consumer_config, redact_error};
+use crate::resilience::follower::BreakerFollower;
 use crate::store::Store;
 use crate::telemetry::Metrics;
 use brake::Brakes;
 use context::IngestContext;
 use flush::Flusher;
+use process::ProcessMode;
 use routes::RouteTable;
 
 /// Why ingest stopped.
@@ -42,7 +47,7 @@ pub enum IngestError {
     /// Writing a batch failed unexpectedly (a bug): later offsets must not be committed.
     #[error("a batch could not be persisted ({0}); no later offset is committed")]
     FlushFailed(String),
-    /// A follower of the fleet's brakes or breakers panicked (a bug): ingest stopped.
+    /// The follower of the fleet's brakes panicked (a bug): ingest stopped.
     #[error("a part of ingest panicked: {0}")]
     PartDied(String),
 }
@@ -63,28 +68,44 @@ pub struct Ingest {
 }
 
 impl Ingest {
-    /// An ingest for validated `routes` whose handlers are in `handlers`.
-    pub fn new(
+    /// An ingest for validated `routes` whose handlers are in `handlers`; process mode
+    /// calls them inline while `breakers` (the member's follower, run by the member)
+    /// says their breaker is closed.
+    pub(crate) fn new(
         store: Store,
         kafka: KafkaSettings,
         limits: IngestSettings,
         routes: Vec<RouteSettings>,
         handlers: Arc<BTreeMap<String, Registered>>,
         metrics: Metrics,
-        worker_id: String,
+        breakers: Arc<BreakerFollower>,
     ) -> Ingest {
-        let brakes = Brakes::new(store.clone(), metrics.clone(), worker_id.clone(), &routes);
+        // Who made an inline attempt, in the attempt history.
+        let worker_id = format!("ingest-{}", std::process::id());
+        let brakes = Arc::new(Brakes::new(
+            store.clone(),
+            metrics.clone(),
+            worker_id.clone(),
+            &routes,
+        ));
+        let process = ProcessMode {
+            store: store.clone(),
+            brakes: brakes.clone(),
+            breakers,
+            handlers,
+            limits: limits.clone(),
+            metrics: metrics.clone(),
+            worker_id,
+        };
         Ingest {
             flusher: Flusher {
                 store,
-                brakes: Arc::new(brakes),
-                breakers: Arc::default(),
+                brakes,
                 routes: Arc::new(RouteTable::new(routes)),
-                handlers,
                 limits: limits.clone(),
                 metrics,
-                worker_id,
                 finals: Finals::default(),
+                process: Arc::new(process),
             },
             kafka,
             limits,
@@ -120,18 +141,6 @@ impl Ingest {
             let stop = stop_following.clone();
             watch.spawn("brake follower", async move { brakes.follow(stop).await })
         });
-        let process_mode = self
-            .flusher
-            .routes
-            .all()
-            .any(|r| r.mode == RouteMode::Process);
-        let breakers = process_mode.then(|| {
-            let (breakers, store) = (self.flusher.breakers.clone(), self.flusher.store.clone());
-            let stop = stop_following.clone();
-            watch.spawn("breaker follower", async move {
-                breakers.follow(&store, stop).await
-            })
-        });
         let outcome = consume::consume(
             &consumer,
             &self.flusher,
@@ -141,9 +150,9 @@ impl Ingest {
         )
         .await;
         stop_following.cancel();
-        for follower in following.into_iter().chain(breakers) {
+        if let Some(following) = following {
             // A panic is in `watch`.
-            let _ = follower.await;
+            let _ = following.await;
         }
         let outcome = match (outcome, watch.failure()) {
             (Ok(()), Some(died)) => Err(IngestError::PartDied(died)),

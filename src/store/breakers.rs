@@ -15,8 +15,8 @@ use std::time::Duration;
 use super::lease::DUE_ORDER;
 use super::operate::Operator;
 use super::{Result, Store, StoreError};
-use crate::breaker::{Breaker, BreakerState, Tally, Transition};
 use crate::config::BreakerSettings;
+use crate::resilience::breaker::{Breaker, BreakerState, Tally, Transition};
 use crate::task::Task;
 
 const PUSH: &str = "UPDATE recovery_task SET next_attempt_at = $2, updated_at = now() \
@@ -89,15 +89,6 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(breaker_from_row).collect()
-    }
-
-    /// The handlers whose breaker is open or half-open.
-    pub async fn unclosed_breakers(&self) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar(
-            "SELECT handler FROM recovery_breaker WHERE state <> 'closed' ORDER BY handler",
-        )
-        .fetch_all(&self.pool)
-        .await?)
     }
 
     /// Applies a member's tally of `handler`'s calls; returns the breaker after it and

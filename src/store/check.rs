@@ -8,8 +8,7 @@ use sqlx::Row;
 
 use super::members::MEMBER_LIVE_WITHIN;
 use super::{Result, Store};
-use crate::handlers::invoke::NO_ATTEMPTS_LEFT;
-use crate::task::TaskId;
+use crate::task::{AttemptOutcome, TaskId};
 
 /// Violations reported per kind at most (the count says how many there are).
 const SHOWN_PER_KIND: i64 = 100;
@@ -73,9 +72,11 @@ pub struct CheckReport {
 #[derive(Clone, Copy, PartialEq)]
 enum Params {
     None,
-    /// `$1`..`$6`: the budgets ([`Budgets::bind`]), and the error of an attempt refused
-    /// for want of budget.
+    /// `$1`..`$6`: the budgets ([`Budgets::bind`]), and the outcomes of a call the
+    /// handler answered ([`AttemptOutcome::answered`]).
     Budgets,
+    /// `$1`: the outcomes of counted attempts ([`AttemptOutcome::counted`]).
+    Counted,
     /// `$1`: seconds a lease may be past its deadline; `$2`: how recent "live" is.
     Liveness,
 }
@@ -128,8 +129,7 @@ const CHECKS: [(&str, &str, Params); 10] = [
              FROM recovery_task t) \
          SELECT b.id, 'handler called on attempt ' || a.attempt || ' of ' || b.allowed || ' allowed' \
          FROM budgeted b JOIN recovery_attempt a ON a.task_id = b.id \
-         WHERE a.outcome IN ('resolved', 'retry', 'permanent_failure') AND a.attempt > b.allowed \
-           AND coalesce(a.error, '') NOT LIKE $6 || '%' \
+         WHERE a.outcome = ANY($6) AND a.attempt > b.allowed \
          UNION ALL \
          SELECT id, attempts || ' attempts counted, ' || allowed || ' allowed (one more may end it unrun)' \
          FROM budgeted WHERE attempts > allowed + 1",
@@ -141,10 +141,10 @@ const CHECKS: [(&str, &str, Params); 10] = [
                 CASE WHEN t.lease_owner IS NULL THEN '' ELSE ' (one running)' END || \
                 ', ' || count(a.task_id) || ' finished in the history' \
          FROM recovery_task t LEFT JOIN recovery_attempt a ON a.task_id = t.id \
-              AND a.outcome <> 'released' AND a.outcome NOT LIKE 'operator\\_%' \
+              AND a.outcome = ANY($1) \
          GROUP BY t.id \
          HAVING count(a.task_id) <> t.attempts - CASE WHEN t.lease_owner IS NULL THEN 0 ELSE 1 END",
-        Params::None
+        Params::Counted
     ),
     (
         "duplicate_dedup_key",
@@ -175,7 +175,10 @@ impl Store {
             let q = sqlx::query(&statement);
             let q = match params {
                 Params::None => q,
-                Params::Budgets => budgets.bind(q).bind(NO_ATTEMPTS_LEFT),
+                Params::Budgets => budgets
+                    .bind(q)
+                    .bind(AttemptOutcome::values_where(AttemptOutcome::answered)),
+                Params::Counted => q.bind(AttemptOutcome::values_where(AttemptOutcome::counted)),
                 Params::Liveness => q
                     .bind(EXPIRED_LEASE_GRACE_SECONDS)
                     .bind(MEMBER_LIVE_WITHIN.as_secs_f64()),

@@ -9,9 +9,8 @@ use serde::Serialize;
 use sqlx::Row;
 use std::time::Duration;
 
-use super::lease::{millis, split};
 use super::query::attempts_from_rows;
-use super::row::task_from_row;
+use super::row::{decode_one, Unreadable};
 use super::{Attempt, Result, Store};
 use crate::task::{Lease, Task, TaskId};
 
@@ -132,7 +131,7 @@ UPDATE recovery_compensation c
 SET due_at = now() + $3 * interval '1 millisecond'
 FROM unnest($1::bigint[], $2::bigint[]) AS l(task_id, version)
 WHERE c.task_id = l.task_id AND c.version = l.version AND c.state = 'pending'
-RETURNING c.task_id, c.version
+RETURNING c.task_id AS id, c.version
 "#;
 
 // A call interrupted at shutdown gives its claim back: due now, under a new version. The
@@ -169,11 +168,17 @@ pub struct CompensationResult {
 }
 
 impl Store {
-    /// Claims up to `limit` due compensations of `handlers` for `lease`.
+    /// Claims up to `limit` due compensations of `handlers` for `worker`, for `lease`.
+    ///
+    /// A claimed compensation whose task's row cannot be read (say, malformed stored
+    /// headers) is not returned: it ends `failed` under its claim, with the reason as its
+    /// error and its history row, so it neither holds up the rest of its batch nor comes
+    /// back.
     pub async fn claim_compensations(
         &self,
         handlers: &[String],
         limit: i64,
+        worker: &str,
         lease: Duration,
     ) -> Result<Vec<Compensating>> {
         let rows = sqlx::query(CLAIM)
@@ -182,15 +187,45 @@ impl Store {
             .bind(lease.as_millis() as f64)
             .fetch_all(&self.pool)
             .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(Compensating {
-                    task: task_from_row(row)?,
+        let mut claimed = Vec::with_capacity(rows.len());
+        let mut unreadable = Vec::new();
+        for row in &rows {
+            match decode_one(row, "compensation_version")? {
+                Ok(task) => claimed.push(Compensating {
+                    task,
                     version: row.try_get("compensation_version")?,
                     attempt: row.try_get("compensation_attempt")?,
-                })
-            })
-            .collect()
+                }),
+                Err(row) => unreadable.push(row),
+            }
+        }
+        for row in &unreadable {
+            self.end_unreadable_compensation(worker, row).await;
+        }
+        Ok(claimed)
+    }
+
+    /// Ends a claimed compensation whose task cannot be read as `failed`: nothing can be
+    /// called to undo a task that cannot be read. Should the write fail, the
+    /// compensation comes back when its claim lapses and is ended then.
+    async fn end_unreadable_compensation(&self, worker: &str, row: &Unreadable) {
+        tracing::error!(task = %row.lease.id, reason = %row.reason,
+            "claimed compensation's task cannot be read; ending the compensation as failed");
+        let result = CompensationResult {
+            task_id: row.lease.id,
+            version: row.lease.version,
+            outcome: CompensationOutcome::Failed,
+            started_at: Utc::now(),
+            duration: Duration::ZERO,
+            error: Some(format!(
+                "not compensated: the task's row cannot be read ({})",
+                row.reason
+            )),
+        };
+        if let Err(error) = self.finish_compensation(worker, &result).await {
+            tracing::warn!(task = %row.lease.id, %error,
+                "could not end a compensation whose task cannot be read; it comes back after its claim");
+        }
     }
 
     /// Writes a compensation attempt's result; false when its claim is stale (another
@@ -226,24 +261,7 @@ impl Store {
         claims: &[Lease],
         lease: Duration,
     ) -> Result<Vec<Lease>> {
-        if claims.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (ids, versions) = split(claims);
-        let rows = sqlx::query(EXTEND)
-            .bind(ids)
-            .bind(versions)
-            .bind(millis(lease))
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(Lease {
-                    id: TaskId(r.try_get("task_id")?),
-                    version: r.try_get("version")?,
-                })
-            })
-            .collect()
+        self.extend_leases(EXTEND, claims, lease).await
     }
 
     /// Gives back the claim of a compensation interrupted (at shutdown) after running

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use super::row::{task_from_row, tasks_from_rows};
 use super::{Result, Store, StoreError};
 use crate::headers;
-use crate::task::{InlineAttempt, NewTask, Task, TaskId};
+use crate::task::{AttemptOutcome, InlineAttempt, NewTask, Task, TaskId};
 
 /// What enqueueing one task did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +99,36 @@ impl Store {
         .bind(keys)
         .fetch_all(&self.pool)
         .await?)
+    }
+
+    /// For each (order key, topic, partition) of `keys`, the newest source offset of a
+    /// task of that key from that partition, where there is one.
+    pub async fn newest_ordered_offsets(
+        &self,
+        keys: &[(Vec<u8>, String, i32)],
+    ) -> Result<HashMap<(Vec<u8>, String, i32), i64>> {
+        if keys.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let order_keys: Vec<&[u8]> = keys.iter().map(|(key, _, _)| key.as_slice()).collect();
+        let topics: Vec<&str> = keys.iter().map(|(_, topic, _)| topic.as_str()).collect();
+        let partitions: Vec<i32> = keys.iter().map(|(_, _, partition)| *partition).collect();
+        let rows: Vec<(Vec<u8>, String, i32, Option<i64>)> = sqlx::query_as(
+            "SELECT k.order_key, k.topic, k.partition, \
+                    (SELECT max(t.source_offset) FROM recovery_task t \
+                     WHERE t.order_key = k.order_key AND t.source_topic = k.topic \
+                       AND t.source_partition = k.partition) \
+             FROM unnest($1::bytea[], $2::text[], $3::int[]) AS k(order_key, topic, partition)",
+        )
+        .bind(&order_keys)
+        .bind(&topics)
+        .bind(&partitions)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(key, topic, partition, newest)| Some(((key, topic, partition), newest?)))
+            .collect())
     }
 
     /// Which of `tasks` are recorded already: a task holds the same message under its
@@ -393,7 +423,13 @@ async fn record_inline_attempts(
         .await?;
     let compensated: Vec<i64> = attempts
         .iter()
-        .filter(|(_, a)| a.compensate && a.outcome == "permanent_failure")
+        .filter(|(_, a)| {
+            a.compensate
+                && matches!(
+                    a.outcome,
+                    AttemptOutcome::PermanentFailure | AttemptOutcome::NotCalled
+                )
+        })
         .map(|(id, _)| id.0)
         .collect();
     if !compensated.is_empty() {

@@ -6,40 +6,7 @@ use sqlx::Row;
 use std::time::Duration;
 
 use super::{Result, Store};
-use crate::task::{Lease, TaskId};
-
-/// What an attempt decided for its task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishOutcome {
-    /// The handler succeeded: the task is RESOLVED.
-    Resolved,
-    /// Try again at the given time.
-    Retry {
-        /// When the next attempt is due.
-        at: DateTime<Utc>,
-    },
-    /// No more attempts: the task is PERMANENT_FAILURE.
-    PermanentFailure,
-}
-
-impl FinishOutcome {
-    fn status(self) -> &'static str {
-        match self {
-            FinishOutcome::Resolved => "resolved",
-            FinishOutcome::Retry { .. } => "failed",
-            FinishOutcome::PermanentFailure => "permanent_failure",
-        }
-    }
-
-    /// The outcome as written to the attempt history.
-    pub fn history_label(self) -> &'static str {
-        match self {
-            FinishOutcome::Resolved => "resolved",
-            FinishOutcome::Retry { .. } => "retry",
-            FinishOutcome::PermanentFailure => "permanent_failure",
-        }
-    }
-}
+use crate::task::{FinishOutcome, Lease, TaskId};
 
 /// The result of one attempt, to be written under its lease.
 #[derive(Debug, Clone)]
@@ -137,7 +104,7 @@ impl Store {
             .bind(
                 results
                     .iter()
-                    .map(|r| r.outcome.status())
+                    .map(|r| r.outcome.status().as_str())
                     .collect::<Vec<_>>(),
             )
             .bind(
@@ -158,7 +125,7 @@ impl Store {
             .bind(
                 results
                     .iter()
-                    .map(|r| r.outcome.history_label())
+                    .map(|r| r.outcome.history().as_str())
                     .collect::<Vec<_>>(),
             )
             .bind(results.iter().map(|r| r.started_at).collect::<Vec<_>>())

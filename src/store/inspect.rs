@@ -5,6 +5,7 @@ use serde::Serialize;
 use sqlx::Row;
 
 use super::filter::{bind_selection, Selection, TaskFilter, CONDITION};
+use super::row::task_to_show;
 use super::{Result, Store, ORDERED_WALK};
 use crate::readable::Readable;
 use crate::task::{Status, TaskId};
@@ -244,14 +245,24 @@ pub struct TaskDetail {
     pub history: Vec<super::Attempt>,
     /// Its compensation, if its handler compensates and it ended in permanent failure.
     pub compensation: Option<super::CompensationView>,
+    /// Why the stored row cannot be read whole (its headers cannot be decoded, so none
+    /// are shown); absent when it can.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<String>,
 }
 
 impl Store {
-    /// Every field of task `id` and its history; `None` when there is no such task.
+    /// Every field of task `id` and its history; `None` when there is no such task. A
+    /// task whose stored headers cannot be decoded is shown without them, saying why.
     pub async fn detail(&self, id: TaskId) -> Result<Option<TaskDetail>> {
-        let Some(task) = self.get(id).await? else {
+        let Some(row) = sqlx::query("SELECT * FROM recovery_task WHERE id = $1")
+            .bind(id.0)
+            .fetch_optional(&self.pool)
+            .await?
+        else {
             return Ok(None);
         };
+        let (task, unreadable) = task_to_show(&row)?;
         let history = self.attempts(id).await?;
         let compensation = self.compensation(id).await?;
         let key = task.failure.key.as_deref().map(Readable::new);
@@ -278,6 +289,7 @@ impl Store {
             headers,
             history,
             compensation,
+            unreadable,
         }))
     }
 }

@@ -8,10 +8,10 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 use std::time::Duration;
 
-use super::finish::{Finish, FinishOutcome};
+use super::finish::Finish;
 use super::row::{decode_each, Unreadable};
 use super::{Result, Store};
-use crate::task::{Lease, Task, TaskId};
+use crate::task::{AttemptOutcome, FinishOutcome, Lease, Task, TaskId};
 
 // The claim and `next_due` read due tasks in due order, walking the partial index
 // `recovery_task_due`. Without fresh statistics (a burst of tasks not analyzed yet, or
@@ -26,8 +26,8 @@ pub(crate) use super::ORDERED_WALK as DUE_ORDER;
 // over once its lease has lapsed.
 //
 // A due task still leased lost its attempt when its lease lapsed (the worker died or
-// stalled): the claim that takes it over writes that attempt's history row, so the
-// history holds one row per counted attempt.
+// stalled): the claim that takes it over writes that attempt's history row (outcome `$6`,
+// `lease_expired`), so the history holds one row per counted attempt.
 const CLAIM: &str = r#"
 WITH due AS MATERIALIZED (
     SELECT id, lease_owner, lease_version, leased_at, next_attempt_at, attempts
@@ -42,7 +42,7 @@ lost AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
     SELECT id, lease_version, attempts, lease_owner, coalesce(leased_at, next_attempt_at),
            least(greatest(extract(epoch FROM next_attempt_at - leased_at) * 1000, 0), 2147483647)::int,
-           'lease_expired', 'the lease expired before the attempt was finished; the task was claimed again'
+           $6::text, 'the lease expired before the attempt was finished; the task was claimed again'
     FROM due
     WHERE lease_owner IS NOT NULL
     ON CONFLICT DO NOTHING)
@@ -66,9 +66,10 @@ UPDATE recovery_task t
 SET next_attempt_at = now() + $3 * interval '1 millisecond', updated_at = now()
 FROM unnest($1::bigint[], $2::bigint[]) AS l(id, version)
 WHERE t.id = l.id AND t.lease_version = l.version AND t.lease_owner IS NOT NULL
-RETURNING t.id, t.lease_version
+RETURNING t.id, t.lease_version AS version
 "#;
 
+// The interrupted attempt's history row has outcome `$4` (`released`).
 const RELEASE: &str = r#"
 WITH released AS (
     UPDATE recovery_task t
@@ -88,7 +89,7 @@ history AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
     SELECT id, version, attempt, $3, leased_at,
            (extract(epoch FROM now() - leased_at) * 1000)::int,
-           'released', 'lease given back on shutdown before the handler finished'
+           $4::text, 'lease given back on shutdown before the handler finished'
     FROM released)
 SELECT id FROM released
 "#;
@@ -146,6 +147,7 @@ impl Store {
             .bind(owner)
             .bind(millis(lease))
             .bind(due_by)
+            .bind(AttemptOutcome::LeaseExpired.as_str())
             .fetch_all(tx)
             .await?)
     }
@@ -197,11 +199,22 @@ impl Store {
     /// Extends the leases still held; returns the leases that were extended. A lease
     /// missing from the answer was taken over (or its task finished by someone else).
     pub async fn heartbeat(&self, leases: &[Lease], lease: Duration) -> Result<Vec<Lease>> {
+        self.extend_leases(HEARTBEAT, leases, lease).await
+    }
+
+    /// Runs `extension`, a statement extending `leases` (ids `$1`, versions `$2`) by
+    /// `lease` (`$3`, in milliseconds) that answers the extended ones as `(id, version)`.
+    pub(super) async fn extend_leases(
+        &self,
+        extension: &str,
+        leases: &[Lease],
+        lease: Duration,
+    ) -> Result<Vec<Lease>> {
         if leases.is_empty() {
             return Ok(Vec::new());
         }
         let (ids, versions) = split(leases);
-        let rows = sqlx::query(HEARTBEAT)
+        let rows = sqlx::query(extension)
             .bind(ids)
             .bind(versions)
             .bind(millis(lease))
@@ -211,7 +224,7 @@ impl Store {
             .map(|r| {
                 Ok(Lease {
                     id: TaskId(r.try_get("id")?),
-                    version: r.try_get("lease_version")?,
+                    version: r.try_get("version")?,
                 })
             })
             .collect()
@@ -228,6 +241,7 @@ impl Store {
             .bind(ids)
             .bind(versions)
             .bind(worker)
+            .bind(AttemptOutcome::Released.as_str())
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(|r| Ok(TaskId(r.try_get("id")?))).collect()

@@ -30,7 +30,7 @@ pub use compensation::{Compensating, CompensationOutcome, CompensationResult, Co
 pub use due::Due;
 pub use enqueue::{enqueue_many_in, Enqueued};
 pub use filter::{Selection, TaskFilter};
-pub use finish::{Finish, FinishOutcome};
+pub use finish::Finish;
 pub use inspect::{
     HeaderView, OldestDue, OutcomeCount, Stats, StatusCount, TaskDetail, TaskPage, TaskSummary,
     MAX_PAGE,

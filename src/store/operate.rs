@@ -21,7 +21,7 @@ use super::check::Budgets;
 use super::due::Due;
 use super::filter::{bind_selection, Selection, CONDITION};
 use super::{Result, Store, StoreError, ORDERED_WALK};
-use crate::task::{Status, TaskId};
+use crate::task::{AttemptOutcome, Status, TaskId};
 
 /// Tasks changed per transaction.
 pub const ACTION_BATCH: i64 = 500;
@@ -91,6 +91,15 @@ impl Action {
             Action::Retry { .. } => "retry",
             Action::Discard => "discard",
             Action::Resolve { .. } => "resolve",
+        }
+    }
+
+    /// The outcome of the history row it writes for each task it changes.
+    pub fn history(&self) -> AttemptOutcome {
+        match self {
+            Action::Retry { .. } => AttemptOutcome::OperatorRetry,
+            Action::Discard => AttemptOutcome::OperatorDiscard,
+            Action::Resolve { .. } => AttemptOutcome::OperatorResolve,
         }
     }
 
@@ -173,6 +182,8 @@ pub struct Applicable {
 const STARTED: &str = "(t.status IN ('permanent_failure', 'discarded') \
     AND c.attempts > 0 AND c.state <> 'cancelled')";
 
+// The history rows' outcomes are `$30` (`fenced`, for an attempt running meanwhile) and
+// `$31` (the action's own, [`Action::history`]).
 const BATCH: &str = r#"
 WITH target AS (
     SELECT id, status, lease_owner, lease_version, attempts, leased_at
@@ -195,7 +206,7 @@ interrupted AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
     SELECT id, lease_version, attempts, lease_owner, coalesce(leased_at, now()),
            least(greatest(extract(epoch FROM now() - leased_at) * 1000, 0), 2147483647)::int,
-           'fenced', 'an operator acted (' || $16 || ') while this attempt ran; its result was dropped'
+           $30::text, 'an operator acted (' || $16 || ') while this attempt ran; its result was dropped'
     FROM chosen
     WHERE lease_owner IS NOT NULL
     ON CONFLICT DO NOTHING),
@@ -238,7 +249,7 @@ cancelled AS (
     WHERE c.task_id = changed.id AND c.state = 'pending' AND $17 IN ('failed', 'resolved')),
 recorded AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
-    SELECT id, lease_version, attempts, $20, now(), 0, 'operator_' || $16, $21 FROM changed),
+    SELECT id, lease_version, attempts, $20, now(), 0, $31::text, $21 FROM changed),
 counted AS (
     UPDATE recovery_audit SET count = count + (SELECT count(*) FROM changed) WHERE id = $22)
 SELECT (SELECT max(id) FROM target) AS scanned_to, (SELECT count(*) FROM changed) AS changed,
@@ -435,6 +446,8 @@ pub(crate) async fn apply_batch(
     let row = budgets
         .bind(query)
         .bind(action.spares_compensations())
+        .bind(AttemptOutcome::Fenced.as_str())
+        .bind(action.history().as_str())
         .fetch_one(&mut *conn)
         .await?;
     Ok(Batch {

@@ -4,19 +4,39 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 
 use super::{Result, StoreError};
-use crate::headers;
+use crate::headers::{self, Header};
 use crate::task::{Failure, Lease, SourceCoordinates, Task, TaskId};
 
 /// Builds a task from a row that has every column of `recovery_task`.
 pub(crate) fn task_from_row(row: &PgRow) -> Result<Task> {
+    let headers = stored_headers(row)?;
+    task_with_headers(row, headers)
+}
+
+/// [`task_from_row`] for showing a task: a row whose stored headers cannot be decoded
+/// is read without them. The task, and why its headers are missing, if they are.
+pub(crate) fn task_to_show(row: &PgRow) -> Result<(Task, Option<String>)> {
+    match stored_headers(row) {
+        Ok(headers) => Ok((task_with_headers(row, headers)?, None)),
+        Err(error) => Ok((task_with_headers(row, Vec::new())?, Some(error.to_string()))),
+    }
+}
+
+/// Decodes the row's `msg_headers`.
+fn stored_headers(row: &PgRow) -> Result<Vec<Header>> {
+    let id = TaskId(row.try_get("id")?);
+    let header_bytes: Vec<u8> = row.try_get("msg_headers")?;
+    headers::decode(&header_bytes)
+        .map_err(|e| StoreError::MalformedRow(format!("task {id}: msg_headers: {e}")))
+}
+
+/// Builds a task from a row, its headers decoded already.
+fn task_with_headers(row: &PgRow, headers: Vec<Header>) -> Result<Task> {
     let id = TaskId(row.try_get("id")?);
     let status: String = row.try_get("status")?;
     let status = status
         .parse()
         .map_err(|e| StoreError::MalformedRow(format!("task {id}: status: {e}")))?;
-    let header_bytes: Vec<u8> = row.try_get("msg_headers")?;
-    let headers = headers::decode(&header_bytes)
-        .map_err(|e| StoreError::MalformedRow(format!("task {id}: msg_headers: {e}")))?;
     let source = coordinates(row, "source")?;
     let original = coordinates(row, "original")?;
     Ok(Task {
@@ -81,7 +101,7 @@ pub(crate) fn tasks_from_rows(rows: &[PgRow]) -> Result<Vec<Task>> {
 /// A claimed row that could not be read into a [`Task`].
 #[derive(Debug)]
 pub(crate) struct Unreadable {
-    /// The lease the row was claimed under.
+    /// The claim the row was taken under: the task's lease, or its compensation's claim.
     pub(crate) lease: Lease,
     /// Why it could not be read.
     pub(crate) reason: String,
@@ -93,16 +113,29 @@ pub(crate) fn decode_each(rows: &[PgRow]) -> Result<(Vec<Task>, Vec<Unreadable>)
     let mut tasks = Vec::with_capacity(rows.len());
     let mut unreadable = Vec::new();
     for row in rows {
-        match task_from_row(row) {
+        match decode_one(row, "lease_version")? {
             Ok(task) => tasks.push(task),
-            Err(error) => unreadable.push(Unreadable {
-                lease: Lease {
-                    id: TaskId(row.try_get("id")?),
-                    version: row.try_get("lease_version")?,
-                },
-                reason: error.to_string(),
-            }),
+            Err(row) => unreadable.push(row),
         }
     }
     Ok((tasks, unreadable))
+}
+
+/// Decodes one claimed row whose fencing token is column `fence`: the task, or why it
+/// cannot be read under that claim. Fails only when the row lacks its id or token.
+pub(crate) fn decode_one(
+    row: &PgRow,
+    fence: &str,
+) -> Result<std::result::Result<Task, Unreadable>> {
+    let error = match task_from_row(row) {
+        Ok(task) => return Ok(Ok(task)),
+        Err(error) => error,
+    };
+    Ok(Err(Unreadable {
+        lease: Lease {
+            id: TaskId(row.try_get("id")?),
+            version: row.try_get(fence)?,
+        },
+        reason: error.to_string(),
+    }))
 }

@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::store::FinishOutcome;
+use crate::task::FinishOutcome;
 
 /// What the line of one attempt says.
 pub struct AttemptLine<'a> {
@@ -23,7 +23,7 @@ pub struct AttemptLine<'a> {
 }
 
 /// Logs the outcome: resolved at debug, a retry at info (with when and how long from
-/// now), a permanent failure at warn.
+/// now), a permanent failure at warn (also one that ended the task without a call).
 pub fn log_attempt(line: &AttemptLine<'_>) {
     let AttemptLine {
         task_id,
@@ -41,13 +41,13 @@ pub fn log_attempt(line: &AttemptLine<'_>) {
             attempt,
             route,
             correlation_id,
-            outcome = "resolved",
+            outcome = outcome.history().as_str(),
             "attempt resolved the task"
         ),
         FinishOutcome::Retry { at } => {
             let delay = delay_until(at);
             tracing::info!(
-                task_id, handler, attempt, route, correlation_id, outcome = "retry",
+                task_id, handler, attempt, route, correlation_id, outcome = outcome.history().as_str(),
                 next_attempt_at = %at.to_rfc3339(), delay = %delay, error,
                 "attempt failed; retry scheduled"
             )
@@ -58,9 +58,19 @@ pub fn log_attempt(line: &AttemptLine<'_>) {
             attempt,
             route,
             correlation_id,
-            outcome = "permanent_failure",
+            outcome = outcome.history().as_str(),
             error,
             "attempt failed for good; the task is a permanent failure"
+        ),
+        FinishOutcome::NotCalled => tracing::warn!(
+            task_id,
+            handler,
+            attempt,
+            route,
+            correlation_id,
+            outcome = outcome.history().as_str(),
+            error,
+            "no attempts left; the task is a permanent failure without a call"
         ),
     }
 }

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::health::Health;
+use crate::task::FinishOutcome;
 use prometheus::{
     Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry,
@@ -372,14 +373,21 @@ impl Metrics {
         }
     }
 
-    /// Counts an attempt's outcome under `handler`.
-    pub fn attempt_finished(&self, handler: &str, outcome: &str) {
-        self.attempts.with_label_values(&[handler, outcome]).inc();
-        match outcome {
-            "retry" => self.retries_scheduled.with_label_values(&[handler]).inc(),
-            "permanent_failure" => self.permanent_failures.with_label_values(&[handler]).inc(),
-            _ => {}
-        }
+    /// Counts an attempt's outcome under `handler`; an attempt that ended its task
+    /// without a call counts as a permanent failure.
+    pub fn attempt_finished(&self, handler: &str, outcome: FinishOutcome) {
+        let label = match outcome {
+            FinishOutcome::Resolved => "resolved",
+            FinishOutcome::Retry { .. } => {
+                self.retries_scheduled.with_label_values(&[handler]).inc();
+                "retry"
+            }
+            FinishOutcome::PermanentFailure | FinishOutcome::NotCalled => {
+                self.permanent_failures.with_label_values(&[handler]).inc();
+                "permanent_failure"
+            }
+        };
+        self.attempts.with_label_values(&[handler, label]).inc();
     }
 
     /// Counts one message produced for `purpose` (republish, parking, replay).

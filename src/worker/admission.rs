@@ -1,22 +1,19 @@
 //! What a pool may claim of each handler right now: nothing while its breaker is open,
-//! a few probes while it is half-open, and within its bulkhead and its share of the
-//! fleet's rate limit otherwise.
+//! a few probes while it is half-open (as the member's [`BreakerFollower`] last read
+//! them), and within its bulkhead and its share of the fleet's rate limit otherwise.
 
 use governor::DefaultDirectRateLimiter;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::breaker::{Breaker, BreakerState, Tally, Transition};
 use crate::config::{BreakerSettings, HandlerSettings};
 use crate::handlers::invoke::Verdict;
+use crate::resilience::breaker::BreakerState;
+use crate::resilience::follower::BreakerFollower;
 use crate::store::Store;
-use crate::telemetry::Metrics;
-
-/// How often a member reports its tallies and reads the breakers.
-pub(crate) const BREAKER_TICK: Duration = Duration::from_millis(500);
 
 /// How often a member recounts the live workers its rate shares divide by.
 pub(crate) const RATE_SHARE_EVERY: Duration = Duration::from_secs(2);
@@ -25,37 +22,17 @@ pub(crate) const RATE_SHARE_EVERY: Duration = Duration::from_secs(2);
 /// this soon by an idle claim loop (a finished call frees a bulkhead slot silently).
 pub(crate) const BLOCKED_RECHECK: Duration = Duration::from_millis(100);
 
-/// The limits of the served handlers that have any.
+/// The breakers, bulkheads and rate shares of the served handlers.
 pub(crate) struct Admission {
     store: Store,
-    metrics: Metrics,
+    breakers: Arc<BreakerFollower>,
     limits: BTreeMap<String, Limits>,
-    /// Poked when a tally should be reported before the next tick.
-    report_now: Notify,
 }
 
-#[derive(Default)]
+/// A served handler's bulkhead and rate share, if it has either.
 struct Limits {
-    breaker: Option<Guard>,
     bulkhead: Option<Arc<Semaphore>>,
     rate: Option<RateShare>,
-}
-
-/// One handler's breaker as this member last saw it, and its calls not yet reported.
-struct Guard {
-    settings: BreakerSettings,
-    seen: Mutex<Option<Breaker>>,
-    tally: Mutex<Tally>,
-}
-
-impl Guard {
-    fn state(&self) -> BreakerState {
-        self.seen
-            .lock()
-            .expect("not poisoned")
-            .as_ref()
-            .map_or(BreakerState::Closed, |b| b.state)
-    }
 }
 
 /// This member's share of a handler's fleet-wide rate: calls start no faster than
@@ -117,10 +94,11 @@ impl Grant {
 }
 
 impl Admission {
-    /// The limits `settings` gives the `served` handlers.
+    /// The limits `settings` gives the `served` handlers, their breakers as `breakers`
+    /// follows them.
     pub(crate) fn new(
         store: Store,
-        metrics: Metrics,
+        breakers: Arc<BreakerFollower>,
         settings: &BTreeMap<String, HandlerSettings>,
         served: &[String],
     ) -> Admission {
@@ -129,30 +107,18 @@ impl Admission {
             .filter_map(|name| Some((name.clone(), settings.get(name)?)))
             .map(|(name, s)| {
                 let limits = Limits {
-                    breaker: s.breaker.clone().map(|settings| Guard {
-                        settings,
-                        seen: Mutex::new(None),
-                        tally: Mutex::new(Tally::default()),
-                    }),
                     bulkhead: s
                         .max_concurrency
                         .map(|n| Arc::new(Semaphore::new(n as usize))),
                     rate: s.rate_limit.map(RateShare::new),
                 };
-                if limits.breaker.is_some() {
-                    metrics.breaker_state.with_label_values(&[&name]).set(0);
-                    for to in ["closed", "open", "half_open"] {
-                        metrics.breaker_transitions.with_label_values(&[&name, to]);
-                    }
-                }
                 (name, limits)
             })
             .collect();
         Admission {
             store,
-            metrics,
+            breakers,
             limits,
-            report_now: Notify::new(),
         }
     }
 
@@ -160,15 +126,11 @@ impl Admission {
     pub(crate) fn plan(&self, served: &[String]) -> Plan {
         let mut plan = Plan::default();
         for name in served {
-            let Some(limits) = self.limits.get(name) else {
-                plan.shared.push(name.clone());
-                continue;
-            };
-            if let Some(guard) = &limits.breaker {
-                match guard.state() {
+            if let Some(settings) = self.breakers.guarding(name) {
+                match self.breakers.state(name) {
                     BreakerState::Closed => {}
                     BreakerState::HalfOpen => {
-                        plan.probing.push((name.clone(), guard.settings.clone()));
+                        plan.probing.push((name.clone(), settings.clone()));
                         plan.blocked = true;
                         continue;
                     }
@@ -178,7 +140,9 @@ impl Admission {
                     }
                 }
             }
-            if limits.bulkhead.is_some() || limits.rate.is_some() {
+            let limited =
+                (self.limits.get(name)).is_some_and(|l| l.bulkhead.is_some() || l.rate.is_some());
+            if limited {
                 plan.limited.push(name.clone());
                 plan.blocked = true;
             } else {
@@ -225,109 +189,32 @@ impl Admission {
     }
 
     /// Counts a written attempt's answer towards `handler`'s breaker.
-    /// A run of failures long enough to open the breaker on this member's count alone
-    /// is reported at once rather than at the next tick.
     pub(crate) fn count(&self, handler: &str, verdict: Verdict) {
-        let Some(guard) = self.limits.get(handler).and_then(|l| l.breaker.as_ref()) else {
-            return;
-        };
         let failed = match verdict {
             Verdict::NotCalled => return,
             Verdict::Answered => false,
             Verdict::Transient => true,
         };
-        let mut tally = guard.tally.lock().expect("not poisoned");
-        tally.add(failed);
-        if failed && tally.trailing_failures >= guard.settings.consecutive_failures {
-            self.report_now.notify_one();
-        }
+        self.breakers.count(handler, failed);
     }
 
-    /// Reports tallies, follows the breakers and the fleet's size until `stop` fires.
+    /// Follows the fleet's size for the rate shares until `stop` fires.
     pub(crate) async fn run(self: Arc<Self>, stop: CancellationToken) {
-        if self.limits.is_empty() {
+        if !self.limits.values().any(|l| l.rate.is_some()) {
             return;
         }
-        let mut ticks = tokio::time::interval(BREAKER_TICK);
+        let mut ticks = tokio::time::interval(RATE_SHARE_EVERY);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut shared_at: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
-                _ = ticks.tick() => {}
-                _ = self.report_now.notified() => {}
-            }
-            if let Err(error) = self.follow_breakers().await {
-                tracing::warn!(%error, "could not report to or read the circuit breakers; trying again");
-            }
-            if shared_at.map_or(true, |at| at.elapsed() >= RATE_SHARE_EVERY) {
-                self.share_rates().await;
-                shared_at = Some(tokio::time::Instant::now());
+                _ = ticks.tick() => self.share_rates().await,
             }
         }
-        // Report what was counted last.
-        if let Err(error) = self.follow_breakers().await {
-            tracing::warn!(%error, "could not report the last breaker tallies at shutdown");
-        }
-    }
-
-    async fn follow_breakers(&self) -> crate::store::Result<()> {
-        let guarded: Vec<String> = (self.limits.iter())
-            .filter(|(_, l)| l.breaker.is_some())
-            .map(|(name, _)| name.clone())
-            .collect();
-        if guarded.is_empty() {
-            return Ok(());
-        }
-        // One read of every breaker this member follows, per tick, with the database's
-        // clock: a hold ends when PostgreSQL says so, whatever this member's clock says.
-        let (stored, now) = self.store.breakers_as_of_now(&guarded).await?;
-        let mut stored: std::collections::HashMap<String, Breaker> =
-            stored.into_iter().map(|b| (b.handler.clone(), b)).collect();
-        for (name, limits) in &self.limits {
-            let Some(guard) = &limits.breaker else {
-                continue;
-            };
-            let tally = std::mem::take(&mut *guard.tally.lock().expect("not poisoned"));
-            let (breaker, transition) = if !tally.is_empty() {
-                match self.store.record_calls(name, tally, &guard.settings).await {
-                    Ok(answer) => answer,
-                    Err(error) => {
-                        // Counted again with the next tick's calls.
-                        let mut kept = guard.tally.lock().expect("not poisoned");
-                        *kept = tally.then(*kept);
-                        return Err(error);
-                    }
-                }
-            } else {
-                let seen = guard.seen.lock().expect("not poisoned").clone();
-                match seen {
-                    Some(b) if b.hold_until.is_some_and(|h| h <= now) => {
-                        self.store.advance_breaker(name, &guard.settings).await?
-                    }
-                    _ => match stored.remove(name) {
-                        Some(b) => (b, None),
-                        None => continue,
-                    },
-                }
-            };
-            if let Some(transition) = &transition {
-                announce(&self.metrics, name, transition);
-            }
-            self.metrics
-                .breaker_state
-                .with_label_values(&[name])
-                .set(breaker.state.gauge());
-            *guard.seen.lock().expect("not poisoned") = Some(breaker);
-        }
-        Ok(())
     }
 
     /// Divides each fleet rate among the live members that serve its handler.
     async fn share_rates(&self) {
-        if !self.limits.values().any(|l| l.rate.is_some()) {
-            return;
-        }
         let members = match self.store.live_members().await {
             Ok(members) => members,
             Err(error) => {
@@ -371,46 +258,4 @@ impl RateShare {
 /// A limiter admitting `rate` calls per second with a burst of one second's worth.
 fn limiter(rate: f64) -> DefaultDirectRateLimiter {
     crate::rate::limiter(rate, rate.ceil().clamp(1.0, 1024.0) as u32)
-}
-
-/// The log line and counter of a state change this member made.
-fn announce(metrics: &Metrics, handler: &str, transition: &Transition) {
-    metrics
-        .breaker_transitions
-        .with_label_values(&[handler, transition.to.as_str()])
-        .inc();
-    let (from, to, reason) = (
-        transition.from.as_str(),
-        transition.to.as_str(),
-        &transition.reason,
-    );
-    match transition.to {
-        BreakerState::Open => {
-            tracing::warn!(
-                handler,
-                from,
-                to,
-                reason,
-                "circuit breaker opened: the handler's tasks wait"
-            )
-        }
-        BreakerState::HalfOpen => {
-            tracing::info!(
-                handler,
-                from,
-                to,
-                reason,
-                "circuit breaker half-open: probing"
-            )
-        }
-        BreakerState::Closed => {
-            tracing::info!(
-                handler,
-                from,
-                to,
-                reason,
-                "circuit breaker closed: calls go through"
-            )
-        }
-    }
 }

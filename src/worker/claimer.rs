@@ -13,12 +13,12 @@ use super::finisher::{AttemptContext, Completion};
 use super::inflight::InFlight;
 use super::served::Served;
 use crate::config::WorkerSettings;
-use crate::store::{FinishOutcome, Store};
-use crate::task::Task;
+use crate::store::Store;
+use crate::task::{Status, Task};
 use crate::telemetry::Metrics;
 
 /// Claim loops per pool: two keep one claim's round trip overlapping the other's.
-pub(crate) const CLAIM_LOOPS: usize = 2;
+pub const CLAIM_LOOPS: usize = 2;
 
 /// What one claim round took, and the statement that failed, if one did.
 struct ClaimRound {
@@ -214,7 +214,7 @@ impl Claimer {
                 route: task.failure.route.clone(),
                 correlation_id: task.failure.correlation_id.clone(),
             };
-            let parked = matches!(finish.outcome, FinishOutcome::PermanentFailure) && keep_task;
+            let parked = finish.outcome.status() == Status::PermanentFailure && keep_task;
             let task = parked.then(|| Arc::new(task));
             // The finisher outlives every attempt; a send cannot fail.
             let _ = completions.send(Completion {

@@ -22,8 +22,8 @@ use super::served::Served;
 use crate::config::WorkerSettings;
 use crate::handlers::invoke::{classify, guarded};
 use crate::handlers::HandlerContext;
-use crate::store::{Compensating, CompensationOutcome, CompensationResult, FinishOutcome, Store};
-use crate::task::Lease;
+use crate::store::{Compensating, CompensationOutcome, CompensationResult, Store};
+use crate::task::{FinishOutcome, Lease};
 use crate::telemetry::Metrics;
 
 /// Compensations claimed at once.
@@ -74,7 +74,7 @@ impl Compensator {
             let claimed_at = tokio::time::Instant::now();
             let full = match this
                 .store
-                .claim_compensations(&handlers, BATCH, this.settings.lease)
+                .claim_compensations(&handlers, BATCH, &this.worker_id, this.settings.lease)
                 .await
             {
                 Ok(claimed) => {
@@ -227,7 +227,9 @@ impl Compensator {
         let outcome = match outcome {
             FinishOutcome::Resolved => CompensationOutcome::Compensated,
             FinishOutcome::Retry { at } => CompensationOutcome::Retry { at },
-            FinishOutcome::PermanentFailure => CompensationOutcome::Failed,
+            FinishOutcome::PermanentFailure | FinishOutcome::NotCalled => {
+                CompensationOutcome::Failed
+            }
         };
         let result = CompensationResult {
             task_id: task.id,

@@ -11,8 +11,8 @@ use super::admission::Admission;
 use super::inflight::InFlight;
 use crate::finals::Finals;
 use crate::handlers::invoke::Verdict;
-use crate::store::{Finish, FinishOutcome, Store};
-use crate::task::{Lease, Task};
+use crate::store::{Finish, Store};
+use crate::task::{FinishOutcome, Lease, Task};
 use crate::telemetry::{log_attempt, AttemptLine, Metrics};
 
 /// Finish statements in flight at once: enough to overlap one batch's commit with the
@@ -118,7 +118,7 @@ impl Finisher {
                 self.admission
                     .count(&completion.handler, completion.verdict);
                 self.metrics
-                    .attempt_finished(&completion.handler, finish.outcome.history_label());
+                    .attempt_finished(&completion.handler, finish.outcome);
                 let context = &completion.context;
                 log_attempt(&AttemptLine {
                     task_id: Some(finish.lease.id.0),
@@ -141,7 +141,7 @@ impl Finisher {
                     .inc();
                 tracing::warn!(task_id = finish.lease.id.0, handler = &*completion.handler,
                     attempt = completion.context.attempt, lease_version = finish.lease.version,
-                    outcome = finish.outcome.history_label(),
+                    outcome = finish.outcome.history().as_str(),
                     "result dropped (fenced): the lease was taken over or an operator acted meanwhile");
             }
         }

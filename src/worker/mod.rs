@@ -21,11 +21,13 @@ use crate::config::{HandlerSettings, RouteSettings, WorkerSettings};
 use crate::finals::Finals;
 use crate::handlers::Registered;
 use crate::parts::Watch;
-use crate::store::{FinishOutcome, Result, Store};
-use crate::task::TaskId;
+use crate::resilience::follower::BreakerFollower;
+use crate::store::{Result, Store};
+use crate::task::{FinishOutcome, Status, TaskId};
 use crate::telemetry::Metrics;
 use admission::Admission;
-use claimer::{Claimer, CLAIM_LOOPS};
+use claimer::Claimer;
+pub use claimer::CLAIM_LOOPS;
 use compensator::Compensator;
 use finisher::Finisher;
 use inflight::InFlight;
@@ -57,6 +59,9 @@ pub struct WorkerPool {
     metrics: Metrics,
     finals: Finals,
     limits: BTreeMap<String, HandlerSettings>,
+    /// The member's follower of the breakers; without one, [`WorkerPool::run`] starts
+    /// its own.
+    breakers: Option<Arc<BreakerFollower>>,
 }
 
 impl WorkerPool {
@@ -75,6 +80,7 @@ impl WorkerPool {
             metrics,
             finals: Finals::default(),
             limits: BTreeMap::new(),
+            breakers: None,
         }
     }
 
@@ -87,6 +93,12 @@ impl WorkerPool {
     /// Applies the policy overrides of these routes to their tasks.
     pub fn with_routes(mut self, routes: &[RouteSettings]) -> WorkerPool {
         self.served = Arc::new(Served::clone(&self.served).with_routes(routes));
+        self
+    }
+
+    /// Follows the breakers with the member's follower, which the member runs.
+    pub(crate) fn with_breakers(mut self, breakers: Arc<BreakerFollower>) -> WorkerPool {
+        self.breakers = Some(breakers);
         self
     }
 
@@ -126,7 +138,7 @@ impl WorkerPool {
             outcome: finish.outcome,
             written: !written.is_empty(),
         };
-        if processed.written && processed.outcome == FinishOutcome::PermanentFailure {
+        if processed.written && processed.outcome.status() == Status::PermanentFailure {
             self.finals.permanent_failure(Arc::new(task), finish.error);
         }
         Ok(Some(processed))
@@ -135,8 +147,8 @@ impl WorkerPool {
     /// Runs until `shutdown` fires, then stops claiming, lets running handlers (and
     /// compensations) finish for up to `shutdown_timeout`, writes their results and
     /// releases the leases (and compensation claims) of the rest.
-    /// A background part that panics (breaker follower, heartbeat, listener, finisher,
-    /// compensator) stops the pool the same way and is its error.
+    /// A background part that panics (its own breaker follower, rate sharer, heartbeat,
+    /// listener, finisher, compensator) stops the pool the same way and is its error.
     pub async fn run(self, shutdown: CancellationToken) -> std::result::Result<(), PartDied> {
         let watch = Watch::default();
         let shutdown = watch.stop_on(&shutdown);
@@ -144,14 +156,29 @@ impl WorkerPool {
         let wake = Arc::new(Notify::new());
         let background_stop = CancellationToken::new();
         let (completions_tx, completions_rx) = mpsc::unbounded_channel();
+        let (breakers, own_following) = match &self.breakers {
+            Some(shared) => (shared.clone(), None),
+            None => {
+                let own = Arc::new(BreakerFollower::new(
+                    self.store.clone(),
+                    self.metrics.clone(),
+                    &self.limits,
+                    self.served.names(),
+                    [],
+                ));
+                let stop = background_stop.clone();
+                let following = watch.spawn("breaker follower", own.clone().run(stop));
+                (own, Some(following))
+            }
+        };
         let admission = Arc::new(Admission::new(
             self.store.clone(),
-            self.metrics.clone(),
+            breakers,
             &self.limits,
             self.served.names(),
         ));
-        let following = watch.spawn(
-            "breaker follower",
+        let sharing = watch.spawn(
+            "rate sharer",
             admission.clone().run(background_stop.clone()),
         );
 
@@ -242,7 +269,10 @@ impl WorkerPool {
         self.release(&in_flight).await;
         background_stop.cancel();
         // Their panics are in `watch`.
-        let _ = tokio::join!(heartbeat, following, listener);
+        let _ = tokio::join!(heartbeat, sharing, listener);
+        if let Some(following) = own_following {
+            let _ = following.await;
+        }
         match watch.failure() {
             Some(message) => Err(PartDied(message)),
             None => Ok(()),

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use std::net::SocketAddr;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{fresh_store, scalar};
+use crate::support::{fresh_store, scalar, Member};
 
 pub(crate) const OPERATE: &str = "operate-token-0123456789";
 pub(crate) const READ: &str = "read-token-0123456789ab";
@@ -71,6 +71,23 @@ impl Api {
             request = request.bearer_auth(token);
         }
         answer(request.send().await.unwrap()).await
+    }
+
+    /// Posts `body` as it is (not necessarily JSON); the status and the text answered.
+    pub(crate) async fn post_raw(
+        &self,
+        path: &str,
+        token: &str,
+        body: String,
+    ) -> (StatusCode, String) {
+        let response = (self.client.post(format!("{}{path}", self.base)))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        (response.status(), response.text().await.unwrap())
     }
 
     async fn post(&self, path: &str, token: Option<&str>, body: Value) -> (StatusCode, Value) {
@@ -485,8 +502,7 @@ async fn a_running_member_serves_the_api_and_is_listed_live() {
         .with_builtin_handlers()
         .build()
         .unwrap();
-    let stop = CancellationToken::new();
-    let running = tokio::spawn(fleet.run_with_store(store.clone(), stop.clone()));
+    let member = Member::start(fleet, &store);
     let client = reqwest::Client::new();
     let mut members = Value::Null;
     for _ in 0..100 {
@@ -509,8 +525,7 @@ async fn a_running_member_serves_the_api_and_is_listed_live() {
         roles.as_array().unwrap().contains(&json!("admin")),
         "{roles}"
     );
-    stop.cancel();
-    running.await.unwrap().unwrap();
+    member.stop().await;
     assert_eq!(
         store.live_members().await.unwrap(),
         [],
@@ -746,15 +761,14 @@ async fn api_statements_are_bounded_and_database_errors_are_told_apart() {
         .with_builtin_handlers()
         .build()
         .unwrap();
-    let stop = CancellationToken::new();
-    let running = tokio::spawn(fleet.run_with_store(store.clone(), stop.clone()));
+    let member = Member::start(fleet, &store);
     let api = Api {
         base: format!("http://{listen}"),
         client: reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(20))
             .build()
             .unwrap(),
-        stop: stop.clone(),
+        stop: CancellationToken::new(),
     };
     crate::support::eventually(std::time::Duration::from_secs(30), "the API", || async {
         api.client
@@ -815,8 +829,7 @@ async fn api_statements_are_bounded_and_database_errors_are_told_apart() {
         "{body}"
     );
     proxy.restore();
-    stop.cancel();
-    running.await.unwrap().unwrap();
+    member.stop().await;
 }
 
 /// Retry and resolve leave a task whose compensation has started alone, counted in
@@ -830,7 +843,7 @@ async fn retry_and_resolve_over_a_started_compensation_need_force() {
     let claimed = store.claim(&["log".into()], 1, "w", lease).await.unwrap();
     let failed = redrive::store::Finish {
         lease: claimed[0].lease(),
-        outcome: redrive::store::FinishOutcome::PermanentFailure,
+        outcome: redrive::task::FinishOutcome::PermanentFailure,
         started_at: chrono::Utc::now(),
         duration: std::time::Duration::ZERO,
         error: Some("refused".into()),
@@ -838,7 +851,7 @@ async fn retry_and_resolve_over_a_started_compensation_need_force() {
     };
     store.finish("w", &[failed]).await.unwrap();
     let running = store
-        .claim_compensations(&["log".into()], 1, lease)
+        .claim_compensations(&["log".into()], 1, "w", lease)
         .await
         .unwrap();
     assert_eq!(running.len(), 1);

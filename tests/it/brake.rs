@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::broker::{cluster, committed, produce, producer, route, use_cluster, Sample};
-use crate::ingest::Running;
-use crate::support::{eventually, fresh_store, scalar};
+use crate::support::{eventually, fresh_store, scalar, Member};
 
 /// A handler whose deploy is broken (every call fails) until fixed.
 struct Deploy {
@@ -64,7 +63,7 @@ fn start(
     settings: &Settings,
     store: &Store,
     broken: &Arc<AtomicBool>,
-) -> (Running, redrive::telemetry::Metrics) {
+) -> (Member, redrive::telemetry::Metrics) {
     let fleet = Fleet::builder(settings.clone())
         .handler(
             "deploy",
@@ -75,7 +74,7 @@ fn start(
         .build()
         .unwrap();
     let metrics = fleet.metrics().clone();
-    (Running::start(fleet, store), metrics)
+    (Member::start(fleet, store), metrics)
 }
 
 async fn committed_total(bootstrap: &str, group: &str) -> i64 {

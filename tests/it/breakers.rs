@@ -1,8 +1,8 @@
 //! Circuit breakers shared through PostgreSQL, bulkheads and fleet-wide rate limits.
 
 use async_trait::async_trait;
-use redrive::breaker::BreakerState;
 use redrive::config::{BreakerSettings, HandlerSettings, WebhookSettings};
+use redrive::resilience::breaker::BreakerState;
 use redrive::store::{Action, BreakerCommand, Budget, Due, Operator, Selection};
 use redrive::{
     Fleet, Handler, HandlerContext, HandlerError, Jitter, NewTask, Settings, Store, Task,
@@ -602,8 +602,8 @@ async fn process_mode_does_not_call_a_handler_inline_while_its_breaker_is_open()
         .handler("pay", Counted(calls.clone()))
         .build()
         .unwrap();
-    let running = crate::ingest::Running::start(fleet, &store);
-    // The ingest follows the breakers within a second of starting.
+    let running = Member::start(fleet, &store);
+    // The member reads the breakers within half a second of starting.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let producer = producer(&bootstrap);
     for i in 0..10 {

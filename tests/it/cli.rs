@@ -381,3 +381,29 @@ async fn enqueue_with_another_delay_for_an_existing_key_is_refused() {
         1
     );
 }
+
+/// Regression (attack on the release binary): `bench --batch-sizes 0` panicked in the
+/// claimer and then hung; a huge one aborted allocating; `--tasks 0` failed obscurely.
+#[test]
+fn bench_refuses_sizes_out_of_range_before_it_starts() {
+    for args in [
+        ["--batch-sizes", "0"],
+        ["--batch-sizes", "2147483647"],
+        ["--tasks", "0"],
+        ["--concurrency", "0"],
+        ["--runs", "0"],
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_redrive"))
+            .arg("bench")
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(args[0]),
+            "{args:?} names its flag: {stderr}"
+        );
+    }
+}

@@ -7,9 +7,9 @@
 use async_trait::async_trait;
 use chrono::Utc;
 use redrive::store::{
-    Action, Budget, CompensationOutcome, CompensationResult, Finish, FinishOutcome, Operator,
-    Selection,
+    Action, Budget, CompensationOutcome, CompensationResult, Finish, Operator, Selection,
 };
+use redrive::task::{AttemptOutcome, FinishOutcome};
 use redrive::{
     Backoff, Fleet, Handler, HandlerContext, HandlerError, InlineAttempt, Jitter, NewTask, Status,
     Store, Task, TaskId,
@@ -18,7 +18,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
 
 use crate::support::{eventually, fresh_store, scalar, Member};
 
@@ -111,8 +110,7 @@ async fn permanent_failures_are_compensated_once_with_their_own_budget() {
         .into_iter()
         .map(|e| e.id())
         .collect();
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(fleet.run_with_store(store.clone(), shutdown.clone()));
+    let member = Member::start(fleet, &store);
     eventually(
         Duration::from_secs(20),
         "every compensation ended",
@@ -128,8 +126,7 @@ async fn permanent_failures_are_compensated_once_with_their_own_budget() {
     .await;
     // Let a wrongly repeated compensation show up.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    shutdown.cancel();
-    run.await.unwrap().unwrap();
+    member.stop().await;
 
     assert!(
         store.compensation(ids[0]).await.unwrap().is_none(),
@@ -221,13 +218,13 @@ async fn a_stale_claims_result_is_refused_and_an_operators_retry_cancels_what_is
 
     // A member claims it and dies: its claim lapses and another member claims it.
     let first = store
-        .claim_compensations(&handlers, 10, Duration::from_millis(50))
+        .claim_compensations(&handlers, 10, "w", Duration::from_millis(50))
         .await
         .unwrap();
     assert_eq!(first.len(), 1);
     assert!(
         store
-            .claim_compensations(&handlers, 10, Duration::from_secs(30))
+            .claim_compensations(&handlers, 10, "w", Duration::from_secs(30))
             .await
             .unwrap()
             .is_empty(),
@@ -235,7 +232,7 @@ async fn a_stale_claims_result_is_refused_and_an_operators_retry_cancels_what_is
     );
     tokio::time::sleep(Duration::from_millis(100)).await;
     let second = store
-        .claim_compensations(&handlers, 10, Duration::from_secs(30))
+        .claim_compensations(&handlers, 10, "w", Duration::from_secs(30))
         .await
         .unwrap();
     assert_eq!((second.len(), second[0].attempt), (1, 2));
@@ -270,7 +267,7 @@ async fn a_stale_claims_result_is_refused_and_an_operators_retry_cancels_what_is
         .unwrap();
     assert_eq!(compensation_state(&store, again).await.0, "cancelled");
     assert!(store
-        .claim_compensations(&handlers, 10, Duration::from_secs(30))
+        .claim_compensations(&handlers, 10, "w", Duration::from_secs(30))
         .await
         .unwrap()
         .is_empty());
@@ -287,7 +284,7 @@ async fn a_stale_claims_result_is_refused_and_an_operators_retry_cancels_what_is
         .unwrap();
     assert_eq!(compensation_state(&store, again).await.0, "pending");
     let owed = store
-        .claim_compensations(&handlers, 10, Duration::from_secs(30))
+        .claim_compensations(&handlers, 10, "w", Duration::from_secs(30))
         .await
         .unwrap();
     assert_eq!(owed.len(), 1);
@@ -304,7 +301,7 @@ async fn inline_permanent_failures_owe_compensations_and_retention_keeps_them_wh
             worker: "ingest".into(),
             started_at: Utc::now(),
             duration_ms: 1,
-            outcome: "permanent_failure".into(),
+            outcome: AttemptOutcome::PermanentFailure,
             error: Some("refused".into()),
             compensate,
         }),
@@ -326,7 +323,7 @@ async fn inline_permanent_failures_owe_compensations_and_retention_keeps_them_wh
         .unwrap();
     assert_eq!(deleted, 1, "only the task owing nothing goes");
     let claimed = store
-        .claim_compensations(&["h".to_owned()], 10, Duration::from_secs(30))
+        .claim_compensations(&["h".to_owned()], 10, "w", Duration::from_secs(30))
         .await
         .unwrap();
     assert!(store
@@ -584,7 +581,7 @@ async fn retry_and_resolve_leave_a_task_whose_compensation_started_alone_unless_
     }
     let (compensated, running, failed, owed) = (ids[0], ids[1], ids[2], ids[3]);
     let claimed = store
-        .claim_compensations(&handlers, 3, Duration::from_secs(30))
+        .claim_compensations(&handlers, 3, "w", Duration::from_secs(30))
         .await
         .unwrap();
     let claim_of = |id: TaskId| claimed.iter().find(|c| c.task.id == id).unwrap().version;
@@ -686,5 +683,120 @@ async fn retry_and_resolve_leave_a_task_whose_compensation_started_alone_unless_
             Some(serde_json::json!({"at": null, "more_attempts": null})),
         ],
         "forcing is in the audit log, beside a retry's time and budget"
+    );
+}
+
+/// Regression: the compensation claim decoded every claimed task and failed the whole
+/// batch, after committing it, on one whose row cannot be read (here, stored headers
+/// that do not decode): every compensation of the batch lost an attempt and came due
+/// again only a lease later, and the bad row did the same to every batch it was in.
+/// Now the rest of the batch runs at once and the unreadable one ends `failed`, its
+/// reason in its history, without a call, as the task claim ends such rows.
+#[tokio::test]
+async fn a_compensation_whose_task_cannot_be_read_ends_failed_and_the_rest_of_its_batch_runs() {
+    let (store, mut settings) = fresh_store().await;
+    settings.worker.poll_interval = Duration::from_millis(50);
+    let tasks: Vec<NewTask> = (0..4).map(|_| NewTask::new("h", "undo")).collect();
+    let ids: Vec<TaskId> = store
+        .enqueue_many(&tasks)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id())
+        .collect();
+    let claimed = store
+        .claim(&["h".to_owned()], 10, "w", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let failures: Vec<Finish> = claimed.iter().map(permanent).collect();
+    assert_eq!(store.finish("w", &failures).await.unwrap().len(), 4);
+    let unreadable = ids[1];
+    sqlx::query("UPDATE recovery_task SET msg_headers = '\\x0100'::bytea WHERE id = $1")
+        .bind(unreadable.0)
+        .execute(store.pool())
+        .await
+        .unwrap();
+
+    let compensations = Arc::new(Mutex::new(HashMap::new()));
+    let fleet = Fleet::builder(settings.clone())
+        .handler(
+            "h",
+            Undoing {
+                compensations: compensations.clone(),
+            },
+        )
+        .build()
+        .unwrap();
+    let member = Member::start(fleet, &store);
+    // Well within the 30 s lease a failed claim would have pushed them back by.
+    eventually(
+        Duration::from_secs(10),
+        "every compensation ended",
+        || async {
+            scalar(
+                &store,
+                "SELECT count(*) FROM recovery_compensation WHERE state <> 'pending'",
+            )
+            .await
+                == 4
+        },
+    )
+    .await;
+    member.stop().await;
+
+    for id in ids.iter().filter(|id| **id != unreadable) {
+        assert_eq!(
+            compensation_state(&store, *id).await,
+            ("compensated".into(), 1, 1),
+            "task {id}"
+        );
+    }
+    let calls = compensations.lock().unwrap().clone();
+    assert_eq!(calls.len(), 3, "calls: {calls:?}");
+    assert!(!calls.contains_key(&unreadable.0), "never called");
+
+    let ended = store.compensation(unreadable).await.unwrap().unwrap();
+    assert_eq!((ended.state.as_str(), ended.attempts), ("failed", 1));
+    let reason = ended.last_error.clone().expect("the reason is kept");
+    assert!(
+        reason.contains("cannot be read") && reason.contains("msg_headers"),
+        "{reason}"
+    );
+    assert_eq!(
+        ended
+            .history
+            .iter()
+            .map(|a| (a.attempt, a.outcome.as_str(), a.error.as_deref()))
+            .collect::<Vec<_>>(),
+        [(1, "failed", Some(reason.as_str()))]
+    );
+
+    // Ended, not corrupt: the store's invariants hold.
+    let budgets = redrive::store::Budgets {
+        default: 3,
+        ..Default::default()
+    };
+    let report = store.check(&budgets).await.unwrap();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+
+    // `tasks show` tells it as it tells other failed compensations, and why the task
+    // cannot be shown whole.
+    let shown = crate::operator_cli::run(&settings, &["tasks", "show", &unreadable.to_string()]);
+    let stdout = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&shown.stderr)
+    );
+    assert!(
+        stdout.contains("compensation           failed after 1 attempt(s)")
+            && stdout.contains("not compensated: the task's row cannot be read"),
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("unreadable") && l.contains("msg_headers")),
+        "{stdout}"
     );
 }

@@ -64,6 +64,32 @@ fn batch_size_of_zero_is_refused() {
     );
 }
 
+/// Regression (attack on the release binary): these passed "at least 1" and the member
+/// then aborted allocating for them (exit 134, no key named).
+#[test]
+fn pool_batch_and_concurrency_sizes_past_their_bounds_are_refused() {
+    for (variable, key, value) in [
+        (
+            "REDRIVE__DATABASE__MAX_CONNECTIONS",
+            "database.max_connections",
+            "2147483647",
+        ),
+        (
+            "REDRIVE__WORKER__BATCH_SIZE",
+            "worker.batch_size",
+            "2147483648",
+        ),
+        (
+            "REDRIVE__WORKER__CONCURRENCY",
+            "worker.concurrency",
+            "4294967295",
+        ),
+    ] {
+        assert_refused(load_env(&[(variable, value)]), key, "at most");
+    }
+    assert!(load_env(&[("REDRIVE__WORKER__BATCH_SIZE", "10000")]).is_ok());
+}
+
 #[test]
 fn negative_duration_is_refused() {
     assert_refused(

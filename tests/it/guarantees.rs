@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::broker::{cluster, consume, produce, producer, route, use_cluster, Sample};
-use crate::ingest::{fleet, task_at, Running};
-use crate::support::{eventually, fresh_store, scalar};
+use crate::ingest::{fleet, task_at};
+use crate::support::{eventually, fresh_store, scalar, Member};
 
 fn value(text: &str) -> Sample {
     Sample {
@@ -69,7 +69,7 @@ async fn a_pattern_route_consumes_exactly_the_topics_it_claims() {
     for topic in ["orders", "orders.dlt", "orders", "orders.dlt"] {
         produce(&producer, topic, &value("x")).await;
     }
-    let running = Running::start(fleet(&settings), &store);
+    let running = Member::start(fleet(&settings), &store);
     committed_reaches(&settings, "orders", vec![2]).await;
     running.stop().await;
     assert_eq!(
@@ -121,7 +121,7 @@ async fn an_unstored_batch_is_a_barrier_for_every_later_commit() {
     for text in ["a", "poison", "b", "c", "d", "e"] {
         produce(&producer, "dlt", &value(text)).await;
     }
-    let running = Running::start(fleet(&settings), &store);
+    let running = Member::start(fleet(&settings), &store);
     eventually(
         Duration::from_secs(30),
         "the batches after it stored",
@@ -139,7 +139,7 @@ async fn an_unstored_batch_is_a_barrier_for_every_later_commit() {
         .execute(store.pool())
         .await
         .unwrap();
-    let running = Running::start(fleet(&settings), &store);
+    let running = Member::start(fleet(&settings), &store);
     committed_reaches(&settings, "dlt", vec![6]).await;
     running.stop().await;
     assert_eq!(tasks(&store).await, 6, "every message exactly once");
@@ -175,7 +175,7 @@ async fn a_new_message_at_old_coordinates_is_stored_not_dropped() {
         }
         let fleet = fleet(&settings);
         let metrics = fleet.metrics().clone();
-        let running = Running::start(fleet, &store);
+        let running = Member::start(fleet, &store);
         committed_reaches(&settings, "dlt", vec![1]).await;
         running.stop().await;
         let ingested = |outcome: &str| metrics.ingested.with_label_values(&["dlt", outcome]).get();
@@ -270,7 +270,7 @@ async fn process_mode_survives_panics_and_keeps_each_verdict() {
         produce(&producer, "orders", &value(text)).await;
     }
     let (fleet, seen_sizes) = verdicts(&settings);
-    let running = Running::start(fleet, &store);
+    let running = Member::start(fleet, &store);
     committed_reaches(&settings, "orders", vec![5]).await;
     running.stop().await;
     assert_eq!(tasks(&store).await, 4, "the success is not stored");
@@ -329,7 +329,7 @@ async fn a_hanging_downstream_cannot_hold_a_batch_past_its_budget() {
         produce(&producer, "orders", &value("hang")).await;
     }
     let (fleet, _) = verdicts(&settings);
-    let running = Running::start(fleet, &store);
+    let running = Member::start(fleet, &store);
     committed_reaches(&settings, "orders", vec![6]).await;
     running.stop().await;
     assert_eq!(tasks(&store).await, 6);
@@ -374,7 +374,7 @@ async fn messages_near_the_size_limit_are_batched_by_bytes() {
         };
         produce(&producer, "big", &sample).await;
     }
-    let running = Running::start(fleet(&settings), &store);
+    let running = Member::start(fleet(&settings), &store);
     committed_reaches(&settings, "big", vec![4, 4, 4, 4]).await;
     running.stop().await;
     assert_eq!(
@@ -420,7 +420,7 @@ async fn shutdown_waits_for_permanent_failure_reports() {
         .await
         .unwrap()
         .id();
-    let running = Running::start(fleet, &store);
+    let running = Member::start(fleet, &store);
     eventually(Duration::from_secs(10), "the permanent failure", || async {
         store.get(id).await.unwrap().unwrap().status == Status::PermanentFailure
     })
@@ -515,7 +515,7 @@ async fn republish_refuses_a_task_whose_payload_was_not_stored() {
     let processed = pool.process_next().await.unwrap().unwrap();
     assert_eq!(
         processed.outcome,
-        redrive::store::FinishOutcome::PermanentFailure
+        redrive::task::FinishOutcome::PermanentFailure
     );
     let task = store.get(id).await.unwrap().unwrap();
     assert!(task.last_error.unwrap().contains("payload was not stored"));
@@ -612,7 +612,7 @@ async fn messages_of_every_compression_codec_are_captured() {
         )
         .await;
     }
-    let running = Running::start(fleet(&settings), &store);
+    let running = Member::start(fleet(&settings), &store);
     committed_reaches(&settings, "packed", vec![4]).await;
     running.stop().await;
     for (offset, codec) in codecs.iter().enumerate() {
@@ -656,7 +656,7 @@ async fn odd_header_names_and_large_messages_are_republished_byte_for_byte() {
     };
     let producer = producer(&bootstrap);
     produce(&producer, "in.dlt", &sample).await;
-    let running = Running::start(fleet(&settings), &store);
+    let running = Member::start(fleet(&settings), &store);
     let out = tokio::task::spawn_blocking(move || {
         consume(&bootstrap, "out", 1, 1, Duration::from_secs(30))
     })

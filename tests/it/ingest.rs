@@ -2,34 +2,11 @@
 
 use async_trait::async_trait;
 use redrive::config::RouteMode;
-use redrive::{
-    Fleet, FleetError, Handler, HandlerContext, HandlerError, Header, Settings, Store, Task,
-};
+use redrive::{Fleet, Handler, HandlerContext, HandlerError, Header, Settings, Store, Task};
 use std::time::Duration;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 use crate::broker::{cluster, produce, producer, route, use_cluster, Sample};
-use crate::support::{eventually, fresh_store, scalar};
-
-/// A running fleet member in this process.
-pub struct Running {
-    pub stop: CancellationToken,
-    handle: JoinHandle<Result<(), FleetError>>,
-}
-
-impl Running {
-    pub fn start(fleet: Fleet, store: &Store) -> Running {
-        let stop = CancellationToken::new();
-        let handle = tokio::spawn(fleet.run_with_store(store.clone(), stop.clone()));
-        Running { stop, handle }
-    }
-
-    pub async fn stop(self) {
-        self.stop.cancel();
-        self.handle.await.unwrap().unwrap();
-    }
-}
+use crate::support::{eventually, fresh_store, scalar, Member};
 
 pub fn fleet(settings: &Settings) -> Fleet {
     Fleet::builder(settings.clone())
@@ -101,7 +78,7 @@ async fn capture_keeps_every_byte_of_odd_messages() {
     for sample in &samples {
         coordinates.push(produce(&producer, "odd.dlt", sample).await);
     }
-    let running = Running::start(fleet(&settings), &store);
+    let running = Member::start(fleet(&settings), &store);
     eventually(Duration::from_secs(30), "4 tasks", || async {
         count(&store).await == 4
     })
@@ -196,7 +173,7 @@ async fn dead_letter_headers_fill_the_failure_context() {
         };
         produce(&producer, "mixed.dlt", &sample).await;
     }
-    let running = Running::start(fleet(&settings), &store);
+    let running = Member::start(fleet(&settings), &store);
     eventually(Duration::from_secs(30), "6 tasks", || async {
         count(&store).await == 6
     })
@@ -271,7 +248,7 @@ async fn a_message_over_the_size_limit_is_stored_in_minimal_form() {
     };
     produce(&producer, "big.dlt", &big).await;
     produce(&producer, "big.dlt", &small).await;
-    let running = Running::start(fleet(&settings), &store);
+    let running = Member::start(fleet(&settings), &store);
     eventually(Duration::from_secs(30), "2 tasks", || async {
         count(&store).await == 2
     })
@@ -340,7 +317,7 @@ async fn process_mode_stores_only_failures_as_their_first_attempt() {
         .handler("validate", Validate)
         .build()
         .unwrap();
-    let running = Running::start(fleet, &store);
+    let running = Member::start(fleet, &store);
     let group = settings.kafka.group_id.clone();
     eventually(Duration::from_secs(30), "all 5 offsets committed", || {
         let bootstrap = bootstrap.clone();
@@ -401,7 +378,7 @@ async fn a_routes_policy_overrides_the_handlers() {
         .handler("slow", Slow)
         .build()
         .unwrap();
-    let running = Running::start(fleet, &store);
+    let running = Member::start(fleet, &store);
     eventually(Duration::from_secs(30), "a permanent failure", || async {
         store.status_counts().await.unwrap().permanent_failure == 1
     })

@@ -10,8 +10,8 @@ use redrive::{Settings, Store};
 use std::time::Duration;
 
 use crate::broker::{cluster, produce, producer, route, use_cluster, Sample};
-use crate::ingest::{fleet, Running};
-use crate::support::{eventually, fresh_store, scalar};
+use crate::ingest::fleet;
+use crate::support::{eventually, fresh_store, scalar, Member};
 
 const TOPIC: &str = "faults";
 const PARTITIONS: i32 = 4;
@@ -100,14 +100,14 @@ async fn random_faults_rebalances_and_shutdowns_lose_and_duplicate_nothing() {
         }
     });
 
-    let mut members: Vec<Running> = Vec::new();
+    let mut members: Vec<Member> = Vec::new();
     for _round in 0..8 {
         let join = members.is_empty() || (members.len() < 3 && rng.random_bool(0.6));
         if join {
             let mut member = settings.clone();
             member.ingest.batch_size = rng.random_range(1..=60);
             member.ingest.linger = Duration::from_millis(rng.random_range(5..=100));
-            members.push(Running::start(fleet(&member), &store));
+            members.push(Member::start(fleet(&member), &store));
         } else {
             let leaving = members.remove(rng.random_range(0..members.len()));
             leaving.stop().await;
@@ -128,7 +128,7 @@ async fn random_faults_rebalances_and_shutdowns_lose_and_duplicate_nothing() {
         settings.kafka.group_id.clone(),
     );
     if members.is_empty() {
-        members.push(Running::start(fleet(&settings), &store));
+        members.push(Member::start(fleet(&settings), &store));
     }
     eventually(Duration::from_secs(60), "every offset committed", || {
         let (bootstrap, group) = (bootstrap.clone(), group.clone());
@@ -160,4 +160,49 @@ async fn random_faults_rebalances_and_shutdowns_lose_and_duplicate_nothing() {
         i64::from(total),
         "seed {seed}: no duplicates"
     );
+}
+
+/// Regression: an offset commit the broker refused was never tried again while its
+/// partition stayed idle, so the group's committed offset stayed behind what was
+/// stored (lag for ever, and a redelivery at the next rebalance or restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_commit_is_tried_again_though_no_message_follows() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let broker = cluster(&[("idle.dlt", 1)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(
+        &mut settings,
+        &bootstrap,
+        vec![route(&["idle.dlt"], RouteMode::Capture, "log")],
+    );
+    settings.worker.enabled = false;
+    let group = settings.kafka.group_id.clone();
+    let member = Member::start(fleet(&settings), &store);
+    let producer = producer(&bootstrap);
+    produce(&producer, "idle.dlt", &Sample::default()).await;
+    eventually(
+        Duration::from_secs(30),
+        "the first message committed",
+        || async { crate::broker::committed(&bootstrap, &group, "idle.dlt", 1) == vec![1] },
+    )
+    .await;
+    broker.request_errors(
+        RDKafkaApiKey::OffsetCommit,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT; 3],
+    );
+    for _ in 0..5 {
+        produce(&producer, "idle.dlt", &Sample::default()).await;
+    }
+    eventually(Duration::from_secs(30), "all six stored", || async {
+        scalar(&store, "SELECT count(*) FROM recovery_task").await == 6
+    })
+    .await;
+    eventually(
+        Duration::from_secs(30),
+        "the refused commit tried again until it is taken",
+        || async { crate::broker::committed(&bootstrap, &group, "idle.dlt", 1) == vec![6] },
+    )
+    .await;
+    member.stop().await;
 }

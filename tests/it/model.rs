@@ -1,10 +1,20 @@
 //! A randomized model test of the store's leases. Simulated workers claim, heartbeat,
 //! finish (resolved, retry at a time, permanent), release, crash and lose their leases
 //! in random interleavings, while an operator retries, discards and resolves tasks
-//! (some of them leased); after every step the rows in PostgreSQL must agree with a
-//! small in-memory model: which writes landed, attempts, lease columns, due times and
-//! the attempt history (one row per counted attempt). Each case ends by driving every
-//! task to a final state, then `check` must find the whole store sound.
+//! (some of them leased), and a claim round's later statement (a limited handler's
+//! claim) fails at random. Some tasks share an order key (a route's `ordering = "key"`):
+//! whatever is enqueued, claimed, finished, retried or discarded, every key with open
+//! tasks has exactly one that may run, the others held (their due times are then the
+//! database's, not predicted). In half the cases the handler compensates: a permanent
+//! failure owes a compensation, which a compensator claims and finishes (or leaves
+//! running), and an operator's retry or resolve of a task whose compensation has
+//! started is refused unless forced (forcing cancels a pending one); a discard never
+//! needs force. Now and then a task's stored headers are made unreadable: its claim,
+//! or its compensation's, ends it instead of returning it. After every step the rows
+//! in PostgreSQL must agree with a small in-memory model: which writes landed,
+//! attempts, lease columns, due times and the attempt history (one row per counted
+//! attempt). Each case ends by driving every task to a final state, then `check` must
+//! find the whole store sound.
 //!
 //! `REDRIVE_MODEL_CASES` (default 200) sets the number of cases and `REDRIVE_MODEL_SEED`
 //! the first case's seed (default: random); a failure names the seed that replays it.
@@ -14,7 +24,10 @@ use chrono::{DateTime, Utc};
 use rand::rngs::StdRng;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
-use redrive::store::{Action, Budget, Budgets, Finish, FinishOutcome, Operator, Selection};
+use redrive::store::{
+    Action, Budget, Budgets, CompensationOutcome, CompensationResult, Finish, Operator, Selection,
+};
+use redrive::task::FinishOutcome;
 use redrive::{Lease, NewTask, Store, TaskId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -53,7 +66,9 @@ fn env_number(name: &str) -> Option<u64> {
 async fn the_store_agrees_with_a_model_of_leases_under_random_interleavings() {
     let cases = env_number("REDRIVE_MODEL_CASES").unwrap_or(200);
     let first_seed = env_number("REDRIVE_MODEL_SEED").unwrap_or_else(rand::random);
+    eprintln!("model: {cases} cases from seed {first_seed} (REDRIVE_MODEL_SEED replays them)");
     let (store, _) = fresh_store().await;
+    plant_claim_fault(&store).await;
     let mut running = tokio::task::JoinSet::new();
     let mut failures = BTreeMap::new();
     for seed in (0..cases).map(|i| first_seed.wrapping_add(i)) {
@@ -71,6 +86,24 @@ async fn the_store_agrees_with_a_model_of_leases_under_random_interleavings() {
             "{} of {cases} model cases failed (seeds from {first_seed}); the first:\n{first}",
             failures.len()
         );
+    }
+}
+
+/// Ends the handler names of faulty claims: a claim of such a task fails (as
+/// `hardening::a_claim_round_that_fails_half_way_starts_what_it_claimed` plants it).
+const FAULTY: &str = "!faulty";
+
+/// Makes every claim of a task whose handler ends in [`FAULTY`] fail with a data
+/// error, the statement rolled back.
+async fn plant_claim_fault(store: &Store) {
+    for statement in [
+        "CREATE FUNCTION model_refuse_claim() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN RAISE EXCEPTION 'planted claim fault' USING ERRCODE = '22003'; END $$",
+        "CREATE TRIGGER model_refuse_claim BEFORE UPDATE OF lease_owner ON recovery_task \
+         FOR EACH ROW WHEN (NEW.handler LIKE '%!faulty' AND NEW.lease_owner IS NOT NULL) \
+         EXECUTE FUNCTION model_refuse_claim()",
+    ] {
+        sqlx::query(statement).execute(store.pool()).await.unwrap();
     }
 }
 
@@ -136,7 +169,33 @@ struct ModelTask {
     history: Vec<HistoryRow>,
     /// Its stored headers were overwritten with bytes that cannot be decoded.
     corrupt: bool,
+    /// Enqueued with an order key: held behind its key's open task while there is one.
+    ordered: bool,
+    /// Its row of `recovery_compensation`, once it owes one.
+    compensation: Option<Compensation>,
 }
+
+/// The predicted row of a task's compensation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Compensation {
+    state: &'static str,
+    attempts: i32,
+    version: i64,
+    /// Claimed and not finished: due a lease ahead, never again within a case.
+    running: bool,
+}
+
+impl Compensation {
+    /// Whether it has started for its task's current failure (see `store/operate.rs`).
+    fn started(&self, task_status: &str) -> bool {
+        matches!(task_status, "permanent_failure" | "discarded")
+            && self.attempts > 0
+            && self.state != "cancelled"
+    }
+}
+
+/// Order keys per case: few, so that keys have several tasks.
+const ORDER_KEYS: u8 = 2;
 
 /// One randomized run against its own handler.
 struct Case {
@@ -148,6 +207,10 @@ struct Case {
     /// Leases each worker believes it holds (some of them stale).
     workers: Vec<Vec<Lease>>,
     log: Vec<String>,
+    /// Whether this case's handler compensates its permanent failures.
+    compensates: bool,
+    /// Compensation claims a compensator holds (task id, claim version), some stale.
+    compensation_claims: Vec<(i64, i64)>,
 }
 
 fn now() -> DateTime<Utc> {
@@ -163,6 +226,7 @@ impl Case {
     fn new(store: Store, seed: u64) -> Case {
         let mut rng = StdRng::seed_from_u64(seed);
         let workers = vec![Vec::new(); rng.random_range(2..=4)];
+        let compensates = rng.random_bool(0.5);
         Case {
             store,
             seed,
@@ -171,6 +235,8 @@ impl Case {
             tasks: BTreeMap::new(),
             workers,
             log: Vec::new(),
+            compensates,
+            compensation_claims: Vec::new(),
         }
     }
 
@@ -190,6 +256,7 @@ impl Case {
     async fn steps(&mut self) -> Checked {
         let initial = self.rng.random_range(2..=6);
         self.enqueue(initial).await?;
+        self.enqueue_faulty().await?;
         self.compare().await?;
         for _ in 0..self.rng.random_range(15..=45) {
             let w = self.rng.random_range(0..self.workers.len());
@@ -198,21 +265,26 @@ impl Case {
                     let n = self.rng.random_range(1..=2);
                     self.enqueue(n).await?;
                 }
-                0..=29 => {
+                0..=20 => {
                     let limit = self.rng.random_range(1..=4);
                     self.claim(w, limit).await?;
                 }
-                30..=41 => self.heartbeat(w).await?,
-                42..=67 => self.finish(w, false).await?,
-                68..=75 => self.release(w).await?,
-                76..=84 => self.lapse().await?,
-                85..=90 => self.time_passes().await?,
-                91..=93 => {
+                21..=27 => {
+                    let limit = self.rng.random_range(1..=4);
+                    self.claim_round_failing_half_way(w, limit).await?;
+                }
+                28..=38 => self.heartbeat(w).await?,
+                39..=63 => self.finish(w, false).await?,
+                64..=71 => self.release(w).await?,
+                72..=80 => self.lapse().await?,
+                81..=86 => self.time_passes().await?,
+                87..=89 => {
                     self.log.push(format!("{} crashes", worker_name(w)));
                     self.workers[w].clear();
                 }
-                94..=97 => self.operate().await?,
-                _ => self.corrupt().await?,
+                90..=94 => self.operate().await?,
+                95..=97 => self.compensate().await?,
+                _ => self.corrupt(false).await?,
             }
             self.compare().await?;
         }
@@ -224,13 +296,19 @@ impl Case {
     async fn drive_to_completion(&mut self) -> Checked {
         let last = self.workers.len();
         self.workers.push(Vec::new());
-        self.time_passes().await?;
-        self.compare().await?;
-        let unfinished = self.unfinished().len() as u32;
-        self.claim(last, unfinished + 1).await?;
-        self.compare().await?;
-        self.finish(last, true).await?;
-        self.compare().await?;
+        // Each round ends the tasks that may run; a key's next one is released then.
+        for _ in 0..=self.tasks.len() {
+            if self.unfinished().is_empty() {
+                break;
+            }
+            self.time_passes().await?;
+            self.compare().await?;
+            let unfinished = self.unfinished().len() as u32;
+            self.claim(last, unfinished + 1).await?;
+            self.compare().await?;
+            self.finish(last, true).await?;
+            self.compare().await?;
+        }
         ensure!(
             self.unfinished().is_empty(),
             "tasks {:?} not final at the end",
@@ -257,28 +335,37 @@ impl Case {
         Ok(())
     }
 
-    /// An operator retries, discards or resolves one task, maybe one a worker holds.
+    /// An operator retries, discards or resolves one task, maybe one a worker holds,
+    /// often one whose compensation has started.
     async fn operate(&mut self) -> Checked {
-        let Some(&id) = self
-            .tasks
-            .keys()
-            .copied()
-            .collect::<Vec<_>>()
-            .choose(&mut self.rng)
-        else {
+        if self.compensates && self.rng.random_bool(0.5) {
+            // Often, compensations have just run when an operator looks.
+            self.compensate().await?;
+        }
+        let started: Vec<i64> = (self.tasks.iter())
+            .filter(|(_, t)| t.compensation.is_some_and(|c| c.started(t.row.status)))
+            .map(|(id, _)| *id)
+            .collect();
+        let candidates = if !started.is_empty() && self.rng.random_bool(0.5) {
+            started
+        } else {
+            self.tasks.keys().copied().collect()
+        };
+        let Some(&id) = candidates.choose(&mut self.rng) else {
             return Ok(());
         };
+        let force = self.rng.random_bool(0.3);
         let (action, new_status) = match self.rng.random_range(0..3) {
             0 => (
                 Action::Retry {
                     at: None,
                     budget: Budget::Fresh,
-                    force: false,
+                    force,
                 },
                 "failed",
             ),
             1 => (Action::Discard, "discarded"),
-            _ => (Action::Resolve { force: false }, "resolved"),
+            _ => (Action::Resolve { force }, "resolved"),
         };
         let operator = Operator {
             actor: "op".into(),
@@ -291,25 +378,44 @@ impl Case {
             .await)?;
         let end = now();
         let task = self.tasks.get_mut(&id).unwrap();
-        let applies = match action {
+        let in_status = match action {
             Action::Retry { .. } => task.row.status != "resolved",
             _ => matches!(task.row.status, "failed" | "permanent_failure"),
         };
+        let refused = in_status
+            && action.spares_compensations()
+            && task
+                .compensation
+                .is_some_and(|c| c.started(task.row.status));
+        let applies = in_status && !refused;
         self.log.push(format!(
-            "operator {} task {id} ({}): changed {}",
+            "operator {}{} task {id} ({}, compensation {:?}): changed {}, refused {}",
             action.name(),
+            if force { " --force" } else { "" },
             task.row.status,
-            report.changed
+            task.compensation,
+            report.changed,
+            report.refused
         ));
         ensure!(
-            report.changed == i64::from(applies),
-            "operator {}: changed {} of task {id} in {}",
+            (report.changed, report.refused) == (i64::from(applies), i64::from(refused)),
+            "operator {}: changed {}, refused {} of task {id} in {} (compensation {:?})",
             action.name(),
             report.changed,
-            task.row.status
+            report.refused,
+            task.row.status,
+            task.compensation
         );
         if !applies {
             return Ok(());
+        }
+        // A retried or resolved task no longer owes a compensation not yet done.
+        if let Some(c) = &mut task.compensation {
+            if c.state == "pending" && new_status != "discarded" {
+                c.state = "cancelled";
+                c.version += 1;
+                c.running = false;
+            }
         }
         let row = &mut task.row;
         if let Some(owner) = row.owner.take() {
@@ -356,6 +462,10 @@ impl Case {
         let tasks: Vec<NewTask> = (0..n)
             .map(|i| {
                 let mut task = NewTask::new(&self.handler, vec![i as u8]);
+                if self.rng.random_bool(0.4) {
+                    let key = [self.rng.random_range(0..ORDER_KEYS)];
+                    task.order_key = Some(redrive::task::order_key(&self.handler, &key));
+                }
                 let offset = if self.rng.random_bool(0.2) {
                     self.rng.random_range(600..3000)
                 } else {
@@ -385,10 +495,53 @@ impl Case {
                     row,
                     history: Vec::new(),
                     corrupt: false,
+                    compensation: None,
+                    ordered: task.order_key.is_some(),
                 },
             );
         }
         self.log.push(format!("enqueue {n}"));
+        Ok(())
+    }
+
+    /// The name of this case's limited handler whose claims fail.
+    fn faulty_handler(&self) -> String {
+        format!("{}{FAULTY}", self.handler)
+    }
+
+    /// A due task of the faulty handler, outside the model (no claim of it ever lands).
+    async fn enqueue_faulty(&mut self) -> Checked {
+        let task = NewTask::new(self.faulty_handler(), vec![0]);
+        db(self.store.enqueue_many(&[task]).await)?;
+        Ok(())
+    }
+
+    /// A claim round as a member runs it: the shared claim, then a limited handler's
+    /// claim that fails. The second statement changes nothing; what the first claimed
+    /// stays claimed, and the worker keeps it to run (it is finished, released or
+    /// lapses like any other lease, and so never loses an attempt unrun).
+    async fn claim_round_failing_half_way(&mut self, w: usize, limit: u32) -> Checked {
+        self.claim(w, limit).await?;
+        let faulty = self.faulty_handler();
+        let failed = self
+            .store
+            .claim(std::slice::from_ref(&faulty), limit, &worker_name(w), LEASE)
+            .await;
+        self.log.push(format!(
+            "{} claims the faulty handler: {failed:?}",
+            worker_name(w)
+        ));
+        ensure!(failed.is_err(), "the faulty claim succeeded: {failed:?}");
+        let untouched: (i32, Option<String>, i64) = db(sqlx::query_as(
+            "SELECT attempts, lease_owner, lease_version FROM recovery_task WHERE handler = $1",
+        )
+        .bind(&faulty)
+        .fetch_one(self.store.pool())
+        .await)?;
+        ensure!(
+            untouched == (0, None, 0),
+            "a failed claim left its trace: {untouched:?}"
+        );
         Ok(())
     }
 
@@ -580,7 +733,7 @@ impl Case {
                         - chrono::Duration::milliseconds(self.rng.random_range(0..5000)),
                     duration: Duration::from_millis(self.rng.random_range(0..5000)),
                     error,
-                    compensate: false,
+                    compensate: self.compensates,
                 }
             })
             .collect();
@@ -592,7 +745,7 @@ impl Case {
             "{name} finishes {:?}: wrote {written:?}",
             results
                 .iter()
-                .map(|r| (r.lease.id.0, r.lease.version, r.outcome.history_label()))
+                .map(|r| (r.lease.id.0, r.lease.version, r.outcome.history().as_str()))
                 .collect::<Vec<_>>()
         ));
         let expected: Vec<Lease> = leases.iter().filter(|l| self.holds(l)).copied().collect();
@@ -606,20 +759,126 @@ impl Case {
                     row.next_at = Time::Between(at, at + latency);
                     "failed"
                 }
-                FinishOutcome::PermanentFailure => "permanent_failure",
+                FinishOutcome::PermanentFailure | FinishOutcome::NotCalled => "permanent_failure",
             };
             row.owner = None;
             row.leased_at = None;
+            if row.status == "permanent_failure" && self.compensates {
+                // Owed anew, even by a task compensated before it was retried.
+                task.compensation = Some(Compensation {
+                    state: "pending",
+                    attempts: 0,
+                    version: task.compensation.map_or(0, |c| c.version + 1),
+                    running: false,
+                });
+            }
             task.history.push(HistoryRow {
                 version: result.lease.version,
                 attempt: row.attempts,
                 worker: name.clone(),
-                outcome: result.outcome.history_label(),
+                outcome: result.outcome.history().as_str(),
                 started_at: Time::At(result.started_at),
                 error: Some(result.error.clone()),
             });
         }
         self.forget(w, &leases);
+        Ok(())
+    }
+
+    /// A compensator claims every due compensation, then writes results under some of
+    /// the claims it holds (some of them stale: cancelled by an operator, or owed anew).
+    async fn compensate(&mut self) -> Checked {
+        if self.rng.random_bool(0.25) {
+            // Now and then a task owing one cannot be read by the time it is claimed.
+            self.corrupt(true).await?;
+        }
+        let claimed = db(self
+            .store
+            .claim_compensations(
+                std::slice::from_ref(&self.handler),
+                100,
+                "compensator",
+                LEASE,
+            )
+            .await)?;
+        let got: BTreeSet<i64> = claimed.iter().map(|c| c.task.id.0).collect();
+        let (unreadable, due): (BTreeSet<i64>, BTreeSet<i64>) = (self.tasks.iter())
+            .filter(|(_, t)| {
+                t.compensation
+                    .is_some_and(|c| c.state == "pending" && !c.running)
+            })
+            .map(|(id, _)| *id)
+            .partition(|id| self.tasks[id].corrupt);
+        self.log.push(format!("compensator claims {got:?}"));
+        ensure!(got == due, "compensations claimed {got:?}, due {due:?}");
+        // One whose task cannot be read is claimed too, but ended failed at once.
+        for id in unreadable {
+            let c = (self.tasks.get_mut(&id).unwrap().compensation)
+                .as_mut()
+                .unwrap();
+            c.attempts += 1;
+            c.version += 2;
+            c.state = "failed";
+        }
+        for claim in &claimed {
+            let c = (self.tasks.get_mut(&claim.task.id.0).unwrap().compensation)
+                .as_mut()
+                .unwrap();
+            c.attempts += 1;
+            c.version += 1;
+            c.running = true;
+            ensure!(
+                (claim.version, claim.attempt) == (c.version, c.attempts),
+                "compensation claim {claim:?} of task {}, model {c:?}",
+                claim.task.id
+            );
+            self.compensation_claims
+                .push((claim.task.id.0, claim.version));
+        }
+        self.compensation_claims.shuffle(&mut self.rng);
+        let finishing = self.rng.random_range(0..=self.compensation_claims.len());
+        for (id, version) in self.compensation_claims.split_off(finishing) {
+            let outcome = match self.rng.random_range(0..3) {
+                0 => CompensationOutcome::Compensated,
+                1 => CompensationOutcome::Failed,
+                _ => CompensationOutcome::Retry { at: now() },
+            };
+            let written = db(self
+                .store
+                .finish_compensation(
+                    "compensator",
+                    &CompensationResult {
+                        task_id: TaskId(id),
+                        version,
+                        outcome,
+                        started_at: now(),
+                        duration: Duration::ZERO,
+                        error: None,
+                    },
+                )
+                .await)?;
+            let c = (self.tasks.get_mut(&id).unwrap().compensation)
+                .as_mut()
+                .unwrap();
+            let lands = c.version == version && c.state == "pending";
+            self.log.push(format!(
+                "compensator finishes {id}@{version} {outcome:?}: {written}"
+            ));
+            ensure!(
+                written == lands,
+                "compensation result {outcome:?} under claim {version} of task {id}: \
+                 written {written}, model {c:?}"
+            );
+            if lands {
+                c.version += 1;
+                c.running = false;
+                c.state = match outcome {
+                    CompensationOutcome::Compensated => "compensated",
+                    CompensationOutcome::Failed => "failed",
+                    CompensationOutcome::Retry { .. } => "pending",
+                };
+            }
+        }
         Ok(())
     }
 
@@ -701,12 +960,17 @@ impl Case {
         Ok(())
     }
 
-    /// Someone writes header bytes that cannot be decoded into an unfinished task.
-    async fn corrupt(&mut self) -> Checked {
+    /// Someone writes header bytes that cannot be decoded into an unfinished task or
+    /// one that owes a compensation (only the latter when `owing`).
+    async fn corrupt(&mut self, owing: bool) -> Checked {
         let candidates: Vec<i64> = self
             .tasks
             .iter()
-            .filter(|(_, t)| t.row.status == "failed" && !t.corrupt)
+            .filter(|(_, t)| {
+                !t.corrupt
+                    && ((t.row.status == "failed" && !owing)
+                        || t.compensation.is_some_and(|c| c.state == "pending"))
+            })
             .map(|(id, _)| *id)
             .collect();
         let Some(&id) = candidates.choose(&mut self.rng) else {
@@ -746,7 +1010,13 @@ impl Case {
             "tasks in the database differ from the model's"
         );
         for (id, status, attempts, owner, version, leased_at, next_at) in rows {
-            let row = &mut self.tasks.get_mut(&id).unwrap().row;
+            let task = self.tasks.get_mut(&id).unwrap();
+            // An ordered task's due time is its key's business (held, released by the
+            // end of the task ahead): taken from the database, checked by `keys_in_order`.
+            if task.ordered && status == "failed" && owner.is_none() {
+                task.row.next_at = Time::At(next_at);
+            }
+            let row = &mut task.row;
             let pinned = row.next_at.pin(next_at)
                 & match (&mut row.leased_at, leased_at) {
                     (Some(expected), Some(actual)) => expected.pin(actual),
@@ -761,6 +1031,25 @@ impl Case {
                 (status, attempts, owner, version, leased_at, next_at)
             );
         }
+
+        self.keys_in_order().await?;
+        let compensations: Vec<(i64, String, i32, i64)> = db(sqlx::query_as(
+            "SELECT c.task_id, c.state, c.attempts, c.version FROM recovery_compensation c \
+             JOIN recovery_task t ON t.id = c.task_id WHERE t.handler = $1 ORDER BY 1",
+        )
+        .bind(&self.handler)
+        .fetch_all(self.store.pool())
+        .await)?;
+        let expected: Vec<(i64, String, i32, i64)> = (self.tasks.iter())
+            .filter_map(|(id, t)| {
+                t.compensation
+                    .map(|c| (*id, c.state.to_owned(), c.attempts, c.version))
+            })
+            .collect();
+        ensure!(
+            compensations == expected,
+            "compensations in the database {compensations:?}, model {expected:?}"
+        );
 
         type HistoryDbRow = (i64, i64, i32, String, DateTime<Utc>, String, Option<String>);
         let history: Vec<HistoryDbRow> = db(sqlx::query_as(
@@ -809,6 +1098,30 @@ impl Case {
                 numbers.iter().copied().eq(1..=task.row.attempts - running),
                 "task {id}: {} attempts counted, history numbers {numbers:?}",
                 task.row.attempts
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Case {
+    /// Every order key with open tasks has exactly one that is not held (running, or
+    /// due when its time comes); the held ones are never due.
+    async fn keys_in_order(&self) -> Checked {
+        let keys: Vec<(i64, i64, i64)> = db(sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE NOT held), \
+                    count(*) FILTER (WHERE held AND next_attempt_at < '9000-01-01') \
+             FROM recovery_task WHERE handler = $1 AND order_key IS NOT NULL \
+               AND status = 'failed' GROUP BY order_key",
+        )
+        .bind(&self.handler)
+        .fetch_all(self.store.pool())
+        .await)?;
+        for (open, runnable, held_but_due) in keys {
+            ensure!(
+                runnable == 1 && held_but_due == 0,
+                "an order key with {open} open tasks has {runnable} not held, \
+                 {held_but_due} held but due"
             );
         }
         Ok(())

@@ -12,10 +12,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
 
 use crate::broker::{cluster, produce, producer, route, use_cluster, Sample};
-use crate::support::{eventually, fresh_store, PgProxy};
+use crate::support::{eventually, fresh_store, Member, PgProxy};
 
 /// Resolves even values, fails odd ones (transiently, then for good).
 struct Flaky;
@@ -200,8 +199,7 @@ async fn every_dashboard_panel_and_alert_evaluates_against_a_real_prometheus() {
         .handler("flaky", Flaky)
         .build()
         .unwrap();
-    let stop = CancellationToken::new();
-    let running = tokio::spawn(fleet.run_with_store(store.clone(), stop.clone()));
+    let member = Member::start(fleet, &store);
     let prometheus = Prometheus::start(metrics_at);
 
     // Traffic while Prometheus scrapes.
@@ -333,8 +331,7 @@ async fn every_dashboard_panel_and_alert_evaluates_against_a_real_prometheus() {
         ready["data"]["result"][0]["value"][1], "1",
         "{ready} {readyz:?}"
     );
-    stop.cancel();
-    running.await.unwrap().unwrap();
+    member.stop().await;
 }
 
 async fn get(url: &str) -> (u16, Value) {
@@ -359,8 +356,7 @@ async fn readyz_follows_postgres_through_an_outage_while_healthz_stays_up() {
         .with_builtin_handlers()
         .build()
         .unwrap();
-    let stop = CancellationToken::new();
-    let running = tokio::spawn(fleet.run_with_store(proxied, stop.clone()));
+    let member = Member::start(fleet, &proxied);
     let readyz = format!("http://{address}/readyz");
     let healthz = format!("http://{address}/healthz");
     eventually(Duration::from_secs(10), "ready", || async {
@@ -390,8 +386,7 @@ async fn readyz_follows_postgres_through_an_outage_while_healthz_stays_up() {
         get(&readyz).await.0 == 200
     })
     .await;
-    stop.cancel();
-    running.await.unwrap().unwrap();
+    member.stop().await;
     drop(store);
 }
 

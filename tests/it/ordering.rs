@@ -10,9 +10,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use redrive::config::{Ordering, RouteMode};
 use redrive::store::{
-    Action, Budget, Budgets, Finish, FinishOutcome, Operator, Selection, TaskFilter, ACTION_BATCH,
+    Action, Budget, Budgets, Finish, Operator, Selection, TaskFilter, ACTION_BATCH,
 };
-use redrive::task::{order_key, Status};
+use redrive::task::{order_key, FinishOutcome, Status};
 use redrive::{
     Failure, Fleet, Handler, HandlerContext, HandlerError, NewTask, Store, Task, TaskId,
 };
@@ -22,8 +22,7 @@ use std::time::Duration;
 
 use crate::broker::{cluster, produce, producer, route, use_cluster, Sample};
 use crate::http_server::{Reply, TestServer};
-use crate::ingest::Running;
-use crate::support::{self, eventually, fresh_store, scalar};
+use crate::support::{self, eventually, fresh_store, scalar, Member};
 
 const KEYS: [&str; 4] = ["alice", "bob", "carol", "dave"];
 
@@ -340,7 +339,7 @@ async fn process_mode_runs_nothing_inline_behind_an_open_failure_of_its_key() {
         )
         .build()
         .unwrap();
-    let running = Running::start(fleet, &store);
+    let running = Member::start(fleet, &store);
     eventually(
         Duration::from_secs(30),
         "every stored task resolved",

@@ -3,12 +3,11 @@
 
 use redrive::config::RouteMode;
 use redrive::Store;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::broker::{cluster, committed, produce, producer, route, use_cluster, Sample};
-use crate::ingest::{fleet, Running};
-use crate::support::{eventually, fresh_store, scalar, PgProxy};
+use crate::ingest::fleet;
+use crate::support::{eventually, fresh_store, scalar, Member, PgProxy, Spawn};
 
 async fn tasks(store: &Store) -> i64 {
     scalar(store, "SELECT count(*) FROM recovery_task").await
@@ -68,21 +67,7 @@ async fn an_ingest_process_killed_mid_stream_loses_and_duplicates_nothing() {
         settings.kafka.group_id
     );
     std::fs::write(config.path(), toml).unwrap();
-    let start = || {
-        use secrecy::ExposeSecret;
-        Command::new(env!("CARGO_BIN_EXE_redrive"))
-            .args(["--config", config.path().to_str().unwrap(), "run"])
-            .env(
-                "REDRIVE__DATABASE__URL",
-                settings.database.url.expose_secret(),
-            )
-            .env("REDRIVE__DATABASE__SCHEMA", &settings.database.schema)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
+    let start = || Spawn::binary(&settings).config(config.path()).start();
     produce_range(&bootstrap, "stream.dlt", 0..3000).await;
     let mut first = start();
     eventually(Duration::from_secs(60), "ingest under way", || async {
@@ -90,8 +75,7 @@ async fn an_ingest_process_killed_mid_stream_loses_and_duplicates_nothing() {
         n > 0 && n < 3000
     })
     .await;
-    first.kill().unwrap(); // SIGKILL
-    first.wait().unwrap();
+    first.kill();
     let at_kill = tasks(&store).await;
     produce_range(&bootstrap, "stream.dlt", 3000..4000).await;
     let mut second = start();
@@ -106,8 +90,7 @@ async fn an_ingest_process_killed_mid_stream_loses_and_duplicates_nothing() {
         || async { committed_total(&bootstrap, &group, "stream.dlt", 3).await == 4000 },
     )
     .await;
-    assert_eq!(unsafe { libc::kill(second.id() as i32, libc::SIGTERM) }, 0);
-    assert!(second.wait().unwrap().success());
+    second.stop(Duration::from_secs(30)).await;
     assert!(at_kill < 4000, "killed mid-stream ({at_kill} stored)");
     assert_each_message_once(&store, 4000).await;
 }
@@ -125,12 +108,12 @@ async fn a_member_joining_mid_stream_shares_partitions_without_duplicates() {
     settings.worker.enabled = false;
     settings.ingest.batch_size = 20;
     produce_range(&bootstrap, "shared.dlt", 0..1000).await;
-    let first = Running::start(fleet(&settings), &store);
+    let first = Member::start(fleet(&settings), &store);
     eventually(Duration::from_secs(60), "ingest under way", || async {
         tasks(&store).await > 0
     })
     .await;
-    let second = Running::start(fleet(&settings), &store);
+    let second = Member::start(fleet(&settings), &store);
     produce_range(&bootstrap, "shared.dlt", 1000..2000).await;
     eventually(Duration::from_secs(90), "2000 tasks", || async {
         tasks(&store).await == 2000
@@ -164,7 +147,7 @@ async fn a_postgres_outage_stops_commits_then_ingest_resumes_with_nothing_lost()
     through_proxy.worker.enabled = false;
     let group = through_proxy.kafka.group_id.clone();
     let proxied_store = Store::connect(&through_proxy.database).await.unwrap();
-    let running = Running::start(fleet(&through_proxy), &proxied_store);
+    let running = Member::start(fleet(&through_proxy), &proxied_store);
     produce_range(&bootstrap, "pg.dlt", 0..200).await;
     eventually(Duration::from_secs(60), "200 tasks", || async {
         tasks(&store).await == 200
@@ -212,7 +195,7 @@ async fn a_postgres_outage_pauses_the_worker_pool_which_then_finishes_every_task
         .collect();
     store.enqueue_many(&tasks_in[..100]).await.unwrap();
     let proxied_store = Store::connect(&through_proxy.database).await.unwrap();
-    let running = Running::start(fleet(&through_proxy), &proxied_store);
+    let running = Member::start(fleet(&through_proxy), &proxied_store);
     eventually(
         Duration::from_secs(30),
         "the first 100 resolved",
@@ -257,23 +240,16 @@ async fn a_member_started_while_postgres_is_down_waits_for_it_then_works() {
     let proxy = PgProxy::start().await;
     proxy.cut();
     let routed = proxy.route(&settings);
-    let run = |url: &str| {
-        Command::new(env!("CARGO_BIN_EXE_redrive"))
-            .arg("run")
-            .env("REDRIVE__DATABASE__URL", url)
-            .env("REDRIVE__DATABASE__SCHEMA", &settings.database.schema)
+    let run = |settings: &redrive::Settings| {
+        Spawn::binary(settings)
             .env("REDRIVE__DATABASE__CONNECT_TIMEOUT", "1s")
             .env("REDRIVE__WORKER__POLL_INTERVAL", "100ms")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+            .start()
     };
-    let mut member = run(routed.database.url.expose_secret());
+    let mut member = run(&routed);
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
-        member.try_wait().unwrap().is_none(),
+        member.exited().is_none(),
         "the member gave up while the database was down"
     );
     proxy.restore();
@@ -281,18 +257,19 @@ async fn a_member_started_while_postgres_is_down_waits_for_it_then_works() {
         store.get(id).await.unwrap().unwrap().status == redrive::Status::Resolved
     })
     .await;
-    member.kill().unwrap();
-    member.wait().unwrap();
+    member.kill();
 
-    let missing = settings
-        .database
-        .url
-        .expose_secret()
+    let mut missing = settings.clone();
+    missing.database.url = (settings.database.url.expose_secret())
         .rsplit_once('/')
         .map(|(base, _)| format!("{base}/no_such_database_here"))
-        .unwrap();
-    let out = run(&missing).wait_with_output().unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("no_such_database_here"), "{stderr}");
+        .unwrap()
+        .into();
+    let mut member = run(&missing);
+    assert!(!member.wait(Duration::from_secs(30)).await.success());
+    assert!(
+        !member.log_lines("no_such_database_here").is_empty(),
+        "{}",
+        member.log_tail()
+    );
 }

@@ -8,12 +8,10 @@
 
 use async_trait::async_trait;
 use redrive::{Fleet, Handler, HandlerContext, HandlerError, NewTask, Settings, Store, Task};
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::broker::{cluster, committed, produce, producer, Sample};
-use crate::support::{eventually, fresh_store, scalar};
+use crate::support::{eventually, fresh_store, scalar, MemberProcess, Spawn};
 
 const CHILD_ROLE: &str = "REDRIVE_TEST_CHILD";
 
@@ -67,120 +65,28 @@ async fn child_fleet_member() {
     builder.build().unwrap().run().await.unwrap();
 }
 
-/// A fleet member process; killed on drop if still running.
-struct Member {
-    child: Child,
-    log: PathBuf,
+/// A child fleet member of `role` ("record" or "hang") with the environment `env`.
+fn child(role: &str, settings: &Settings, env: &[(&str, &str)]) -> MemberProcess {
+    Spawn::test_child("process::child_fleet_member", settings)
+        .env(CHILD_ROLE, role)
+        .env("REDRIVE__WORKER__POLL_INTERVAL", "200ms")
+        .envs(env)
+        .start()
 }
 
-impl Member {
-    fn start(role: &str, settings: &Settings, extra_env: &[(&str, &str)]) -> Member {
-        use secrecy::ExposeSecret;
-        let log = std::env::temp_dir().join(format!("redrive-child-{}.log", rand::random::<u64>()));
-        let mut command = Command::new(std::env::current_exe().unwrap());
-        command
-            .args([
-                "process::child_fleet_member",
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_ROLE, role)
-            .env(
-                "REDRIVE__DATABASE__URL",
-                settings.database.url.expose_secret(),
-            )
-            .env("REDRIVE__DATABASE__SCHEMA", &settings.database.schema)
-            .env("REDRIVE__WORKER__POLL_INTERVAL", "200ms")
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
-        for (key, value) in extra_env {
-            command.env(key, value);
-        }
-        Member {
-            child: command.spawn().expect("spawn child"),
-            log,
-        }
-    }
-
-    /// `redrive run` of the real binary with the TOML file `config`, logging at info.
-    fn binary(config: &std::path::Path, settings: &Settings) -> Member {
-        use secrecy::ExposeSecret;
-        let log = std::env::temp_dir().join(format!("redrive-run-{}.log", rand::random::<u64>()));
-        let child = Command::new(env!("CARGO_BIN_EXE_redrive"))
-            .arg("--config")
-            .arg(config)
-            .arg("run")
-            .env(
-                "REDRIVE__DATABASE__URL",
-                settings.database.url.expose_secret(),
-            )
-            .env("REDRIVE__DATABASE__SCHEMA", &settings.database.schema)
-            .env("RUST_LOG", "info")
-            .env("REDRIVE__LOG__FORMAT", "text")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("spawn redrive run");
-        Member { child, log }
-    }
-
-    /// Every line of this member's log that contains `what`.
-    fn log_lines(&self, what: &str) -> Vec<String> {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        text.lines()
-            .filter(|line| line.contains(what))
-            .map(str::to_owned)
-            .collect()
-    }
-
-    /// The partitions this member holds after its last rebalance, per its log.
-    fn partitions_held(&self) -> usize {
-        self.log_lines("partitions held")
-            .last()
-            .and_then(|line| line.split("count=").nth(1))
-            .and_then(|rest| rest.split_whitespace().next())
-            .map_or(0, |count| count.parse().expect("a count"))
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    fn signal(&self, signal: i32) {
-        assert_eq!(unsafe { libc::kill(self.pid(), signal) }, 0);
-    }
-
-    async fn wait(&mut self, limit: Duration) -> ExitStatus {
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                start.elapsed() < limit,
-                "member did not exit; log:\n{}",
-                self.log_tail()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
-    }
+/// `redrive run` of the real binary with the TOML file `config`.
+fn binary(config: &std::path::Path, settings: &Settings) -> MemberProcess {
+    Spawn::binary(settings).config(config).start()
 }
 
-impl Drop for Member {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
-    }
+/// The partitions `member` holds after its last rebalance, per its log.
+fn partitions_held(member: &MemberProcess) -> usize {
+    member
+        .log_lines("partitions held")
+        .last()
+        .and_then(|line| line.split("count=").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map_or(0, |count| count.parse().expect("a count"))
 }
 
 async fn create_calls_table(store: &Store) {
@@ -212,8 +118,8 @@ async fn two_processes_of_four_workers_handle_each_of_ten_thousand_tasks_once() 
         ("REDRIVE__WORKER__BATCH_SIZE", "4"),
     ];
     let mut members = [
-        Member::start("record", &settings, &env),
-        Member::start("record", &settings, &env),
+        child("record", &settings, &env),
+        child("record", &settings, &env),
     ];
     enqueue_work(&store, 5_000).await;
     eventually(
@@ -226,11 +132,7 @@ async fn two_processes_of_four_workers_handle_each_of_ten_thousand_tasks_once() 
         member.signal(libc::SIGTERM);
     }
     for member in &mut members {
-        assert!(
-            member.wait(Duration::from_secs(30)).await.success(),
-            "{}",
-            member.log_tail()
-        );
+        member.stop(Duration::from_secs(30)).await;
     }
     assert_eq!(scalar(&store, "SELECT count(*) FROM calls").await, 10_000);
     assert_eq!(
@@ -263,7 +165,7 @@ async fn tasks_of_a_member_killed_with_sigkill_are_finished_by_another_after_lea
         ("REDRIVE__WORKER__LEASE", "2s"),
         ("REDRIVE__WORKER__HEARTBEAT", "500ms"),
     ];
-    let mut doomed = Member::start("hang", &settings, &env);
+    let mut doomed = child("hang", &settings, &env);
     let leased = "SELECT count(*) FROM recovery_task WHERE lease_owner IS NOT NULL";
     eventually(
         Duration::from_secs(30),
@@ -271,8 +173,7 @@ async fn tasks_of_a_member_killed_with_sigkill_are_finished_by_another_after_lea
         || async { scalar(&store, leased).await == 8 },
     )
     .await;
-    doomed.child.kill().unwrap();
-    doomed.wait(Duration::from_secs(10)).await;
+    doomed.kill();
     let stranded: Vec<(i64, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
         "SELECT id, next_attempt_at FROM recovery_task WHERE lease_owner IS NOT NULL",
     )
@@ -281,13 +182,12 @@ async fn tasks_of_a_member_killed_with_sigkill_are_finished_by_another_after_lea
     .unwrap();
     assert_eq!(stranded.len(), 8);
 
-    let mut rescuer = Member::start("record", &settings, &env);
+    let mut rescuer = child("record", &settings, &env);
     eventually(Duration::from_secs(60), "all 20 tasks resolved", || async {
         store.status_counts().await.unwrap().resolved == 20
     })
     .await;
-    rescuer.signal(libc::SIGTERM);
-    assert!(rescuer.wait(Duration::from_secs(30)).await.success());
+    rescuer.stop(Duration::from_secs(30)).await;
 
     assert_eq!(
         scalar(&store, "SELECT count(DISTINCT task_id) FROM calls").await,
@@ -323,15 +223,13 @@ async fn sigterm_stops_claiming_and_releases_leases_after_the_deadline() {
         ("REDRIVE__WORKER__CONCURRENCY", "4"),
         ("REDRIVE__WORKER__SHUTDOWN_TIMEOUT", "500ms"),
     ];
-    let mut member = Member::start("hang", &settings, &env);
+    let mut member = child("hang", &settings, &env);
     let leased = "SELECT count(*) FROM recovery_task WHERE lease_owner IS NOT NULL";
     eventually(Duration::from_secs(30), "4 tasks leased", || async {
         scalar(&store, leased).await == 4
     })
     .await;
-    member.signal(libc::SIGTERM);
-    let status = member.wait(Duration::from_secs(15)).await;
-    assert!(status.success(), "{}", member.log_tail());
+    member.stop(Duration::from_secs(15)).await;
     assert_eq!(scalar(&store, leased).await, 0);
     assert_eq!(
         scalar(
@@ -400,8 +298,8 @@ async fn a_killed_members_partitions_move_to_the_survivor_within_the_session_tim
     let bootstrap = broker.bootstrap_servers();
     let group = format!("g-{:x}", rand::random::<u32>());
     let config = capture_config(&bootstrap, &group);
-    let mut doomed = Member::binary(config.path(), &settings);
-    let mut survivor = Member::binary(config.path(), &settings);
+    let mut doomed = binary(config.path(), &settings);
+    let mut survivor = binary(config.path(), &settings);
     let producer = producer(&bootstrap);
     let per_partition = 20;
     let per_round = per_partition as i64 * REBALANCE_PARTITIONS as i64;
@@ -410,9 +308,9 @@ async fn a_killed_members_partitions_move_to_the_survivor_within_the_session_tim
         Duration::from_secs(90),
         "both members hold partitions, and every message is stored",
         || async {
-            doomed.partitions_held() > 0
-                && survivor.partitions_held() > 0
-                && doomed.partitions_held() + survivor.partitions_held()
+            partitions_held(&doomed) > 0
+                && partitions_held(&survivor) > 0
+                && partitions_held(&doomed) + partitions_held(&survivor)
                     == REBALANCE_PARTITIONS as usize
                 && scalar(&store, "SELECT count(*) FROM recovery_task").await == per_round
         },
@@ -429,8 +327,7 @@ async fn a_killed_members_partitions_move_to_the_survivor_within_the_session_tim
     }
     let revoked_before = survivor.log_lines("partitions revoked").len();
 
-    doomed.child.kill().unwrap();
-    doomed.wait(Duration::from_secs(10)).await;
+    doomed.kill();
     let killed = Instant::now();
     produce_to_every_partition(&producer, per_partition).await;
     // The group notices a death after the session timeout; librdkafka's mock coordinator
@@ -443,7 +340,7 @@ async fn a_killed_members_partitions_move_to_the_survivor_within_the_session_tim
         || async { scalar(&store, "SELECT count(*) FROM recovery_task").await == 2 * per_round },
     )
     .await;
-    assert_eq!(survivor.partitions_held(), REBALANCE_PARTITIONS as usize);
+    assert_eq!(partitions_held(&survivor), REBALANCE_PARTITIONS as usize);
     assert_eq!(
         survivor.log_lines("partitions revoked").len(),
         revoked_before,
@@ -471,10 +368,5 @@ async fn a_killed_members_partitions_move_to_the_survivor_within_the_session_tim
     )
     .await;
 
-    survivor.signal(libc::SIGTERM);
-    assert!(
-        survivor.wait(Duration::from_secs(30)).await.success(),
-        "{}",
-        survivor.log_tail()
-    );
+    survivor.stop(Duration::from_secs(30)).await;
 }

@@ -2,7 +2,8 @@
 //! between its steps.
 
 use redrive::handlers::CheckpointError;
-use redrive::store::{Finish, FinishOutcome};
+use redrive::store::Finish;
+use redrive::task::FinishOutcome;
 use redrive::{HandlerContext, NewTask};
 use secrecy::ExposeSecret;
 use serde_json::json;

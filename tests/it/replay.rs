@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::broker::{cluster, consume, headers_of};
 use crate::operator_cli::{redrive, run};
-use crate::support::{fresh_store, scalar};
+use crate::support::{fresh_store, scalar, Member};
 
 /// Stores `count` tasks whose original topic is `orders`, with odd bytes in keys,
 /// values and header names.
@@ -78,6 +78,51 @@ fn assert_replayed_once(bootstrap: &str, topic: &str, expected: &HashMap<Vec<u8>
     assert_eq!(messages.len(), expected.len());
 }
 
+/// Starts a replay with `args` and SIGKILLs its process while a batch after its first
+/// is being produced (resuming and killing again if the batch was acknowledged in
+/// between, at most three tries: at the rates the tests use a batch takes most of a
+/// second). Answers the job's id.
+async fn kill_mid_batch(settings: &redrive::Settings, store: &Store, args: &[&str]) -> i64 {
+    let mut job_id = None;
+    for _ in 0..3 {
+        let mut command = redrive(settings);
+        match job_id {
+            None => command.args(args),
+            Some(id) => command.args(["replays", "resume", &format!("{id}")]),
+        };
+        let mut child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A batch after the first is being produced: the runner records the batch
+        // before producing it and clears it with the cursor once it is acknowledged.
+        crate::support::eventually(Duration::from_secs(30), "a batch in flight", || async {
+            scalar(
+                store,
+                "SELECT count(*) FROM recovery_replay WHERE pending_upto IS NOT NULL \
+                 AND cursor > 0",
+            )
+            .await
+                == 1
+        })
+        .await;
+        // `Child::kill` is SIGKILL: nothing of the runner's own clean-up runs.
+        child.kill().unwrap();
+        child.wait().unwrap();
+        job_id = Some(scalar(store, "SELECT max(id) FROM recovery_replay").await);
+        let pending = scalar(
+            store,
+            "SELECT count(*) FROM recovery_replay WHERE pending_upto IS NOT NULL",
+        )
+        .await;
+        if pending == 1 {
+            break;
+        }
+    }
+    job_id.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_killed_mid_batch_resumes_without_producing_twice() {
     let kafka = cluster(&[("orders", 3), ("replayed", 3)]);
@@ -86,37 +131,14 @@ async fn a_replay_killed_mid_batch_resumes_without_producing_twice() {
     settings.kafka.bootstrap_servers = bootstrap.clone();
     let expected = stored_failures(&store, 1_500).await;
 
-    // Killed while a batch is being produced (at most three tries to land inside one:
-    // at this rate a batch takes most of each second).
-    let mut job_id = None;
-    for round in 0..3 {
-        let mut command = redrive(&settings);
-        match job_id {
-            None => command.args([
-                "tasks", "replay", "--all", "--to", "replayed", "--rate", "300", "--yes",
-            ]),
-            Some(id) => command.args(["replays", "resume", &format!("{id}")]),
-        };
-        let mut child = command
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        tokio::time::sleep(Duration::from_millis(1_200 + 300 * round)).await;
-        child.kill().unwrap();
-        child.wait().unwrap();
-        let id = scalar(&store, "SELECT max(id) FROM recovery_replay").await;
-        job_id = Some(id);
-        let pending = scalar(
-            &store,
-            "SELECT count(*) FROM recovery_replay WHERE pending_upto IS NOT NULL",
-        )
-        .await;
-        if pending == 1 {
-            break;
-        }
-    }
-    let id = job_id.unwrap();
+    let id = kill_mid_batch(
+        &settings,
+        &store,
+        &[
+            "tasks", "replay", "--all", "--to", "replayed", "--rate", "300", "--yes",
+        ],
+    )
+    .await;
     let pending = scalar(
         &store,
         "SELECT count(*) FROM recovery_replay WHERE pending_upto IS NOT NULL",
@@ -211,8 +233,7 @@ async fn a_detached_replay_is_run_by_a_fleet_member() {
         .with_builtin_handlers()
         .build()
         .unwrap();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let running = tokio::spawn(fleet.run_with_store(store.clone(), stop.clone()));
+    let member = Member::start(fleet, &store);
 
     let client = reqwest::Client::new();
     let mut response = None;
@@ -256,8 +277,7 @@ async fn a_detached_replay_is_run_by_a_fleet_member() {
         .await,
         300
     );
-    stop.cancel();
-    running.await.unwrap().unwrap();
+    member.stop().await;
 }
 
 /// A replay to a topic a capture route consumes would come back as new tasks, which the
@@ -383,6 +403,7 @@ async fn a_resumed_batch_whose_selection_grew_produces_every_task_once() {
         settings.kafka.clone(),
         settings.ingest.max_message_bytes,
         "runner".into(),
+        Vec::new(),
     );
     let done = replayer
         .run(
@@ -395,4 +416,193 @@ async fn a_resumed_batch_whose_selection_grew_produces_every_task_once() {
     assert_eq!(done.status, "done");
     assert_eq!(done.produced, 400, "{done:?}");
     assert_replayed_once(&bootstrap, "orders", &expected);
+}
+
+/// The loop check holds on every path that runs a job, not only where it is created: a
+/// job recorded before the route existed (or by a CLI run without the fleet's config),
+/// then resumed with `replays resume`, or picked up by a member whose configuration
+/// consumes its topic, fails naming the route and produces nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_into_a_consumed_topic_is_refused_on_resume_and_on_pickup() {
+    use std::io::Write;
+    let kafka = cluster(&[("orders", 3), ("orders.dlt", 3)]);
+    let bootstrap = kafka.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    settings.kafka.bootstrap_servers = bootstrap.clone();
+    stored_failures(&store, 10).await;
+    let operator = redrive::store::Operator {
+        actor: "elsewhere".into(),
+        reason: None,
+    };
+    let into_dlt = |detached| redrive::store::NewReplay {
+        filter: redrive::store::TaskFilter::default(),
+        target_topic: Some("orders.dlt".into()),
+        mark_resolved: false,
+        rate: None,
+        detached,
+    };
+    let refused = |job: &Value| {
+        job["status"] == "failed"
+            && job["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("routes[0].pattern") && e.contains("endless loop"))
+    };
+
+    // Resumed by the CLI with a configuration whose capture route consumes the topic.
+    let job = store
+        .create_replay(&operator, &into_dlt(false), "runner")
+        .await
+        .unwrap();
+    store
+        .finish_replay(job.id, "runner", Some("stopped"))
+        .await
+        .unwrap();
+    let mut config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    write!(
+        config,
+        "[[routes]]\npattern = \"^.*\\\\.dlt\"\nmode = \"capture\"\nhandler = \"log\"\n"
+    )
+    .unwrap();
+    let config_path = config.path().to_str().unwrap().to_owned();
+    let out = run(
+        &settings,
+        &[
+            "--config",
+            &config_path,
+            "replays",
+            "resume",
+            &job.id.to_string(),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("endless loop"), "{stderr}");
+    let list: Value =
+        serde_json::from_slice(&run(&settings, &["replays", "list", "--json"]).stdout).unwrap();
+    assert!(refused(&list[0]), "{list}");
+
+    // Picked up by a member whose configuration consumes the topic.
+    let job = store
+        .create_replay(&operator, &into_dlt(true), "elsewhere")
+        .await
+        .unwrap();
+    let mut member = settings.clone();
+    member.worker.enabled = false;
+    member.routes = redrive::Settings::load(Some(config.path()), None)
+        .unwrap()
+        .routes;
+    let fleet = redrive::Fleet::builder(member)
+        .with_builtin_handlers()
+        .build()
+        .unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(fleet.run_with_store(store.clone(), stop.clone()));
+    crate::support::eventually(
+        Duration::from_secs(30),
+        "the member to take the job",
+        || {
+            let store = store.clone();
+            async move {
+                let job = store.replay(job.id).await.unwrap().unwrap();
+                job.status != "pending" && job.status != "running"
+            }
+        },
+    )
+    .await;
+    let job = serde_json::to_value(store.replay(job.id).await.unwrap().unwrap()).unwrap();
+    assert!(refused(&job), "{job}");
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    assert!(consume(&bootstrap, "orders.dlt", 3, 1, Duration::from_secs(2)).is_empty());
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_task").await,
+        10,
+        "nothing came back as a new task"
+    );
+}
+
+/// SIGKILLed mid-batch, then resumed while its selection grew (workers failing more
+/// tasks for good, inside the pending batch and past it): the resumed job produces
+/// every task its cursor had not passed, the pending batch's new ones included, each
+/// exactly once; tasks that started matching behind the cursor are not in this replay
+/// (README, "What a replay covers").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_killed_mid_batch_and_resumed_while_its_selection_grew_produces_each_once() {
+    let kafka = cluster(&[("orders", 3), ("replayed", 3)]);
+    let bootstrap = kafka.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    settings.kafka.bootstrap_servers = bootstrap.clone();
+    let all = stored_failures(&store, 1_200).await;
+    sqlx::query(
+        "UPDATE recovery_task SET status = 'permanent_failure', \
+         finished_at = now() WHERE id % 2 = 1",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+
+    let id = kill_mid_batch(
+        &settings,
+        &store,
+        &[
+            "tasks",
+            "replay",
+            "--status",
+            "permanent_failure",
+            "--to",
+            "replayed",
+            "--rate",
+            "300",
+            "--yes",
+        ],
+    )
+    .await;
+    let (cursor, pending_upto): (i64, Option<i64>) =
+        sqlx::query_as("SELECT cursor, pending_upto FROM recovery_replay WHERE id = $1")
+            .bind(id)
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    let pending_upto = pending_upto.expect("the kill left a batch pending");
+    // Every other task fails for good now, behind the cursor, inside the pending batch
+    // and past it.
+    sqlx::query(
+        "UPDATE recovery_task SET status = 'permanent_failure', finished_at = now() \
+         WHERE status = 'failed'",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let inside: i64 = scalar(
+        &store,
+        &format!(
+            "SELECT count(*) FROM recovery_task WHERE id % 2 = 0 \
+             AND id > {cursor} AND id <= {pending_upto}"
+        ),
+    )
+    .await;
+    assert!(inside > 0, "the pending batch's range grew");
+
+    let out = run(&settings, &["replays", "resume", &id.to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let keys: Vec<(i64, Vec<u8>)> = sqlx::query_as("SELECT id, msg_key FROM recovery_task")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    let expected: HashMap<Vec<u8>, NewTask> = keys
+        .into_iter()
+        .filter(|(task, _)| task % 2 == 1 || *task > cursor)
+        .map(|(_, key)| (key.clone(), all[&key].clone()))
+        .collect();
+    let job = store.replay(id).await.unwrap().unwrap();
+    assert_eq!(
+        (job.status.as_str(), job.produced),
+        ("done", expected.len() as i64),
+        "{job:?}"
+    );
+    assert_replayed_once(&bootstrap, "replayed", &expected);
 }

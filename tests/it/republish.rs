@@ -8,8 +8,8 @@ use std::time::Duration;
 use crate::broker::{
     bytes, cluster, consume, headers_of, produce, producer, route, use_cluster, Sample,
 };
-use crate::ingest::{fleet, task_at, Running};
-use crate::support::{eventually, fresh_store, scalar};
+use crate::ingest::{fleet, task_at};
+use crate::support::{eventually, fresh_store, scalar, Member};
 
 fn spring_context(topic: &str) -> Vec<Header> {
     vec![
@@ -49,7 +49,7 @@ async fn republish_writes_the_same_bytes_and_replaces_context_headers() {
         partition: None,
     };
     produce(&producer(&bootstrap), "orders.dlt", &sample).await;
-    let running = Running::start(fleet(&settings), &store);
+    let running = Member::start(fleet(&settings), &store);
     eventually(Duration::from_secs(30), "the task resolved", || async {
         store.status_counts().await.unwrap().resolved == 1
     })
@@ -91,7 +91,7 @@ async fn a_permanent_failure_is_parked_with_its_context() {
         ..Sample::default()
     };
     produce(&producer(&bootstrap), "anon.dlt", &sample).await;
-    let running = Running::start(fleet(&settings), &store);
+    let running = Member::start(fleet(&settings), &store);
     eventually(Duration::from_secs(30), "a permanent failure", || async {
         store.status_counts().await.unwrap().permanent_failure == 1
     })
@@ -147,7 +147,7 @@ async fn a_broker_outage_pauses_ingest_and_republish_and_loses_nothing() {
         };
         produce(&producer, "flaky.dlt", &sample).await;
     }
-    let running = Running::start(fleet(&settings), &store);
+    let running = Member::start(fleet(&settings), &store);
     eventually(Duration::from_secs(30), "some tasks stored", || async {
         scalar(&store, "SELECT count(*) FROM recovery_task").await > 0
     })

@@ -1,8 +1,8 @@
 //! The store's guarantees: byte-exact storage, idempotent enqueue, fenced writes.
 
 use chrono::Utc;
-use redrive::store::{enqueue_many_in, Finish, FinishOutcome};
-use redrive::task::Failure;
+use redrive::store::{enqueue_many_in, Finish};
+use redrive::task::{Failure, FinishOutcome};
 use redrive::{Enqueued, Header, NewTask, SourceCoordinates, Status, StoreError};
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 use base64::Engine;
 use redrive::config::{WebhookBody, WebhookSettings, WebhookTarget};
 use redrive::headers::Header;
-use redrive::store::FinishOutcome;
+use redrive::task::FinishOutcome;
 use redrive::{Fleet, Jitter, NewTask, Settings, Status, Store, TaskId, WorkerPool};
 use std::collections::HashMap;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The worker pool: outcomes, retries, wake-ups, heartbeats, shutdown.
 
 use async_trait::async_trait;
-use redrive::store::FinishOutcome;
+use redrive::task::FinishOutcome;
 use redrive::{
     Backoff, Fleet, Handler, HandlerContext, HandlerError, Jitter, NewTask, Settings, Status,
     Store, Task,
@@ -9,9 +9,8 @@ use redrive::{
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
 
-use crate::support::{eventually, fresh_store, scalar};
+use crate::support::{eventually, fresh_store, scalar, Member};
 
 /// Behaves as the task's value says, retrying after `Scripted::0` (doubling, no jitter).
 struct Scripted(Duration);
@@ -177,10 +176,9 @@ async fn retries_stop_at_max_attempts() {
 #[tokio::test]
 async fn the_running_pool_retries_with_backoff_until_resolved() {
     let (store, settings) = fresh_store().await;
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(
-        fleet(&settings, Scripted(Duration::from_millis(20)))
-            .run_with_store(store.clone(), shutdown.clone()),
+    let member = Member::start(
+        fleet(&settings, Scripted(Duration::from_millis(20))),
+        &store,
     );
     let ids: Vec<_> = store
         .enqueue_many(&[
@@ -198,18 +196,16 @@ async fn the_running_pool_retries_with_backoff_until_resolved() {
     .await;
     assert_eq!(status(&store, ids[0]).await.attempts, 2);
     assert_eq!(status(&store, ids[1]).await.attempts, 1);
-    shutdown.cancel();
-    run.await.unwrap().unwrap();
+    member.stop().await;
 }
 
 #[tokio::test]
 async fn an_idle_pool_is_woken_by_new_tasks_not_by_polling() {
     let (store, mut settings) = fresh_store().await;
     settings.worker.poll_interval = Duration::from_secs(60);
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(
-        fleet(&settings, Scripted(Duration::from_millis(20)))
-            .run_with_store(store.clone(), shutdown.clone()),
+    let member = Member::start(
+        fleet(&settings, Scripted(Duration::from_millis(20))),
+        &store,
     );
     // Let the pool go idle with its listener connected.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -226,8 +222,7 @@ async fn an_idle_pool_is_woken_by_new_tasks_not_by_polling() {
         started.elapsed() < Duration::from_secs(20),
         "woken long before the 60 s poll"
     );
-    shutdown.cancel();
-    run.await.unwrap().unwrap();
+    member.stop().await;
 }
 
 /// Waits until it is cancelled (its lease lost) or forever.
@@ -255,8 +250,7 @@ async fn shutdown_releases_the_leases_of_handlers_still_running_at_the_deadline(
     let hang = Hang {
         cancelled: Arc::default(),
     };
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(fleet(&settings, hang).run_with_store(store.clone(), shutdown.clone()));
+    let member = Member::start(fleet(&settings, hang), &store);
     let tasks: Vec<NewTask> = (0..3).map(|i| NewTask::new("h", vec![i])).collect();
     store.enqueue_many(&tasks).await.unwrap();
     eventually(Duration::from_secs(10), "three leases", || async {
@@ -269,8 +263,7 @@ async fn shutdown_releases_the_leases_of_handlers_still_running_at_the_deadline(
     })
     .await;
     let stopping = Instant::now();
-    shutdown.cancel();
-    run.await.unwrap().unwrap();
+    member.stop().await;
     assert!(
         stopping.elapsed() < Duration::from_secs(5),
         "{:?}",
@@ -307,11 +300,7 @@ impl Handler for Sleepy {
 async fn shutdown_lets_running_handlers_finish_within_the_deadline() {
     let (store, mut settings) = fresh_store().await;
     settings.worker.shutdown_timeout = Duration::from_secs(10);
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(
-        fleet(&settings, Sleepy(Duration::from_millis(500)))
-            .run_with_store(store.clone(), shutdown.clone()),
-    );
+    let member = Member::start(fleet(&settings, Sleepy(Duration::from_millis(500))), &store);
     store
         .enqueue(&NewTask::new("h", b"x".to_vec()))
         .await
@@ -325,8 +314,7 @@ async fn shutdown_lets_running_handlers_finish_within_the_deadline() {
             == 1
     })
     .await;
-    shutdown.cancel();
-    run.await.unwrap().unwrap();
+    member.stop().await;
     assert_eq!(store.status_counts().await.unwrap().resolved, 1);
 }
 
@@ -335,10 +323,9 @@ async fn heartbeats_keep_the_lease_of_a_long_handler() {
     let (store, mut settings) = fresh_store().await;
     settings.worker.lease = Duration::from_millis(600);
     settings.worker.heartbeat = Duration::from_millis(150);
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(
-        fleet(&settings, Sleepy(Duration::from_millis(2000)))
-            .run_with_store(store.clone(), shutdown.clone()),
+    let member = Member::start(
+        fleet(&settings, Sleepy(Duration::from_millis(2000))),
+        &store,
     );
     let id = store
         .enqueue(&NewTask::new("h", b"x".to_vec()))
@@ -364,8 +351,7 @@ async fn heartbeats_keep_the_lease_of_a_long_handler() {
     })
     .await;
     assert_eq!(status(&store, id).await.attempts, 1);
-    shutdown.cancel();
-    run.await.unwrap().unwrap();
+    member.stop().await;
 }
 
 #[tokio::test]
@@ -381,8 +367,7 @@ async fn a_lost_lease_cancels_the_handler_and_drops_its_result() {
         },
     );
     let metrics = fleet.metrics().clone();
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(fleet.run_with_store(store.clone(), shutdown.clone()));
+    let member = Member::start(fleet, &store);
     let id = store
         .enqueue(&NewTask::new("h", b"x".to_vec()))
         .await
@@ -408,8 +393,7 @@ async fn a_lost_lease_cancels_the_handler_and_drops_its_result() {
         .with_label_values(&["heartbeat"])
         .get();
     assert_eq!(fenced, 1);
-    shutdown.cancel();
-    run.await.unwrap().unwrap();
+    member.stop().await;
     let task = status(&store, id).await;
     assert_eq!(
         (task.status, task.lease_owner.as_deref()),
@@ -450,14 +434,13 @@ async fn a_lapsed_lease_reclaimed_by_the_same_process_keeps_its_new_lease_alive(
     settings.worker.lease = Duration::from_secs(1);
     settings.worker.heartbeat = Duration::from_millis(300);
     let calls = Arc::new(AtomicUsize::new(0));
-    let shutdown = CancellationToken::new();
     let fleet = fleet(
         &settings,
         Stubborn {
             calls: calls.clone(),
         },
     );
-    let run = tokio::spawn(fleet.run_with_store(store.clone(), shutdown.clone()));
+    let member = Member::start(fleet, &store);
     let id = store
         .enqueue(&NewTask::new("h", b"x".to_vec()))
         .await
@@ -500,8 +483,7 @@ async fn a_lapsed_lease_reclaimed_by_the_same_process_keeps_its_new_lease_alive(
         (Status::Resolved, 2),
         "the second lease's result is written, no third lease"
     );
-    shutdown.cancel();
-    run.await.unwrap().unwrap();
+    member.stop().await;
 }
 
 /// Regression: with `database.max_connections = 1` the LISTEN connection took the
@@ -511,9 +493,8 @@ async fn a_pool_of_one_connection_still_claims() {
     let (store, mut settings) = fresh_store().await;
     settings.database.max_connections = 1;
     let small = Store::connect(&settings.database).await.unwrap();
-    let shutdown = CancellationToken::new();
     let fleet = fleet(&settings, Scripted(Duration::from_millis(10)));
-    let run = tokio::spawn(fleet.run_with_store(small, shutdown.clone()));
+    let member = Member::start(fleet, &small);
     let id = store
         .enqueue(&NewTask::new("h", b"ok".to_vec()))
         .await
@@ -523,8 +504,7 @@ async fn a_pool_of_one_connection_still_claims() {
         status(&store, id).await.status == Status::Resolved
     })
     .await;
-    shutdown.cancel();
-    run.await.unwrap().unwrap();
+    member.stop().await;
 }
 
 /// Asks to be retried in about 10^12 years.
@@ -546,9 +526,7 @@ impl Handler for FarFuture {
 #[tokio::test]
 async fn a_huge_retry_after_is_clamped_and_written() {
     let (store, settings) = fresh_store().await;
-    let shutdown = CancellationToken::new();
-    let run =
-        tokio::spawn(fleet(&settings, FarFuture).run_with_store(store.clone(), shutdown.clone()));
+    let member = Member::start(fleet(&settings, FarFuture), &store);
     let id = store
         .enqueue(&NewTask::new("h", b"x".to_vec()))
         .await
@@ -559,8 +537,7 @@ async fn a_huge_retry_after_is_clamped_and_written() {
         task.attempts == 1 && task.lease_owner.is_none()
     })
     .await;
-    shutdown.cancel();
-    run.await.unwrap().unwrap();
+    member.stop().await;
     let task = status(&store, id).await;
     let wait = task.next_attempt_at - chrono::Utc::now();
     assert!(

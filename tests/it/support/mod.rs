@@ -1,4 +1,12 @@
-//! Shared test set-up: a fresh schema per test in the `redrive_test` database.
+//! Shared test set-up: a fresh schema per test in the `redrive_test` database, and the
+//! running-member fixtures: [`Member`] in this process, [`MemberProcess`] in a process
+//! of its own (started by a [`Spawn`]).
+
+mod member;
+mod process;
+
+pub use member::Member;
+pub use process::{MemberProcess, Spawn};
 
 use redrive::{Settings, Store};
 use sqlx::{Connection, PgConnection};
@@ -147,29 +155,5 @@ impl PgProxy {
         settings.database.url = url.into();
         settings.database.connect_timeout = Duration::from_secs(1);
         settings
-    }
-}
-
-/// A fleet member running in this process on a test's store.
-pub struct Member {
-    stop: tokio_util::sync::CancellationToken,
-    run: tokio::task::JoinHandle<()>,
-}
-
-impl Member {
-    /// Runs `fleet` on `store` until [`Member::stop`].
-    pub fn start(fleet: redrive::Fleet, store: &Store) -> Member {
-        let stop = tokio_util::sync::CancellationToken::new();
-        let run = tokio::spawn({
-            let (store, stop) = (store.clone(), stop.clone());
-            async move { fleet.run_with_store(store, stop).await.unwrap() }
-        });
-        Member { stop, run }
-    }
-
-    /// Stops the member and waits for its shutdown; panics if it failed.
-    pub async fn stop(self) {
-        self.stop.cancel();
-        self.run.await.unwrap();
     }
 }

@@ -18,6 +18,9 @@
 //! fleet and nothing else; the test watches through connections of another name. The
 //! members' logs are `$TMPDIR/<database>-*.log`; a failing run keeps both.
 //!
+//! The fleet of killable members is `fleet`; `keyed` runs a process-mode route with
+//! `ordering = "key"` under kills.
+//!
 //! Knobs (environment variables):
 //! - `REDRIVE_CHAOS_TASKS` (default 20000): failures produced.
 //! - `REDRIVE_CHAOS_SECS` (default 30): kills and terminations go on for at least this
@@ -39,17 +42,21 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod fleet;
+mod keyed;
+
+use fleet::{Event, Fleet};
+
 use crate::broker::{cluster, committed, producer};
 use crate::http_server::{Recorded, Reply, TestServer};
 use crate::operator_cli::redrive;
 use crate::support::database_url;
+use redrive::config::{CLAIM_LOOPS, FLUSHES_IN_FLIGHT};
 
 const TOPIC: &str = "chaos.dlt";
 const PARTITIONS: i32 = 6;
@@ -57,19 +64,19 @@ const MEMBERS: usize = 3;
 const HANDLER: &str = "hook";
 const SCHEMA: &str = "chaos";
 
-// The members' settings (their configuration file), small so that the bounds are tight.
+// The members' settings (their configuration file), small so that the bounds are tight;
+// the bounds also read redrive's fixed amounts in flight, `CLAIM_LOOPS` (claim loops per
+// pool) and `FLUSHES_IN_FLIGHT` (ingest batches a member writes at once).
 /// `worker.concurrency`: tasks a member holds at once, from claim to written result.
 const CONCURRENCY: usize = 16;
 /// `worker.batch_size`: tasks per claim statement.
 const BATCH: usize = 16;
-/// redrive's claim loops per pool (`worker::claimer::CLAIM_LOOPS`).
-const CLAIM_LOOPS: usize = 2;
 /// `ingest.batch_size`.
 const INGEST_BATCH: usize = 50;
-/// Ingest batches a member writes at once (README: "up to three batches").
-const INGEST_IN_FLIGHT: usize = 3;
-/// `worker.lease` (heartbeats every 2 s).
+/// `worker.lease`, ...
 const LEASE: Duration = Duration::from_secs(10);
+/// ... and `worker.heartbeat`.
+const HEARTBEAT: Duration = Duration::from_secs(2);
 /// `retry.max_attempts`: far more than random 503s ever need.
 const MAX_ATTEMPTS: i32 = 100;
 /// `webhooks.hook.timeout`.
@@ -202,201 +209,12 @@ impl Downstream {
 
 // ---------------------------------------------------------------- the fleet
 
-/// One `redrive run` process.
-struct Member {
-    child: Child,
-    pid: i32,
-    log: PathBuf,
-}
-
-impl Member {
-    fn start(config: &Path, url: &str, log: &Path) -> Member {
-        use std::os::unix::process::CommandExt;
-        let mut command = Command::new(env!("CARGO_BIN_EXE_redrive"));
-        // SAFETY: prctl is async-signal-safe. The member dies with the thread that started
-        // it, the test's own, should the test be killed.
-        unsafe {
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = command
-            .arg("--config")
-            .arg(config)
-            .arg("run")
-            .env("REDRIVE__DATABASE__URL", url)
-            .env("REDRIVE__DATABASE__SCHEMA", SCHEMA)
-            .env("RUST_LOG", "info")
-            .env("REDRIVE__LOG__FORMAT", "text")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .expect("spawn redrive run");
-        let pid = child.id() as i32;
-        let log = log.to_owned();
-        Member { child, pid, log }
-    }
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Something the chaos did.
-#[derive(Debug, Clone)]
-enum Event {
-    Started {
-        pid: i32,
-    },
-    Killed {
-        pid: i32,
-    },
-    Terminated {
-        backends: i64,
-    },
-    /// A member exited by itself.
-    Exited {
-        pid: i32,
-        status: String,
-    },
-}
-
-/// The members, their logs and what happened to them.
-struct Fleet {
-    config: PathBuf,
-    url: String,
-    /// Names the logs: the run's database.
-    tag: String,
-    slots: Vec<Option<Member>>,
-    restart_at: Vec<Option<Instant>>,
-    /// One log per member started, in the order of the `Started` events.
-    logs: Vec<PathBuf>,
-    events: Vec<(DateTime<Utc>, Event)>,
-}
-
-impl Fleet {
-    fn start(&mut self, slot: usize) {
-        let log = std::env::temp_dir().join(format!("{}-{}.log", self.tag, self.logs.len()));
-        let member = Member::start(&self.config, &self.url, &log);
-        let started = Event::Started { pid: member.pid };
-        self.events.push((Utc::now(), started));
-        self.logs.push(log);
-        self.slots[slot] = Some(member);
-        self.restart_at[slot] = None;
-    }
-
-    /// SIGKILL (`Child::kill`), restarted after `restart_after`.
-    fn kill(&mut self, slot: usize, restart_after: Duration) {
-        if let Some(mut member) = self.slots[slot].take() {
-            let at = Utc::now();
-            member.child.kill().unwrap();
-            member.child.wait().unwrap();
-            self.events.push((at, Event::Killed { pid: member.pid }));
-        }
-        self.restart_at[slot] = Some(Instant::now() + restart_after);
-    }
-
-    fn alive(&self) -> Vec<usize> {
-        (0..MEMBERS).filter(|&i| self.slots[i].is_some()).collect()
-    }
-
-    /// Restarts the members due back; notes (and restarts) any that exited by itself.
-    fn tend(&mut self) {
-        for slot in 0..MEMBERS {
-            if let Some(member) = &mut self.slots[slot] {
-                if let Some(status) = member.child.try_wait().unwrap() {
-                    let (pid, status) = (member.pid, status.to_string());
-                    let exited = Event::Exited { pid, status };
-                    self.events.push((Utc::now(), exited));
-                    self.slots[slot] = None;
-                    self.restart_at[slot] = Some(Instant::now());
-                }
-            }
-            if self.restart_at[slot].is_some_and(|at| at <= Instant::now()) {
-                self.start(slot);
-            }
-        }
-    }
-
-    /// SIGTERM to every member (once it is up); each must stop cleanly.
-    async fn stop(&mut self) {
-        self.tend();
-        let limit = Instant::now() + Duration::from_secs(30);
-        for member in self.slots.iter().flatten() {
-            let up =
-                || std::fs::read_to_string(&member.log).is_ok_and(|l| l.contains("pool started"));
-            while !up() {
-                assert!(
-                    Instant::now() < limit,
-                    "member {} never started",
-                    member.pid
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            assert_eq!(unsafe { libc::kill(member.pid, libc::SIGTERM) }, 0);
-        }
-        for slot in 0..MEMBERS {
-            let mut member = self.slots[slot].take().expect("every member running");
-            let asked = Instant::now();
-            let status = loop {
-                if let Some(status) = member.child.try_wait().unwrap() {
-                    break status;
-                }
-                assert!(
-                    asked.elapsed() < Duration::from_secs(30),
-                    "{} hangs",
-                    member.pid
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            };
-            assert!(status.success(), "member {} stopped: {status}", member.pid);
-        }
-    }
-
-    fn count(&self, what: fn(&Event) -> bool, from: DateTime<Utc>, to: DateTime<Utc>) -> usize {
-        (self.events.iter())
-            .filter(|(at, e)| *at >= from && *at <= to && what(e))
-            .count()
-    }
-
-    fn killed(&self) -> HashSet<i32> {
-        (self.events.iter())
-            .filter_map(|(_, e)| match e {
-                Event::Killed { pid } => Some(*pid),
-                _ => None,
-            })
-            .collect()
-    }
-
-    fn log_of(&self, pid: i32) -> &Path {
-        let started = (self.events.iter()).filter_map(|(_, e)| match e {
-            Event::Started { pid } => Some(*pid),
-            _ => None,
-        });
-        let index = started.into_iter().position(|p| p == pid).unwrap();
-        &self.logs[index]
-    }
-
-    /// Lines of every member's log that contain `what`.
-    fn log_lines(&self, what: &str) -> usize {
-        (self.logs.iter())
-            .map(|log| std::fs::read_to_string(log).unwrap_or_default())
-            .map(|text| text.lines().filter(|l| l.contains(what)).count())
-            .sum()
-    }
-}
-
 /// The members' configuration: `TOPIC` captured into the webhook handler `hook`, whose
 /// breaker opens quickly and cools down quickly; short group and lease timings.
 fn config_file(bootstrap: &str, group: &str, url: &str) -> tempfile::NamedTempFile {
     let mut file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
     let lease = LEASE.as_secs();
+    let heartbeat = HEARTBEAT.as_secs();
     let timeout = WEBHOOK_TIMEOUT.as_secs();
     let cool_down = COOL_DOWN.as_secs();
     write!(
@@ -408,7 +226,7 @@ max_connections = 6
 concurrency = {CONCURRENCY}
 batch_size = {BATCH}
 lease = "{lease}s"
-heartbeat = "2s"
+heartbeat = "{heartbeat}s"
 poll_interval = "200ms"
 shutdown_timeout = "5s"
 
@@ -582,18 +400,7 @@ impl Run {
         let settings = redrive::Settings::load(Some(config.path()), Some(env)).unwrap();
         let log_pattern = std::env::temp_dir().join(format!("{database}-*.log"));
         println!("chaos: database {database}, logs {}", log_pattern.display());
-        let mut fleet = Fleet {
-            config: config.path().to_owned(),
-            url,
-            tag: database.clone(),
-            slots: (0..MEMBERS).map(|_| None).collect(),
-            restart_at: vec![None; MEMBERS],
-            logs: Vec::new(),
-            events: Vec::new(),
-        };
-        for slot in 0..MEMBERS {
-            fleet.start(slot);
-        }
+        let fleet = Fleet::start(MEMBERS, &settings, config.path(), &database);
         Run {
             knobs,
             began,
@@ -903,9 +710,12 @@ async fn a_fleet_under_kills_terminations_and_an_outage_loses_and_repeats_nothin
     let mut run = Run::start(knobs).await;
     let (coordinates, outage) = run.chaos().await;
     run.drain(&coordinates).await;
-    run.fleet.stop().await;
+    run.fleet.stop(Duration::from_secs(30)).await;
     println!("chaos report (seed {}):", run.knobs.seed);
-    no_member_exits_by_itself(&run.fleet);
+    // No member exits by itself: not even one whose start-up (connecting and migrating)
+    // loses its connection to a termination (it waits for the database; it exited with
+    // status 1 before that was fixed).
+    run.fleet.no_member_exited_by_itself();
     let calls = run.downstream.calls();
     assert_eq!(run.server.requests().len(), calls.len());
     let stored = Stored::load(&run.observer).await;
@@ -938,24 +748,8 @@ async fn a_fleet_under_kills_terminations_and_an_outage_loses_and_repeats_nothin
     } = run;
     observer.close().await;
     if std::env::var_os("REDRIVE_CHAOS_KEEP").is_none() {
-        for log in &fleet.logs {
-            let _ = std::fs::remove_file(log);
-        }
+        fleet.remove_logs();
         admin(&format!("DROP DATABASE {database} WITH (FORCE)")).await;
-    }
-}
-
-/// No member exits by itself: not even one whose start-up (connecting and migrating)
-/// loses its connection to a termination (it waits for the database; it exited with
-/// status 1 before that was fixed).
-fn no_member_exits_by_itself(fleet: &Fleet) {
-    for (at, event) in &fleet.events {
-        if let Event::Exited { pid, status } = event {
-            panic!(
-                "{at}: member {pid} exited by itself ({status}); log {}",
-                fleet.log_of(*pid).display()
-            );
-        }
     }
 }
 
@@ -1021,7 +815,12 @@ async fn no_stale_write(run: &Run, stored: &Stored) {
             })
             .collect();
         let decisive: Vec<&(i32, &AttemptRow)> = (history.iter())
-            .filter(|(_, row)| row.outcome == "resolved" || row.outcome == "permanent_failure")
+            .filter(|(_, row)| {
+                matches!(
+                    row.outcome.as_str(),
+                    "resolved" | "permanent_failure" | "not_called"
+                )
+            })
             .collect();
         assert_eq!(
             decisive.len(),
@@ -1038,10 +837,12 @@ async fn no_stale_write(run: &Run, stored: &Stored) {
             row.lease_version, task.lease_version,
             "task {id} decided under an old lease"
         );
-        assert_eq!(
-            row.outcome, task.status,
-            "task {id}: history and status differ"
-        );
+        // An attempt that found no budget left ends its task a permanent failure unrun.
+        let decided = match row.outcome.as_str() {
+            "not_called" => "permanent_failure",
+            outcome => outcome,
+        };
+        assert_eq!(decided, task.status, "task {id}: history and status differ");
     }
     let counted: usize = stored.tasks.values().map(|t| t.attempts as usize).sum();
     assert_eq!(
@@ -1245,7 +1046,7 @@ async fn the_breaker_held_the_outage(run: &Run, outage: &Outage, calls: &[Call])
         .count(|e| matches!(e, Event::Killed { .. }), near, outage.end);
     let terminations =
         (run.fleet).count(|e| matches!(e, Event::Terminated { .. }), near, outage.end);
-    let bound = MEMBERS * (2 * CONCURRENCY + INGEST_IN_FLIGHT * INGEST_BATCH)
+    let bound = MEMBERS * (2 * CONCURRENCY + FLUSHES_IN_FLIGHT * INGEST_BATCH)
         + kills * CONCURRENCY
         + terminations * MEMBERS * CLAIM_LOOPS * BATCH
         + PROBES * (periods + 1);

@@ -1,0 +1,16 @@
+//! Resilience: what keeps a failing downstream from being hammered and a bad deploy from
+//! filling the store. Its pieces:
+//!
+//! - [`breaker`]: a handler's circuit breaker as a pure state machine; its state lives in
+//!   PostgreSQL (`recovery_breaker`, `store/breakers.rs`) so the whole fleet shares it.
+//! - `follower`: the one follower of the fleet's breakers per member, started by the
+//!   member and shared by the worker's claim loops and process-mode ingest.
+//! - `window`: the sliding window and threshold of the bad-deploy brake; the brake's
+//!   fleet row is in `store/brakes.rs`, pausing a route's partitions in `ingest/brake.rs`.
+//!
+//! Bulkheads and the shares of fleet rate limits are the worker's admission
+//! (`worker/admission.rs`).
+
+pub mod breaker;
+pub(crate) mod follower;
+pub(crate) mod window;
