@@ -6,6 +6,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use super::finish::Finish;
@@ -25,16 +26,20 @@ pub(crate) use super::ORDERED_WALK as DUE_ORDER;
 // tasks are held until the breaker's `hold_until`); a leased task is only ever taken
 // over once its lease has lapsed.
 //
+// A task an operator fenced mid-call waits until that call has stopped (see
+// [`NOT_STOPPING`]).
+//
 // A due task still leased lost its attempt when its lease lapsed (the worker died or
 // stalled): the claim that takes it over writes that attempt's history row (outcome `$6`,
 // `lease_expired`), so the history holds one row per counted attempt.
-const CLAIM: &str = r#"
+const CLAIM_TEMPLATE: &str = r#"
 WITH due AS MATERIALIZED (
     SELECT id, lease_owner, lease_version, leased_at, next_attempt_at, attempts
     FROM recovery_task
     WHERE status = 'failed' AND handler = ANY($1)
       AND next_attempt_at <= coalesce($5::timestamptz, now())
       AND (lease_owner IS NULL OR next_attempt_at <= now())
+      {NOT_STOPPING}
     ORDER BY next_attempt_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED),
@@ -56,6 +61,38 @@ SET lease_version = t.lease_version + 1,
 FROM due
 WHERE t.id = due.id
 RETURNING t.*, due.lease_owner IS NOT NULL AS recovered
+"#;
+
+static CLAIM: LazyLock<String> =
+    LazyLock::new(|| CLAIM_TEMPLATE.replace("{NOT_STOPPING}", NOT_STOPPING));
+
+/// The claim's condition that no call fenced out by an operator may still be running for
+/// the task or its ordering key (`recovery_stopping_call`; the table is empty but for
+/// the seconds after such an action).
+const NOT_STOPPING: &str = "AND NOT EXISTS (SELECT 1 FROM recovery_stopping_call s
+                      WHERE s.task_id = recovery_task.id AND s.ends_by > now())
+      AND (order_key IS NULL OR NOT EXISTS (SELECT 1 FROM recovery_stopping_call s
+                      WHERE s.order_key = recovery_task.order_key AND s.ends_by > now()))";
+
+// When the next task the claim would take is due. Tasks waiting for a stopping call are
+// passed over: the member that stops the call tells the idle claimers (`<schema>_due`).
+static NEXT_DUE: LazyLock<String> = LazyLock::new(|| {
+    "SELECT greatest(extract(epoch FROM next_attempt_at - clock_timestamp()) * 1000, 0)::float8 \
+     FROM recovery_task \
+     WHERE status = 'failed' AND handler = ANY($1) {NOT_STOPPING} \
+     ORDER BY next_attempt_at LIMIT 1"
+        .replace("{NOT_STOPPING}", NOT_STOPPING)
+});
+
+// A member whose fenced call has stopped says so: the task (and its key) may run again.
+const CALLS_STOPPED: &str = r#"
+WITH stopped AS (
+    DELETE FROM recovery_stopping_call s
+    USING unnest($1::bigint[], $2::bigint[]) AS l(id, version)
+    WHERE s.task_id = l.id AND s.lease_version = l.version
+    RETURNING s.ends_by)
+SELECT pg_notify(current_schema() || '_due', '')
+WHERE EXISTS (SELECT 1 FROM stopped WHERE ends_by > now())
 "#;
 
 // The fenced writes below match (id, lease_version) with a lease present, which implies
@@ -141,7 +178,7 @@ impl Store {
         lease: Duration,
         due_by: Option<DateTime<Utc>>,
     ) -> Result<Vec<PgRow>> {
-        Ok(sqlx::query(CLAIM)
+        Ok(sqlx::query(&CLAIM)
             .bind(handlers)
             .bind(i64::from(limit))
             .bind(owner)
@@ -252,16 +289,25 @@ impl Store {
     /// clock, or `None` when there is none.
     pub async fn next_due(&self, handlers: &[String]) -> Result<Option<Duration>> {
         let mut tx = self.pool.begin_with(DUE_ORDER).await?;
-        let millis: Option<f64> = sqlx::query_scalar(
-            "SELECT greatest(extract(epoch FROM next_attempt_at - clock_timestamp()) * 1000, 0)::float8 \
-             FROM recovery_task \
-             WHERE status = 'failed' AND handler = ANY($1) ORDER BY next_attempt_at LIMIT 1",
-        )
-        .bind(handlers)
-        .fetch_optional(&mut *tx)
-        .await?;
+        let millis: Option<f64> = sqlx::query_scalar(&NEXT_DUE)
+            .bind(handlers)
+            .fetch_optional(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(millis.map(|ms| Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::MAX)))
+    }
+
+    /// Says that the calls of these lost leases have stopped: a task (or ordering key)
+    /// an operator acted on mid-call may run again at once, instead of at the old
+    /// lease's deadline. Leases lost for other reasons are no-ops.
+    pub async fn calls_stopped(&self, leases: &[Lease]) -> Result<()> {
+        let (ids, versions) = split(leases);
+        sqlx::query(CALLS_STOPPED)
+            .bind(ids)
+            .bind(versions)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 }
 

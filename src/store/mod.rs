@@ -228,4 +228,11 @@ impl Store {
     pub fn due_channel(&self) -> String {
         format!("{}_due", self.schema)
     }
+
+    /// The LISTEN channel notified when an operator fenced leases or compensation
+    /// claims: members check theirs at once (the schema is the `search_path`'s first,
+    /// `current_schema()` in the statements that notify).
+    pub fn fenced_channel(&self) -> String {
+        format!("{}_fenced", self.schema)
+    }
 }

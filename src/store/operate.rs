@@ -186,7 +186,7 @@ const STARTED: &str = "(t.status IN ('permanent_failure', 'discarded') \
 // `$31` (the action's own, [`Action::history`]).
 const BATCH: &str = r#"
 WITH target AS (
-    SELECT id, status, lease_owner, lease_version, attempts, leased_at
+    SELECT id, status, lease_owner, lease_version, attempts, leased_at, next_attempt_at, order_key
     FROM recovery_task
     WHERE {CONDITION} AND id > $13 AND status = ANY($14)
     ORDER BY id
@@ -209,6 +209,14 @@ interrupted AS (
            $30::text, 'an operator acted (' || $16 || ') while this attempt ran; its result was dropped'
     FROM chosen
     WHERE lease_owner IS NOT NULL
+    ON CONFLICT DO NOTHING),
+-- That attempt's call runs on until its member hears of the action: nothing of the task,
+-- nor of its key, starts before it has stopped (see `recovery_stopping_call`).
+stopping AS (
+    INSERT INTO recovery_stopping_call (task_id, lease_version, order_key, ends_by)
+    SELECT id, lease_version, order_key, next_attempt_at
+    FROM chosen
+    WHERE lease_owner IS NOT NULL AND next_attempt_at > now()
     ON CONFLICT DO NOTHING),
 changed AS (
     UPDATE recovery_task t
@@ -241,19 +249,27 @@ changed AS (
     RETURNING t.id, t.lease_version, t.attempts),
 -- A retried or resolved task no longer owes its compensation (a new permanent failure
 -- owes a new one); a discarded one still does. Cancelling moves the version on: a running
--- call's claim is lost, its member stops it at the next heartbeat.
+-- call's claim is lost, and its member stops it.
 cancelled AS (
     UPDATE recovery_compensation c
     SET state = 'cancelled', finished_at = now(), version = c.version + 1
     FROM changed
-    WHERE c.task_id = changed.id AND c.state = 'pending' AND $17 IN ('failed', 'resolved')),
+    WHERE c.task_id = changed.id AND c.state = 'pending' AND $17 IN ('failed', 'resolved')
+    RETURNING c.task_id),
+-- Members check their leases and claims at once when told (on commit) that some were
+-- fenced, instead of at their next heartbeat.
+told AS (
+    SELECT pg_notify(current_schema() || '_fenced', '')
+    WHERE EXISTS (SELECT 1 FROM chosen WHERE lease_owner IS NOT NULL)
+       OR EXISTS (SELECT 1 FROM cancelled)),
 recorded AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
     SELECT id, lease_version, attempts, $20, now(), 0, $31::text, $21 FROM changed),
 counted AS (
     UPDATE recovery_audit SET count = count + (SELECT count(*) FROM changed) WHERE id = $22)
 SELECT (SELECT max(id) FROM target) AS scanned_to, (SELECT count(*) FROM changed) AS changed,
-       (SELECT count(*) FROM target) - (SELECT count(*) FROM chosen) AS refused
+       (SELECT count(*) FROM target) - (SELECT count(*) FROM chosen) AS refused,
+       (SELECT count(*) FROM told) AS told
 "#;
 
 const COUNT: &str = r#"

@@ -200,8 +200,13 @@ impl Claimer {
                 attempt::run_attempt(&store, &registered, &task, &worker_id, lease_lost.clone())
                     .await;
             if lease_lost.is_cancelled() {
-                // Taken over meanwhile: the write would be fenced out anyway.
+                // Fenced or lapsed meanwhile: the write would be fenced out anyway. The
+                // call has stopped: a task an operator acted on may run again at once.
                 metrics.in_flight.dec();
+                if let Err(error) = store.calls_stopped(&[task.lease()]).await {
+                    tracing::warn!(%error, "could not say a fenced call stopped; \
+                        the task waits for its old lease's deadline");
+                }
                 return;
             }
             let handler: Arc<str> = task.handler.as_str().into();

@@ -13,11 +13,11 @@ use chrono::Utc;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tokio::time::{Interval, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
-use super::inflight::InFlight;
+use super::inflight::{Beat, InFlight};
 use super::served::Served;
 use crate::config::WorkerSettings;
 use crate::handlers::invoke::{classify, guarded};
@@ -38,6 +38,8 @@ pub(crate) struct Compensator {
     pub(crate) metrics: Metrics,
     /// Lease, heartbeat, poll interval and shutdown timeout.
     pub(crate) settings: WorkerSettings,
+    /// Changes when an operator fenced claims: they are checked at once.
+    pub(crate) fenced: watch::Receiver<()>,
 }
 
 /// What the running calls share with the loop.
@@ -66,8 +68,7 @@ impl Compensator {
         let this = Arc::new(self);
         let shared = Arc::new(Calls::default());
         let mut running = JoinSet::new();
-        let mut heartbeat = tokio::time::interval(this.settings.heartbeat);
-        heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut heartbeat = Beat::new(this.settings.heartbeat, this.fenced.clone());
         while !stop.is_cancelled() {
             // The claims' local deadlines (kept by the claim set; the heartbeat, not a
             // deadline check, finds a lost claim here).
@@ -128,7 +129,7 @@ impl Compensator {
         &self,
         running: &mut JoinSet<()>,
         shared: &Calls,
-        heartbeat: &mut Interval,
+        heartbeat: &mut Beat,
         until: impl Future,
     ) -> bool {
         tokio::pin!(until);
@@ -145,7 +146,7 @@ impl Compensator {
                     Some(Ok(())) => {}
                 },
                 _ = &mut until => return false,
-                _ = heartbeat.tick() => self.extend(&shared.claims).await,
+                _ = heartbeat.next() => self.extend(&shared.claims).await,
             }
         }
     }

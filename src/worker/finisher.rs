@@ -107,10 +107,21 @@ impl Finisher {
         self.in_flight.remove(results.iter().map(|r| r.lease));
         self.metrics.in_flight.sub(results.len() as i64);
         let Some(written) = written else { return };
-        self.account(&batch, written.into_iter().collect());
+        let written: HashSet<Lease> = written.into_iter().collect();
+        self.account(&batch, &written);
+        let fenced: Vec<Lease> = (results.iter().map(|r| r.lease))
+            .filter(|lease| !written.contains(lease))
+            .collect();
+        if !fenced.is_empty() {
+            // Their calls ended before an operator's action: the tasks may run again.
+            if let Err(error) = self.store.calls_stopped(&fenced).await {
+                tracing::warn!(%error, "could not say fenced calls stopped; \
+                    their tasks wait for their old leases' deadlines");
+            }
+        }
     }
 
-    fn account(&self, batch: &[Completion], written: HashSet<Lease>) {
+    fn account(&self, batch: &[Completion], written: &HashSet<Lease>) {
         let mut retry_scheduled = false;
         for completion in batch {
             let finish = &completion.finish;

@@ -3,7 +3,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::time::Instant;
+use tokio::sync::watch;
+use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::store::Store;
@@ -112,22 +113,46 @@ impl InFlight {
     }
 }
 
-/// Extends every held lease each `interval` until `stop` fires.
+/// When held leases (or compensation claims) are checked: every heartbeat interval, and
+/// at once when an operator fenced some, so a call whose lease the operator took stops
+/// within a round trip rather than at the next heartbeat.
+pub(crate) struct Beat {
+    ticker: Interval,
+    fenced: watch::Receiver<()>,
+}
+
+impl Beat {
+    /// Beats each `interval` from now, and when `fenced` changes.
+    pub(crate) fn new(interval: Duration, fenced: watch::Receiver<()>) -> Beat {
+        let mut ticker = tokio::time::interval_at(Instant::now() + interval, interval);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        Beat { ticker, fenced }
+    }
+
+    /// Waits for the next beat.
+    pub(crate) async fn next(&mut self) {
+        tokio::select! {
+            _ = self.ticker.tick() => {}
+            // A closed channel (the listener stopped) leaves the ticker.
+            Ok(()) = self.fenced.changed() => {}
+        }
+    }
+}
+
+/// Extends every held lease at each `beat` until `stop` fires.
 pub(crate) async fn heartbeat_loop(
     store: Store,
     in_flight: Arc<InFlight>,
     metrics: Metrics,
-    interval: Duration,
+    mut beat: Beat,
     lease: Duration,
     stop: CancellationToken,
 ) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await;
+    let interval = beat.ticker.period();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = ticker.tick() => {}
+            _ = beat.next() => {}
         }
         let held = in_flight.snapshot();
         if !held.is_empty() {

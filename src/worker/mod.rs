@@ -30,8 +30,9 @@ use claimer::Claimer;
 pub use claimer::CLAIM_LOOPS;
 use compensator::Compensator;
 use finisher::Finisher;
-use inflight::InFlight;
+use inflight::{Beat, InFlight};
 use served::Served;
+use wakeup::Signals;
 
 /// What [`WorkerPool::process_next`] did with one task.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,20 +198,25 @@ impl WorkerPool {
             }
             .run(completions_rx),
         );
+        let (fenced, fenced_heard) = tokio::sync::watch::channel(());
         let heartbeat = watch.spawn(
             "heartbeat",
             inflight::heartbeat_loop(
                 self.store.clone(),
                 in_flight.clone(),
                 self.metrics.clone(),
-                self.settings.heartbeat,
+                Beat::new(self.settings.heartbeat, fenced_heard.clone()),
                 self.settings.lease,
                 background_stop.clone(),
             ),
         );
+        let signals = Signals {
+            wake: wake.clone(),
+            fenced,
+        };
         let listener = watch.spawn(
-            "new-task listener",
-            wakeup::listen(self.store.clone(), wake.clone(), background_stop.clone()),
+            "listener",
+            wakeup::listen(self.store.clone(), signals, background_stop.clone()),
         );
         tracing::info!(worker = %self.worker_id, handlers = ?self.served.names(),
             concurrency = self.settings.concurrency, batch_size = self.settings.batch_size,
@@ -239,6 +245,7 @@ impl WorkerPool {
                 served: self.served.clone(),
                 metrics: self.metrics.clone(),
                 settings: self.settings.clone(),
+                fenced: fenced_heard,
             }
             .run(shutdown.clone()),
         );

@@ -1,18 +1,28 @@
-//! Wakes the idle claim loop when tasks are inserted (PostgreSQL LISTEN/NOTIFY).
+//! Wakes the idle claim loop when tasks are inserted, and the lease keepers when an
+//! operator fenced leases (PostgreSQL LISTEN/NOTIFY).
 
 use sqlx::postgres::{PgListener, PgPoolOptions};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::store::Store;
 
-/// Listens on the store's due channel and pokes `wake` for every notification, until
-/// `stop` fires. Reconnects after a lost connection and pokes once then, since
-/// notifications sent meanwhile are gone.
-pub(crate) async fn listen(store: Store, wake: Arc<Notify>, stop: CancellationToken) {
-    let channel = store.due_channel();
+/// Where the listener passes what it hears.
+pub(crate) struct Signals {
+    /// Poked when tasks became due (the claim loops wait on it).
+    pub(crate) wake: Arc<Notify>,
+    /// Bumped when an operator fenced leases or compensation claims: the heartbeats
+    /// check theirs at once.
+    pub(crate) fenced: watch::Sender<()>,
+}
+
+/// Listens on the store's due and fenced channels and passes each notification on,
+/// until `stop` fires. Reconnects after a lost connection and passes both on once then,
+/// since notifications sent meanwhile are gone.
+pub(crate) async fn listen(store: Store, signals: Signals, stop: CancellationToken) {
+    let (due, fenced) = (store.due_channel(), store.fenced_channel());
     // The listener holds its connection for good: it gets its own, outside the store's
     // pool, so even a pool of one connection is left to the claims.
     let own = PgPoolOptions::new()
@@ -21,7 +31,7 @@ pub(crate) async fn listen(store: Store, wake: Arc<Notify>, stop: CancellationTo
     loop {
         let listener = async {
             let mut listener = PgListener::connect_with(&own).await?;
-            listener.listen(&channel).await?;
+            listener.listen_all([due.as_str(), fenced.as_str()]).await?;
             Ok::<_, sqlx::Error>(listener)
         };
         let outcome = tokio::select! {
@@ -30,12 +40,16 @@ pub(crate) async fn listen(store: Store, wake: Arc<Notify>, stop: CancellationTo
         };
         match outcome {
             Ok(mut listener) => {
-                wake.notify_one();
+                signals.wake.notify_one();
+                signals.fenced.send_replace(());
                 loop {
                     tokio::select! {
                         _ = stop.cancelled() => return,
                         received = listener.try_recv() => match received {
-                            Ok(Some(_)) => wake.notify_one(),
+                            Ok(Some(heard)) if heard.channel() == fenced => {
+                                signals.fenced.send_replace(());
+                            }
+                            Ok(Some(_)) => signals.wake.notify_one(),
                             Ok(None) => {
                                 tracing::warn!("notification connection lost; reconnecting");
                                 break;

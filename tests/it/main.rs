@@ -27,6 +27,7 @@ mod process;
 mod recovery_points;
 mod replay;
 mod republish;
+mod stopping;
 mod store;
 mod support;
 mod webhook;

@@ -171,6 +171,8 @@ struct ModelTask {
     corrupt: bool,
     /// Enqueued with an order key: held behind its key's open task while there is one.
     ordered: bool,
+    /// Its order key's number, if ordered.
+    key: Option<u8>,
     /// Its row of `recovery_compensation`, once it owes one.
     compensation: Option<Compensation>,
 }
@@ -211,6 +213,9 @@ struct Case {
     compensates: bool,
     /// Compensation claims a compensator holds (task id, claim version), some stale.
     compensation_claims: Vec<(i64, i64)>,
+    /// Calls an operator fenced whose workers have not said they stopped (task id, the
+    /// fenced lease's version): the task and its key are not claimed meanwhile.
+    stopping: Vec<(i64, i64)>,
 }
 
 fn now() -> DateTime<Utc> {
@@ -237,6 +242,7 @@ impl Case {
             log: Vec::new(),
             compensates,
             compensation_claims: Vec::new(),
+            stopping: Vec::new(),
         }
     }
 
@@ -418,6 +424,10 @@ impl Case {
             }
         }
         let row = &mut task.row;
+        if row.owner.is_some() && !matches!(row.next_at, Time::At(at) if at <= end) {
+            // Its call runs on until its worker hears of the action.
+            self.stopping.push((id, row.version));
+        }
         if let Some(owner) = row.owner.take() {
             task.history.push(HistoryRow {
                 version: row.version,
@@ -446,7 +456,41 @@ impl Case {
             started_at: Time::Between(start, end),
             error: Some(Some("model".into())),
         });
+        let fenced = self
+            .stopping
+            .last()
+            .copied()
+            .filter(|(task, _)| *task == id);
+        if let Some((_, version)) = fenced {
+            if self.rng.random_bool(0.5) {
+                self.stopped(id, version).await?;
+            }
+        }
         Ok(())
+    }
+
+    /// The worker whose call of task `id` under lease `version` an operator fenced says
+    /// the call stopped.
+    async fn stopped(&mut self, id: i64, version: i64) -> Checked {
+        let lease = Lease {
+            id: TaskId(id),
+            version,
+        };
+        db(self.store.calls_stopped(&[lease]).await)?;
+        self.stopping.retain(|fenced| *fenced != (id, version));
+        self.log.push(format!(
+            "the fenced call of task {id} (lease {version}) stopped"
+        ));
+        Ok(())
+    }
+
+    /// Whether a fenced call not yet stopped holds task `id` back (its own, or one of
+    /// its key's).
+    fn held_back(&self, id: i64) -> bool {
+        let key = self.tasks[&id].key;
+        self.stopping
+            .iter()
+            .any(|(fenced, _)| *fenced == id || (key.is_some() && self.tasks[fenced].key == key))
     }
 
     fn unfinished(&self) -> Vec<i64> {
@@ -459,11 +503,13 @@ impl Case {
 
     async fn enqueue(&mut self, n: usize) -> Checked {
         let now = now();
+        let mut keys = Vec::with_capacity(n);
         let tasks: Vec<NewTask> = (0..n)
             .map(|i| {
                 let mut task = NewTask::new(&self.handler, vec![i as u8]);
                 if self.rng.random_bool(0.4) {
                     let key = [self.rng.random_range(0..ORDER_KEYS)];
+                    keys.push(Some(key[0]));
                     task.order_key = Some(redrive::task::order_key(&self.handler, &key));
                 }
                 let offset = if self.rng.random_bool(0.2) {
@@ -471,12 +517,15 @@ impl Case {
                 } else {
                     -self.rng.random_range(1..3000)
                 };
+                if keys.len() <= i {
+                    keys.push(None);
+                }
                 task.next_attempt_at = Some(now + chrono::Duration::seconds(offset));
                 task
             })
             .collect();
         let stored = db(self.store.enqueue_many(&tasks).await)?;
-        for (task, stored) in tasks.iter().zip(stored) {
+        for ((task, stored), key) in tasks.iter().zip(stored).zip(keys) {
             ensure!(
                 matches!(stored, redrive::Enqueued::Created(_)),
                 "enqueue answered {stored:?}"
@@ -497,6 +546,7 @@ impl Case {
                     corrupt: false,
                     compensation: None,
                     ordered: task.order_key.is_some(),
+                    key,
                 },
             );
         }
@@ -561,6 +611,7 @@ impl Case {
             .iter()
             .filter(|(_, t)| t.row.status == "failed" && t.row.next_at.exact() <= start)
             .map(|(id, _)| *id)
+            .filter(|id| !self.held_back(*id))
             .collect();
         // Unreadable rows are claimed too, but ended at once instead of returned.
         let corrupt_due: Vec<i64> = due
@@ -956,6 +1007,15 @@ impl Case {
                 task.row.next_at = Time::At(task.row.next_at.exact() - chrono::Duration::hours(2));
             }
         }
+        // Every fenced call's old lease (an hour) has ended: nothing is held back.
+        let fenced: Vec<i64> = self.stopping.drain(..).map(|(id, _)| id).collect();
+        db(sqlx::query(
+            "UPDATE recovery_stopping_call SET ends_by = ends_by - interval '2 hours' \
+             WHERE task_id = ANY($1)",
+        )
+        .bind(fenced)
+        .execute(self.store.pool())
+        .await)?;
         self.log.push("two hours pass".into());
         Ok(())
     }

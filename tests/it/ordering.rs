@@ -148,7 +148,11 @@ async fn random_interleavings_never_attempt_a_task_before_an_older_open_task_of_
                             )
                             .await
                             .unwrap();
-                        leased.retain(|t| t.id.0 != *id);
+                        // A worker holding it stops its call and says so.
+                        if let Some(at) = leased.iter().position(|t| t.id.0 == *id) {
+                            let fenced = leased.swap_remove(at);
+                            store.calls_stopped(&[fenced.lease()]).await.unwrap();
+                        }
                     }
                 }
             }

@@ -1,0 +1,254 @@
+//! An operator acting on a task mid-call: the member stops the call at once (it is told,
+//! not left to its next heartbeat), and nothing of the task, nor of its ordering key,
+//! runs before that call has stopped.
+
+use async_trait::async_trait;
+use redrive::store::{Action, Budget, Operator, Selection};
+use redrive::task::{order_key, Failure};
+use redrive::{Fleet, Handler, HandlerContext, HandlerError, NewTask, Status, Store, Task, TaskId};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::support::{eventually, fresh_store, Member};
+
+/// One handler call: its task's value, when it started, when it ended (returned or was
+/// dropped).
+#[derive(Debug, Clone)]
+struct Call {
+    value: String,
+    started: Instant,
+    ended: Option<Instant>,
+}
+
+/// The first call hangs, deaf to its cancellation (its future must be dropped); later
+/// calls succeed at once. Every call is written down.
+#[derive(Clone, Default)]
+struct Recorder {
+    calls: Arc<Mutex<Vec<Call>>>,
+}
+
+/// Notes when the call ended, however it ended.
+struct Ends(Arc<Mutex<Vec<Call>>>, usize);
+
+impl Drop for Ends {
+    fn drop(&mut self) {
+        self.0.lock().unwrap()[self.1].ended = Some(Instant::now());
+    }
+}
+
+#[async_trait]
+impl Handler for Recorder {
+    async fn handle(&self, _: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
+        let value =
+            String::from_utf8_lossy(task.failure.value.as_deref().unwrap_or_default()).into_owned();
+        let (first, index) = {
+            let mut calls = self.calls.lock().unwrap();
+            let first = calls.is_empty();
+            calls.push(Call {
+                value,
+                started: Instant::now(),
+                ended: None,
+            });
+            (first, calls.len() - 1)
+        };
+        let _ends = Ends(self.calls.clone(), index);
+        if first {
+            tokio::time::sleep(Duration::from_secs(50)).await;
+        }
+        Ok(())
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        Some(Duration::from_secs(60))
+    }
+}
+
+impl Recorder {
+    fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+fn operator() -> Operator {
+    Operator {
+        actor: "test-operator".into(),
+        reason: Some("mid-call".into()),
+    }
+}
+
+/// A task of ordered route "r" for key "k".
+fn ordered(value: &str) -> NewTask {
+    NewTask {
+        order_key: Some(order_key("r", b"k")),
+        failure: Failure {
+            key: Some(b"k".to_vec()),
+            value: Some(value.as_bytes().to_vec()),
+            route: Some("r".into()),
+            ..Failure::default()
+        },
+        ..NewTask::new("recorder", Vec::new())
+    }
+}
+
+/// A member whose heartbeat and lease are far longer than the test: only being told
+/// can stop a fenced call in time.
+async fn member(store: &Store, settings: redrive::Settings, recorder: &Recorder) -> Member {
+    let mut settings = settings;
+    settings.worker.heartbeat = Duration::from_secs(30);
+    settings.worker.lease = Duration::from_secs(90);
+    let fleet = Fleet::builder(settings)
+        .handler("recorder", recorder.clone())
+        .build()
+        .unwrap();
+    Member::start(fleet, store)
+}
+
+async fn first_call_started(recorder: &Recorder) {
+    eventually(
+        Duration::from_secs(20),
+        "the first call started",
+        || async { !recorder.calls().is_empty() },
+    )
+    .await;
+}
+
+/// The calls, once task `id` is resolved.
+async fn calls_once_resolved(store: &Store, recorder: &Recorder, id: TaskId) -> Vec<Call> {
+    eventually(Duration::from_secs(20), "the task resolved", || async {
+        store.get(id).await.unwrap().unwrap().status == Status::Resolved
+    })
+    .await;
+    recorder.calls()
+}
+
+/// The first call stopped within a few seconds of the action (its member was told;
+/// its heartbeat is 30 s away), and `later` started only after it had.
+fn assert_stopped_before(calls: &[Call], acted: Instant, later: &str) {
+    let first = &calls[0];
+    let ended = first.ended.expect("the fenced call ended");
+    assert!(
+        ended.duration_since(acted) < Duration::from_secs(5),
+        "the fenced call was stopped {:?} after the action: {calls:?}",
+        ended.duration_since(acted)
+    );
+    let next = calls
+        .iter()
+        .find(|c| c.value == later && c.started > first.started)
+        .expect("the later call ran");
+    assert!(
+        next.started >= ended,
+        "{later} started {:?} before the fenced call stopped: {calls:?}",
+        ended.duration_since(next.started)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_retried_mid_call_runs_again_only_after_the_old_call_stopped() {
+    let (store, settings) = fresh_store().await;
+    let recorder = Recorder::default();
+    let id = store
+        .enqueue(&NewTask::new("recorder", b"a".to_vec()))
+        .await
+        .unwrap()
+        .id();
+    let running = member(&store, settings, &recorder).await;
+    first_call_started(&recorder).await;
+    let acted = Instant::now();
+    let retry = Action::Retry {
+        at: None,
+        budget: Budget::Fresh,
+        force: false,
+    };
+    let report = store
+        .act(&operator(), &retry, &Selection::Ids(vec![id]))
+        .await
+        .unwrap();
+    assert_eq!(report.changed, 1);
+    let calls = calls_once_resolved(&store, &recorder, id).await;
+    running.stop().await;
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert_stopped_before(&calls, acted, "a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_next_task_released_by_a_discard_mid_call_waits_for_the_call_to_stop() {
+    let (store, settings) = fresh_store().await;
+    let recorder = Recorder::default();
+    let ids: Vec<_> = store
+        .enqueue_many(&[ordered("1"), ordered("2")])
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.id())
+        .collect();
+    let running = member(&store, settings, &recorder).await;
+    first_call_started(&recorder).await;
+    let acted = Instant::now();
+    let report = store
+        .act(&operator(), &Action::Discard, &Selection::Ids(vec![ids[0]]))
+        .await
+        .unwrap();
+    assert_eq!(report.changed, 1);
+    let calls = calls_once_resolved(&store, &recorder, ids[1]).await;
+    running.stop().await;
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert_stopped_before(&calls, acted, "2");
+}
+
+/// Without word from the member (it died mid-call), the task waits for the old lease's
+/// deadline, by which the member's own deadline would have stopped the call; with word,
+/// it runs at once. A lease lost otherwise has nothing to say.
+#[tokio::test]
+async fn a_fenced_call_holds_its_task_until_its_member_says_it_stopped_or_its_lease_ends() {
+    let (store, _settings) = fresh_store().await;
+    for value in ["told", "silent"] {
+        store
+            .enqueue(&NewTask::new("h", value.as_bytes().to_vec()))
+            .await
+            .unwrap();
+    }
+    let handlers = ["h".to_string()];
+    let lease = Duration::from_secs(3);
+    let leased = store.claim(&handlers, 2, "dying", lease).await.unwrap();
+    assert_eq!(leased.len(), 2);
+    let ids = leased.iter().map(|t| t.id).collect();
+    let retry = Action::Retry {
+        at: None,
+        budget: Budget::Fresh,
+        force: false,
+    };
+    store
+        .act(&operator(), &retry, &Selection::Ids(ids))
+        .await
+        .unwrap();
+    assert!(
+        (store.claim(&handlers, 2, "other", lease).await.unwrap()).is_empty(),
+        "a task was claimed while its fenced call may run"
+    );
+    let told = leased
+        .iter()
+        .find(|t| t.failure.value.as_deref() == Some(b"told"))
+        .unwrap();
+    store.calls_stopped(&[told.lease()]).await.unwrap();
+    let other_lease = Duration::from_secs(60);
+    let claimed = store
+        .claim(&handlers, 2, "other", other_lease)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].id, told.id);
+    // The idle claimers' wait passes over the task held back (it is not due for them).
+    let next = store.next_due(&handlers).await.unwrap().expect("a task");
+    assert!(next > Duration::from_secs(30), "next due in {next:?}");
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+    let silent = store
+        .claim(&handlers, 2, "other", other_lease)
+        .await
+        .unwrap();
+    assert_eq!(
+        silent.len(),
+        1,
+        "the silent member's task came back at its deadline"
+    );
+    assert_ne!(silent[0].id, told.id);
+}
