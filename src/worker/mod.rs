@@ -23,7 +23,7 @@ use crate::handlers::Registered;
 use crate::parts::Watch;
 use crate::resilience::follower::BreakerFollower;
 use crate::store::{Result, Store};
-use crate::task::{FinishOutcome, Status, TaskId};
+use crate::task::{FinishOutcome, Lease, Status, TaskId};
 use crate::telemetry::Metrics;
 use admission::Admission;
 use claimer::Claimer;
@@ -139,6 +139,10 @@ impl WorkerPool {
             outcome: finish.outcome,
             written: !written.is_empty(),
         };
+        if !processed.written {
+            // Fenced: its call has stopped, the task may run again.
+            self.store.calls_stopped(&[finish.lease]).await?;
+        }
         if processed.written && processed.outcome.status() == Status::PermanentFailure {
             self.finals.permanent_failure(Arc::new(task), finish.error);
         }
@@ -313,7 +317,19 @@ impl WorkerPool {
             return;
         }
         match self.store.release(&self.worker_id, &unfinished).await {
-            Ok(released) => tracing::info!(released = released.len(), "leases released"),
+            Ok(released) => {
+                tracing::info!(released = released.len(), "leases released");
+                // The rest were fenced meanwhile; their calls have stopped too.
+                let fenced: Vec<Lease> = (unfinished.into_iter())
+                    .filter(|lease| !released.contains(&lease.id))
+                    .collect();
+                if !fenced.is_empty() {
+                    if let Err(error) = self.store.calls_stopped(&fenced).await {
+                        tracing::warn!(%error, "could not say fenced calls stopped; \
+                            their tasks wait for their old leases' deadlines");
+                    }
+                }
+            }
             Err(error) => tracing::warn!(%error, leases = unfinished.len(),
                 "could not release leases; the tasks come back when the leases lapse"),
         }

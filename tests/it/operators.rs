@@ -85,6 +85,11 @@ async fn a_discard_during_an_attempt_fences_its_late_result() {
     release.notify_one();
     let processed = running.await.unwrap().unwrap().expect("a task was claimed");
     assert!(!processed.written, "the late result must be fenced out");
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_stopping_call").await,
+        0,
+        "the stopped call still holds its task back"
+    );
 
     let task = store.get(ids[0]).await.unwrap().unwrap();
     assert_eq!(task.status, Status::Discarded);
