@@ -212,6 +212,10 @@ interrupted AS (
     ON CONFLICT DO NOTHING),
 -- That attempt's call runs on until its member hears of the action: nothing of the task,
 -- nor of its key, starts before it has stopped (see `recovery_stopping_call`).
+-- Rows past their deadline hold nothing back (their members died or never said so):
+-- each action clears them, so the table holds no more than the calls fenced since.
+expired_stops AS (
+    DELETE FROM recovery_stopping_call WHERE ends_by < now()),
 stopping AS (
     INSERT INTO recovery_stopping_call (task_id, lease_version, order_key, ends_by)
     SELECT id, lease_version, order_key, next_attempt_at

@@ -10,7 +10,7 @@ use tracing::Instrument;
 use super::admission::{Admission, Permits, BLOCKED_RECHECK};
 use super::attempt;
 use super::finisher::{AttemptContext, Completion};
-use super::inflight::InFlight;
+use super::inflight::{say_calls_stopped, InFlight};
 use super::served::Served;
 use crate::config::WorkerSettings;
 use crate::store::Store;
@@ -203,10 +203,7 @@ impl Claimer {
                 // Fenced or lapsed meanwhile: the write would be fenced out anyway. The
                 // call has stopped: a task an operator acted on may run again at once.
                 metrics.in_flight.dec();
-                if let Err(error) = store.calls_stopped(&[task.lease()]).await {
-                    tracing::warn!(%error, "could not say a fenced call stopped; \
-                        the task waits for its old lease's deadline");
-                }
+                say_calls_stopped(&store, &[task.lease()]).await;
                 return;
             }
             let handler: Arc<str> = task.handler.as_str().into();

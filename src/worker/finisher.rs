@@ -8,7 +8,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::admission::Admission;
-use super::inflight::InFlight;
+use super::inflight::{say_calls_stopped, InFlight};
 use crate::finals::Finals;
 use crate::handlers::invoke::Verdict;
 use crate::store::{Finish, Store};
@@ -114,10 +114,9 @@ impl Finisher {
             .collect();
         if !fenced.is_empty() {
             // Their calls ended before an operator's action: the tasks may run again.
-            if let Err(error) = self.store.calls_stopped(&fenced).await {
-                tracing::warn!(%error, "could not say fenced calls stopped; \
-                    their tasks wait for their old leases' deadlines");
-            }
+            // Apart from the batch, which a retry must not hold up.
+            let store = self.store.clone();
+            tokio::spawn(async move { say_calls_stopped(&store, &fenced).await });
         }
     }
 

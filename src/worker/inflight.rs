@@ -215,3 +215,23 @@ async fn renew(
         }
     }
 }
+
+/// Says that the calls of these fenced leases stopped, so their tasks (and keys) may run
+/// again at once. A few tries a moment apart: a pool busy for an instant must not hold
+/// the tasks back for a whole lease. Leases lost for other reasons cost nothing.
+pub(crate) async fn say_calls_stopped(store: &Store, leases: &[Lease]) {
+    let mut pause = Duration::from_millis(100);
+    for tries_left in (0..5).rev() {
+        match store.calls_stopped(leases).await {
+            Ok(()) => return,
+            Err(error) if tries_left == 0 => {
+                tracing::warn!(%error, leases = leases.len(),
+                    "could not say fenced calls stopped; their tasks wait for their old leases' deadlines");
+            }
+            Err(_) => {
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+        }
+    }
+}

@@ -324,10 +324,7 @@ impl WorkerPool {
                     .filter(|lease| !released.contains(&lease.id))
                     .collect();
                 if !fenced.is_empty() {
-                    if let Err(error) = self.store.calls_stopped(&fenced).await {
-                        tracing::warn!(%error, "could not say fenced calls stopped; \
-                            their tasks wait for their old leases' deadlines");
-                    }
+                    inflight::say_calls_stopped(&self.store, &fenced).await;
                 }
             }
             Err(error) => tracing::warn!(%error, leases = unfinished.len(),

@@ -28,6 +28,8 @@ pub(crate) async fn listen(store: Store, signals: Signals, stop: CancellationTok
     let own = PgPoolOptions::new()
         .max_connections(1)
         .connect_lazy_with((*store.pool().connect_options()).clone());
+    // Failing to listen again is logged once, not at every try.
+    let mut failing = false;
     loop {
         let listener = async {
             let mut listener = PgListener::connect_with(&own).await?;
@@ -40,6 +42,9 @@ pub(crate) async fn listen(store: Store, signals: Signals, stop: CancellationTok
         };
         match outcome {
             Ok(mut listener) => {
+                if std::mem::take(&mut failing) {
+                    tracing::info!("listening for notifications again");
+                }
                 signals.wake.notify_one();
                 signals.fenced.send_replace(());
                 loop {
@@ -62,7 +67,12 @@ pub(crate) async fn listen(store: Store, signals: Signals, stop: CancellationTok
                     }
                 }
             }
-            Err(error) => tracing::warn!(%error, "cannot listen for new tasks; polling meanwhile"),
+            Err(error) if !failing => {
+                failing = true;
+                tracing::warn!(%error, "cannot listen for notifications; polling meanwhile, \
+                    operator actions reach running calls at the next heartbeat");
+            }
+            Err(error) => tracing::debug!(%error, "still cannot listen for notifications"),
         }
         tokio::select! {
             _ = stop.cancelled() => return,

@@ -9,7 +9,7 @@ use redrive::{Fleet, Handler, HandlerContext, HandlerError, NewTask, Status, Sto
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::support::{eventually, fresh_store, Member};
+use crate::support::{eventually, fresh_store, scalar, Member};
 
 /// One handler call: its task's value, when it started, when it ended (returned or was
 /// dropped).
@@ -251,4 +251,17 @@ async fn a_fenced_call_holds_its_task_until_its_member_says_it_stopped_or_its_le
         "the silent member's task came back at its deadline"
     );
     assert_ne!(silent[0].id, told.id);
+    // Its row holds nothing back any more; the next action clears it.
+    let stale = "SELECT count(*) FROM recovery_stopping_call WHERE ends_by < now()";
+    assert_eq!(scalar(&store, stale).await, 1);
+    let idle = store
+        .enqueue(&NewTask::new("idle", b"x".to_vec()))
+        .await
+        .unwrap()
+        .id();
+    store
+        .act(&operator(), &Action::Discard, &Selection::Ids(vec![idle]))
+        .await
+        .unwrap();
+    assert_eq!(scalar(&store, stale).await, 0, "a stale row was left");
 }
