@@ -241,11 +241,12 @@ impl Replayer {
                 return Ok(());
             }
             let upto = pending.as_ref().map(|(upto, _)| *upto);
-            let tasks = self
+            let page = self
                 .store
                 .replay_batch(&job.filter, cursor, upto, REPLAY_BATCH, REPLAY_BATCH_BYTES)
                 .await?;
-            let Some(last) = tasks.last().map(|t| t.id.0) else {
+            let tasks = page.tasks;
+            let Some(last) = page.last else {
                 if let Some((upto, _)) = pending.take() {
                     // The pending batch's tasks no longer match: move past it.
                     self.commit(&job, &operator, upto, &[], 0, false).await?;
@@ -279,7 +280,7 @@ impl Replayer {
                 None => (last, None),
             };
             let mut sent = Vec::new();
-            let mut skipped = 0;
+            let mut skipped = page.unreadable;
             let mut sends = Vec::new();
             let mut interrupted = false;
             for task in &tasks {

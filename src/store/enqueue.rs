@@ -3,7 +3,7 @@
 use sqlx::{PgConnection, Row};
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use super::row::{task_from_row, tasks_from_rows};
+use super::row::task_from_row;
 use super::{Result, Store, StoreError};
 use crate::headers;
 use crate::task::{AttemptOutcome, InlineAttempt, NewTask, Task, TaskId};
@@ -457,19 +457,23 @@ async fn resolve_repeats(
         .bind(&wanted)
         .fetch_all(&mut *conn)
         .await?;
-    let existing: HashMap<String, _> = tasks_from_rows(&rows)?
-        .into_iter()
-        .filter_map(|t| t.dedup_key.clone().map(|k| (k, t)))
-        .collect();
+    // Each row on its own: a stored task that cannot be read (its claim ends it) still
+    // holds its key, and must not fail the enqueue of everything beside it.
+    let mut existing = HashMap::new();
+    for row in &rows {
+        let key: String = row.try_get("dedup_key")?;
+        let id = TaskId(row.try_get("id")?);
+        existing.insert(key, (id, task_from_row(row).ok()));
+    }
     for &index in repeated {
         let key = keys[index].as_deref().expect("only keyed inputs repeat");
-        let task = existing.get(key).ok_or_else(|| {
+        let (id, task) = existing.get(key).ok_or_else(|| {
             StoreError::MalformedRow(format!("dedup key {key:?} conflicted but no task holds it"))
         })?;
-        results[index] = Some(if tasks[index].same_content_as(task) {
-            Enqueued::Existing(task.id)
-        } else {
-            Enqueued::Conflict(task.id)
+        results[index] = Some(match task {
+            Some(task) if !tasks[index].same_content_as(task) => Enqueued::Conflict(*id),
+            // Unreadable: what is stored cannot be compared, and is what was recorded.
+            _ => Enqueued::Existing(*id),
         });
     }
     Ok(())

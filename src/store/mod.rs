@@ -39,7 +39,7 @@ pub use members::{Member, MEMBER_BEAT, MEMBER_LIVE_WITHIN};
 pub(crate) use operate::apply_batch;
 pub use operate::{Action, ActionReport, Applicable, Budget, Operator, ACTION_BATCH};
 pub use query::{Attempt, StatusCounts};
-pub use replays::{Marks, NewReplay, ReplayJob, ReplayRowError, REPLAY_STALE_AFTER};
+pub use replays::{Marks, NewReplay, ReplayJob, ReplayPage, ReplayRowError, REPLAY_STALE_AFTER};
 pub use retention::RETENTION_BATCH;
 pub use sample::FleetFigures;
 

@@ -129,6 +129,17 @@ fn job_from_row(row: &PgRow) -> Result<ReplayJob> {
     })
 }
 
+/// One page of a replay's selection.
+#[derive(Debug, Default)]
+pub struct ReplayPage {
+    /// Its tasks, in id order.
+    pub tasks: Vec<Task>,
+    /// Its rows that could not be read into tasks: skipped, not produced.
+    pub unreadable: i64,
+    /// The last task id it covers, readable or not; none: the selection is done.
+    pub last: Option<i64>,
+}
+
 impl Store {
     /// Records a replay job and its audit row. A detached job waits for a fleet member;
     /// another is running from the start, run by `runner`.
@@ -406,7 +417,7 @@ impl Store {
         upto: Option<i64>,
         limit: i64,
         max_bytes: i64,
-    ) -> Result<Vec<Task>> {
+    ) -> Result<ReplayPage> {
         let selection = Selection::Filter(filter.clone());
         let statement = format!(
             "SELECT * FROM (SELECT *, row_number() OVER w AS rn, sum(coalesce(octet_length(msg_key), 0) \
@@ -425,7 +436,19 @@ impl Store {
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
-        rows.iter().map(task_from_row).collect()
+        let mut page = ReplayPage::default();
+        for row in &rows {
+            let id: i64 = row.try_get("id")?;
+            page.last = Some(id);
+            match task_from_row(row) {
+                Ok(task) => page.tasks.push(task),
+                Err(error) => {
+                    tracing::warn!(task_id = id, %error, "a task that cannot be read is skipped");
+                    page.unreadable += 1;
+                }
+            }
+        }
+        Ok(page)
     }
 
     /// The distinct topics the tasks of `filter` would be replayed to by default (their

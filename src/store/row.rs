@@ -93,11 +93,6 @@ fn coordinates(row: &PgRow, prefix: &str) -> Result<Option<SourceCoordinates>> {
     })
 }
 
-/// Decodes every row, stopping at the first malformed one.
-pub(crate) fn tasks_from_rows(rows: &[PgRow]) -> Result<Vec<Task>> {
-    rows.iter().map(task_from_row).collect()
-}
-
 /// A claimed row that could not be read into a [`Task`].
 #[derive(Debug)]
 pub(crate) struct Unreadable {

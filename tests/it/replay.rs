@@ -418,6 +418,68 @@ async fn a_resumed_batch_whose_selection_grew_produces_every_task_once() {
     assert_replayed_once(&bootstrap, "orders", &expected);
 }
 
+/// A selected task whose row cannot be read (malformed stored headers) is skipped and
+/// counted; the job goes on past it, even when a whole page is unreadable, and ends done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_cannot_be_read_is_skipped_and_the_replay_goes_on() {
+    let kafka = cluster(&[("orders", 3)]);
+    let bootstrap = kafka.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    settings.kafka.bootstrap_servers = bootstrap.clone();
+    let mut expected = stored_failures(&store, 300).await;
+    // The first page (200 tasks) is unreadable but for its first task, and one more
+    // task further on.
+    let unreadable: Vec<Vec<u8>> = sqlx::query_scalar(
+        "UPDATE recovery_task SET msg_headers = '\\x0100'::bytea \
+         WHERE id IN (SELECT id FROM recovery_task ORDER BY id OFFSET 1 LIMIT 199) \
+            OR id = (SELECT id FROM recovery_task ORDER BY id OFFSET 250 LIMIT 1) \
+         RETURNING msg_key",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(unreadable.len(), 200);
+    for key in unreadable {
+        expected.remove(&key);
+    }
+    let operator = redrive::store::Operator {
+        actor: "test".into(),
+        reason: None,
+    };
+    let replay = redrive::store::NewReplay {
+        filter: Default::default(),
+        target_topic: None,
+        mark_resolved: false,
+        rate: None,
+        detached: false,
+    };
+    let job = store
+        .create_replay(&operator, &replay, "runner")
+        .await
+        .unwrap();
+    let replayer = redrive::replay::Replayer::new(
+        store.clone(),
+        settings.kafka.clone(),
+        settings.ingest.max_message_bytes,
+        "runner".into(),
+        Vec::new(),
+    );
+    let done = replayer
+        .run(
+            job,
+            &indicatif::ProgressBar::hidden(),
+            &tokio_util::sync::CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (done.status.as_str(), done.produced, done.skipped),
+        ("done", 100, 200),
+        "{done:?}"
+    );
+    assert_replayed_once(&bootstrap, "orders", &expected);
+}
+
 /// The loop check holds on every path that runs a job, not only where it is created: a
 /// job recorded before the route existed (or by a CLI run without the fleet's config),
 /// then resumed with `replays resume`, or picked up by a member whose configuration

@@ -80,6 +80,26 @@ async fn stored_bytes_come_back_exactly() {
     );
 }
 
+/// A stored task that cannot be read (here, malformed headers) still holds its dedup
+/// key: a repeat of it is the existing task, and the tasks beside it in the batch are
+/// stored, instead of the whole enqueue failing (an ingest flush would retry forever).
+#[tokio::test]
+async fn a_repeat_of_an_unreadable_task_is_the_existing_one_and_its_batch_is_stored() {
+    let (store, _) = fresh_store().await;
+    let mut task = NewTask::new("h", b"payload".to_vec());
+    task.dedup_key = Some("order-1".into());
+    let stored = store.enqueue(&task).await.unwrap().id();
+    sqlx::query("UPDATE recovery_task SET msg_headers = '\\x0100'::bytea WHERE id = $1")
+        .bind(stored.0)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let beside = NewTask::new("h", b"beside".to_vec());
+    let results = store.enqueue_many(&[task, beside]).await.unwrap();
+    assert_eq!(results[0], Enqueued::Existing(stored));
+    assert!(matches!(results[1], Enqueued::Created(_)), "{results:?}");
+}
+
 #[tokio::test]
 async fn enqueue_is_idempotent_on_the_dedup_key_and_reports_conflicts() {
     let (store, _) = fresh_store().await;
