@@ -67,12 +67,15 @@ static CLAIM: LazyLock<String> =
     LazyLock::new(|| CLAIM_TEMPLATE.replace("{NOT_STOPPING}", NOT_STOPPING));
 
 /// The claim's condition that no call fenced out by an operator may still be running for
-/// the task or its ordering key (`recovery_stopping_call`; the table is empty but for
-/// the seconds after such an action).
-const NOT_STOPPING: &str = "AND NOT EXISTS (SELECT 1 FROM recovery_stopping_call s
-                      WHERE s.task_id = recovery_task.id AND s.ends_by > now())
-      AND (order_key IS NULL OR NOT EXISTS (SELECT 1 FROM recovery_stopping_call s
-                      WHERE s.order_key = recovery_task.order_key AND s.ends_by > now()))";
+/// the task or its ordering key (`recovery_stopping_call`). The table is empty but for
+/// the seconds after such an action: the statement then looks at it once (an init plan),
+/// not once per row.
+const NOT_STOPPING: &str =
+    "AND (NOT EXISTS (SELECT 1 FROM recovery_stopping_call WHERE ends_by > now())
+           OR (NOT EXISTS (SELECT 1 FROM recovery_stopping_call s
+                           WHERE s.task_id = recovery_task.id AND s.ends_by > now())
+               AND (order_key IS NULL OR NOT EXISTS (SELECT 1 FROM recovery_stopping_call s
+                           WHERE s.order_key = recovery_task.order_key AND s.ends_by > now()))))";
 
 // When the next task the claim would take is due. Tasks waiting for a stopping call are
 // passed over: the member that stops the call tells the idle claimers (`<schema>_due`).
