@@ -267,3 +267,28 @@ async fn a_closed_or_stuck_stderr_neither_stops_nor_wedges_a_member() {
         drop(reader);
     }
 }
+
+/// A member that cannot listen for notifications again (its database out of reach)
+/// says so once, not at every try, and says when it listens again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_that_cannot_reconnect_says_so_once() {
+    let (_store, settings) = fresh_store().await;
+    let proxy = crate::support::PgProxy::start().await;
+    let member = crate::support::Spawn::binary(&proxy.route(&settings)).start();
+    crate::support::eventually(Duration::from_secs(30), "the member started", || async {
+        !member.log_lines("worker pool started").is_empty()
+    })
+    .await;
+    proxy.cut();
+    // About five tries to listen again, a second apart.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let failures = member.log_lines("cannot listen for");
+    assert_eq!(failures.len(), 1, "{failures:#?}");
+    proxy.restore();
+    crate::support::eventually(Duration::from_secs(20), "it listens again", || async {
+        !member
+            .log_lines("listening for notifications again")
+            .is_empty()
+    })
+    .await;
+}
