@@ -49,6 +49,29 @@ async fn stored_failures(store: &Store, count: usize) -> HashMap<Vec<u8>, NewTas
         .collect()
 }
 
+/// Runs `job` in this process as runner "runner" until it stops; its final state.
+async fn run_to_end(
+    store: &Store,
+    settings: &redrive::Settings,
+    job: redrive::store::ReplayJob,
+) -> redrive::store::ReplayJob {
+    let replayer = redrive::replay::Replayer::new(
+        store.clone(),
+        settings.kafka.clone(),
+        settings.ingest.max_message_bytes,
+        "runner".into(),
+        Vec::new(),
+    );
+    replayer
+        .run(
+            job,
+            &indicatif::ProgressBar::hidden(),
+            &tokio_util::sync::CancellationToken::new(),
+        )
+        .await
+        .unwrap()
+}
+
 /// Checks that `topic` holds each stored failure exactly once, byte for byte (plus
 /// redrive's own two headers).
 fn assert_replayed_once(bootstrap: &str, topic: &str, expected: &HashMap<Vec<u8>, NewTask>) {
@@ -398,21 +421,7 @@ async fn a_resumed_batch_whose_selection_grew_produces_every_task_once() {
     .unwrap();
 
     let job = store.replay(job.id).await.unwrap().unwrap();
-    let replayer = redrive::replay::Replayer::new(
-        store.clone(),
-        settings.kafka.clone(),
-        settings.ingest.max_message_bytes,
-        "runner".into(),
-        Vec::new(),
-    );
-    let done = replayer
-        .run(
-            job,
-            &indicatif::ProgressBar::hidden(),
-            &tokio_util::sync::CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    let done = run_to_end(&store, &settings, job).await;
     assert_eq!(done.status, "done");
     assert_eq!(done.produced, 400, "{done:?}");
     assert_replayed_once(&bootstrap, "orders", &expected);
@@ -457,21 +466,7 @@ async fn a_task_that_cannot_be_read_is_skipped_and_the_replay_goes_on() {
         .create_replay(&operator, &replay, "runner")
         .await
         .unwrap();
-    let replayer = redrive::replay::Replayer::new(
-        store.clone(),
-        settings.kafka.clone(),
-        settings.ingest.max_message_bytes,
-        "runner".into(),
-        Vec::new(),
-    );
-    let done = replayer
-        .run(
-            job,
-            &indicatif::ProgressBar::hidden(),
-            &tokio_util::sync::CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    let done = run_to_end(&store, &settings, job).await;
     assert_eq!(
         (done.status.as_str(), done.produced, done.skipped),
         ("done", 100, 200),
