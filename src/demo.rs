@@ -61,9 +61,12 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> anyhow::Result<(
     }
     let bootstrap = broker.bootstrap_servers();
     let settings = demo_settings(settings, &bootstrap, options);
-    let store = Store::connect(&settings.database).await.context(
-        "connecting to PostgreSQL (set DATABASE_URL, default postgres://postgres@127.0.0.1:5432/postgres)",
-    )?;
+    let store = (Store::connect(&settings.database).await).with_context(|| {
+        format!(
+            "connecting to PostgreSQL (the URL from {})",
+            settings.database.url_origin
+        )
+    })?;
     sqlx::query(&format!("DROP SCHEMA IF EXISTS {} CASCADE", store.schema()))
         .execute(store.pool())
         .await?;
@@ -157,7 +160,31 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> anyhow::Result<(
     );
     outln!("  still failed            {}", counts.failed);
     outln!("  attempts made           {attempts}");
+    next_commands(&store).await?;
     drop(broker);
+    Ok(())
+}
+
+/// Prints three commands to look at what the demo left, in its schema (kept until the
+/// next run), with the program as it was invoked.
+async fn next_commands(store: &Store) -> anyhow::Result<()> {
+    let example: Option<i64> = sqlx::query_scalar(
+        "SELECT id FROM recovery_task ORDER BY status = 'permanent_failure' DESC, id LIMIT 1",
+    )
+    .fetch_optional(store.pool())
+    .await?;
+    let program = std::env::args().next().unwrap_or_else(|| "redrive".into());
+    let run = format!("REDRIVE__DATABASE__SCHEMA={} {program}", store.schema());
+    outln!(
+        "\nnext (the demo's tasks stay in schema {:?} until the next run):",
+        store.schema()
+    );
+    outln!("  {run} tasks stats");
+    outln!("  {run} tasks list --status permanent_failure");
+    match example {
+        Some(id) => outln!("  {run} tasks show {id}"),
+        None => outln!("  {run} tasks show ID"),
+    }
     Ok(())
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, AppState, Tokens};
-use crate::config::{refuse_loops, validate_routes, ConfigError, RouteMode, Settings};
+use crate::config::{refuse_loops, validate_routes, ConfigError, RouteMode, Settings, Targets};
 use crate::finals::{FinalSink, Finals};
 use crate::handlers::{
     Handler, HandlerRegistry, LogHandler, Registered, RegistryError, RepublishHandler,
@@ -69,42 +69,54 @@ impl FleetBuilder {
     }
 
     /// Adds a sink told about every task that becomes a permanent failure, after its
-    /// row says so (parking is one, when `parking.topic` is set). Shutdown waits for
+    /// row says so (parking is one, when `parking.topic` or a route's `parking_topic`
+    /// is set). Shutdown waits for
     /// running reports up to `worker.shutdown_timeout`.
     pub fn final_sink(mut self, sink: impl FinalSink) -> Self {
         self.sinks.push(Arc::new(sink));
         self
     }
 
-    /// Registers the built-in handlers: `log`, `republish` (whose producer is created
-    /// when it first republishes) and a `webhook` handler per `[webhooks.NAME]`.
+    /// Registers the built-in handlers `log` and `republish` (whose producer is created
+    /// when it first republishes). The `webhook` handler of each `[webhooks.NAME]` needs
+    /// no call: [`FleetBuilder::build`] registers it whatever else is registered.
     pub fn with_builtin_handlers(self) -> Self {
         let republish = RepublishHandler::new(&self.settings).with_metrics(self.metrics.clone());
+        self.handler("log", LogHandler)
+            .handler("republish", republish)
+    }
+
+    /// Registers a `webhook` handler per `[webhooks.NAME]`: a configured webhook is
+    /// always served, by any binary. A name that code registers too is refused, naming
+    /// the key: which of the two should run cannot be guessed.
+    fn register_webhooks(&mut self) -> Result<(), FleetError> {
+        let in_code = self.registry.names();
         let fleet = self.settings.fleet_identity();
-        let webhooks: Vec<_> = self
-            .settings
-            .webhooks
-            .iter()
-            .map(|(name, settings)| (name.clone(), WebhookHandler::new(name, settings, &fleet)))
-            .collect();
-        let mut builder = self
-            .handler("log", LogHandler)
-            .handler("republish", republish);
-        for (name, webhook) in webhooks {
-            match webhook {
-                Ok(webhook) => builder = builder.handler(name, webhook),
-                Err(problem) => builder.problems.push(problem.into()),
+        for (name, settings) in &self.settings.webhooks {
+            if in_code.contains(name) {
+                return Err(ConfigError::new(
+                    format!("webhooks.{name}"),
+                    format!(
+                        "a handler named {name:?} is registered in code too; \
+                         rename the webhook or the handler"
+                    ),
+                )
+                .into());
             }
+            let webhook =
+                WebhookHandler::new(name, settings, &fleet)?.with_metrics(self.metrics.clone());
+            self.registry.register(name.clone(), webhook)?;
         }
-        builder
+        Ok(())
     }
 
     /// Checks that every handler was registered once and that the handlers the settings
     /// (worker and routes) ask for exist.
     pub fn build(mut self) -> Result<Fleet, FleetError> {
-        if let Some(problem) = self.problems.into_iter().next() {
+        if let Some(problem) = self.problems.drain(..).next() {
             return Err(problem);
         }
+        self.register_webhooks()?;
         let settings = &mut self.settings;
         let handlers = self
             .registry
@@ -135,11 +147,12 @@ impl FleetBuilder {
             settings.routes.iter().map(|r| r.name.as_str()),
         );
         let mut sinks = self.sinks;
-        if let Some(topic) = &settings.parking.topic {
+        let targets = Targets::new(settings);
+        if targets.parks() {
             let parking = Parking::new(
                 &settings.kafka,
                 settings.ingest.max_message_bytes,
-                topic.clone(),
+                targets,
                 metrics.clone(),
             )?;
             sinks.push(Arc::new(parking));
@@ -275,6 +288,17 @@ impl Fleet {
             )
             .into());
         }
+        if ingest.is_none() {
+            let why = match self.settings.routes.is_empty() {
+                true => "no [[routes]] are configured",
+                false => "ingest.enabled is false",
+            };
+            tracing::info!(
+                "{why}: this member consumes no Kafka topic and only works tasks already \
+                 stored (by `redrive enqueue`, the library or another member); add \
+                 [[routes]] to capture or process messages"
+            );
+        }
         // Listeners first: an address that is taken stops start-up before anything runs.
         let admin_listener = match self.settings.admin.listen {
             Some(listen) => Some(bind(listen, "admin.listen").await?),
@@ -295,6 +319,7 @@ impl Fleet {
                 store: admin::api_store(&self.settings.database, &self.settings.admin)?,
                 kafka: self.settings.kafka.clone(),
                 routes: self.settings.routes.clone(),
+                targets: Targets::new(&self.settings),
                 budgets: self.budgets(),
             };
             let app = admin::router(state, Tokens::new(&self.settings.admin));

@@ -40,6 +40,7 @@ pub mod resilience;
 pub mod store;
 pub mod task;
 pub mod telemetry;
+pub mod testing;
 mod upkeep;
 mod worker;
 
@@ -52,5 +53,8 @@ pub use handlers::{
 pub use headers::Header;
 pub use ingest::{FlushError, IngestError};
 pub use store::{Enqueued, Store, StoreError};
-pub use task::{Failure, InlineAttempt, Lease, NewTask, SourceCoordinates, Status, Task, TaskId};
+pub use task::{
+    Failure, InlineAttempt, Lease, NewTask, OriginalCoordinates, SourceCoordinates, Status, Task,
+    TaskId,
+};
 pub use worker::{PartDied, Processed, WorkerPool};

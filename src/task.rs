@@ -113,6 +113,54 @@ impl SourceCoordinates {
     }
 }
 
+/// Where a dead-lettered message lived before, as far as its headers tell: the topic,
+/// and the partition and offset when they were readable (hand-made dead letters often
+/// carry the topic alone).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OriginalCoordinates {
+    /// Topic name.
+    pub topic: String,
+    /// Partition number, when known.
+    pub partition: Option<i32>,
+    /// Offset within the partition, when known.
+    pub offset: Option<i64>,
+}
+
+impl OriginalCoordinates {
+    /// The full coordinates, when partition and offset are both known.
+    pub fn complete(&self) -> Option<SourceCoordinates> {
+        Some(SourceCoordinates {
+            topic: self.topic.clone(),
+            partition: self.partition?,
+            offset: self.offset?,
+        })
+    }
+}
+
+impl From<SourceCoordinates> for OriginalCoordinates {
+    fn from(at: SourceCoordinates) -> Self {
+        OriginalCoordinates {
+            topic: at.topic,
+            partition: Some(at.partition),
+            offset: Some(at.offset),
+        }
+    }
+}
+
+impl std::fmt::Display for OriginalCoordinates {
+    /// `topic[partition]@offset`, with `?` for what is not known.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let unknown = || "?".to_owned();
+        write!(
+            f,
+            "{}[{}]@{}",
+            self.topic,
+            self.partition.map_or_else(unknown, |p| p.to_string()),
+            self.offset.map_or_else(unknown, |o| o.to_string())
+        )
+    }
+}
+
 /// A failed message and what is known about its failure: the part of a task that is
 /// recorded once, when the failure is stored, and never changes afterwards.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -140,7 +188,7 @@ pub struct Failure {
     /// Size of the message value as it came, in bytes.
     pub value_size: Option<i32>,
     /// Where the message lived before it was dead-lettered, from its headers.
-    pub original: Option<SourceCoordinates>,
+    pub original: Option<OriginalCoordinates>,
     /// Class of the error that caused the failure.
     pub error_class: Option<String>,
     /// Message of the error that caused the failure.
@@ -151,6 +199,14 @@ pub struct Failure {
     pub route: Option<String>,
     /// What ingest could not read or left out, in words.
     pub ingest_note: Option<String>,
+    /// 1 for a first failure; for a message redrive produced (republish, replay) that
+    /// failed again, the previous task's generation + 1.
+    pub generation: i32,
+    /// The task whose produced message failed again into this one.
+    pub previous_task: Option<TaskId>,
+    /// The previous task's error when this one was linked to it (kept after retention
+    /// deletes the previous task).
+    pub previous_error: Option<String>,
 }
 
 impl Default for Failure {
@@ -172,6 +228,9 @@ impl Default for Failure {
             error_stacktrace: None,
             route: None,
             ingest_note: None,
+            generation: 1,
+            previous_task: None,
+            previous_error: None,
         }
     }
 }
@@ -248,6 +307,18 @@ pub struct NewTask {
     /// Set by a route with `ordering = "key"` on a message with a key ([`order_key`]):
     /// the task waits behind the open tasks with the same order key.
     pub order_key: Option<Vec<u8>>,
+    /// Why a task stored final without an attempt ended (a re-failure beyond its
+    /// route's `max_generations`): its last error.
+    pub final_error: Option<String>,
+    /// The id taken for it before it was stored: process mode reserves one for each
+    /// message it runs inline, so the inline attempt and the stored failure share it.
+    /// `None` (the default): the next id when it is stored.
+    #[serde(skip)]
+    pub id: Option<TaskId>,
+    /// The recovery point the inline attempt saved ([`crate::HandlerContext::save_checkpoint`]),
+    /// stored with the failure: its retry starts from it.
+    #[serde(skip)]
+    pub checkpoint: Option<serde_json::Value>,
 }
 
 /// The order key of a message with `key` ingested by `route` (`ordering = "key"`): a
@@ -299,12 +370,12 @@ impl NewTask {
         })
     }
 
-    /// The task as a handler sees it before it is stored (process mode): id 0,
-    /// attempt 1, not leased.
+    /// The task as a handler sees it before it is stored (process mode): its reserved
+    /// id (0 when none was reserved), attempt 1, not leased.
     pub fn unsaved(&self) -> Task {
         let now = Utc::now();
         Task {
-            id: TaskId(0),
+            id: self.id.unwrap_or(TaskId(0)),
             dedup_key: self.effective_dedup_key(),
             handler: self.handler.clone(),
             failure: self.failure.clone(),
@@ -318,7 +389,7 @@ impl NewTask {
             lease_owner: None,
             lease_version: 0,
             leased_at: None,
-            checkpoint: None,
+            checkpoint: self.checkpoint.clone(),
             created_at: now,
             updated_at: now,
             finished_at: None,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
-use crate::config::{KafkaSettings, RouteSettings};
+use crate::config::{KafkaSettings, RouteSettings, Targets};
 use crate::replay::check_replay;
 use crate::store::{
     Action, AuditEntry, AuditQuery, Budget, Budgets, CheckReport, Due, Member, NewReplay, Operator,
@@ -29,6 +29,8 @@ pub struct AppState {
     pub kafka: KafkaSettings,
     /// For replays: the member's routes, whose captured topics a replay may not target.
     pub routes: Vec<RouteSettings>,
+    /// For a task's detail: where it is republished and parked.
+    pub targets: Targets,
     /// For `check`.
     pub budgets: Budgets,
 }
@@ -63,6 +65,12 @@ pub struct ListQuery {
     pub updated_after: Option<DateTime<Utc>>,
     /// Changed before (RFC 3339).
     pub updated_before: Option<DateTime<Utc>>,
+    /// Generation exactly: 1 for first failures, 2 and up for re-failures.
+    pub generation: Option<i32>,
+    /// Generation at least (2: every re-failure).
+    pub min_generation: Option<i32>,
+    /// The re-failures of this task (the tasks that came from it).
+    pub previous_task: Option<i64>,
     /// Page size, 1 to 1000 (default 50).
     pub limit: Option<i64>,
     /// The previous page's `next_cursor`.
@@ -96,6 +104,9 @@ impl ListQuery {
             created_before: self.created_before,
             updated_after: self.updated_after,
             updated_before: self.updated_before,
+            generation: self.generation,
+            min_generation: self.min_generation,
+            previous_task: self.previous_task.map(TaskId),
         };
         filter.validate().map_err(ApiError::bad_request)?;
         Ok(filter)
@@ -273,7 +284,7 @@ pub async fn get_task(
 ) -> Result<Json<TaskDetail>, ApiError> {
     let id = task_id(path)?;
     match state.store.detail(id).await? {
-        Some(detail) => Ok(Json(detail)),
+        Some(detail) => Ok(Json(detail.with_targets(&state.targets))),
         None => Err(ApiError::not_found(format!("no such task: {id}"))),
     }
 }

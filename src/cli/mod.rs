@@ -8,7 +8,7 @@ use std::time::Duration;
 
 #[cfg(feature = "bench")]
 use crate::bench::{self, BenchArgs};
-use crate::config::{parse_duration, Settings};
+use crate::config::{parse_duration, Settings, Targets};
 #[cfg(feature = "demo")]
 use crate::demo::{self, DemoOptions};
 use crate::fleet::{Fleet, FleetBuilder};
@@ -18,6 +18,7 @@ use crate::task::{Failure, NewTask, TaskId};
 use crate::telemetry;
 use output::outln;
 
+mod alerts;
 mod brake;
 mod breakers;
 mod operator;
@@ -27,6 +28,7 @@ mod selection;
 mod table;
 mod tasks;
 
+pub use alerts::AlertsArgs;
 pub use brake::BrakeCommand;
 pub use breakers::BreakersCommand;
 pub use replays::{AuditArgs, ReplayArgs, ReplaysCommand};
@@ -68,6 +70,8 @@ pub enum Command {
     Brake(BrakeCommand),
     /// The audit log of operator actions, newest first.
     Audit(AuditArgs),
+    /// Print the Prometheus alert rules for this deployment (selector, thresholds, runbook).
+    Alerts(AlertsArgs),
     /// Measure throughput: the queue (enqueue, drain), or `ingest` (Kafka to PostgreSQL).
     #[cfg(feature = "bench")]
     Bench(BenchArgs),
@@ -166,6 +170,14 @@ fn parse_header(text: &str) -> Result<Header, String> {
 /// developer's own binary calls this with its handlers to get the same CLI.
 pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // Needs no configuration: it prints what it is given.
+    if let Command::Alerts(args) = cli.command {
+        outln!(
+            "{}",
+            telemetry::AlertSettings::from(args).render()?.trim_end()
+        );
+        return Ok(());
+    }
     let quiet = cli.command.prints_its_own_output();
     let settings = Settings::load(cli.config.as_deref(), None)?;
     // Their own output says what happened: attempt lines would only interleave with it.
@@ -205,7 +217,8 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
         Command::Tasks(command) => {
             let fleet = verb_fleet(register, &settings)?;
             let store = operator_store(&settings).await?;
-            tasks::run(command, &fleet, &store).await?;
+            let targets = Targets::new(&settings);
+            tasks::run(command, &fleet, &store, &targets).await?;
         }
         Command::Replays(command) => {
             let fleet = verb_fleet(register, &settings)?;
@@ -224,6 +237,8 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
             let store = operator_store(&settings).await?;
             replays::audit(args, &store).await?;
         }
+        // Printed before the configuration is read.
+        Command::Alerts(_) => {}
         #[cfg(feature = "bench")]
         Command::Bench(options) => bench::run(&settings, &options).await?,
         #[cfg(feature = "demo")]
@@ -241,6 +256,9 @@ fn verb_fleet(
 ) -> anyhow::Result<Fleet> {
     let mut settings = settings.clone();
     settings.parking.topic = None;
+    for route in &mut settings.routes {
+        route.parking_topic = None;
+    }
     Ok(register(Fleet::builder(settings)).build()?)
 }
 

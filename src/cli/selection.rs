@@ -44,6 +44,16 @@ pub struct FilterArgs {
     /// Last changed before: RFC 3339 time or a duration ago.
     #[arg(long, value_parser = parse_time)]
     pub updated_before: Option<DateTime<Utc>>,
+    /// Generation exactly: 1 for first failures, N for a message redrive produced that
+    /// failed N-1 times again.
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
+    pub generation: Option<i32>,
+    /// Generation at least (2: every re-failure).
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
+    pub min_generation: Option<i32>,
+    /// The re-failures of this task (the tasks that came from it).
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    pub previous_task: Option<i64>,
 }
 
 impl FilterArgs {
@@ -61,6 +71,9 @@ impl FilterArgs {
             created_before: self.created_before,
             updated_after: self.updated_after,
             updated_before: self.updated_before,
+            generation: self.generation,
+            min_generation: self.min_generation,
+            previous_task: self.previous_task.map(TaskId),
         };
         if let Err(reason) = filter.validate() {
             bail!("invalid filter: {reason}");

@@ -8,6 +8,7 @@ use super::output::{errln, outln};
 use super::replays::{run_in_foreground, ReplayArgs};
 use super::selection::{FilterArgs, SelectionArgs};
 use super::table;
+use crate::config::Targets;
 use crate::fleet::Fleet;
 use crate::store::{Action, Applicable, Budget, Due, Selection, Store, TaskFilter, MAX_PAGE};
 use crate::task::{Status, TaskId};
@@ -141,11 +142,16 @@ pub struct DecideArgs {
     pub bulk: BulkArgs,
 }
 
-/// Runs a task verb.
-pub async fn run(command: TasksCommand, fleet: &Fleet, store: &Store) -> anyhow::Result<()> {
+/// Runs a task verb; `targets` are the reader's configured republish and parking topics.
+pub async fn run(
+    command: TasksCommand,
+    fleet: &Fleet,
+    store: &Store,
+    targets: &Targets,
+) -> anyhow::Result<()> {
     match command {
         TasksCommand::List(args) => list(store, args).await,
-        TasksCommand::Show(args) => show(store, args).await,
+        TasksCommand::Show(args) => show(store, args, targets).await,
         TasksCommand::Retry(args) => {
             let budget = match args.more_attempts {
                 None => Budget::Fresh,
@@ -232,10 +238,11 @@ async fn list(store: &Store, args: ListArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn show(store: &Store, args: ShowArgs) -> anyhow::Result<()> {
+async fn show(store: &Store, args: ShowArgs, targets: &Targets) -> anyhow::Result<()> {
     let Some(detail) = store.detail(TaskId(args.id)).await? else {
         bail!("no such task: {}", args.id);
     };
+    let detail = detail.with_targets(targets);
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&detail)?);
         return Ok(());
@@ -252,6 +259,15 @@ async fn show(store: &Store, args: ShowArgs) -> anyhow::Result<()> {
     }
     if let Some(reason) = &detail.unreadable {
         outln!("{:<22} {reason}", "unreadable");
+    }
+    let applied = detail.targets.as_ref();
+    for (name, target) in [
+        ("republish_to", applied.and_then(|t| t.republish.as_ref())),
+        ("parks_to", applied.and_then(|t| t.parking.as_ref())),
+    ] {
+        if let Some(target) = target {
+            outln!("{name:<22} {} ({})", target.topic, target.from);
+        }
     }
     let render = |r: &crate::readable::Readable| format!("{} ({} bytes)", r.line(), r.size);
     outln!(

@@ -22,6 +22,8 @@ pub(super) struct EnvLayer {
     pub vars: HashMap<String, String>,
     /// librdkafka properties by their dotted names.
     pub properties: Vec<(String, String)>,
+    /// The variable that set `database.url`, if one did.
+    pub database_url_var: Option<&'static str>,
 }
 
 impl EnvLayer {
@@ -52,12 +54,21 @@ impl EnvLayer {
         let explicit = vars
             .keys()
             .any(|k| k.eq_ignore_ascii_case(DATABASE_URL_VAR));
-        if let (false, Some(url)) = (explicit, database_url) {
-            vars.insert(DATABASE_URL_VAR.to_owned(), url);
-        }
+        let database_url_var = match (explicit, database_url) {
+            (true, _) => Some(DATABASE_URL_VAR),
+            (false, Some(url)) => {
+                vars.insert(DATABASE_URL_VAR.to_owned(), url);
+                Some("DATABASE_URL")
+            }
+            (false, None) => None,
+        };
         // Sorted, so that of two spellings of one property the outcome does not vary.
         properties.sort();
-        Ok(EnvLayer { vars, properties })
+        Ok(EnvLayer {
+            vars,
+            properties,
+            database_url_var,
+        })
     }
 }
 

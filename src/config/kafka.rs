@@ -86,6 +86,11 @@ pub struct IngestSettings {
     /// librdkafka's `max.poll.interval.ms` when the downstream hangs.
     #[serde(deserialize_with = "duration")]
     pub process_budget: Duration,
+    /// Longest a batch's fetches of original records may take together: a dead letter
+    /// that carries coordinates but no key and no value (a Kafka share group's, by
+    /// default) is stored with the original record fetched from its topic.
+    #[serde(deserialize_with = "duration")]
+    pub original_fetch_timeout: Duration,
 }
 
 impl Default for IngestSettings {
@@ -99,6 +104,7 @@ impl Default for IngestSettings {
             stacktrace_max_bytes: 8 * 1024,
             process_concurrency: 32,
             process_budget: Duration::from_secs(60),
+            original_fetch_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -165,6 +171,26 @@ pub struct RouteSettings {
     pub ordering: Ordering,
     /// Process mode only: pause the route when most messages fail inline (a bad deploy).
     pub brake: Option<BrakeSettings>,
+    /// Where the `republish` handler produces this route's tasks; overrides
+    /// `republish.target_topic` (none: that key, else the task's original topic).
+    pub republish_topic: Option<String>,
+    /// Where this route's permanent failures are parked; overrides `parking.topic`.
+    pub parking_topic: Option<String>,
+    /// Most generations of one message this route retries: a captured message that
+    /// redrive produced and that failed again more often is stored PERMANENT_FAILURE
+    /// and parked instead of being redriven once more (see [`crate::task::Failure::generation`]).
+    #[serde(default = "default_max_generations")]
+    pub max_generations: u32,
+}
+
+/// Default of a route's `max_generations`: a first failure and two re-failures are
+/// retried, the third re-failure is parked.
+pub const DEFAULT_MAX_GENERATIONS: u32 = 3;
+/// Largest `max_generations`: more redrives of one message are a loop, not a plan.
+pub const MAX_GENERATIONS: u32 = 1000;
+
+fn default_max_generations() -> u32 {
+    DEFAULT_MAX_GENERATIONS
 }
 
 /// Whether a route keeps the failures of one key in order.
@@ -228,6 +254,9 @@ impl RouteSettings {
             jitter: None,
             ordering: Ordering::None,
             brake: None,
+            republish_topic: None,
+            parking_topic: None,
+            max_generations: DEFAULT_MAX_GENERATIONS,
         }
     }
 
@@ -262,6 +291,49 @@ impl RouteSettings {
         Ok(())
     }
 
+    /// Its name: `name`, else its first topic, else its pattern (what validation fills
+    /// in, and what its tasks record).
+    pub fn effective_name(&self) -> String {
+        if !self.name.is_empty() {
+            return self.name.clone();
+        }
+        self.topics
+            .first()
+            .cloned()
+            .or_else(|| self.pattern.clone())
+            .unwrap_or_default()
+    }
+
+    /// Checks the route's own targets and its `max_generations`.
+    fn check_targets(&self, key: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+        if let Some(topic) = &self.republish_topic {
+            topic_name(&key("republish_topic"), topic)?;
+            if self.handler != "republish" {
+                return Err(ConfigError::new(
+                    key("republish_topic"),
+                    format!(
+                        "only the republish handler produces to it, and this route's handler \
+                         is {:?}",
+                        self.handler
+                    ),
+                ));
+            }
+        }
+        if let Some(topic) = &self.parking_topic {
+            topic_name(&key("parking_topic"), topic)?;
+        }
+        if !(1..=MAX_GENERATIONS).contains(&self.max_generations) {
+            return Err(ConfigError::new(
+                key("max_generations"),
+                format!(
+                    "must be 1 to {MAX_GENERATIONS} (got {}); 1 parks every re-failure",
+                    self.max_generations
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The subscription strings of this route: its topics, and its pattern in the
     /// anchored form (`^(PATTERN)$`) that the route table matches too.
     pub fn subscriptions(&self) -> Vec<String> {
@@ -269,6 +341,32 @@ impl RouteSettings {
         subs.extend(self.pattern.as_deref().map(super::pattern::anchored));
         subs
     }
+}
+
+/// Longest topic name Kafka accepts.
+const MAX_TOPIC_CHARS: usize = 249;
+
+/// Refuses what Kafka would refuse as a topic name: empty, longer than 249 characters,
+/// `.` or `..`, or a character other than ASCII letters, digits, `.`, `_` and `-`.
+pub(crate) fn topic_name(key: &str, topic: &str) -> Result<(), ConfigError> {
+    let reason = if topic.is_empty() {
+        "must not be empty (leave the key out to use the default)".to_owned()
+    } else if topic.len() > MAX_TOPIC_CHARS {
+        format!("is longer than Kafka's {MAX_TOPIC_CHARS} characters")
+    } else if topic == "." || topic == ".." {
+        format!("{topic:?} is not a topic name Kafka accepts")
+    } else if let Some(c) = topic
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        format!(
+            "{topic:?} is not a topic name: {c:?} is not allowed (only ASCII letters, digits, \
+             '.', '_' and '-')"
+        )
+    } else {
+        return Ok(());
+    };
+    Err(ConfigError::new(key, reason))
 }
 
 /// Fills in route names and checks every route; `handlers` are the registered names.
@@ -303,14 +401,7 @@ pub(crate) fn validate_routes(
                 ));
             }
         }
-        if route.name.is_empty() {
-            route.name = route
-                .topics
-                .first()
-                .cloned()
-                .or_else(|| route.pattern.clone())
-                .unwrap_or_default();
-        }
+        route.name = route.effective_name();
         if !names.insert(route.name.clone()) {
             return Err(ConfigError::new(
                 key("name"),
@@ -318,6 +409,7 @@ pub(crate) fn validate_routes(
             ));
         }
         route.check_policy(&key)?;
+        route.check_targets(&key)?;
         if let Some(brake) = &route.brake {
             if route.mode != RouteMode::Process {
                 return Err(ConfigError::new(

@@ -4,7 +4,8 @@
 //! - `republish.target_topic` consumed by a capture route (each republished message
 //!   becomes a new task), or by a process route whose handler is `republish` (which
 //!   produces it again);
-//! - `parking.topic` consumed by any route (a parked failure is captured, or run again
+//! - the same for a route's own `republish_topic`;
+//! - `parking.topic` (or a route's `parking_topic`) consumed by any route (a parked failure is captured, or run again
 //!   and, failing again, parked again);
 //! - a replay's topic consumed by a capture route (each replayed message becomes a new
 //!   task, which the same selection replays again).
@@ -14,15 +15,29 @@
 
 use super::{pattern, ConfigError, RouteMode, RouteSettings, Settings};
 
-/// Refuses a republish target or a parking topic that a route consumes, naming both keys.
+/// Refuses a republish target or a parking topic (global or a route's own) that a route
+/// consumes, naming both keys.
 pub(crate) fn refuse_loops(settings: &Settings) -> Result<(), ConfigError> {
     let routes = &settings.routes;
-    if let Some(topic) = &settings.republish.target_topic {
+    let mut republish = vec![(
+        "republish.target_topic".to_owned(),
+        &settings.republish.target_topic,
+    )];
+    let mut parking = vec![("parking.topic".to_owned(), &settings.parking.topic)];
+    for (i, route) in routes.iter().enumerate() {
+        republish.push((
+            format!("routes[{i}].republish_topic"),
+            &route.republish_topic,
+        ));
+        parking.push((format!("routes[{i}].parking_topic"), &route.parking_topic));
+    }
+    for (key, topic) in republish {
+        let Some(topic) = topic else { continue };
         let feeds_back =
             |r: &RouteSettings| r.mode == RouteMode::Capture || r.handler == "republish";
         if let Some(route) = consumer(routes, topic, feeds_back) {
             return Err(ConfigError::new(
-                "republish.target_topic",
+                key,
                 format!(
                     "{topic:?} is consumed by {route}: every republished message would come \
                      back to be handled again, an endless loop"
@@ -30,10 +45,11 @@ pub(crate) fn refuse_loops(settings: &Settings) -> Result<(), ConfigError> {
             ));
         }
     }
-    if let Some(topic) = &settings.parking.topic {
+    for (key, topic) in parking {
+        let Some(topic) = topic else { continue };
         if let Some(route) = consumer(routes, topic, |_| true) {
             return Err(ConfigError::new(
-                "parking.topic",
+                key,
                 format!(
                     "{topic:?} is consumed by {route}: every parked failure would come back \
                      as a new task and could be parked again, an endless loop"

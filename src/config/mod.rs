@@ -24,6 +24,7 @@ pub mod pattern;
 pub mod redact;
 mod resilience;
 mod source_error;
+mod targets;
 mod webhook;
 
 /// Fixed amounts of a member's work in flight: claim loops per worker pool, ingest
@@ -34,7 +35,7 @@ pub use brake::BrakeSettings;
 pub(crate) use kafka::validate_routes;
 pub use kafka::{
     IngestSettings, KafkaSettings, Ordering, ParkingSettings, RepublishSettings, RouteMode,
-    RouteSettings,
+    RouteSettings, DEFAULT_MAX_GENERATIONS, MAX_GENERATIONS,
 };
 /// Consumer group defaults used unless `kafka.properties` sets them.
 pub use librdkafka::{ASSIGNMENT_STRATEGY, HEARTBEAT_INTERVAL, SESSION_TIMEOUT};
@@ -42,6 +43,7 @@ pub use log::{LogFormat, LogSettings};
 pub(crate) use loops::refuse_loops;
 pub use loops::replay_loop;
 pub use resilience::{BreakerSettings, HandlerSettings};
+pub use targets::{AppliedTargets, Target, Targets};
 pub use webhook::{ResolvedTarget, WebhookBody, WebhookSettings, WebhookTarget};
 
 /// A configuration problem, naming the key and the reason.
@@ -106,6 +108,9 @@ pub struct MetricsSettings {
     pub listen: Option<std::net::SocketAddr>,
 }
 
+/// Where `database.url` came from when nothing set it.
+const DEFAULT_URL_ORIGIN: &str = "the default database.url";
+
 /// `[database]`: where tasks are stored.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -121,6 +126,10 @@ pub struct DatabaseSettings {
     pub connect_timeout: Duration,
     /// Apply migrations when `redrive run` starts.
     pub migrate_on_start: bool,
+    /// Where `url` came from, for messages: the variable that set it, the file, or
+    /// the default.
+    #[serde(skip)]
+    pub url_origin: String,
 }
 
 impl Default for DatabaseSettings {
@@ -131,6 +140,7 @@ impl Default for DatabaseSettings {
             max_connections: 10,
             connect_timeout: Duration::from_secs(5),
             migrate_on_start: true,
+            url_origin: DEFAULT_URL_ORIGIN.to_owned(),
         }
     }
 }
@@ -246,6 +256,7 @@ impl Settings {
             builder = builder.add_source(config::File::from(path));
         }
         let env = env::EnvLayer::read(env)?;
+        let database_url_var = env.database_url_var;
         let environment = config::Environment::with_prefix("REDRIVE")
             .prefix_separator("__")
             .separator("__")
@@ -259,6 +270,16 @@ impl Settings {
             .and_then(config::Config::try_deserialize)
             .map_err(source_error::from_config_error)?;
         settings.kafka.properties.extend(env.properties);
+        settings.database.url_origin = match (database_url_var, file) {
+            (Some(var), _) => var.to_owned(),
+            (None, Some(path))
+                if settings.database.url.expose_secret()
+                    != DatabaseSettings::default().url.expose_secret() =>
+            {
+                format!("database.url in {}", path.display())
+            }
+            (None, _) => DEFAULT_URL_ORIGIN.to_owned(),
+        };
         for handler in &mut settings.worker.handlers {
             *handler = handler.trim().to_owned();
         }
@@ -288,6 +309,11 @@ impl Settings {
             self.ingest.process_concurrency,
         )?;
         within("ingest.linger", self.ingest.linger, ONE_MINUTE)?;
+        within(
+            "ingest.original_fetch_timeout",
+            self.ingest.original_fetch_timeout,
+            ONE_MINUTE,
+        )?;
         positive("ingest.batch_bytes", self.ingest.batch_bytes)?;
         if self.ingest.max_message_bytes > MAX_MESSAGE_BYTES {
             return Err(ConfigError::new(
@@ -318,6 +344,12 @@ impl Settings {
         }
         for (name, handler) in &self.handlers {
             handler.validate(name)?;
+        }
+        if let Some(topic) = &self.republish.target_topic {
+            kafka::topic_name("republish.target_topic", topic)?;
+        }
+        if let Some(topic) = &self.parking.topic {
+            kafka::topic_name("parking.topic", topic)?;
         }
         if self.kafka.group_id.is_empty() {
             return Err(ConfigError::new("kafka.group_id", "must not be empty"));

@@ -11,14 +11,15 @@ pub(super) fn from_config_error(err: config::ConfigError) -> ConfigError {
         | config::ConfigError::At { key: Some(key), .. } => key.clone(),
         _ => "config".to_owned(),
     };
-    // The config crate writes array keys as `routes[0]mode`.
-    let key = key
+    // The config crate writes array keys as `routes[0]mode`, and repeats the key at the
+    // end of its message (` for key `routes[0]mode``): the error names it once, as written.
+    let written = key
         .replace("]", "].")
         .replace("]..", "].")
         .trim_end_matches('.')
         .to_owned();
-    let message = sanitized(&err, &key);
-    ConfigError::new(key, message)
+    let message = sanitized(&err, &written).replace(&format!(" for key `{key}`"), "");
+    ConfigError::new(written, message)
 }
 
 /// The message of `err` about `key`. A string where `[database]`, `[kafka]` or

@@ -21,8 +21,11 @@ pub enum Verdict {
     NotCalled,
     /// It succeeded, or failed permanently: the downstream answered.
     Answered,
-    /// It failed transiently (an error, a timeout, a panic).
+    /// It failed transiently (an error or a timeout).
     Transient,
+    /// It panicked: a transient failure for the task and the breaker, and a failure of
+    /// the handler's own for the bad-deploy brake.
+    Panicked,
 }
 
 /// What one attempt decided.
@@ -64,8 +67,9 @@ pub(crate) async fn invoke(
         );
         (FinishOutcome::NotCalled, Some(error), Verdict::NotCalled)
     } else {
-        let verdict = call(registered, ctx, task).await;
+        let Guarded { verdict, panicked } = call(registered, ctx, task).await;
         let kind = match &verdict {
+            _ if panicked => Verdict::Panicked,
             Ok(()) | Err(HandlerError::Permanent(_)) => Verdict::Answered,
             Err(_) => Verdict::Transient,
         };
@@ -87,14 +91,15 @@ pub(crate) async fn invoke(
 /// deadline while the database could not be reached) is stopped at once, whether or
 /// not the handler watches the token: its late effects could land after the next
 /// attempt's, or after the next task of its key.
-async fn call(
-    registered: &Registered,
-    ctx: &HandlerContext,
-    task: &Task,
-) -> Result<(), HandlerError> {
-    let lost = || HandlerError::Transient("the lease was lost; the call was stopped".into());
+async fn call(registered: &Registered, ctx: &HandlerContext, task: &Task) -> Guarded {
+    let lost = || Guarded {
+        verdict: Err(HandlerError::Transient(
+            "the lease was lost; the call was stopped".into(),
+        )),
+        panicked: false,
+    };
     if ctx.cancellation.is_cancelled() {
-        return Err(lost());
+        return lost();
     }
     let call = guarded(
         registered.policy.timeout,
@@ -107,7 +112,7 @@ async fn call(
         _ = ctx.cancellation.cancelled() => {
             // A handler that watches its token gets a moment to stop on its own.
             let _ = tokio::time::timeout(CANCEL_GRACE, &mut call).await;
-            Err(lost())
+            lost()
         }
     }
 }
@@ -115,24 +120,39 @@ async fn call(
 /// How long a cancelled call may take to notice its token before it is dropped.
 const CANCEL_GRACE: Duration = Duration::from_millis(250);
 
+/// A handler method's verdict under its timeout, with a panic caught.
+pub(crate) struct Guarded {
+    /// The verdict: a timeout or a panic is a transient failure.
+    pub(crate) verdict: Result<(), HandlerError>,
+    /// Whether the call panicked.
+    pub(crate) panicked: bool,
+}
+
 /// The verdict of `call` (a handler method), under `timeout` and with a panic caught:
 /// both are transient failures.
 pub(crate) async fn guarded(
     timeout: Duration,
     call: impl std::future::Future<Output = Result<(), HandlerError>>,
-) -> Result<(), HandlerError> {
+) -> Guarded {
     let call = tokio::time::timeout(timeout, call);
-    match AssertUnwindSafe(call).catch_unwind().await {
-        Ok(Ok(verdict)) => verdict,
-        Ok(Err(_elapsed)) => Err(HandlerError::Transient(format!(
-            "handler timed out after {}",
-            humantime::format_duration(timeout)
-        ))),
-        Err(panic) => Err(HandlerError::Transient(format!(
-            "handler panicked: {}",
-            crate::parts::panic_message(panic.as_ref())
-        ))),
-    }
+    let (verdict, panicked) = match AssertUnwindSafe(call).catch_unwind().await {
+        Ok(Ok(verdict)) => (verdict, false),
+        Ok(Err(_elapsed)) => {
+            let error = format!(
+                "handler timed out after {}",
+                humantime::format_duration(timeout)
+            );
+            (Err(HandlerError::Transient(error)), false)
+        }
+        Err(panic) => {
+            let error = format!(
+                "handler panicked: {}",
+                crate::parts::panic_message(panic.as_ref())
+            );
+            (Err(HandlerError::Transient(error)), true)
+        }
+    };
+    Guarded { verdict, panicked }
 }
 
 /// Maps a handler's verdict to what happens to the task next.

@@ -11,7 +11,7 @@ pub mod webhook;
 
 pub use self::log::LogHandler;
 pub use recovery::CheckpointError;
-pub(crate) use recovery::RecoveryPoints;
+pub(crate) use recovery::{KeptCheckpoint, RecoveryPoints};
 pub use registry::{HandlerRegistry, Policy, Registered, RegistryError};
 pub use republish::RepublishHandler;
 pub use webhook::WebhookHandler;
@@ -79,8 +79,9 @@ pub struct HandlerContext {
 }
 
 impl HandlerContext {
-    /// A context for attempt `attempt` (a handler's own tests build one this way;
-    /// [`HandlerContext::save_checkpoint`] then answers `Unavailable`).
+    /// A context for attempt `attempt` with nowhere to save a checkpoint
+    /// ([`HandlerContext::save_checkpoint`] answers `Unavailable`); a handler's tests
+    /// get one that keeps it from [`crate::testing`].
     pub fn new(
         worker_id: impl Into<String>,
         attempt: u32,
@@ -94,7 +95,7 @@ impl HandlerContext {
         }
     }
 
-    /// Saves with the task's row.
+    /// Saves to `recovery`: the task's row, or memory.
     pub(crate) fn with_recovery(mut self, recovery: RecoveryPoints) -> Self {
         self.recovery = Some(recovery);
         self
@@ -103,6 +104,7 @@ impl HandlerContext {
     /// Saves a recovery point: the next attempt of this task receives it as
     /// `task.checkpoint` (the last one saved). Written under the attempt's lease: an
     /// attempt that lost its lease gets [`CheckpointError::Fenced`] and should stop.
+    /// Process mode's inline attempt keeps it, and stores the last one with the failure.
     /// Save after each step whose side effect must not be repeated.
     pub async fn save_checkpoint(
         &self,

@@ -4,20 +4,20 @@ use async_trait::async_trait;
 use std::sync::Arc;
 
 use super::{Handler, HandlerContext, HandlerError};
-use crate::config::Settings;
+use crate::config::{Settings, Targets};
 use crate::kafka::dlt::own;
 use crate::kafka::produce::{is_permanent, produce_task, LazyProducer};
 use crate::task::Task;
 use crate::telemetry::Metrics;
 
-/// Produces the task's key, value and headers to its original topic (or the configured
-/// target) with an idempotent producer, created on first use. The attempt succeeds when
+/// Produces the task's key, value and headers to its original topic (or the target its
+/// route or `republish.target_topic` configures) with an idempotent producer, created on first use. The attempt succeeds when
 /// the broker acknowledged the write. Context headers of earlier hops are replaced by
 /// `redrive-task-id` and `redrive-attempt`.
 #[derive(Clone)]
 pub struct RepublishHandler {
     producer: Arc<LazyProducer>,
-    target_topic: Option<String>,
+    targets: Targets,
     metrics: Metrics,
 }
 
@@ -30,7 +30,7 @@ impl RepublishHandler {
                 &settings.kafka,
                 settings.ingest.max_message_bytes,
             )),
-            target_topic: settings.republish.target_topic.clone(),
+            targets: Targets::new(settings),
             metrics: Metrics::new(),
         }
     }
@@ -54,13 +54,14 @@ impl Handler for RepublishHandler {
             ));
         }
         let topic = self
-            .target_topic
-            .as_deref()
+            .targets
+            .republish_topic(task.failure.route.as_deref())
             .or(task.failure.original.as_ref().map(|o| o.topic.as_str()))
             .ok_or_else(|| {
                 HandlerError::permanent(
-                    "no topic to republish to: the message carried no known dead-letter \
-                     headers and republish.target_topic is not set",
+                    "no topic to republish to: the message carried no readable original \
+                     topic header (see ingest_note) and neither its route's republish_topic \
+                     nor republish.target_topic is set",
                 )
             })?;
         let extra = [

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use super::{Handler, HandlerContext, HandlerError};
 use crate::config::{redact, ConfigError, ResolvedTarget, WebhookBody, WebhookSettings};
-use crate::task::{SourceCoordinates, Task};
+use crate::task::{OriginalCoordinates, SourceCoordinates, Task};
+use crate::telemetry::Metrics;
 
 /// Most bytes of a response body kept in the recorded error.
 pub const ERROR_BODY_BYTES: usize = 2048;
@@ -35,6 +36,8 @@ pub struct WebhookHandler {
     routes: BTreeMap<String, ResolvedTarget>,
     timeout: Duration,
     retry_after_max: Duration,
+    /// Where calls are counted by answer, once [`WebhookHandler::with_metrics`] set it.
+    metrics: Option<Metrics>,
 }
 
 impl WebhookHandler {
@@ -66,7 +69,24 @@ impl WebhookHandler {
             routes,
             timeout: settings.timeout,
             retry_after_max: settings.retry_after_max,
+            metrics: None,
         })
+    }
+
+    /// Counts its calls in `metrics` (`redrive_webhook_calls_total`), by answer.
+    pub fn with_metrics(mut self, metrics: Metrics) -> WebhookHandler {
+        metrics.prepare_webhook(&self.name);
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Counts a call whose answer was `status` (`None`: no answer).
+    fn count(&self, status: Option<StatusCode>) {
+        if let Some(metrics) = &self.metrics {
+            (metrics.webhook_calls)
+                .with_label_values(&[&self.name, status_class(status)])
+                .inc();
+        }
     }
 
     fn target(&self, task: &Task) -> &ResolvedTarget {
@@ -125,6 +145,7 @@ impl Handler for WebhookHandler {
             }
         }
         let response = request.body(body).send().await.map_err(|error| {
+            self.count(None);
             HandlerError::transient(format!(
                 "{} {}: {}",
                 target.method,
@@ -133,6 +154,7 @@ impl Handler for WebhookHandler {
             ))
         })?;
         let status = response.status();
+        self.count(Some(status));
         if status.is_success() {
             return Ok(());
         }
@@ -167,6 +189,18 @@ pub fn idempotency_key(fleet: &str, task: &Task) -> String {
         hasher.update(part);
     }
     format!("sha256:{}", crate::readable::hex(&hasher.finalize()))
+}
+
+/// The class of an answer, as `redrive_webhook_calls_total{class}` names it: `2xx` to
+/// `5xx`, or `error` (no answer, or a status outside 200 to 599).
+fn status_class(status: Option<StatusCode>) -> &'static str {
+    match status.map(|s| s.as_u16() / 100) {
+        Some(2) => "2xx",
+        Some(3) => "3xx",
+        Some(4) => "4xx",
+        Some(5) => "5xx",
+        _ => "error",
+    }
 }
 
 /// Delay asked for by `Retry-After`: delta seconds or an HTTP date (a past date is 0).
@@ -290,7 +324,7 @@ struct Envelope<'a> {
 #[derive(Serialize)]
 struct FailureContext<'a> {
     source: Option<&'a SourceCoordinates>,
-    original: Option<&'a SourceCoordinates>,
+    original: Option<&'a OriginalCoordinates>,
     error_class: Option<&'a str>,
     error_message: Option<&'a str>,
     last_error: Option<&'a str>,
@@ -334,6 +368,17 @@ impl<'a> Envelope<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn calls_are_counted_by_status_class() {
+        let class = |code: u16| status_class(Some(StatusCode::from_u16(code).unwrap()));
+        assert_eq!(class(204), "2xx");
+        assert_eq!(class(302), "3xx");
+        assert_eq!(class(429), "4xx");
+        assert_eq!(class(503), "5xx");
+        assert_eq!(class(103), "error");
+        assert_eq!(status_class(None), "error");
+    }
 
     #[test]
     fn retry_after_reads_seconds_and_http_dates() {

@@ -77,11 +77,10 @@ impl IngestContext {
         let mut committing = self.committing.lock().expect("not poisoned");
         for element in revoked.elements() {
             committing.remove(&(element.topic().to_owned(), element.partition()));
-            // Its lag is the new owner's to report.
-            let _ = self
-                .metrics
-                .consumer_lag
-                .remove_label_values(&[element.topic(), &element.partition().to_string()]);
+            // Its lag and offset are the new owner's to report.
+            let labels = [element.topic(), &element.partition().to_string()];
+            let _ = self.metrics.consumer_lag.remove_label_values(&labels);
+            let _ = (self.metrics.consumer_committed_offset).remove_label_values(&labels);
         }
     }
 
@@ -173,18 +172,42 @@ impl ClientContext for IngestContext {
     fn stats(&self, statistics: Statistics) {
         for (topic, stats) in &statistics.topics {
             for (partition, stats) in &stats.partitions {
-                // Partition -1 is librdkafka's internal one; a lag of -1 is unknown.
-                if *partition >= 0 && stats.consumer_lag >= 0 {
+                // Partition -1 is librdkafka's internal one.
+                if *partition < 0 {
+                    continue;
+                }
+                let labels = [topic.as_str(), &partition.to_string()];
+                if let Some(lag) = lag(stats) {
                     self.metrics
                         .consumer_lag
-                        .with_label_values(&[topic.as_str(), &partition.to_string()])
-                        .set(stats.consumer_lag);
+                        .with_label_values(&labels)
+                        .set(lag);
+                }
+                if stats.committed_offset >= 0 {
+                    (self.metrics.consumer_committed_offset)
+                        .with_label_values(&labels)
+                        .set(stats.committed_offset);
                 }
             }
         }
         let up = statistics.brokers.values().any(|b| b.state == "UP");
         self.metrics.health.kafka_seen(up);
     }
+}
+
+/// A partition's consumer lag in messages, if its end is known: librdkafka's figure
+/// (the end minus the committed offset) once the group has committed one; before that
+/// (a new group, or a partition nothing was committed on), every message the partition
+/// still holds (its end minus its start), which is what the consumer reads from
+/// `auto.offset.reset = earliest`. Unknown (`None`) until the partition's end is read.
+fn lag(stats: &rdkafka::statistics::Partition) -> Option<i64> {
+    if stats.consumer_lag >= 0 {
+        return Some(stats.consumer_lag);
+    }
+    if stats.committed_offset >= 0 || stats.hi_offset < 0 {
+        return None;
+    }
+    Some(stats.hi_offset - stats.lo_offset.max(0))
 }
 
 impl ConsumerContext for IngestContext {
@@ -256,4 +279,31 @@ fn describe(tpl: &TopicPartitionList) -> String {
         })
         .collect();
     parts.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lag;
+    use rdkafka::statistics::Partition;
+
+    fn partition(lo: i64, hi: i64, committed: i64, consumer_lag: i64) -> Partition {
+        Partition {
+            lo_offset: lo,
+            hi_offset: hi,
+            committed_offset: committed,
+            consumer_lag,
+            ..Partition::default()
+        }
+    }
+
+    #[test]
+    fn lag_is_a_real_number_before_anything_was_committed() {
+        // librdkafka's own figure once an offset is committed.
+        assert_eq!(lag(&partition(0, 50, 20, 30)), Some(30));
+        // Nothing committed: every message the partition holds.
+        assert_eq!(lag(&partition(10, 50, -1001, -1)), Some(40));
+        assert_eq!(lag(&partition(-1001, 50, -1001, -1)), Some(50));
+        // The end not read yet: unknown, not 0.
+        assert_eq!(lag(&partition(-1001, -1001, -1001, -1)), None);
+    }
 }

@@ -1,18 +1,22 @@
-//! Persisting one batch of consumed messages: map each to its route's task, let process
-//! mode run its handlers inline ([`ProcessMode`]), insert the tasks, and only then
-//! report the offsets that may be committed.
+//! Persisting one batch of consumed messages: map each to its route's task, fetch the
+//! originals that dead letters left out ([`Originals`]), let process mode run its
+//! handlers inline ([`ProcessMode`]), insert the tasks, and only then report the offsets
+//! that may be committed.
 
 use rdkafka::message::Message;
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument;
 
 use super::brake::Brakes;
+use super::lineage;
 use super::mapping::{append_note, minimal_form, to_task};
+use super::originals::Originals;
 use super::process::{Mapped, ProcessMode};
 use super::routes::RouteTable;
-use crate::config::IngestSettings;
+use crate::config::{IngestSettings, RouteMode};
 use crate::finals::Finals;
 use crate::kafka::message::Consumed;
 use crate::store::{Enqueued, Store, StoreError};
@@ -50,6 +54,7 @@ pub(crate) struct Flusher {
     pub(crate) metrics: Metrics,
     pub(crate) finals: Finals,
     pub(crate) process: Arc<ProcessMode>,
+    pub(crate) originals: Originals,
 }
 
 impl Flusher {
@@ -68,7 +73,10 @@ impl Flusher {
                 .or_insert(0);
             *next = (*next).max(m.offset() + 1);
         }
-        let tasks = self.process.tasks(self.map(messages)?).await;
+        let mut mapped = self.map(messages)?;
+        self.originals.fill(&self.store, &mut mapped).await;
+        self.link_refailures(&mut mapped).await;
+        let tasks = self.process.tasks(mapped).await;
         if !tasks.is_empty() {
             self.insert(tasks).await?;
         }
@@ -98,6 +106,39 @@ impl Flusher {
                 })
             })
             .collect()
+    }
+
+    /// Links each captured re-failure to the task its `redrive-task-id` names (see
+    /// [`lineage`]); asks the database until it answers. The header is read from the
+    /// task's headers first: a share group's dead letter carries none of the original's,
+    /// which come with the original record fetched before this; then from the message's
+    /// (a message too large to store keeps no headers).
+    async fn link_refailures(&self, mapped: &mut [Mapped]) {
+        let named: Vec<(usize, Result<TaskId, String>)> = mapped
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.route.mode == RouteMode::Capture)
+            .filter_map(|(i, m)| {
+                let named = lineage::named_task(&m.task.failure.headers)
+                    .or_else(|| lineage::named_task(&m.message.headers));
+                named.map(|n| (i, n))
+            })
+            .collect();
+        if named.is_empty() {
+            return;
+        }
+        let ids: Vec<TaskId> = named.iter().filter_map(|(_, n)| n.clone().ok()).collect();
+        let ancestors = self.until_answered(|| self.store.ancestors(&ids)).await;
+        for (index, named) in named {
+            let Mapped { route, task, .. } = &mut mapped[index];
+            match named {
+                Ok(id) => lineage::link(task, route, id, ancestors.get(&id)),
+                Err(reason) => {
+                    let note = append_note(task.failure.ingest_note.take(), &reason);
+                    task.failure.ingest_note = Some(note);
+                }
+            }
+        }
     }
 
     /// Inserts until it works. Rows the database refuses as data go in one by one, and
@@ -134,16 +175,28 @@ impl Flusher {
 
     /// One outcome per task, retrying while the database is unreachable.
     async fn insert_retrying(&self, tasks: &[NewTask]) -> Vec<Enqueued> {
-        let mut pause = Duration::from_millis(100);
-        loop {
-            let result = match self.store.enqueue_many(tasks).await {
+        self.until_answered(|| async {
+            match self.store.enqueue_many(tasks).await {
                 Err(error) if is_data_error(&error) => self.insert_one_by_one(tasks).await,
                 other => other,
-            };
-            match result {
-                Ok(outcomes) => {
+            }
+        })
+        .await
+    }
+
+    /// Runs `work` until the database answers it: the batch's offsets stay uncommitted
+    /// meanwhile.
+    async fn until_answered<T, F, Fut>(&self, mut work: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let mut pause = Duration::from_millis(100);
+        loop {
+            match work().await {
+                Ok(answer) => {
                     self.metrics.health.database_ok();
-                    return outcomes;
+                    return answer;
                 }
                 Err(error) => {
                     self.metrics
@@ -151,7 +204,7 @@ impl Flusher {
                         .with_label_values(&["ingest"])
                         .inc();
                     self.metrics.health.database_failed("ingest", &error);
-                    tracing::debug!(tasks = tasks.len(), retry_in = ?pause,
+                    tracing::debug!(retry_in = ?pause,
                         "consumed failures not stored yet; their offsets stay uncommitted");
                 }
             }
@@ -189,6 +242,16 @@ impl Flusher {
             .with_label_values(&[route, label])
             .inc();
         if let Enqueued::Created(id) = outcome {
+            if task.failure.previous_task.is_some() {
+                let lineage = match lineage::loop_stopped(&task) {
+                    true => "loop_stopped",
+                    false => "linked",
+                };
+                self.metrics
+                    .refailures
+                    .with_label_values(&[route, lineage])
+                    .inc();
+            }
             if task.status == Status::PermanentFailure {
                 self.metrics
                     .permanent_failures
@@ -201,9 +264,10 @@ impl Flusher {
                     .inc();
             }
             if task.status == Status::PermanentFailure && self.finals.wanted() {
-                let error = task.failure.error_message.clone();
+                let error = (task.final_error.clone()).or(task.failure.error_message.clone());
                 let mut stored = task.unsaved();
                 stored.id = id;
+                stored.attempts = task.attempts;
                 self.finals.permanent_failure(Arc::new(stored), error);
             }
         }
@@ -274,6 +338,10 @@ mod tests {
                 metrics: Metrics::new(),
                 worker_id: "test".into(),
             }),
+            originals: Originals {
+                kafka: Default::default(),
+                limits: IngestSettings::default(),
+            },
         };
         let stray = Consumed::for_test(10); // on topic "test"
         let outcome = flusher.flush(vec![stray]).await;

@@ -8,7 +8,7 @@ use rdkafka::message::{Message, Timestamp};
 use crate::config::{IngestSettings, Ordering, RouteMode, RouteSettings};
 use crate::kafka::dlt;
 use crate::kafka::message::Consumed;
-use crate::task::{order_key, Failure, NewTask, SourceCoordinates};
+use crate::task::{order_key, Failure, NewTask, OriginalCoordinates, SourceCoordinates, Status};
 
 /// The task recording `message` for `route`, before any inline attempt. A message over
 /// `ingest.max_message_bytes` is kept in minimal form: coordinates, size and the reason,
@@ -53,7 +53,7 @@ pub(crate) fn to_task(
             notes.extend(ctx.notes);
         }
         RouteMode::Process => {
-            task.failure.original = Some(source.clone());
+            task.failure.original = Some(source.clone().into());
             task.failure.error_class = Some("redrive.ProcessModeFailure".into());
         }
     }
@@ -73,6 +73,100 @@ pub(crate) fn to_task(
     if !notes.is_empty() {
         task.failure.ingest_note = Some(notes.join("; "));
     }
+    match task.failure.original.clone() {
+        Some(original) if left_out(consumed, route, &task) && original.complete().is_none() => {
+            original_unavailable(task, &original, "its partition or offset is not readable")
+        }
+        _ => task,
+    }
+}
+
+/// Whether `consumed` is a dead letter that left its record out: no key and no value
+/// (a Kafka share group's, by default). A tombstone with a key is a real delete, taken
+/// as it came.
+fn left_out(consumed: &Consumed, route: &RouteSettings, task: &NewTask) -> bool {
+    let message = &consumed.message;
+    route.mode == RouteMode::Capture
+        && message.key().is_none()
+        && message.payload().is_none()
+        && task.failure.payload_stored
+}
+
+/// The original record's coordinates when `consumed` is a dead letter that left the
+/// record out ([`left_out`]) and its original is to be fetched.
+pub(crate) fn original_to_fetch(
+    consumed: &Consumed,
+    route: &RouteSettings,
+    task: &NewTask,
+) -> Option<SourceCoordinates> {
+    left_out(consumed, route, task)
+        .then(|| task.failure.original.as_ref()?.complete())
+        .flatten()
+}
+
+/// `task` holding the `original` record fetched from `at`, as if the dead letter had
+/// come whole: its key, value and headers (the dead letter's own headers after them,
+/// as context), or its minimal form when that is over `ingest.max_message_bytes`.
+pub(crate) fn with_original(
+    mut task: NewTask,
+    original: &Consumed,
+    at: &SourceCoordinates,
+    route: &RouteSettings,
+    limits: &IngestSettings,
+) -> NewTask {
+    let message = &original.message;
+    let mut headers = original.headers.clone();
+    headers.append(&mut task.failure.headers);
+    let value_size = message.payload().map_or(0, <[u8]>::len);
+    task.failure.value_size = i32::try_from(value_size).ok();
+    let size = message.key().map_or(0, <[u8]>::len)
+        + value_size
+        + (headers.iter())
+            .map(|h| h.name.len() + h.value.as_ref().map_or(0, Vec::len))
+            .sum::<usize>();
+    let note = if size > limits.max_message_bytes as usize {
+        task.failure.payload_stored = false;
+        format!(
+            "the original record at {} is {size} bytes with the dead letter's headers, over \
+             ingest.max_message_bytes ({}); key, value and headers not stored",
+            OriginalCoordinates::from(at.clone()),
+            limits.max_message_bytes
+        )
+    } else {
+        task.failure.key = message.key().map(<[u8]>::to_vec);
+        task.failure.value = message.payload().map(<[u8]>::to_vec);
+        task.failure.headers = headers;
+        format!(
+            "the dead letter carried no key and no value: key, value and headers fetched \
+             from the original record at {}",
+            OriginalCoordinates::from(at.clone())
+        )
+    };
+    if let (Ordering::Key, Some(key)) = (route.ordering, message.key()) {
+        task.order_key = Some(order_key(&route.name, key));
+    }
+    task.failure.ingest_note = Some(append_note(task.failure.ingest_note.take(), &note));
+    task
+}
+
+/// `task` whose original record at `at` could not be fetched (`why`): stored
+/// PERMANENT_FAILURE without a payload (republishing nothing would write an empty
+/// record), with the reason and the coordinates as its error, and parked like any
+/// permanent failure. The dead letter itself stays in its topic.
+pub(crate) fn original_unavailable(
+    mut task: NewTask,
+    at: &OriginalCoordinates,
+    why: &str,
+) -> NewTask {
+    let error = format!("the original record at {at} could not be fetched: {why}");
+    task.failure.ingest_note = Some(append_note(task.failure.ingest_note.take(), &error));
+    task.failure.error_message = Some(match task.failure.error_message.take() {
+        Some(dead_lettered) => format!("{error} (dead-lettered: {dead_lettered})"),
+        None => error,
+    });
+    task.failure.error_class = Some("redrive.OriginalUnavailable".into());
+    task.failure.payload_stored = false;
+    task.status = Status::PermanentFailure;
     task
 }
 
@@ -87,9 +181,15 @@ pub(crate) fn with_payload(task: &NewTask, consumed: &Consumed) -> NewTask {
     full
 }
 
-/// The minimal form of a task the database refused: coordinates, size and the reason.
+/// The minimal form of a task the database refused: coordinates, size and the reason,
+/// under its reserved id; an inline attempt's checkpoint is left out (it may be what
+/// was refused), and the note says so.
 pub(crate) fn minimal_form(task: &NewTask, reason: &str) -> NewTask {
     let failure = &task.failure;
+    let left_out = match task.checkpoint {
+        Some(_) => " and the inline attempt's checkpoint",
+        None => "",
+    };
     NewTask {
         failure: Failure {
             payload_stored: false,
@@ -101,9 +201,12 @@ pub(crate) fn minimal_form(task: &NewTask, reason: &str) -> NewTask {
             correlation_id: failure.correlation_id.clone(),
             value_size: failure.value_size,
             error_message: failure.error_message.clone(),
+            generation: failure.generation,
+            previous_task: failure.previous_task,
+            previous_error: failure.previous_error.clone(),
             error_class: Some("redrive.IngestRejected".into()),
             ingest_note: Some(format!(
-                "the database refused the message, stored without payload: {reason}"
+                "the database refused the message, stored without payload{left_out}: {reason}"
             )),
             ..Failure::default()
         },
@@ -115,6 +218,9 @@ pub(crate) fn minimal_form(task: &NewTask, reason: &str) -> NewTask {
         status: task.status,
         inline_attempt: task.inline_attempt.clone(),
         order_key: task.order_key.clone(),
+        final_error: task.final_error.clone(),
+        id: task.id,
+        checkpoint: None,
     }
 }
 

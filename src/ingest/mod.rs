@@ -7,7 +7,9 @@ mod consume;
 mod context;
 mod flush;
 mod in_flight;
+mod lineage;
 mod mapping;
+mod originals;
 mod process;
 mod routes;
 
@@ -32,6 +34,7 @@ use crate::telemetry::Metrics;
 use brake::Brakes;
 use context::IngestContext;
 use flush::Flusher;
+use originals::Originals;
 use process::ProcessMode;
 use routes::RouteTable;
 
@@ -106,6 +109,10 @@ impl Ingest {
                 metrics,
                 finals: Finals::default(),
                 process: Arc::new(process),
+                originals: Originals {
+                    kafka: kafka.clone(),
+                    limits: limits.clone(),
+                },
             },
             kafka,
             limits,

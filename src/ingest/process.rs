@@ -19,9 +19,10 @@ use super::brake::Brakes;
 use super::mapping::{append_note, with_payload};
 use crate::config::{IngestSettings, RouteMode, RouteSettings};
 use crate::handlers::invoke::invoke;
-use crate::handlers::{HandlerContext, Registered};
+use crate::handlers::{HandlerContext, KeptCheckpoint, RecoveryPoints, Registered};
 use crate::kafka::message::Consumed;
 use crate::resilience::follower::BreakerFollower;
+use crate::resilience::window::brake_vote;
 use crate::store::Store;
 use crate::task::{FinishOutcome, InlineAttempt, NewTask, Status};
 use crate::telemetry::{log_attempt, AttemptLine, Metrics};
@@ -146,6 +147,10 @@ impl ProcessMode {
     /// that would have nowhere to go. So are ordered messages a newer message of their
     /// key has a task for ([`passed`]). Should the database not answer, none is known
     /// to be new: they are stored unattempted, for the pool.
+    ///
+    /// Alongside, reserves a task id for each new one, in the order consumed (a key's
+    /// tasks queue by id): its inline attempt runs with it (`task.id`, the webhook's
+    /// `X-Redrive-Task-Id`) and its failure is stored under it. One statement per batch.
     async fn mark_recorded(&self, units: &mut [Vec<Pending>]) {
         let mut process: Vec<&mut Pending> = (units.iter_mut().flatten())
             .filter(|p| p.route.mode == RouteMode::Process)
@@ -153,6 +158,7 @@ impl ProcessMode {
         if process.is_empty() {
             return;
         }
+        process.sort_unstable_by_key(|p| p.index);
         let tasks: Vec<&NewTask> = process.iter().map(|p| &p.task).collect();
         let mut ordered: Vec<(Vec<u8>, String, i32)> = process
             .iter()
@@ -160,14 +166,16 @@ impl ProcessMode {
             .collect();
         ordered.sort_unstable();
         ordered.dedup();
-        let (recorded, newest) = tokio::join!(
+        let (recorded, newest, ids) = tokio::join!(
             self.store.recorded(&tasks),
             self.store.newest_ordered_offsets(&ordered),
+            self.store.reserve_ids(tasks.len()),
         );
-        match recorded.and_then(|recorded| Ok((recorded, newest?))) {
-            Ok((recorded, newest)) => {
-                for (i, pending) in process.iter_mut().enumerate() {
+        match recorded.and_then(|recorded| Ok((recorded, newest?, ids?))) {
+            Ok((recorded, newest, ids)) => {
+                for (i, (pending, id)) in process.iter_mut().zip(ids).enumerate() {
                     pending.recorded = Some(recorded.contains(&i) || passed(pending, &newest));
+                    pending.task.id = Some(id);
                 }
             }
             Err(error) => {
@@ -268,10 +276,12 @@ impl ProcessMode {
         registered.policy = registered.policy.for_route(route);
         registered.policy.timeout = registered.policy.timeout.min(left.max(MIN_INLINE_TIME));
         let preview = with_payload(&task, message).unsaved();
-        let ctx = HandlerContext::new(self.worker_id.clone(), 1, CancellationToken::new());
+        let checkpoint = KeptCheckpoint::default();
+        let ctx = HandlerContext::new(self.worker_id.clone(), 1, CancellationToken::new())
+            .with_recovery(RecoveryPoints::Kept(checkpoint.clone()));
         let span = tracing::info_span!(
             "attempt",
-            task_id = tracing::field::Empty,
+            task_id = preview.id.0,
             handler = %route.handler,
             attempt = 1,
             route = %route.name,
@@ -279,7 +289,7 @@ impl ProcessMode {
         );
         let attempted = invoke(&registered, &ctx, &preview).instrument(span).await;
         log_attempt(&AttemptLine {
-            task_id: None,
+            task_id: task.id.map(|id| id.0),
             handler: &route.handler,
             attempt: 1,
             route: Some(&route.name),
@@ -288,10 +298,14 @@ impl ProcessMode {
             error: attempted.error.as_deref(),
         });
         task.attempts = 1;
+        let resolved = attempted.outcome == FinishOutcome::Resolved;
+        let breaker = self.breakers.configured(&route.handler);
+        if let Some(failed) = brake_vote(attempted.verdict, resolved, breaker) {
+            self.brakes.record(&route.name, failed).await;
+        }
         match attempted.outcome {
             FinishOutcome::Resolved => {
                 self.count(route, "processed");
-                self.brakes.record(&route.name, false).await;
                 return None;
             }
             FinishOutcome::Retry { at } => task.next_attempt_at = Some(at),
@@ -299,7 +313,7 @@ impl ProcessMode {
                 task.status = Status::PermanentFailure
             }
         }
-        self.brakes.record(&route.name, true).await;
+        task.checkpoint = checkpoint.last();
         task.failure.error_message = attempted.error.clone();
         task.inline_attempt = Some(InlineAttempt {
             worker: self.worker_id.clone(),

@@ -1,8 +1,12 @@
 //! Failure context from the headers of known dead-letter formats: Spring Kafka, Kafka
-//! Connect, Karafka and redrive's own (what parking writes).
+//! Connect, Karafka, Kafka share groups (KIP-1191) and redrive's own (what parking
+//! writes).
+//!
+//! Whatever original coordinates are readable are kept: a dead letter with the original
+//! topic alone (hand-made ones often are) is republished to that topic.
 
 use crate::headers::Header;
-use crate::task::SourceCoordinates;
+use crate::task::OriginalCoordinates;
 
 /// redrive's own context headers (written when parking, read when capturing).
 pub mod own {
@@ -22,6 +26,14 @@ pub mod own {
     pub const TASK_ID: &str = "redrive-task-id";
     /// Attempt number of a republish.
     pub const ATTEMPT: &str = "redrive-attempt";
+    /// Generation of a parked re-failure (1 for a first failure).
+    pub const GENERATION: &str = "redrive-generation";
+    /// Task a parked re-failure came from.
+    pub const PREVIOUS_TASK_ID: &str = "redrive-previous-task-id";
+    /// The error of the task a parked re-failure came from.
+    pub const PREVIOUS_ERROR: &str = "redrive-previous-error";
+    /// The error a parked re-failure's own dead letter reported.
+    pub const REPORTED_ERROR: &str = "redrive-reported-error";
     /// `<job>:<task id>` of a replayed message: how a resumed replay finds what it
     /// already produced.
     pub const REPLAY: &str = "redrive-replay";
@@ -36,9 +48,36 @@ struct Format {
     class: Option<&'static str>,
     message: Option<&'static str>,
     stacktrace: Option<&'static str>,
+    /// The consumer group that gave up on the message (share groups).
+    group: Option<&'static str>,
+    /// How many times the message was delivered (share groups).
+    delivery_count: Option<&'static str>,
+    /// Whether numbers may come as 4- or 8-byte big-endian integers (Spring's), not
+    /// only as decimal text.
+    binary_numbers: bool,
 }
 
-const FORMATS: [Format; 4] = [
+/// The headers a Kafka share group's dead-letter queue writes (KIP-1191, Kafka 4.4):
+/// the broker's `ShareGroupDLQStateManager` writes every value as UTF-8 text (numbers
+/// in decimal), and copies no header of the original record, nor, by default, its key
+/// and value.
+pub mod share_group {
+    /// Topic of the original record (its topic id, as text, when the broker could not
+    /// resolve the name).
+    pub const TOPIC: &str = "__dlq.errors.topic";
+    /// Partition of the original record.
+    pub const PARTITION: &str = "__dlq.errors.partition";
+    /// Offset of the original record.
+    pub const OFFSET: &str = "__dlq.errors.offset";
+    /// The share group that gave up on the record.
+    pub const GROUP: &str = "__dlq.errors.group";
+    /// How many times the record was delivered.
+    pub const DELIVERY_COUNT: &str = "__dlq.errors.delivery.count";
+    /// Why: "Offset rejected by client." or "Offset delivery count exceeded the threshold.".
+    pub const MESSAGE: &str = "__dlq.errors.message";
+}
+
+const FORMATS: [Format; 5] = [
     Format {
         name: "redrive",
         topic: own::ORIGINAL_TOPIC,
@@ -47,15 +86,21 @@ const FORMATS: [Format; 4] = [
         class: Some(own::ERROR_CLASS),
         message: Some(own::ERROR_MESSAGE),
         stacktrace: None,
+        group: None,
+        delivery_count: None,
+        binary_numbers: false,
     },
     Format {
         name: "spring",
+        binary_numbers: true,
         topic: "kafka_dlt-original-topic",
         partition: "kafka_dlt-original-partition",
         offset: "kafka_dlt-original-offset",
         class: Some("kafka_dlt-exception-fqcn"),
         message: Some("kafka_dlt-exception-message"),
         stacktrace: Some("kafka_dlt-exception-stacktrace"),
+        group: None,
+        delivery_count: None,
     },
     Format {
         name: "kafka-connect",
@@ -65,6 +110,9 @@ const FORMATS: [Format; 4] = [
         class: Some("__connect.errors.exception.class.name"),
         message: Some("__connect.errors.exception.message"),
         stacktrace: Some("__connect.errors.exception.stacktrace"),
+        group: None,
+        delivery_count: None,
+        binary_numbers: false,
     },
     Format {
         name: "karafka",
@@ -74,6 +122,21 @@ const FORMATS: [Format; 4] = [
         class: None,
         message: None,
         stacktrace: None,
+        group: None,
+        delivery_count: None,
+        binary_numbers: false,
+    },
+    Format {
+        name: "kafka-share-group",
+        topic: share_group::TOPIC,
+        partition: share_group::PARTITION,
+        offset: share_group::OFFSET,
+        class: None,
+        message: Some(share_group::MESSAGE),
+        stacktrace: None,
+        group: Some(share_group::GROUP),
+        delivery_count: Some(share_group::DELIVERY_COUNT),
+        binary_numbers: false,
     },
 ];
 
@@ -87,6 +150,7 @@ fn is_context_name(name: &str) -> bool {
     name.starts_with("redrive-")
         || name.starts_with("kafka_dlt-")
         || name.starts_with("__connect.errors.")
+        || name.starts_with("__dlq.errors.")
         || FORMATS[3].topic == name
         || FORMATS[3].partition == name
         || FORMATS[3].offset == name
@@ -97,8 +161,9 @@ fn is_context_name(name: &str) -> bool {
 pub struct FailureContext {
     /// The format recognised, if any.
     pub format: Option<&'static str>,
-    /// Where the message lived before it was dead-lettered.
-    pub original: Option<SourceCoordinates>,
+    /// Where the message lived before it was dead-lettered: the topic, and partition
+    /// and offset when readable.
+    pub original: Option<OriginalCoordinates>,
     /// Error class.
     pub error_class: Option<String>,
     /// Error message.
@@ -109,15 +174,12 @@ pub struct FailureContext {
     pub notes: Vec<String>,
 }
 
-/// Reads the failure context of the first format whose topic header is present.
+/// Reads the failure context of the first format whose topic header is present. What
+/// is missing or unreadable is said in `notes`, in the words the stored error uses.
 pub fn read(headers: &[Header], stacktrace_max_bytes: usize) -> FailureContext {
     let find = |name: &str| headers.iter().rev().find(|h| h.name_is(name));
     let Some((format, topic)) = FORMATS.iter().find_map(|f| find(f.topic).map(|h| (f, h))) else {
         return FailureContext::default();
-    };
-    let mut ctx = FailureContext {
-        format: Some(format.name),
-        ..FailureContext::default()
     };
     let text = |name: Option<&str>| -> Option<String> {
         let value = find(name?)?.value.as_deref()?;
@@ -127,52 +189,122 @@ pub fn read(headers: &[Header], stacktrace_max_bytes: usize) -> FailureContext {
         .value
         .as_deref()
         .map(clean_text)
-        .filter(|t| !t.is_empty());
-    let partition = find(format.partition).and_then(|h| h.value.as_deref());
-    let offset = find(format.offset).and_then(|h| h.value.as_deref());
-    let partition = partition.and_then(|v| integer(v).and_then(|n| i32::try_from(n).ok()));
-    let offset = offset.and_then(integer);
-    match (topic, partition, offset) {
-        (Some(topic), Some(partition), Some(offset)) => {
-            ctx.original = Some(SourceCoordinates {
-                topic,
-                partition,
-                offset,
-            })
-        }
-        (topic, partition, offset) => ctx.notes.push(format!(
-            "{} headers incomplete or malformed: topic {}, partition {}, offset {}",
+        .filter(|t| !t.trim().is_empty());
+    let number = |header| Field::read(header, format.binary_numbers);
+    let partition = number(find(format.partition)).check(|n| i32::try_from(n).ok());
+    let offset = number(find(format.offset)).check(Some);
+    let mut ctx = FailureContext {
+        format: Some(format.name),
+        ..FailureContext::default()
+    };
+    if topic.is_none() || !partition.is_read() || !offset.is_read() {
+        ctx.notes.push(format!(
+            "{} headers incomplete: original topic {}, partition {}, offset {}{}",
             format.name,
             if topic.is_some() {
                 "read"
             } else {
                 "unreadable"
             },
-            if partition.is_some() {
-                "read"
+            partition.state(),
+            offset.state(),
+            if topic.is_some() {
+                "; republished to the original topic"
             } else {
-                "unreadable"
+                "; no original topic to republish to"
             },
-            if offset.is_some() {
-                "read"
-            } else {
-                "unreadable"
-            },
-        )),
+        ));
     }
+    ctx.original = topic.map(|topic| OriginalCoordinates {
+        topic,
+        partition: partition.value(),
+        offset: offset.value(),
+    });
     ctx.error_class = text(format.class);
     ctx.error_message = text(format.message);
     ctx.stacktrace = text(format.stacktrace).map(|s| truncate(s, stacktrace_max_bytes));
+    let group = text(format.group).filter(|g| !g.is_empty());
+    let delivery_count = number(format.delivery_count.and_then(find)).check(Some);
+    if let Some(said) = gave_up(group.as_deref(), delivery_count.value()) {
+        ctx.error_message = Some(match ctx.error_message.take() {
+            Some(message) => format!("{message} ({said})"),
+            None => said,
+        });
+    }
     ctx
 }
 
-/// An integer header: Spring writes 4- or 8-byte big-endian numbers, others decimal text.
-fn integer(value: &[u8]) -> Option<i64> {
+/// `share group G, delivered N times`, from what is known.
+fn gave_up(group: Option<&str>, delivery_count: Option<i64>) -> Option<String> {
+    match (group, delivery_count) {
+        (Some(group), Some(count)) => Some(format!("share group {group}, delivered {count} times")),
+        (Some(group), None) => Some(format!("share group {group}")),
+        (None, Some(count)) => Some(format!("delivered {count} times")),
+        (None, None) => None,
+    }
+}
+
+/// A numeric header: absent, present but unreadable, or read.
+enum Field<T> {
+    Missing,
+    Unreadable,
+    Read(T),
+}
+
+impl Field<i64> {
+    /// Reads `header` as a non-negative integer: decimal text, or with `binary` a 4- or
+    /// 8-byte big-endian number.
+    fn read(header: Option<&Header>, binary: bool) -> Field<i64> {
+        let Some(header) = header else {
+            return Field::Missing;
+        };
+        match header.value.as_deref().and_then(|v| integer(v, binary)) {
+            Some(value) if value >= 0 => Field::Read(value),
+            _ => Field::Unreadable,
+        }
+    }
+
+    /// The value as a `T`, unreadable when out of its range.
+    fn check<T>(self, convert: impl Fn(i64) -> Option<T>) -> Field<T> {
+        match self {
+            Field::Read(value) => convert(value).map_or(Field::Unreadable, Field::Read),
+            Field::Missing => Field::Missing,
+            Field::Unreadable => Field::Unreadable,
+        }
+    }
+}
+
+impl<T: Copy> Field<T> {
+    fn is_read(&self) -> bool {
+        matches!(self, Field::Read(_))
+    }
+
+    fn value(&self) -> Option<T> {
+        match self {
+            Field::Read(value) => Some(*value),
+            _ => None,
+        }
+    }
+
+    fn state(&self) -> &'static str {
+        match self {
+            Field::Missing => "missing",
+            Field::Unreadable => "unreadable",
+            Field::Read(_) => "read",
+        }
+    }
+}
+
+/// An integer header: decimal text, or (`binary`, Spring's) 4- or 8-byte big-endian.
+fn integer(value: &[u8], binary: bool) -> Option<i64> {
     if let Some(n) = std::str::from_utf8(value)
         .ok()
         .and_then(|s| s.trim().parse().ok())
     {
         return Some(n);
+    }
+    if !binary {
+        return None;
     }
     match value.len() {
         4 => Some(i64::from(i32::from_be_bytes(value.try_into().ok()?))),
@@ -203,6 +335,18 @@ fn truncate(mut text: String, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::task::SourceCoordinates;
+
+    fn at(topic: &str, partition: i32, offset: i64) -> Option<OriginalCoordinates> {
+        Some(
+            SourceCoordinates {
+                topic: topic.into(),
+                partition,
+                offset,
+            }
+            .into(),
+        )
+    }
 
     fn h(name: &str, value: &[u8]) -> Header {
         Header::new(name, value.to_vec())
@@ -226,14 +370,7 @@ mod tests {
         ];
         let ctx = read(&headers, 50);
         assert_eq!(ctx.format, Some("spring"));
-        assert_eq!(
-            ctx.original,
-            Some(SourceCoordinates {
-                topic: "orders".into(),
-                partition: 3,
-                offset: 1234
-            })
-        );
+        assert_eq!(ctx.original, at("orders", 3, 1234));
         assert_eq!(
             ctx.error_class.as_deref(),
             Some("java.lang.IllegalStateException")
@@ -262,7 +399,7 @@ mod tests {
         ];
         let ctx = read(&connect, 1000);
         assert_eq!(ctx.format, Some("kafka-connect"));
-        assert_eq!(ctx.original.unwrap().offset, 77);
+        assert_eq!(ctx.original.unwrap().offset, Some(77));
         assert_eq!(ctx.stacktrace.as_deref(), Some("trace"));
 
         let karafka = [
@@ -272,14 +409,7 @@ mod tests {
         ];
         let ctx = read(&karafka, 1000);
         assert_eq!(ctx.format, Some("karafka"));
-        assert_eq!(
-            ctx.original,
-            Some(SourceCoordinates {
-                topic: "events".into(),
-                partition: 5,
-                offset: 9
-            })
-        );
+        assert_eq!(ctx.original, at("events", 5, 9));
         assert_eq!(ctx.error_class, None);
     }
 
@@ -298,15 +428,143 @@ mod tests {
             h("kafka_dlt-original-partition", b"\x01\x02"),
         ];
         let ctx = read(&broken, 10);
-        assert_eq!(ctx.original, None);
+        assert_eq!(
+            ctx.original,
+            Some(OriginalCoordinates {
+                topic: "orders".into(),
+                partition: None,
+                offset: None
+            }),
+            "the topic is readable, and kept"
+        );
+        assert_eq!(
+            ctx.notes,
+            [
+                "spring headers incomplete: original topic read, partition unreadable, \
+              offset missing; republished to the original topic"
+            ]
+        );
+
+        assert_eq!(read(&[h("trace-id", b"x")], 10), FailureContext::default());
+    }
+
+    /// Regression: a dead letter with the original topic alone (hand-made ones often
+    /// are, like the compose quickstart's samples) kept no original at all, so
+    /// republish said "no known dead-letter headers" while the note said "topic read".
+    #[test]
+    fn the_original_topic_alone_is_kept() {
+        let ctx = read(
+            &[
+                h("kafka_dlt-original-topic", b"orders"),
+                h("kafka_dlt-exception-message", b"payment declined"),
+            ],
+            10,
+        );
+        let original = ctx.original.expect("the topic alone is an original");
+        assert_eq!(
+            (original.topic.as_str(), original.partition, original.offset),
+            ("orders", None, None)
+        );
+        assert_eq!(ctx.error_message.as_deref(), Some("payment declined"));
         assert!(
-            ctx.notes[0].contains("partition unreadable")
-                && ctx.notes[0].contains("offset unreadable"),
+            ctx.notes[0].contains("partition missing, offset missing"),
             "{:?}",
             ctx.notes
         );
 
-        assert_eq!(read(&[h("trace-id", b"x")], 10), FailureContext::default());
+        let no_topic = read(&[h("original_topic", b" "), h("original_offset", b"3")], 10);
+        assert_eq!(no_topic.original, None);
+        assert!(
+            no_topic.notes[0].contains("topic unreadable")
+                && no_topic.notes[0].contains("no original topic to republish to"),
+            "{:?}",
+            no_topic.notes
+        );
+    }
+
+    /// The broker's `ShareGroupDLQStateManager` writes every `__dlq.errors.*` value as
+    /// UTF-8 text, numbers in decimal.
+    #[test]
+    fn kafka_share_group_headers_as_the_broker_writes_them() {
+        let headers = [
+            h(share_group::TOPIC, b"orders"),
+            h(share_group::PARTITION, b"2"),
+            h(share_group::OFFSET, b"41"),
+            h(share_group::GROUP, b"billing-workers"),
+            h(share_group::DELIVERY_COUNT, b"5"),
+            h(
+                share_group::MESSAGE,
+                b"Offset delivery count exceeded the threshold.",
+            ),
+        ];
+        let ctx = read(&headers, 100);
+        assert_eq!(ctx.format, Some("kafka-share-group"));
+        assert_eq!(ctx.original, at("orders", 2, 41));
+        assert_eq!(
+            ctx.error_message.as_deref(),
+            Some(
+                "Offset delivery count exceeded the threshold. \
+                 (share group billing-workers, delivered 5 times)"
+            )
+        );
+        assert_eq!((ctx.error_class, ctx.stacktrace), (None, None));
+        assert!(ctx.notes.is_empty(), "{:?}", ctx.notes);
+
+        let rejected = read(
+            &[
+                h(share_group::TOPIC, b"orders"),
+                h(share_group::PARTITION, b"0"),
+                h(share_group::OFFSET, b"7"),
+                h(share_group::GROUP, b"g"),
+                h(share_group::MESSAGE, b"Offset rejected by client."),
+            ],
+            100,
+        );
+        assert_eq!(
+            rejected.error_message.as_deref(),
+            Some("Offset rejected by client. (share group g)")
+        );
+    }
+
+    #[test]
+    fn hostile_share_group_values_are_noted_not_trusted() {
+        let cases: [(&[u8], &[u8], &str); 6] = [
+            (b"zero", b"1", "partition unreadable, offset read"),
+            (b"-1", b"1", "partition unreadable, offset read"),
+            (b"1", b"-5", "partition read, offset unreadable"),
+            (b"2147483648", b"1", "partition unreadable, offset read"),
+            (
+                b"1",
+                b"99999999999999999999999",
+                "partition read, offset unreadable",
+            ),
+            (
+                b"\xff\xfe",
+                b"\xc3\x28",
+                "partition unreadable, offset unreadable",
+            ),
+        ];
+        for (partition, offset, said) in cases {
+            let ctx = read(
+                &[
+                    h(share_group::TOPIC, b"orders\xff\0"),
+                    h(share_group::PARTITION, partition),
+                    h(share_group::OFFSET, offset),
+                    h(share_group::DELIVERY_COUNT, b"-3"),
+                    h(share_group::GROUP, b"\xff"),
+                ],
+                100,
+            );
+            let original = ctx.original.expect("the topic is readable");
+            assert_eq!(original.topic, "orders\u{fffd}");
+            assert!(original.complete().is_none(), "{partition:?} {offset:?}");
+            assert!(ctx.notes[0].contains(said), "{said}: {:?}", ctx.notes);
+            assert_eq!(
+                ctx.error_message.as_deref(),
+                Some("share group \u{fffd}"),
+                "a negative delivery count is left out"
+            );
+        }
     }
 
     #[test]
@@ -315,6 +573,7 @@ mod tests {
         assert!(is_context_header(b"__connect.errors.offset"));
         assert!(is_context_header(b"redrive-task-id"));
         assert!(is_context_header(b"original_topic"));
+        assert!(is_context_header(b"__dlq.errors.delivery.count"));
         assert!(!is_context_header(b"traceparent"));
     }
 }

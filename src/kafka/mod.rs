@@ -3,6 +3,7 @@
 
 pub mod context;
 pub mod dlt;
+pub mod fetch;
 pub mod message;
 pub mod produce;
 

@@ -4,7 +4,7 @@
 //! probe) and for process-mode ingest (whom to call inline) alike. Every time it
 //! compares a hold with is PostgreSQL's: the member's clock plays no part.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -23,6 +23,8 @@ pub(crate) struct BreakerFollower {
     store: Store,
     metrics: Metrics,
     followed: BTreeMap<String, Followed>,
+    /// The followed handlers that have a breaker configured (guarded here or not).
+    configured: BTreeSet<String>,
     /// Poked when a tally should be reported before the next tick.
     report_now: Notify,
 }
@@ -72,10 +74,15 @@ impl BreakerFollower {
                 .entry(name.to_owned())
                 .or_insert_with(|| Followed::new(None));
         }
+        let configured = (followed.keys())
+            .filter(|name| settings.get(*name).is_some_and(|s| s.breaker.is_some()))
+            .cloned()
+            .collect();
         BreakerFollower {
             store,
             metrics,
             followed,
+            configured,
             report_now: Notify::new(),
         }
     }
@@ -88,6 +95,12 @@ impl BreakerFollower {
                 (f.seen.lock().expect("not poisoned").as_ref())
                     .map_or(BreakerState::Closed, |b| b.state)
             })
+    }
+
+    /// Whether `handler` has a breaker configured: its transient failures are the
+    /// breaker's to count (and not the bad-deploy brake's).
+    pub(crate) fn configured(&self, handler: &str) -> bool {
+        self.configured.contains(handler)
     }
 
     /// Whether `handler` may be called outside a probe now: its breaker is closed.

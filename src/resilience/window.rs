@@ -1,10 +1,27 @@
-//! The sliding window the bad-deploy brake counts a route's inline outcomes in, and the
-//! threshold that trips the brake.
+//! The sliding window the bad-deploy brake counts a route's inline outcomes in, what
+//! counts in it ([`brake_vote`]), and the threshold that trips the brake.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::config::BrakeSettings;
+use crate::handlers::invoke::Verdict;
+
+/// What an inline attempt says about the deploy of its route's handler: `Some(true)` a
+/// failure of the handler's own, `Some(false)` a success, `None` nothing. The brake is
+/// for a new version that fails messages itself; a downstream that is away is the
+/// circuit breaker's business. So a permanent verdict and a panic always count as
+/// failures; a transient failure (an error, a timeout, a Retry-After) counts only when
+/// the handler has no breaker to count it (`breaker`: one is configured); an attempt that
+/// did not call the handler says nothing.
+pub(crate) fn brake_vote(verdict: Verdict, resolved: bool, breaker: bool) -> Option<bool> {
+    match verdict {
+        Verdict::NotCalled => None,
+        Verdict::Answered => Some(!resolved),
+        Verdict::Panicked => Some(true),
+        Verdict::Transient => (!breaker).then_some(true),
+    }
+}
 
 /// Buckets per window: the window slides by a tenth of its length.
 const BUCKETS: u32 = 10;
@@ -102,6 +119,18 @@ mod tests {
         assert_eq!(window.counts(start + second * 20), (1, 1));
         window.clear();
         assert_eq!(window.counts(start + second * 20), (0, 0));
+    }
+
+    #[test]
+    fn a_downstream_failure_is_the_breakers_and_the_handlers_own_failure_the_brakes() {
+        for breaker in [false, true] {
+            assert_eq!(brake_vote(Verdict::Answered, true, breaker), Some(false));
+            assert_eq!(brake_vote(Verdict::Answered, false, breaker), Some(true));
+            assert_eq!(brake_vote(Verdict::Panicked, false, breaker), Some(true));
+            assert_eq!(brake_vote(Verdict::NotCalled, false, breaker), None);
+        }
+        assert_eq!(brake_vote(Verdict::Transient, false, false), Some(true));
+        assert_eq!(brake_vote(Verdict::Transient, false, true), None);
     }
 
     #[test]

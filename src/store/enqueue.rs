@@ -35,29 +35,37 @@ INSERT INTO recovery_task (
     msg_key, msg_value, msg_headers, error_class, error_message,
     attempts, max_attempts, next_attempt_at, last_error,
     original_topic, original_partition, original_offset, error_stacktrace,
-    route, ingest_note, value_size, payload_stored, status, finished_at, order_key)
+    route, ingest_note, value_size, payload_stored, status, finished_at, order_key,
+    generation, previous_task_id, previous_error, id, checkpoint)
+-- A reserved id (process mode's inline attempt had it) is kept; the others are drawn.
+OVERRIDING SYSTEM VALUE
 SELECT i.dedup_key, i.handler, i.event_type, i.correlation_id,
        i.source_topic, i.source_partition, i.source_offset, i.source_timestamp, i.source_timestamp_type,
        i.msg_key, i.msg_value, i.msg_headers, i.error_class, i.error_message,
        i.attempts, i.max_attempts,
        -- A handler's open breaker holds its new tasks too.
        d.due_at,
-       CASE WHEN i.attempts > 0 THEN i.error_message END,
+       coalesce(i.final_error, CASE WHEN i.attempts > 0 THEN i.error_message END),
        i.original_topic, i.original_partition, i.original_offset, i.error_stacktrace,
        i.route, i.ingest_note, i.value_size, i.payload_stored, i.status,
-       CASE WHEN i.status <> 'failed' THEN now() END, i.order_key
+       CASE WHEN i.status <> 'failed' THEN now() END, i.order_key,
+       i.generation, i.previous_task_id, i.previous_error,
+       COALESCE(i.id, nextval(pg_get_serial_sequence('recovery_task', 'id'))), i.checkpoint
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],
             $5::text[], $6::int[], $7::bigint[], $8::timestamptz[], $9::text[],
             $10::bytea[], $11::bytea[], $12::bytea[], $13::text[], $14::text[],
             $15::int[], $16::int[], $17::timestamptz[],
             $18::text[], $19::int[], $20::bigint[], $21::text[],
-            $22::text[], $23::text[], $24::int[], $25::bool[], $26::text[], $27::bytea[])
+            $22::text[], $23::text[], $24::int[], $25::bool[], $26::text[], $27::bytea[],
+            $28::int[], $29::bigint[], $30::text[], $31::text[],
+            $32::bigint[], $33::jsonb[])
     WITH ORDINALITY AS i(dedup_key, handler, event_type, correlation_id,
             source_topic, source_partition, source_offset, source_timestamp, source_timestamp_type,
             msg_key, msg_value, msg_headers, error_class, error_message,
             attempts, max_attempts, next_attempt_at,
             original_topic, original_partition, original_offset, error_stacktrace,
-            route, ingest_note, value_size, payload_stored, status, order_key, ord)
+            route, ingest_note, value_size, payload_stored, status, order_key,
+            generation, previous_task_id, previous_error, final_error, id, checkpoint, ord)
     CROSS JOIN LATERAL recovery_due_at(i.handler, COALESCE(i.next_attempt_at, now())) d
 ORDER BY i.ord
 ON CONFLICT (dedup_key) DO NOTHING
@@ -88,6 +96,22 @@ impl Store {
             }),
             other => Ok(other),
         }
+    }
+
+    /// `count` task ids taken from the id sequence, in increasing order, for tasks about
+    /// to be stored ([`NewTask::id`]): one statement for a whole batch.
+    pub async fn reserve_ids(&self, count: usize) -> Result<Vec<TaskId>> {
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT nextval(pg_get_serial_sequence('recovery_task', 'id')) AS id \
+             FROM generate_series(1, $1) ORDER BY id",
+        )
+        .bind(i32::try_from(count).unwrap_or(i32::MAX))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(ids.into_iter().map(TaskId).collect())
     }
 
     /// The order keys among `keys` that have an open (unfinished) task.
@@ -128,6 +152,19 @@ impl Store {
         Ok(rows
             .into_iter()
             .filter_map(|(key, topic, partition, newest)| Some(((key, topic, partition), newest?)))
+            .collect())
+    }
+
+    /// The readable tasks holding `keys` as their dedup key, by key.
+    pub(crate) async fn by_dedup_keys(&self, keys: &[String]) -> Result<HashMap<String, Task>> {
+        let rows = sqlx::query("SELECT * FROM recovery_task WHERE dedup_key = ANY($1)")
+            .bind(keys)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| task_from_row(row).ok())
+            .filter_map(|task| Some((task.dedup_key.clone()?, task)))
             .collect())
     }
 
@@ -283,13 +320,13 @@ pub async fn enqueue_many_in(conn: &mut PgConnection, tasks: &[NewTask]) -> Resu
         .bind(
             tasks
                 .iter()
-                .map(|t| t.failure.original.as_ref().map(|s| s.partition))
+                .map(|t| t.failure.original.as_ref().and_then(|s| s.partition))
                 .collect::<Vec<_>>(),
         )
         .bind(
             tasks
                 .iter()
-                .map(|t| t.failure.original.as_ref().map(|s| s.offset))
+                .map(|t| t.failure.original.as_ref().and_then(|s| s.offset))
                 .collect::<Vec<_>>(),
         )
         .bind(
@@ -327,6 +364,42 @@ pub async fn enqueue_many_in(conn: &mut PgConnection, tasks: &[NewTask]) -> Resu
             tasks
                 .iter()
                 .map(|t| t.order_key.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.failure.generation)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.failure.previous_task.map(|id| id.0))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.failure.previous_error.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.final_error.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.id.map(|id| id.0))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            tasks
+                .iter()
+                .map(|t| t.checkpoint.as_ref())
                 .collect::<Vec<_>>(),
         )
         .fetch_all(&mut *conn)

@@ -46,6 +46,16 @@ pub struct TaskFilter {
     /// Last changed before.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub updated_before: Option<DateTime<Utc>>,
+    /// Generation exactly: 1 for first failures, 2 and up for re-failures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i32>,
+    /// Generation at least (2: every re-failure).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_generation: Option<i32>,
+    /// Re-failures of this task: the tasks that came from it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<i64>)]
+    pub previous_task: Option<TaskId>,
 }
 
 impl TaskFilter {
@@ -69,6 +79,17 @@ impl TaskFilter {
                 return Err(format!("{name} must not contain a NUL character"));
             }
         }
+        for (name, generation) in [
+            ("generation", self.generation),
+            ("min_generation", self.min_generation),
+        ] {
+            if generation.is_some_and(|g| g < 1) {
+                return Err(format!("{name} must be at least 1 (1 is a first failure)"));
+            }
+        }
+        if self.previous_task.is_some_and(|id| id.0 < 1) {
+            return Err("previous_task must be a task id (a positive integer)".into());
+        }
         if self.key.is_some() && self.key_prefix.is_some() {
             return Err("give key or key_prefix, not both".into());
         }
@@ -87,6 +108,8 @@ impl TaskFilter {
 }
 
 /// Which tasks an action applies to: listed ids, or every task a filter selects.
+// One per operator request, never held in bulk: boxing the filter would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Selection {
@@ -96,8 +119,8 @@ pub enum Selection {
     Filter(TaskFilter),
 }
 
-/// The condition over `recovery_task` (no alias) for parameters `$1` to `$12`, bound by
-/// [`bind_selection`]; a statement's own parameters start at `$13`. Each part is off
+/// The condition over `recovery_task` (no alias) for parameters `$1` to `$15`, bound by
+/// [`bind_selection`]; a statement's own parameters start at `$16`. Each part is off
 /// when its parameter is NULL.
 pub(crate) const CONDITION: &str = "\
     ($1::text[] IS NULL OR status = ANY($1)) \
@@ -112,9 +135,12 @@ pub(crate) const CONDITION: &str = "\
     AND ($9::timestamptz IS NULL OR created_at < $9) \
     AND ($10::timestamptz IS NULL OR updated_at >= $10) \
     AND ($11::timestamptz IS NULL OR updated_at < $11) \
-    AND ($12::bigint[] IS NULL OR id = ANY($12))";
+    AND ($12::bigint[] IS NULL OR id = ANY($12)) \
+    AND ($13::int IS NULL OR generation = $13) \
+    AND ($14::int IS NULL OR generation >= $14) \
+    AND ($15::bigint IS NULL OR previous_task_id = $15)";
 
-/// Binds `$1`..`$12` of [`CONDITION`] for `selection`.
+/// Binds `$1`..`$15` of [`CONDITION`] for `selection`.
 pub(crate) fn bind_selection<'q>(
     query: Query<'q, Postgres, PgArguments>,
     selection: &'q Selection,
@@ -144,4 +170,7 @@ pub(crate) fn bind_selection<'q>(
         .bind(filter.updated_after)
         .bind(filter.updated_before)
         .bind(ids)
+        .bind(filter.generation)
+        .bind(filter.min_generation)
+        .bind(filter.previous_task.map(|id| id.0))
 }

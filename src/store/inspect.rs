@@ -7,8 +7,9 @@ use sqlx::Row;
 use super::filter::{bind_selection, Selection, TaskFilter, CONDITION};
 use super::row::task_to_show;
 use super::{Result, Store, ORDERED_WALK};
+use crate::config::{AppliedTargets, Targets};
 use crate::readable::Readable;
-use crate::task::{Status, TaskId};
+use crate::task::{Status, Task, TaskId};
 
 /// Largest page [`Store::list`] returns.
 pub const MAX_PAGE: i64 = 1000;
@@ -104,10 +105,10 @@ pub struct Stats {
 
 const LIST: &str = "\
     SELECT id, status, handler, route, source_topic, source_partition, source_offset, \
-           substring(msg_key FROM 1 FOR $15) AS key, attempts, next_attempt_at, \
-           left(last_error, $15) AS last_error, lease_owner, created_at, updated_at \
-    FROM recovery_task WHERE {CONDITION} AND ($13::bigint IS NULL OR id < $13) \
-    ORDER BY id DESC LIMIT $14";
+           substring(msg_key FROM 1 FOR $18) AS key, attempts, next_attempt_at, \
+           left(last_error, $18) AS last_error, lease_owner, created_at, updated_at \
+    FROM recovery_task WHERE {CONDITION} AND ($16::bigint IS NULL OR id < $16) \
+    ORDER BY id DESC LIMIT $17";
 
 impl Store {
     /// A page of the tasks `filter` selects, newest first, after the `after` cursor.
@@ -249,6 +250,21 @@ pub struct TaskDetail {
     /// are shown); absent when it can.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unreadable: Option<String>,
+    /// Where the task is republished and parked under the reader's configuration (the
+    /// store does not know it: the CLI and the API fill it in).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub targets: Option<AppliedTargets>,
+    /// The task read, for [`TaskDetail::with_targets`].
+    #[serde(skip)]
+    record: Task,
+}
+
+impl TaskDetail {
+    /// This detail with the targets `targets` give its task.
+    pub fn with_targets(mut self, targets: &Targets) -> TaskDetail {
+        self.targets = Some(targets.applied(&self.record));
+        self
+    }
 }
 
 impl Store {
@@ -290,6 +306,8 @@ impl Store {
             history,
             compensation,
             unreadable,
+            targets: None,
+            record: task,
         }))
     }
 }

@@ -14,6 +14,7 @@ mod filter;
 mod finish;
 mod inspect;
 mod lease;
+mod lineage;
 mod members;
 mod operate;
 mod query;
@@ -35,6 +36,7 @@ pub use inspect::{
     HeaderView, OldestDue, OutcomeCount, Stats, StatusCount, TaskDetail, TaskPage, TaskSummary,
     MAX_PAGE,
 };
+pub use lineage::Ancestor;
 pub use members::{Member, MEMBER_BEAT, MEMBER_LIVE_WITHIN};
 pub(crate) use operate::apply_batch;
 pub use operate::{Action, ActionReport, Applicable, Budget, Operator, ACTION_BATCH};
@@ -43,6 +45,7 @@ pub use replays::{Marks, NewReplay, ReplayJob, ReplayPage, ReplayRowError, REPLA
 pub use retention::RETENTION_BATCH;
 pub use sample::FleetFigures;
 
+use secrecy::ExposeSecret;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::Connection;
 
@@ -92,6 +95,16 @@ pub enum StoreError {
     /// The connection settings are invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The database the URL names does not exist (SQLSTATE 3D000).
+    #[error("{message} (named by the URL from {origin}); create it, or {fix}")]
+    MissingDatabase {
+        /// PostgreSQL's message, which names the database.
+        message: String,
+        /// Where the URL came from ([`DatabaseSettings::url_origin`]).
+        origin: String,
+        /// What to change instead.
+        fix: String,
+    },
 }
 
 impl StoreError {
@@ -116,6 +129,34 @@ impl StoreError {
     }
 }
 
+/// `error`, or, when the database does not exist, an error that says where the URL
+/// naming it came from (the variable actually used, the file, or the default).
+fn missing_database(error: sqlx::Error, settings: &DatabaseSettings) -> StoreError {
+    let sqlx::Error::Database(db) = &error else {
+        return error.into();
+    };
+    if db.code().as_deref() != Some("3D000") {
+        return error.into();
+    }
+    let url = settings.url.expose_secret();
+    let names_a_database = (url.split_once("://"))
+        .and_then(|(_, rest)| rest.split(['?', '#']).next()?.split_once('/'))
+        .is_some_and(|(_, database)| !database.is_empty());
+    let mut origin = settings.url_origin.clone();
+    if !names_a_database {
+        origin.push_str(", which names no database: PostgreSQL took PGDATABASE or the user name");
+    }
+    let fix = match settings.url_origin.starts_with("the default") {
+        true => "set DATABASE_URL (or database.url)".to_owned(),
+        false => format!("change {}", settings.url_origin),
+    };
+    StoreError::MissingDatabase {
+        message: db.message().to_owned(),
+        origin,
+        fix,
+    }
+}
+
 /// Result alias of the store.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
@@ -133,7 +174,8 @@ impl Store {
             .max_connections(settings.max_connections)
             .acquire_timeout(settings.connect_timeout)
             .connect_with(settings.connect_options()?)
-            .await?;
+            .await
+            .map_err(|error| missing_database(error, settings))?;
         Ok(Store {
             pool,
             schema: settings.schema.clone(),

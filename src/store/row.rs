@@ -5,7 +5,7 @@ use sqlx::Row;
 
 use super::{Result, StoreError};
 use crate::headers::{self, Header};
-use crate::task::{Failure, Lease, SourceCoordinates, Task, TaskId};
+use crate::task::{Failure, Lease, OriginalCoordinates, SourceCoordinates, Task, TaskId};
 
 /// Builds a task from a row that has every column of `recovery_task`.
 pub(crate) fn task_from_row(row: &PgRow) -> Result<Task> {
@@ -38,7 +38,7 @@ fn task_with_headers(row: &PgRow, headers: Vec<Header>) -> Result<Task> {
         .parse()
         .map_err(|e| StoreError::MalformedRow(format!("task {id}: status: {e}")))?;
     let source = coordinates(row, "source")?;
-    let original = coordinates(row, "original")?;
+    let original = original_coordinates(row)?;
     Ok(Task {
         id,
         dedup_key: row.try_get("dedup_key")?,
@@ -60,6 +60,11 @@ fn task_with_headers(row: &PgRow, headers: Vec<Header>) -> Result<Task> {
             error_stacktrace: row.try_get("error_stacktrace")?,
             route: row.try_get("route")?,
             ingest_note: row.try_get("ingest_note")?,
+            generation: row.try_get("generation")?,
+            previous_task: row
+                .try_get::<Option<i64>, _>("previous_task_id")?
+                .map(TaskId),
+            previous_error: row.try_get("previous_error")?,
         },
         status,
         attempts: row.try_get("attempts")?,
@@ -90,6 +95,20 @@ fn coordinates(row: &PgRow, prefix: &str) -> Result<Option<SourceCoordinates>> {
             offset,
         }),
         _ => None,
+    })
+}
+
+/// Reads `original_topic`, `original_partition` and `original_offset`: the topic alone
+/// is enough.
+fn original_coordinates(row: &PgRow) -> Result<Option<OriginalCoordinates>> {
+    let topic: Option<String> = row.try_get("original_topic")?;
+    Ok(match topic {
+        Some(topic) => Some(OriginalCoordinates {
+            topic,
+            partition: row.try_get("original_partition")?,
+            offset: row.try_get("original_offset")?,
+        }),
+        None => None,
     })
 }
 

@@ -6,7 +6,7 @@ use crate::task::FinishOutcome;
 
 /// What the line of one attempt says.
 pub struct AttemptLine<'a> {
-    /// The task (absent for an inline attempt whose task is not stored yet).
+    /// The task (absent for an inline attempt that had no id reserved).
     pub task_id: Option<i64>,
     /// Its handler.
     pub handler: &'a str,

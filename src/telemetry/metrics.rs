@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::alerts::CANNOT_CONSUME_CODES;
 use super::health::Health;
 use crate::task::FinishOutcome;
 use prometheus::{
@@ -34,13 +35,11 @@ pub const INGEST_OUTCOMES: [&str; 5] = [
 /// Why redrive produces a message.
 pub const PRODUCE_PURPOSES: [&str; 3] = ["republish", "parking", "replay"];
 /// librdkafka error codes (as `redrive_consumer_errors_total` names them) whose series
-/// exist from start-up.
-pub const CONSUMER_ERROR_CODES: [&str; 4] = [
-    "AllBrokersDown",
-    "BrokerTransportFailure",
-    "UnknownTopicOrPartition",
-    "other",
-];
+/// exist from start-up, besides [`CANNOT_CONSUME_CODES`].
+pub const CONSUMER_ERROR_CODES: [&str; 3] =
+    ["BrokerTransportFailure", "UnknownTopicOrPartition", "other"];
+/// Answers of a webhook call, as `redrive_webhook_calls_total{class}` names them.
+pub const WEBHOOK_CLASSES: [&str; 5] = ["2xx", "3xx", "4xx", "5xx", "error"];
 /// Task statuses.
 pub const STATUSES: [&str; 4] = ["failed", "resolved", "permanent_failure", "discarded"];
 
@@ -72,14 +71,22 @@ pub struct Metrics {
     pub database_errors: IntCounterVec,
     /// Consumed messages, by route and outcome.
     pub ingested: IntCounterVec,
+    /// Captured re-failures of messages redrive produced, by route and lineage:
+    /// `linked` (retried as the next generation) or `loop_stopped` (past the route's
+    /// `max_generations`: stored PERMANENT_FAILURE and parked).
+    pub refailures: IntCounterVec,
     /// Permanent failures produced to the parking topic, by result.
     pub parked: IntCounterVec,
     /// Messages redrive produced (republish, parking, replay), by result.
     pub produced: IntCounterVec,
     /// Errors the Kafka consumer reported, by librdkafka error code.
     pub consumer_errors: IntCounterVec,
-    /// Messages behind the partition's end, by topic and partition (librdkafka statistics).
+    /// Messages behind the partition's end, by topic and partition (librdkafka statistics;
+    /// with no committed offset yet, every message the partition holds).
     pub consumer_lag: IntGaugeVec,
+    /// The group's committed offset, by topic and partition (librdkafka statistics): a
+    /// topic whose offsets stop moving while it has lag has stalled.
+    pub consumer_committed_offset: IntGaugeVec,
     /// Final tasks deleted by retention, by status.
     pub retention_deleted: IntCounterVec,
     /// Connections of this member's database pool, by state (`in_use`, `idle`).
@@ -106,6 +113,9 @@ pub struct Metrics {
     pub brake_engaged: IntGaugeVec,
     /// `redrive_brake_trips_total{route}`: brakes this member engaged.
     pub brake_trips: IntCounterVec,
+    /// `redrive_webhook_calls_total{handler,class}`: webhook calls by answer (2xx, 3xx,
+    /// 4xx, 5xx, or `error`: no answer).
+    pub webhook_calls: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -210,6 +220,12 @@ impl Metrics {
                 "Bad-deploy brakes engaged by this member, by route",
                 &["route"],
             ),
+            webhook_calls: counters(
+                r,
+                "redrive_webhook_calls_total",
+                "Webhook calls by handler and answer: 2xx, 3xx, 4xx, 5xx, error (no answer)",
+                &["handler", "class"],
+            ),
             compensations: counters(
                 r,
                 "redrive_compensations_total",
@@ -265,6 +281,13 @@ impl Metrics {
                 "Consumed messages, by outcome",
                 &["route", "outcome"],
             ),
+            refailures: counters(
+                r,
+                "redrive_refailures_total",
+                "Captured re-failures of messages redrive produced, by route and lineage \
+                 (linked, loop_stopped)",
+                &["route", "lineage"],
+            ),
             parked: counters(
                 r,
                 "redrive_parked_total",
@@ -287,6 +310,12 @@ impl Metrics {
                 r,
                 "redrive_consumer_lag",
                 "Messages behind the end of the partition (librdkafka statistics)",
+                &["topic", "partition"],
+            ),
+            consumer_committed_offset: gauges(
+                r,
+                "redrive_consumer_committed_offset",
+                "The consumer group's committed offset, by topic and partition (librdkafka statistics)",
                 &["topic", "partition"],
             ),
             retention_deleted: counters(
@@ -337,9 +366,16 @@ impl Metrics {
             metrics.retention_deleted.with_label_values(&[status]);
         }
         // Error codes are open-ended; the ones an outage brings exist from the start.
-        for code in CONSUMER_ERROR_CODES {
+        for code in CANNOT_CONSUME_CODES.iter().chain(&CONSUMER_ERROR_CODES) {
             metrics.consumer_errors.with_label_values(&[code]);
         }
+        // process_* series: resident memory, CPU seconds, open file descriptors.
+        #[cfg(target_os = "linux")]
+        (metrics.registry)
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .expect("registered once");
         for state in ["in_use", "idle"] {
             metrics.pool_connections.with_label_values(&[state]);
         }
@@ -370,6 +406,9 @@ impl Metrics {
             for outcome in INGEST_OUTCOMES {
                 self.ingested.with_label_values(&[route, outcome]);
             }
+            for lineage in ["linked", "loop_stopped"] {
+                self.refailures.with_label_values(&[route, lineage]);
+            }
         }
     }
 
@@ -388,6 +427,13 @@ impl Metrics {
             }
         };
         self.attempts.with_label_values(&[handler, label]).inc();
+    }
+
+    /// Creates the call series of webhook handler `handler` (see [`WEBHOOK_CLASSES`]).
+    pub fn prepare_webhook(&self, handler: &str) {
+        for class in WEBHOOK_CLASSES {
+            self.webhook_calls.with_label_values(&[handler, class]);
+        }
     }
 
     /// Counts one message produced for `purpose` (republish, parking, replay).

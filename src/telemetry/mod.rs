@@ -1,10 +1,13 @@
-//! Logging set-up, the Prometheus metrics of a redrive process, and its health.
+//! Logging set-up, the Prometheus metrics of a redrive process, its health, and the
+//! fleet's alert rules.
 
+mod alerts;
 mod attempt_log;
 mod health;
 mod log_lines;
 mod metrics;
 
+pub use alerts::{AlertSettings, AlertSettingsError, CANNOT_CONSUME_CODES};
 pub use attempt_log::{log_attempt, AttemptLine};
 pub use health::{Health, Readiness};
 pub use metrics::Metrics;

@@ -193,7 +193,7 @@ impl Admission {
         let failed = match verdict {
             Verdict::NotCalled => return,
             Verdict::Answered => false,
-            Verdict::Transient => true,
+            Verdict::Transient | Verdict::Panicked => true,
         };
         self.breakers.count(handler, failed);
     }

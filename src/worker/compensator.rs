@@ -209,7 +209,7 @@ impl Compensator {
         // The call first: a handler that heeds its token may still answer.
         let verdict = tokio::select! {
             biased;
-            verdict = call => verdict,
+            guarded = call => guarded.verdict,
             _ = lost.cancelled() => {
                 tracing::warn!(task_id = task.id.0, handler = %task.handler,
                     "compensation stopped: its claim was lost");

@@ -1,7 +1,7 @@
 //! The admin HTTP API over real HTTP: auth, every endpoint, and bad input as 400s.
 
 use redrive::admin::{self, AppState, Tokens};
-use redrive::config::{AdminToken, Role};
+use redrive::config::{AdminToken, Role, Targets};
 use redrive::{Failure, Fleet, NewTask, Settings, Store, TaskId};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -48,6 +48,7 @@ impl Api {
             store: store.clone(),
             kafka: settings.kafka.clone(),
             routes: fleet.settings().routes.clone(),
+            targets: Targets::new(fleet.settings()),
             budgets: fleet.budgets(),
         };
         let app = admin::router(state, Tokens::new(&settings.admin));

@@ -3,7 +3,7 @@
 //! cool-down or when an operator releases it (audited), losing and repeating nothing.
 
 use async_trait::async_trait;
-use redrive::config::{BrakeSettings, RouteMode};
+use redrive::config::{BrakeSettings, BreakerSettings, HandlerSettings, RouteMode};
 use redrive::{Fleet, Handler, HandlerContext, HandlerError, Settings, Store, Task};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -220,5 +220,95 @@ async fn the_route_resumes_after_the_cool_down_and_brakes_again_while_still_brok
     assert!(
         out.contains("payments") && out.contains("failed inline"),
         "{out}"
+    );
+}
+
+/// A handler in front of a downstream, with a circuit breaker: `answer` says how each
+/// call ends.
+struct Fronting {
+    answer: fn(&Task) -> Result<(), HandlerError>,
+}
+
+#[async_trait]
+impl Handler for Fronting {
+    async fn handle(&self, _: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
+        (self.answer)(task)
+    }
+}
+
+/// A member on a braked route whose handler (with a breaker) answers with `answer`.
+async fn fronting_run(
+    answer: fn(&Task) -> Result<(), HandlerError>,
+) -> (Broker, Store, Settings, String, Member) {
+    let (broker, store, mut settings, bootstrap) = braked_route(BrakeSettings {
+        failure_ratio: 0.8,
+        window: Duration::from_secs(60),
+        min_messages: 20,
+        cool_down: Duration::from_secs(3600),
+    })
+    .await;
+    settings.handlers.insert(
+        "deploy".into(),
+        HandlerSettings {
+            breaker: Some(BreakerSettings::default()),
+            ..HandlerSettings::default()
+        },
+    );
+    let fleet = Fleet::builder(settings.clone())
+        .handler("deploy", Fronting { answer })
+        .build()
+        .unwrap();
+    let member = Member::start(fleet, &store);
+    (broker, store, settings, bootstrap, member)
+}
+
+async fn brakes_engaged(store: &Store) -> i64 {
+    scalar(store, "SELECT count(*) FROM recovery_brake").await
+}
+
+/// A downstream answering 503 fails every inline call transiently: that is the
+/// breaker's business, not a bad deploy. The route keeps consuming (each failure a task,
+/// for the pool to retry once the downstream is back) and the brake stays off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downstream_outage_does_not_engage_the_brake_of_a_handler_with_a_breaker() {
+    let (_broker, store, settings, bootstrap, member) = fronting_run(|_| {
+        Err(HandlerError::transient(
+            "503 Service Unavailable from https://payments.internal",
+        ))
+    })
+    .await;
+    let group = settings.kafka.group_id.clone();
+    eventually(
+        Duration::from_secs(40),
+        "every message consumed (an engaged brake stops the route short)",
+        || async { committed_total(&bootstrap, &group).await == MESSAGES },
+    )
+    .await;
+    member.stop().await;
+    assert_eq!(brakes_engaged(&store).await, 0, "the brake engaged");
+    assert_eq!(tasks(&store).await, MESSAGES, "every failure is a task");
+}
+
+/// A new version that fails messages itself (permanent verdicts, panics) engages the
+/// brake even though its handler has a breaker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_failing_messages_itself_engages_the_brake_despite_its_breaker() {
+    let (_broker, store, _settings, _bootstrap, member) = fronting_run(|task| {
+        let value = task.failure.value.as_deref().unwrap_or_default();
+        if value.last().is_some_and(|b| b % 2 == 0) {
+            panic!("index out of bounds in v2.3.1");
+        }
+        Err(HandlerError::permanent("missing field `amount` (v2.3.1)"))
+    })
+    .await;
+    eventually(Duration::from_secs(30), "the brake engaged", || async {
+        brakes_engaged(&store).await == 1
+    })
+    .await;
+    member.stop().await;
+    let stored = tasks(&store).await;
+    assert!(
+        stored <= LET_THROUGH,
+        "{stored} failures stored of {MESSAGES}: the brake let too many through"
     );
 }

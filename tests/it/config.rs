@@ -757,3 +757,86 @@ fn credentials_in_webhook_urls_are_never_shown() {
         }
     }
 }
+
+/// A route's own republish and parking topics and its `max_generations` are checked like
+/// the global keys, and a route's own targets cannot make a loop either.
+#[test]
+fn route_targets_and_max_generations_are_checked() {
+    let republish = "topics = [\"orders.dlt\"]\nmode = \"capture\"\nhandler = \"republish\"\n";
+    let settings = route_toml(&format!(
+        "{republish}republish_topic = \"orders.retry\"\nparking_topic = \"orders.parking\""
+    ))
+    .unwrap();
+    let route = &settings.routes[0];
+    assert_eq!(route.republish_topic.as_deref(), Some("orders.retry"));
+    assert_eq!(route.parking_topic.as_deref(), Some("orders.parking"));
+    assert_eq!(route.max_generations, 3, "the default");
+    for (extra, key, reason) in [
+        (
+            "republish_topic = \"\"",
+            "routes[0].republish_topic",
+            "must not be empty",
+        ),
+        (
+            "parking_topic = \"\"",
+            "routes[0].parking_topic",
+            "must not be empty",
+        ),
+        (
+            "parking_topic = \"orders parking\"",
+            "routes[0].parking_topic",
+            "' ' is not allowed",
+        ),
+        (
+            "parking_topic = \"..\"",
+            "routes[0].parking_topic",
+            "not a topic name",
+        ),
+        (
+            "max_generations = 0",
+            "routes[0].max_generations",
+            "must be 1 to 1000",
+        ),
+        (
+            "max_generations = 1001",
+            "routes[0].max_generations",
+            "must be 1 to 1000",
+        ),
+        (
+            "republish_topic = \"orders.dlt\"",
+            "routes[0].republish_topic",
+            "endless loop",
+        ),
+        (
+            "parking_topic = \"orders.dlt\"",
+            "routes[0].parking_topic",
+            "endless loop",
+        ),
+    ] {
+        assert_refused(route_toml(&format!("{republish}{extra}")), key, reason);
+    }
+    let long = "t".repeat(250);
+    assert_refused(
+        route_toml(&format!("{republish}parking_topic = \"{long}\"")),
+        "routes[0].parking_topic",
+        "longer than Kafka's 249",
+    );
+    assert_refused(
+        route_toml(
+            "topics = [\"orders.dlt\"]\nmode = \"capture\"\nhandler = \"log\"\n\
+             republish_topic = \"orders.retry\"",
+        ),
+        "routes[0].republish_topic",
+        "only the republish handler produces to it",
+    );
+    assert_refused(
+        load_toml("[parking]\ntopic = \"\""),
+        "parking.topic",
+        "must not be empty",
+    );
+    assert_refused(
+        load_toml("[republish]\ntarget_topic = \"a/b\""),
+        "republish.target_topic",
+        "not a topic name",
+    );
+}

@@ -505,11 +505,14 @@ async fn republish_refuses_a_task_whose_payload_was_not_stored() {
         },
         ..NewTask::default()
     };
-    minimal.failure.original = Some(SourceCoordinates {
-        topic: "orders".into(),
-        partition: 0,
-        offset: 7,
-    });
+    minimal.failure.original = Some(
+        SourceCoordinates {
+            topic: "orders".into(),
+            partition: 0,
+            offset: 7,
+        }
+        .into(),
+    );
     let id = store.enqueue(&minimal).await.unwrap().id();
     let pool = fleet(&settings).worker_pool(store.clone());
     let processed = pool.process_next().await.unwrap().unwrap();

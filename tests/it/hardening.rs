@@ -254,11 +254,14 @@ async fn a_stored_replay_with_a_hostile_rate_does_not_stop_the_member() {
         .map(|i| NewTask {
             dedup_key: Some(format!("{i}")),
             failure: redrive::Failure {
-                original: Some(redrive::SourceCoordinates {
-                    topic: "orders".into(),
-                    partition: 0,
-                    offset: i,
-                }),
+                original: Some(
+                    redrive::SourceCoordinates {
+                        topic: "orders".into(),
+                        partition: 0,
+                        offset: i,
+                    }
+                    .into(),
+                ),
                 ..redrive::Failure::with_value(format!("{i}"))
             },
             ..NewTask::new("log", format!("{i}"))

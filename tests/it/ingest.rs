@@ -184,7 +184,7 @@ async fn dead_letter_headers_fill_the_failure_context() {
     let original = spring.failure.original.clone().unwrap();
     assert_eq!(
         (original.topic.as_str(), original.partition, original.offset),
-        ("orders", 2, 40)
+        ("orders", Some(2), Some(40))
     );
     assert_eq!(
         spring.failure.error_class.as_deref(),
@@ -200,16 +200,19 @@ async fn dead_letter_headers_fill_the_failure_context() {
     assert_eq!(connect.failure.original.unwrap().topic, "payments");
     assert_eq!(connect.failure.error_message.as_deref(), Some("bad schema"));
     let karafka = task_at(&store, "mixed.dlt", 0, 2).await;
-    assert_eq!(karafka.failure.original.unwrap().offset, 99);
+    assert_eq!(karafka.failure.original.unwrap().offset, Some(99));
     let own = task_at(&store, "mixed.dlt", 0, 3).await;
     assert_eq!(own.failure.error_message.as_deref(), Some("gave up"));
     let malformed = task_at(&store, "mixed.dlt", 0, 4).await;
-    assert_eq!(malformed.failure.original, None);
-    assert!(malformed
-        .failure
-        .ingest_note
-        .unwrap()
-        .contains("spring headers incomplete or malformed"));
+    let original = malformed.failure.original.clone().unwrap();
+    assert_eq!(
+        (original.topic.as_str(), original.partition, original.offset),
+        ("orders", None, None),
+        "the readable topic is kept"
+    );
+    assert!(malformed.failure.ingest_note.unwrap().contains(
+        "spring headers incomplete: original topic read, partition missing, offset unreadable"
+    ));
     assert_eq!(
         malformed.failure.value.as_deref(),
         Some(&b"{}"[..]),
@@ -341,7 +344,10 @@ async fn process_mode_stores_only_failures_as_their_first_attempt() {
             task.last_error.as_deref(),
             Some("validation service said no")
         );
-        assert_eq!(task.failure.original.as_ref(), task.failure.source.as_ref());
+        assert_eq!(
+            task.failure.original,
+            task.failure.source.clone().map(Into::into)
+        );
     }
 }
 

@@ -2,6 +2,7 @@
 //! Kafka cluster.
 
 mod admin_api;
+mod authoring;
 mod brake;
 mod breakers;
 mod broker;
@@ -9,14 +10,17 @@ mod chaos;
 mod cli;
 mod compensation;
 mod config;
+mod dead_letters;
 mod guarantees;
 mod hardening;
 mod hostile;
 mod http_server;
 mod ingest;
 mod ingest_faults;
+mod inline_identity;
 mod member_process;
 mod model;
+mod newcomers;
 mod observability;
 mod operator_cli;
 mod operators;
@@ -25,8 +29,10 @@ mod outage;
 mod outcomes;
 mod process;
 mod recovery_points;
+mod refailures;
 mod replay;
 mod republish;
+mod route_targets;
 mod stopping;
 mod store;
 mod support;

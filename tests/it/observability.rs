@@ -150,12 +150,19 @@ fn dashboard_exprs(path: &str) -> Vec<(String, String)> {
     found
 }
 
-/// The metric names an expression reads.
+/// The metric names (`redrive_*`, `process_*`) an expression reads.
 fn metric_names(expr: &str) -> BTreeSet<String> {
+    let mut names = prefixed_names(expr, "redrive_");
+    names.extend(prefixed_names(expr, "process_"));
+    names
+}
+
+/// The names starting with `prefix` in `expr`.
+fn prefixed_names(expr: &str, prefix: &str) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     let bytes = expr.as_bytes();
     let mut i = 0;
-    while let Some(start) = expr[i..].find("redrive_").map(|s| s + i) {
+    while let Some(start) = expr[i..].find(prefix).map(|s| s + i) {
         let boundary =
             start == 0 || !(bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
         let end = expr[start..]
@@ -190,6 +197,14 @@ async fn every_dashboard_panel_and_alert_evaluates_against_a_real_prometheus() {
         HandlerSettings {
             breaker: Some(BreakerSettings::default()),
             ..HandlerSettings::default()
+        },
+    );
+    // A webhook handler: its call series.
+    settings.webhooks.insert(
+        "hook".into(),
+        redrive::config::WebhookSettings {
+            url: Some("http://127.0.0.1:1/hook".into()),
+            ..Default::default()
         },
     );
     let metrics_at = free_address();
@@ -276,7 +291,9 @@ async fn every_dashboard_panel_and_alert_evaluates_against_a_real_prometheus() {
     for (what, expr) in &exprs {
         let expr = expr
             .replace("$__rate_interval", "1m")
-            .replace("$handler", "flaky");
+            .replace("$handler", "flaky")
+            .replace("$job", "redrive")
+            .replace("$instance", ".*");
         let answer = prometheus.query(&expr).await;
         if answer["status"] != "success" {
             failures.push(format!("{what}: {expr}: {}", answer["error"]));
@@ -323,6 +340,16 @@ async fn every_dashboard_panel_and_alert_evaluates_against_a_real_prometheus() {
         assert_eq!(
             answer["data"]["result"][0]["value"][1], expected,
             "{expr}: {answer}"
+        );
+    }
+    // Lag is a number from the first statistics, also where nothing was committed yet
+    // (payments: nothing produced, nothing committed).
+    for topic in ["orders.dlt", "payments"] {
+        let expr = format!("count(redrive_consumer_lag{{topic=\"{topic}\"}})");
+        let answer = prometheus.query(&expr).await;
+        assert!(
+            answer["data"]["result"][0]["value"][1].as_str().is_some(),
+            "{expr}: no lag exported: {answer}"
         );
     }
     let ready = prometheus.query("sum(redrive_ready)").await;
@@ -492,4 +519,210 @@ async fn json_log_lines_carry_the_task_id_and_no_secret() {
                 && l.contains("\"level\":\"WARN\"")),
         "no permanent-failure line at warn:\n{text}"
     );
+}
+
+/// Every panel of both dashboards reads the fleet through the job and instance variables
+/// and links to the runbook or the other dashboard; the fleet dashboard's top row of
+/// figures turns red at the thresholds of the alert rules; a panel showing counts and
+/// seconds puts the seconds on an axis of their own.
+#[test]
+fn dashboards_share_the_alerts_thresholds_variables_and_links() {
+    let defaults = redrive::telemetry::AlertSettings::default();
+    let runbook = std::fs::read_to_string(repository("docs/runbook.md")).unwrap();
+    let anchors: BTreeSet<String> = runbook
+        .lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .map(|h| h.trim().to_lowercase())
+        .collect();
+    for (path, other) in [
+        ("dashboards/redrive-fleet.json", "/d/redrive-handler/"),
+        ("dashboards/redrive-handler.json", "/d/redrive-fleet/"),
+    ] {
+        let dashboard: Value =
+            serde_json::from_str(&std::fs::read_to_string(repository(path)).unwrap()).unwrap();
+        let variables: Vec<&str> = dashboard["templating"]["list"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v["name"].as_str())
+            .collect();
+        assert!(
+            variables.contains(&"job") && variables.contains(&"instance"),
+            "{path}: {variables:?}"
+        );
+        let links = dashboard["links"].as_array().expect("dashboard links");
+        assert!(
+            links
+                .iter()
+                .any(|l| l["url"].as_str().is_some_and(|u| u.starts_with(other))),
+            "{path}: no link to {other}"
+        );
+        for (title, expr) in dashboard_exprs(path) {
+            for name in metric_names(&expr) {
+                let selected = format!("{name}{{job=~\"$job\",instance=~\"$instance\"");
+                assert!(expr.contains(&selected), "{path}: {title}: {expr}");
+            }
+        }
+        for panel in dashboard["panels"].as_array().unwrap() {
+            let title = panel["title"].as_str().unwrap();
+            for link in panel["links"].as_array().into_iter().flatten() {
+                let url = link["url"].as_str().unwrap();
+                if let Some((_, anchor)) = url.split_once("docs/runbook.md#") {
+                    assert!(anchors.contains(anchor), "{path}: {title}: {url}");
+                }
+            }
+            let targets = panel["targets"].as_array().unwrap();
+            let seconds = |t: &Value| {
+                let expr = t["expr"].as_str().unwrap();
+                expr.contains("_age_seconds") || expr.starts_with("histogram_quantile")
+            };
+            let units = panel["fieldConfig"]["defaults"]["unit"].as_str();
+            if targets.iter().any(seconds) && units != Some("s") {
+                for target in targets.iter().filter(|t| seconds(t)) {
+                    let on_right = panel["fieldConfig"]["overrides"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|o| {
+                            o["matcher"]["options"] == target["refId"]
+                                && o["properties"].to_string().contains("\"right\"")
+                                && o["properties"].to_string().contains("\"s\"")
+                        });
+                    assert!(on_right, "{path}: {title}: seconds share the counts' axis");
+                }
+            }
+        }
+    }
+    let fleet: Value = serde_json::from_str(
+        &std::fs::read_to_string(repository("dashboards/redrive-fleet.json")).unwrap(),
+    )
+    .unwrap();
+    let top: Vec<&Value> = fleet["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["gridPos"]["y"] == 0)
+        .collect();
+    let red_at = |title: &str| -> Option<f64> {
+        let panel = top.iter().find(|p| p["title"] == title)?;
+        assert_eq!(panel["type"], "stat", "{title}");
+        let steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"].as_array()?;
+        steps
+            .iter()
+            .find(|s| s["color"] == "red")
+            .and_then(|s| s["value"].as_f64())
+    };
+    assert_eq!(
+        red_at("Oldest due task"),
+        Some(defaults.oldest_due.as_secs() as f64)
+    );
+    assert_eq!(
+        red_at("Permanent failures (15 min)"),
+        Some(defaults.permanent_failures as f64)
+    );
+    assert_eq!(red_at("Breakers open"), Some(1.0));
+    assert_eq!(red_at("Brakes engaged"), Some(1.0));
+    // Red below one ready member (the base step), green from one.
+    assert_eq!(red_at("Members ready"), None);
+    assert!(top.iter().any(|p| p["title"] == "Backlog"));
+    assert!(top.iter().any(|p| p["title"] == "Members ready"));
+    // Breakers and brakes right below the figures.
+    let second_row: Vec<&str> = fleet["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["gridPos"]["y"] == 4)
+        .filter_map(|p| p["title"].as_str())
+        .collect();
+    assert!(
+        second_row.iter().any(|t| t.contains("breakers"))
+            && second_row.iter().any(|t| t.contains("brakes")),
+        "{second_row:?}"
+    );
+}
+
+/// The shipped rule file is `redrive alerts` with its defaults, and a bad option is
+/// refused by name.
+#[test]
+fn the_shipped_alert_rules_are_the_generators_default_output() {
+    let printed = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .arg("alerts")
+        .env_remove("REDRIVE_CONFIG")
+        .output()
+        .unwrap();
+    assert!(printed.status.success(), "{printed:?}");
+    let shipped = std::fs::read_to_string(repository("deploy/prometheus/alerts.yml")).unwrap();
+    assert_eq!(
+        String::from_utf8(printed.stdout).unwrap(),
+        shipped,
+        "regenerate: cargo run -- alerts > deploy/prometheus/alerts.yml"
+    );
+    let custom = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .args([
+            "alerts",
+            "--selector",
+            r#"job="rd-prod""#,
+            "--stall-for",
+            "3m",
+        ])
+        .output()
+        .unwrap();
+    let custom = String::from_utf8(custom.stdout).unwrap();
+    assert!(
+        custom.contains(r#"redrive_ready{job="rd-prod"}"#),
+        "{custom}"
+    );
+    assert!(!custom.contains(r#"job="redrive""#), "{custom}");
+    let refused = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .args(["alerts", "--selector", "{job=\"x\"}"])
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("--selector"), "{stderr}");
+}
+
+/// A member whose broker is gone (nothing listens at its bootstrap address) is not
+/// ready and counts AllBrokersDown; a real Prometheus scraping it with the shipped rules
+/// turns that into alerts, pending at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_cut_off_from_kafka_raises_alerts_in_a_real_prometheus() {
+    let (store, mut settings) = fresh_store().await;
+    let nowhere = free_address();
+    use_cluster(
+        &mut settings,
+        &nowhere.to_string(),
+        vec![route(&["orders.dlt"], RouteMode::Capture, "log")],
+    );
+    let metrics_at = free_address();
+    settings.metrics.listen = Some(metrics_at);
+    let fleet = Fleet::builder(settings)
+        .with_builtin_handlers()
+        .build()
+        .unwrap();
+    let member = Member::start(fleet, &store);
+    let prometheus = Prometheus::start(metrics_at);
+    let wanted = [
+        "RedriveCannotConsume",
+        "RedriveMemberNotReady",
+        "RedriveNoMemberReady",
+    ];
+    eventually(
+        Duration::from_secs(60),
+        "the cut-off alerts pending or firing",
+        || async {
+            let alerts = prometheus.api("/api/v1/alerts", &[]).await;
+            let active: BTreeSet<&str> = (alerts["data"]["alerts"].as_array().into_iter())
+                .flatten()
+                .filter(|a| ["pending", "firing"].contains(&a["state"].as_str().unwrap_or("")))
+                .filter_map(|a| a["labels"]["alertname"].as_str())
+                .collect();
+            wanted.iter().all(|w| active.contains(w))
+        },
+    )
+    .await;
+    let readyz = get(&format!("http://{metrics_at}/readyz")).await;
+    assert_eq!(readyz.0, 503, "{readyz:?}");
+    member.stop().await;
 }

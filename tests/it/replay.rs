@@ -30,11 +30,14 @@ async fn stored_failures(store: &Store, count: usize) -> HashMap<Vec<u8>, NewTas
                         value: None,
                     },
                 ],
-                original: Some(SourceCoordinates {
-                    topic: "orders".into(),
-                    partition: 0,
-                    offset: i as i64,
-                }),
+                original: Some(
+                    SourceCoordinates {
+                        topic: "orders".into(),
+                        partition: 0,
+                        offset: i as i64,
+                    }
+                    .into(),
+                ),
                 ..Failure::default()
             },
             ..NewTask::default()

@@ -1,0 +1,114 @@
+//! Dead letters that leave the original record out: a Kafka share group's DLQ record
+//! carries only headers by default (the coordinates, the group, the delivery count).
+//! Such a dead letter is stored with the original record fetched from its topic, as
+//! if it had come whole; one whose original cannot be fetched is stored
+//! PERMANENT_FAILURE with the reason ([`original_unavailable`]).
+//!
+//! The fetches of a batch share one deadline (`ingest.original_fetch_timeout`), so a
+//! batch, and the partitions behind it, wait at most that long. A redelivered dead
+//! letter is not fetched again: its task is what was recorded the first time, even if
+//! the original has gone since.
+
+use std::time::Instant;
+
+use super::mapping::{original_to_fetch, original_unavailable, with_original};
+use super::process::Mapped;
+use crate::config::{IngestSettings, KafkaSettings};
+use crate::kafka::fetch::{FetchError, OriginalFetcher};
+use crate::kafka::message::Consumed;
+use crate::store::Store;
+use crate::task::SourceCoordinates;
+
+/// What fetching originals needs: the cluster's client settings and the limits.
+#[derive(Clone)]
+pub(crate) struct Originals {
+    pub(crate) kafka: KafkaSettings,
+    pub(crate) limits: IngestSettings,
+}
+
+impl Originals {
+    /// Fills in the tasks of `batch` whose dead letter left the original record out.
+    pub(crate) async fn fill(&self, store: &Store, batch: &mut [Mapped]) {
+        let mut wanted: Vec<(usize, SourceCoordinates)> = (batch.iter().enumerate())
+            .filter_map(|(i, m)| Some((i, original_to_fetch(&m.message, &m.route, &m.task)?)))
+            .collect();
+        if wanted.is_empty() {
+            return;
+        }
+        self.take_recorded(store, batch, &mut wanted).await;
+        if wanted.is_empty() {
+            return;
+        }
+        let kafka = self.kafka.clone();
+        let limits = self.limits.clone();
+        let places: Vec<SourceCoordinates> = wanted.iter().map(|(_, at)| at.clone()).collect();
+        let fetched = tokio::task::spawn_blocking(move || fetch_all(&kafka, &limits, &places))
+            .await
+            .unwrap_or_else(|panic| {
+                let why = FetchError::TimedOut(format!("the fetch panicked: {panic}"));
+                vec![Err(why); wanted.len()]
+            });
+        for ((index, at), outcome) in wanted.into_iter().zip(fetched) {
+            let mapped = &mut batch[index];
+            let task = std::mem::take(&mut mapped.task);
+            mapped.task = match outcome {
+                Ok(original) => with_original(task, &original, &at, &mapped.route, &self.limits),
+                Err(why) => {
+                    tracing::warn!(original = ?at, %why, "a dead letter's original record could not be fetched; stored as a permanent failure");
+                    original_unavailable(task, &at.clone().into(), &why.to_string())
+                }
+            };
+        }
+    }
+
+    /// Takes out of `wanted` the dead letters recorded already (a redelivery): their
+    /// task gets what was stored, so the insert finds it the same and stores nothing.
+    async fn take_recorded(
+        &self,
+        store: &Store,
+        batch: &mut [Mapped],
+        wanted: &mut Vec<(usize, SourceCoordinates)>,
+    ) {
+        let keys: Vec<String> = (wanted.iter())
+            .filter_map(|(i, _)| batch[*i].task.effective_dedup_key())
+            .collect();
+        let stored = match store.by_dedup_keys(&keys).await {
+            Ok(stored) => stored,
+            // The insert waits for the database anyway; fetching meanwhile is harmless.
+            Err(error) => {
+                tracing::debug!(%error, "cannot look for recorded dead letters; fetching their originals");
+                return;
+            }
+        };
+        wanted.retain(|(index, _)| {
+            let task = &mut batch[*index].task;
+            let Some(recorded) = task.effective_dedup_key().and_then(|k| stored.get(&k)) else {
+                return true;
+            };
+            let same_dead_letter = recorded.failure.source_timestamp
+                == task.failure.source_timestamp
+                && recorded.failure.original == task.failure.original;
+            if same_dead_letter {
+                task.failure = recorded.failure.clone();
+            }
+            !same_dead_letter
+        });
+    }
+}
+
+/// Fetches each of `places` with one consumer before one deadline. Blocking.
+fn fetch_all(
+    kafka: &KafkaSettings,
+    limits: &IngestSettings,
+    places: &[SourceCoordinates],
+) -> Vec<Result<Consumed, FetchError>> {
+    let fetcher = match OriginalFetcher::new(kafka, limits.max_message_bytes) {
+        Ok(fetcher) => fetcher,
+        Err(error) => return vec![Err(error); places.len()],
+    };
+    let deadline = Instant::now() + limits.original_fetch_timeout;
+    places
+        .iter()
+        .map(|at| fetcher.fetch(at, deadline))
+        .collect()
+}

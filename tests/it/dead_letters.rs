@@ -1,0 +1,491 @@
+//! Dead letters that carry less than a whole record: the original topic alone (the
+//! compose quickstart's samples), and Kafka share groups' DLQ records, which carry only
+//! headers by default and are stored with their original record fetched from its topic.
+
+use rdkafka::Message;
+use redrive::{Header, Settings, Status};
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::broker::{cluster, consume, headers_of, produce, producer, route, use_cluster, Sample};
+use crate::ingest::{fleet, task_at};
+use crate::support::{database_url, eventually, fresh_store, Member};
+use redrive::config::RouteMode;
+
+/// The messages of `deploy/sample-dead-letters.txt` as docker-compose.yml produces them
+/// (`kafka-console-producer.sh --property parse.key=true --property parse.headers=true`):
+/// `name:value,name:value`, a tab, the key, a tab, the value.
+fn compose_samples() -> Vec<Sample> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/sample-dead-letters.txt");
+    let text = std::fs::read_to_string(path).expect("the compose samples");
+    text.lines()
+        .filter(|line| !line.is_empty())
+        .map(|line| {
+            let mut fields = line.splitn(3, '\t');
+            let (headers, key, value) = (
+                fields.next().unwrap(),
+                fields.next().expect("a key"),
+                fields.next().expect("a value"),
+            );
+            let headers = headers
+                .split(',')
+                .map(|pair| {
+                    let (name, value) = pair.split_once(':').expect("name:value");
+                    Header::new(name, value.as_bytes().to_vec())
+                })
+                .collect();
+            Sample {
+                key: Some(key.as_bytes().to_vec()),
+                value: Some(value.as_bytes().to_vec()),
+                headers,
+                partition: None,
+            }
+        })
+        .collect()
+}
+
+/// The compose members' configuration (`deploy/redrive/redrive.toml`), pointed at
+/// `bootstrap` and a fresh schema as the compose environment points it at its own.
+fn compose_settings(bootstrap: &str, schema: &str) -> Settings {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/redrive/redrive.toml");
+    let env = HashMap::from([
+        ("REDRIVE__DATABASE__URL".to_owned(), database_url()),
+        ("REDRIVE__DATABASE__SCHEMA".to_owned(), schema.to_owned()),
+        (
+            "REDRIVE__KAFKA__BOOTSTRAP_SERVERS".to_owned(),
+            bootstrap.to_owned(),
+        ),
+    ]);
+    let mut settings = Settings::load(Some(&path), Some(env)).expect("the compose config");
+    // The mock cluster's group wants quick timings (see broker::use_cluster).
+    let routes = settings.routes.clone();
+    use_cluster(&mut settings, bootstrap, routes);
+    settings.worker.poll_interval = Duration::from_millis(200);
+    settings
+}
+
+/// Regression: the quickstart's samples carry the original topic alone, and every one
+/// ended PERMANENT_FAILURE "no known dead-letter headers": the quickstart showed only
+/// failures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_compose_quickstart_samples_end_resolved() {
+    let broker = cluster(&[("orders", 3), ("orders.dlt", 3), ("orders.parking", 3)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, fresh) = fresh_store().await;
+    let settings = compose_settings(&bootstrap, &fresh.database.schema);
+    let samples = compose_samples();
+    assert_eq!(samples.len(), 3, "the file's samples");
+    let producer = producer(&bootstrap);
+    for sample in &samples {
+        produce(&producer, "orders.dlt", sample).await;
+    }
+    let running = Member::start(fleet(&settings), &store);
+    eventually(Duration::from_secs(60), "every sample resolved", || async {
+        let counts = store.status_counts().await.unwrap();
+        counts.resolved == 3 || counts.permanent_failure > 0
+    })
+    .await;
+    running.stop().await;
+    let counts = store.status_counts().await.unwrap();
+    assert_eq!(
+        (counts.resolved, counts.permanent_failure),
+        (3, 0),
+        "{counts:?}"
+    );
+    let republished = tokio::task::spawn_blocking(move || {
+        consume(&bootstrap, "orders", 3, 3, Duration::from_secs(20))
+    })
+    .await
+    .unwrap();
+    let mut values: Vec<Vec<u8>> = republished
+        .iter()
+        .map(|m| crate::broker::bytes(m).1.unwrap())
+        .collect();
+    values.sort();
+    let mut sent: Vec<Vec<u8>> = samples.into_iter().map(|s| s.value.unwrap()).collect();
+    sent.sort();
+    assert_eq!(values, sent, "each sample back on its original topic");
+}
+
+/// The headers a Kafka share group's DLQ writes (KIP-1191), as the broker's
+/// `ShareGroupDLQStateManager` encodes them: UTF-8 text.
+fn share_group_headers(topic: &[u8], partition: &[u8], offset: &[u8]) -> Vec<Header> {
+    vec![
+        Header::new("__dlq.errors.topic", topic.to_vec()),
+        Header::new("__dlq.errors.partition", partition.to_vec()),
+        Header::new("__dlq.errors.offset", offset.to_vec()),
+        Header::new("__dlq.errors.group", b"billing-workers".to_vec()),
+        Header::new("__dlq.errors.delivery.count", b"5".to_vec()),
+        Header::new(
+            "__dlq.errors.message",
+            b"Offset delivery count exceeded the threshold.".to_vec(),
+        ),
+    ]
+}
+
+/// A headers-only dead letter (no key, no value), as a share group's DLQ writes it.
+fn headers_only(headers: Vec<Header>) -> Sample {
+    Sample {
+        headers,
+        ..Sample::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_group_dead_letter_is_stored_with_its_original_and_recovers() {
+    let broker = cluster(&[("billing", 2), ("billing.dlq", 1)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(
+        &mut settings,
+        &bootstrap,
+        vec![route(&["billing.dlq"], RouteMode::Capture, "republish")],
+    );
+    let producer = producer(&bootstrap);
+    let filler = Sample {
+        value: Some(b"other".to_vec()),
+        partition: Some(1),
+        ..Sample::default()
+    };
+    produce(&producer, "billing", &filler).await;
+    let app_headers = vec![
+        Header::new("traceparent", b"00-4bf92f-00f067-01".to_vec()),
+        Header::new("bin", vec![0xff, 0x00]),
+    ];
+    let original = Sample {
+        key: Some(vec![0x00, b'k']),
+        value: Some(vec![0xc3, 0x28, b'{', 0x00]),
+        headers: app_headers.clone(),
+        partition: Some(1),
+    };
+    let (partition, offset) = produce(&producer, "billing", &original).await;
+    assert_eq!((partition, offset), (1, 1));
+    let dead_letter = share_group_headers(b"billing", b"1", b"1");
+    produce(&producer, "billing.dlq", &headers_only(dead_letter.clone())).await;
+
+    let running = Member::start(fleet(&settings), &store);
+    eventually(Duration::from_secs(60), "the task resolved", || async {
+        store.status_counts().await.unwrap().resolved == 1
+    })
+    .await;
+    running.stop().await;
+
+    let task = task_at(&store, "billing.dlq", 0, 0).await;
+    assert_eq!(task.status, Status::Resolved);
+    assert_eq!(task.failure.key, original.key);
+    assert_eq!(task.failure.value, original.value);
+    assert_eq!(task.failure.value_size, Some(4));
+    let mut stored_headers = app_headers.clone();
+    stored_headers.extend(dead_letter);
+    assert_eq!(
+        task.failure.headers, stored_headers,
+        "the original's headers, then the dead letter's as context"
+    );
+    let at = task.failure.original.clone().unwrap();
+    assert_eq!(
+        (at.topic.as_str(), at.partition, at.offset),
+        ("billing", Some(1), Some(1))
+    );
+    assert_eq!(
+        task.failure.error_message.as_deref(),
+        Some(
+            "Offset delivery count exceeded the threshold. \
+             (share group billing-workers, delivered 5 times)"
+        )
+    );
+    assert!(
+        task.failure
+            .ingest_note
+            .as_deref()
+            .unwrap()
+            .contains("fetched from the original record at billing[1]@1"),
+        "{:?}",
+        task.failure.ingest_note
+    );
+
+    // Republished as the original was, without the DLQ's headers.
+    let out = tokio::task::spawn_blocking(move || {
+        consume(&bootstrap, "billing", 2, 3, Duration::from_secs(20))
+    })
+    .await
+    .unwrap();
+    let again: Vec<_> = out
+        .iter()
+        .filter(|m| headers_of(m).iter().any(|h| h.name_is("redrive-task-id")))
+        .collect();
+    assert_eq!(again.len(), 1, "republished once");
+    assert_eq!(
+        crate::broker::bytes(again[0]),
+        (original.key.clone(), original.value.clone())
+    );
+    let mut expected = app_headers;
+    expected.push(Header::new(
+        "redrive-task-id",
+        task.id.to_string().into_bytes(),
+    ));
+    expected.push(Header::new("redrive-attempt", b"1".to_vec()));
+    assert_eq!(headers_of(again[0]), expected);
+}
+
+/// A dead letter's topic, partition and offset headers, and why its original is gone.
+type GoneCase = (&'static [u8], &'static [u8], &'static [u8], &'static str);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_group_dead_letter_whose_original_is_gone_is_a_parked_permanent_failure() {
+    let broker = cluster(&[("billing", 1), ("billing.dlq", 1), ("parking", 1)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(
+        &mut settings,
+        &bootstrap,
+        vec![route(&["billing.dlq"], RouteMode::Capture, "republish")],
+    );
+    settings.parking.topic = Some("parking".into());
+    let producer = producer(&bootstrap);
+    let only = Sample {
+        value: Some(b"v".to_vec()),
+        ..Sample::default()
+    };
+    produce(&producer, "billing", &only).await;
+    let cases: [GoneCase; 3] = [
+        (
+            b"deleted-topic",
+            b"0",
+            b"3",
+            "topic \"deleted-topic\" does not exist",
+        ),
+        (b"billing", b"4", b"0", "the topic has no partition 4"),
+        (
+            b"billing",
+            b"0",
+            b"1000",
+            "offset 1000 is past the partition's end (1)",
+        ),
+    ];
+    for (topic, partition, offset, _) in &cases {
+        let sample = headers_only(share_group_headers(topic, partition, offset));
+        produce(&producer, "billing.dlq", &sample).await;
+    }
+
+    let running = Member::start(fleet(&settings), &store);
+    eventually(Duration::from_secs(60), "3 permanent failures", || async {
+        store.status_counts().await.unwrap().permanent_failure == 3
+    })
+    .await;
+    let parked = tokio::task::spawn_blocking(move || {
+        consume(&bootstrap, "parking", 1, 3, Duration::from_secs(20))
+    })
+    .await
+    .unwrap();
+    running.stop().await;
+
+    for (offset, (_, _, _, why)) in cases.iter().enumerate() {
+        let task = task_at(&store, "billing.dlq", 0, offset as i64).await;
+        assert_eq!(task.status, Status::PermanentFailure, "{why}");
+        assert_eq!(task.attempts, 0, "never republished: {why}");
+        assert_eq!(
+            task.failure.error_class.as_deref(),
+            Some("redrive.OriginalUnavailable")
+        );
+        let error = task.failure.error_message.clone().unwrap();
+        assert!(
+            error.contains("could not be fetched") && error.contains(why),
+            "{why}: {error}"
+        );
+        assert!(
+            error.contains("(dead-lettered: Offset delivery count exceeded"),
+            "{error}"
+        );
+        assert_eq!(
+            task.failure.ingest_note.as_deref().map(|n| n.contains(why)),
+            Some(true)
+        );
+        assert!(!task.failure.payload_stored, "nothing to republish");
+        assert!(
+            task.failure
+                .headers
+                .iter()
+                .any(|h| h.name_is("__dlq.errors.group")),
+            "the dead letter's context is kept"
+        );
+    }
+    assert_eq!(parked.len(), 3, "each parked");
+}
+
+/// Hostile `__dlq.errors.*` values: neither a panic nor a fetch of a made-up record;
+/// each dead letter is stored, with what could not be read in its note.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_share_group_headers_are_stored_as_unfetchable() {
+    let broker = cluster(&[("billing", 1), ("billing.dlq", 1)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(
+        &mut settings,
+        &bootstrap,
+        vec![route(&["billing.dlq"], RouteMode::Capture, "republish")],
+    );
+    settings.worker.enabled = false;
+    let producer = producer(&bootstrap);
+    let hostile: [(&[u8], &[u8], &[u8]); 5] = [
+        (b"billing", b"one", b"0"),
+        (b"billing", b"0", b"-1"),
+        (b"billing", b"99999999999", b"0"),
+        (b"billing", b"0", b"123456789012345678901234567890"),
+        (b"bill\xffing\x00", b"\xc3\x28", b"\xff\xfe\xfd\xfc"),
+    ];
+    for (topic, partition, offset) in hostile {
+        let sample = headers_only(share_group_headers(topic, partition, offset));
+        produce(&producer, "billing.dlq", &sample).await;
+    }
+    let running = Member::start(fleet(&settings), &store);
+    eventually(Duration::from_secs(60), "5 tasks", || async {
+        store.status_counts().await.unwrap().permanent_failure == 5
+    })
+    .await;
+    running.stop().await;
+    for offset in 0..5 {
+        let task = task_at(&store, "billing.dlq", 0, offset).await;
+        let note = task.failure.ingest_note.clone().unwrap();
+        assert!(
+            note.contains("kafka-share-group headers incomplete")
+                && note.contains("unreadable")
+                && note.contains("its partition or offset is not readable"),
+            "{offset}: {note}"
+        );
+        assert_eq!(
+            task.failure.error_class.as_deref(),
+            Some("redrive.OriginalUnavailable")
+        );
+    }
+}
+
+/// A redelivered share-group dead letter (here: read again by another group) is the
+/// task recorded the first time, even when its original cannot be fetched any more:
+/// not a second task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivered_share_group_dead_letter_is_not_recorded_twice() {
+    let broker = cluster(&[("billing", 1), ("billing.dlq", 1)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(
+        &mut settings,
+        &bootstrap,
+        vec![route(&["billing.dlq"], RouteMode::Capture, "republish")],
+    );
+    settings.worker.enabled = false;
+    let producer = producer(&bootstrap);
+    let original = Sample {
+        key: Some(b"k".to_vec()),
+        value: Some(b"v".to_vec()),
+        ..Sample::default()
+    };
+    produce(&producer, "billing", &original).await;
+    let dead_letter = headers_only(share_group_headers(b"billing", b"0", b"0"));
+    produce(&producer, "billing.dlq", &dead_letter).await;
+    let count =
+        || async { crate::support::scalar(&store, "SELECT count(*) FROM recovery_task").await };
+    let running = Member::start(fleet(&settings), &store);
+    eventually(Duration::from_secs(60), "the task", || async {
+        count().await == 1
+    })
+    .await;
+    running.stop().await;
+    let first = task_at(&store, "billing.dlq", 0, 0).await;
+    assert_eq!(first.failure.value.as_deref(), Some(&b"v"[..]));
+
+    // Another group reads the dead letter again; its original is out of reach now.
+    let mut again = settings.clone();
+    again.kafka.group_id = format!("{}-again", settings.kafka.group_id);
+    again.ingest.original_fetch_timeout = Duration::from_millis(1);
+    let running = Member::start(fleet(&again), &store);
+    eventually(
+        Duration::from_secs(60),
+        "the dead letter read again",
+        || async {
+            let (bootstrap, group) = (bootstrap.clone(), again.kafka.group_id.clone());
+            let committed = tokio::task::spawn_blocking(move || {
+                crate::broker::committed(&bootstrap, &group, "billing.dlq", 1)
+            });
+            committed.await.unwrap() == [1]
+        },
+    )
+    .await;
+    running.stop().await;
+    assert_eq!(count().await, 1, "one task for one dead letter");
+    let task = task_at(&store, "billing.dlq", 0, 0).await;
+    assert_eq!(task.status, Status::Failed);
+    assert_eq!(task.failure, first.failure);
+}
+
+/// A record redrive republished that fails again in a share group comes back as a
+/// headers-only dead letter: the `redrive-task-id` that links it is in the original
+/// record fetched, not in the dead letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_republished_record_failing_again_in_its_share_group_links_to_its_task() {
+    let broker = cluster(&[("billing", 1), ("billing.dlq", 1)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(
+        &mut settings,
+        &bootstrap,
+        vec![route(&["billing.dlq"], RouteMode::Capture, "republish")],
+    );
+    let producer = producer(&bootstrap);
+    let original = Sample {
+        value: Some(b"{\"invoice\":7}".to_vec()),
+        ..Sample::default()
+    };
+    let (partition, offset) = produce(&producer, "billing", &original).await;
+    let first_letter = share_group_headers(b"billing", b"0", offset.to_string().as_bytes());
+    produce(&producer, "billing.dlq", &headers_only(first_letter)).await;
+
+    let running = Member::start(fleet(&settings), &store);
+    eventually(
+        Duration::from_secs(60),
+        "the first task resolved",
+        || async { store.status_counts().await.unwrap().resolved == 1 },
+    )
+    .await;
+    let first = task_at(&store, "billing.dlq", 0, 0).await;
+    let bootstrap_for_read = bootstrap.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        consume(
+            &bootstrap_for_read,
+            "billing",
+            1,
+            2,
+            Duration::from_secs(20),
+        )
+    })
+    .await
+    .unwrap();
+    let republished = (out.iter())
+        .find(|m| headers_of(m).iter().any(|h| h.name_is("redrive-task-id")))
+        .expect("the first task republished");
+    assert_eq!(partition, republished.partition());
+
+    // Its consumer's share group gives up on the republished record too.
+    let again = republished.offset().to_string();
+    let second_letter = share_group_headers(b"billing", b"0", again.as_bytes());
+    produce(&producer, "billing.dlq", &headers_only(second_letter)).await;
+    eventually(
+        Duration::from_secs(60),
+        "the second task stored",
+        || async {
+            let counts = store.status_counts().await.unwrap();
+            counts.resolved + counts.failed + counts.permanent_failure == 2
+        },
+    )
+    .await;
+    running.stop().await;
+
+    let second = task_at(&store, "billing.dlq", 0, 1).await;
+    assert_eq!(second.failure.value, original.value);
+    assert_eq!(
+        (second.failure.generation, second.failure.previous_task),
+        (2, Some(first.id)),
+        "linked through the fetched original's header: {:?}",
+        second.failure.ingest_note
+    );
+}

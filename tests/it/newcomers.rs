@@ -1,0 +1,265 @@
+//! A newcomer's first steps through the binary: the demo's next commands work as printed,
+//! a missing database is named with the variable that named it, config errors name keys
+//! as written, and a member without routes says it only works tasks.
+
+use secrecy::ExposeSecret;
+use std::io::Write;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use crate::support::{eventually, fresh_store, settings, unique_schema, Spawn};
+
+/// The binary with no database variable inherited.
+fn redrive() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_redrive"));
+    command
+        .env_remove("DATABASE_URL")
+        .env_remove("REDRIVE__DATABASE__URL")
+        .env("REDRIVE__DATABASE__SCHEMA", unique_schema())
+        .env("RUST_LOG", "warn");
+    command
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn config_file(text: &str) -> tempfile::NamedTempFile {
+    let mut file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    file.write_all(text.as_bytes()).unwrap();
+    file
+}
+
+/// The test database's URL with another database name.
+fn url_of_missing_database(name: &str) -> String {
+    let url = settings("unused").database.url.expose_secret().to_owned();
+    let (server, _) = url.rsplit_once('/').unwrap();
+    format!("{server}/{name}")
+}
+
+#[test]
+fn a_missing_database_is_named_with_the_variable_or_file_that_named_it() {
+    let url = url_of_missing_database("no_such_db_here");
+    let file = config_file(&format!("[database]\nurl = \"{url}\"\n"));
+    let path = file.path().display().to_string();
+    let cases = [
+        (
+            "DATABASE_URL",
+            redrive().env("DATABASE_URL", &url).arg("migrate").output(),
+        ),
+        (
+            "REDRIVE__DATABASE__URL",
+            (redrive().env("REDRIVE__DATABASE__URL", &url))
+                .env("DATABASE_URL", url_of_missing_database("not_this_one"))
+                .arg("migrate")
+                .output(),
+        ),
+        (
+            "database.url in",
+            redrive()
+                .arg("--config")
+                .arg(file.path())
+                .arg("migrate")
+                .output(),
+        ),
+    ];
+    for (origin, out) in cases {
+        let out = out.unwrap();
+        let text = stderr(&out);
+        assert!(!out.status.success(), "{text}");
+        assert!(
+            text.contains(&format!(
+                "database \"no_such_db_here\" does not exist (named by the URL from {origin}"
+            )),
+            "{origin}: {text}"
+        );
+        assert!(!text.contains("not_this_one"), "{text}");
+    }
+    let out = redrive()
+        .arg("--config")
+        .arg(file.path())
+        .arg("migrate")
+        .output();
+    assert!(stderr(&out.unwrap()).contains(&format!("change database.url in {path}")));
+}
+
+#[test]
+fn config_errors_name_array_keys_as_written_and_once() {
+    for (route, key, reason) in [
+        (
+            "mode = \"bogus\"",
+            "routes[0].mode",
+            "unknown mode \"bogus\"",
+        ),
+        (
+            "mode = \"capture\"\nmax_attempts = \"many\"",
+            "routes[0].max_attempts",
+            "expected an integer",
+        ),
+    ] {
+        let file = config_file(&format!(
+            "[[routes]]\ntopics = [\"orders.dlt\"]\nhandler = \"log\"\n{route}\n"
+        ));
+        let out = redrive()
+            .arg("--config")
+            .arg(file.path())
+            .args(["tasks", "list"])
+            .output()
+            .unwrap();
+        let text = stderr(&out);
+        assert!(!out.status.success(), "{text}");
+        assert!(
+            text.contains(&format!("invalid configuration: {key}: ")) && text.contains(reason),
+            "{text}"
+        );
+        let unwritten = key.replace("].", "]");
+        assert!(!text.contains(&unwritten), "{unwritten} in {text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_without_routes_says_it_only_works_tasks() {
+    let (_store, settings) = fresh_store().await;
+    let mut member = Spawn::binary(&settings).start();
+    eventually(Duration::from_secs(30), "the member says it", || async {
+        !(member.log_lines("no [[routes]] are configured: this member consumes no Kafka topic and only works tasks")).is_empty()
+    })
+    .await;
+    member.stop(Duration::from_secs(30)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demos_summary_ends_with_three_commands_that_work_as_printed() {
+    let (_store, settings) = fresh_store().await;
+    let url = settings.database.url.expose_secret().to_owned();
+    let out = redrive()
+        .env("DATABASE_URL", &url)
+        .env("REDRIVE__DATABASE__SCHEMA", &settings.database.schema)
+        .args([
+            "demo",
+            "--messages",
+            "30",
+            "--rate",
+            "500",
+            "--permanent",
+            "0.2",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}\n{}", stderr(&out));
+    let next = stdout
+        .split("\nnext (")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no next commands in {stdout}"));
+    let demo_schema = format!("{}_demo", settings.database.schema);
+    assert!(
+        next.contains(&format!("in schema {demo_schema:?}")),
+        "{next}"
+    );
+    let commands: Vec<&str> = next.lines().skip(1).map(str::trim).collect();
+    assert_eq!(commands.len(), 3, "{next}");
+    for command in commands {
+        assert!(command.contains(&format!("REDRIVE__DATABASE__SCHEMA={demo_schema} ")));
+        let out = Command::new("sh")
+            .args(["-c", command])
+            .env_remove("REDRIVE__DATABASE__URL")
+            .env("DATABASE_URL", &url)
+            .output()
+            .unwrap();
+        let printed = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && !printed.trim().is_empty(),
+            "{command}: {printed}\n{}",
+            stderr(&out)
+        );
+    }
+}
+
+/// The README's text.
+fn readme() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap()
+}
+
+/// The first ````lang` block of the README section `## title`.
+fn block(readme: &str, title: &str, lang: &str) -> String {
+    let section = readme
+        .split(&format!("\n## {title}\n"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("README has a section {title:?}"));
+    let section = section.split("\n## ").next().unwrap();
+    let code = section
+        .split(&format!("```{lang}\n"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("{title} shows {lang}"));
+    code.split("```").next().unwrap().to_owned()
+}
+
+/// GitHub's anchor of a heading: lower case, spaces to `-`, punctuation dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_readmes_contents_list_every_section_in_order() {
+    let readme = readme();
+    let headings: Vec<&str> = (readme.lines())
+        .filter_map(|line| line.strip_prefix("## "))
+        .filter(|heading| *heading != "Contents")
+        .collect();
+    let expected: Vec<String> = (headings.iter())
+        .map(|h| format!("- [{h}](#{})", anchor(h)))
+        .collect();
+    let contents = readme
+        .split("\n## Contents\n\n")
+        .nth(1)
+        .expect("a Contents section");
+    let listed: Vec<&str> = contents
+        .lines()
+        .take_while(|l| l.starts_with("- "))
+        .collect();
+    assert_eq!(
+        listed, expected,
+        "README's Contents, one line per ## section"
+    );
+    assert!(
+        readme.find("\n## Deploy\n") < readme.find("\n## Kafka\n"),
+        "Deploy comes before the Kafka semantics"
+    );
+}
+
+#[test]
+fn the_readmes_deploy_configuration_loads_with_its_secrets_from_the_environment() {
+    let readme = readme();
+    let file = config_file(&block(&readme, "Deploy", "toml"));
+    let mut env = std::collections::HashMap::new();
+    for line in block(&readme, "Deploy", "bash").lines() {
+        let (name, _) = line.split_once('=').expect("NAME=value");
+        let value = match name {
+            "DATABASE_URL" => settings("unused").database.url.expose_secret().to_owned(),
+            "REDRIVE__ADMIN__TOKENS__OPS__ROLE" => "operate".into(),
+            other => format!("secret-of-{other}"),
+        };
+        env.insert(name.to_owned(), value);
+    }
+    let loaded = redrive::Settings::load(Some(file.path()), Some(env)).unwrap();
+    assert_eq!(loaded.routes.len(), 2);
+    assert_eq!(loaded.database.url_origin, "DATABASE_URL");
+    assert!(loaded.kafka.properties.contains_key("sasl.password"));
+    assert!(loaded.webhooks["billing"]
+        .headers
+        .contains_key("authorization"));
+    let fleet = redrive::Fleet::builder(loaded)
+        .with_builtin_handlers()
+        .build()
+        .unwrap();
+    assert_eq!(fleet.handler_names(), ["billing", "log", "republish"]);
+}
