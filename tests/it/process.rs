@@ -132,7 +132,7 @@ async fn two_processes_of_four_workers_handle_each_of_ten_thousand_tasks_once() 
         member.signal(libc::SIGTERM);
     }
     for member in &mut members {
-        member.stop(Duration::from_secs(30)).await;
+        member.stopped(Duration::from_secs(30)).await;
     }
     assert_eq!(scalar(&store, "SELECT count(*) FROM calls").await, 10_000);
     assert_eq!(

@@ -180,6 +180,12 @@ impl MemberProcess {
     /// SIGTERM, then waits; panics unless it stops cleanly within `limit`.
     pub async fn stop(&mut self, limit: Duration) {
         self.signal(libc::SIGTERM);
+        self.stopped(limit).await;
+    }
+
+    /// Waits for a member already sent SIGTERM; panics unless it stops
+    /// cleanly within `limit`. (A second SIGTERM would mean "stop now".)
+    pub async fn stopped(&mut self, limit: Duration) {
         let status = self.wait(limit).await;
         assert!(
             status.success(),
