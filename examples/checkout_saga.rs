@@ -9,15 +9,19 @@
 //! ```
 //!
 //! The side effects are lines appended to a ledger file (`CHECKOUT_LEDGER`, default
-//! `checkout-ledger.txt`): `TASK STEP` per step done. To watch a crash between steps,
-//! set `CHECKOUT_PAUSE_AFTER=take_payment`: a first attempt then stops after that step's
-//! checkpoint (appending the task id to `LEDGER.paused`) until the process is killed;
-//! run it again without the variable and the next attempt publishes the event without
-//! paying twice.
+//! `checkout-ledger.txt`): `KEY STEP` per step done, where `KEY` is
+//! `task.idempotency_key()`, the same on every attempt and every delivery of the order.
+//! To watch a crash between steps, set `CHECKOUT_PAUSE_AFTER=take_payment`: the first
+//! attempt of each order then stops after that step's checkpoint (appending the key to
+//! `LEDGER.paused`) until the process is killed; run it again without the variable and
+//! the next attempt publishes the event without paying twice.
 //!
 //! A crash between a side effect and its checkpoint repeats that one step on the next
-//! attempt: make each step idempotent as well (a payment keyed by the task), the
-//! checkpoint saves redoing the steps before it.
+//! attempt: make each step idempotent as well (a payment keyed by
+//! `task.idempotency_key()`), the checkpoint saves redoing the steps before it. On a
+//! process-mode route, a member that dies mid-call loses the inline attempt's
+//! checkpoint with it, and the message, delivered again, runs from the first step under
+//! a new `task.id`: the key is what keeps the payment single there.
 //!
 //! An order whose value holds `"refuse": true` has its event rejected for good after
 //! the payment: the task ends in PERMANENT_FAILURE and the handler's compensation undoes
@@ -47,9 +51,23 @@ struct Checkout {
 }
 
 impl Checkout {
-    /// One side effect: a durable line in the ledger.
+    /// One side effect: a durable line in the ledger, keyed as a payment API's call would
+    /// be, so that a downstream can tell a repeat from a second payment.
     fn perform(&self, task: &Task, step: &str) -> Result<(), HandlerError> {
-        append(&self.ledger, &format!("{} {step}\n", task.id))
+        append(
+            &self.ledger,
+            &format!("{} {step}\n", task.idempotency_key()),
+        )
+    }
+
+    /// Whether this order's attempt should stop after `step` (once per order).
+    fn pauses_after(&self, task: &Task, step: &str) -> bool {
+        let paused = std::fs::read_to_string(self.ledger.with_extension("paused"));
+        self.pause_after.as_deref() == Some(step)
+            && !paused
+                .unwrap_or_default()
+                .lines()
+                .any(|key| key == task.idempotency_key())
     }
 }
 
@@ -78,10 +96,10 @@ impl Handler for Checkout {
             ctx.save_checkpoint(&json!({ "steps_done": n + 1, "last": step }))
                 .await?;
             tracing::info!(task = %task.id, step, "step done");
-            if ctx.attempt == 1 && self.pause_after.as_deref() == Some(*step) {
+            if self.pauses_after(task, step) {
                 append(
                     &self.ledger.with_extension("paused"),
-                    &format!("{}\n", task.id),
+                    &format!("{}\n", task.idempotency_key()),
                 )?;
                 tokio::time::sleep(Duration::from_secs(3600)).await;
             }

@@ -450,6 +450,19 @@ pub struct Task {
 }
 
 impl Task {
+    /// The handle for a side effect that must happen once: the dedup key, or `task:ID`
+    /// for a task stored without one. It is the same on every attempt of the task and
+    /// on every delivery of its message, process mode's inline attempt included (whose
+    /// `id` is reserved per delivery: a message delivered again after its member died
+    /// mid-call runs under a new id, with the same key). Key a payment, an insert or a
+    /// call on it; the webhook's `Idempotency-Key` is derived from the same dedup key.
+    pub fn idempotency_key(&self) -> String {
+        match &self.dedup_key {
+            Some(key) => key.clone(),
+            None => format!("task:{}", self.id),
+        }
+    }
+
     /// The fencing token of the lease this copy of the task was read under.
     pub fn lease(&self) -> Lease {
         Lease {
@@ -485,6 +498,15 @@ mod tests {
         assert!("running".parse::<Status>().is_err());
         assert!(!Status::Failed.is_final());
         assert!(Status::Discarded.is_final());
+    }
+
+    #[test]
+    fn the_idempotency_key_is_the_dedup_key_else_the_task_id() {
+        let mut task = NewTask::new("h", "v").unsaved();
+        task.id = TaskId(7);
+        assert_eq!(task.idempotency_key(), "task:7");
+        task.dedup_key = Some("kafka:orders:3:42".into());
+        assert_eq!(task.idempotency_key(), "kafka:orders:3:42");
     }
 
     #[test]

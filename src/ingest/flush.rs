@@ -12,7 +12,7 @@ use tracing::Instrument;
 
 use super::brake::Brakes;
 use super::lineage;
-use super::mapping::{append_note, minimal_form, to_task};
+use super::mapping::{append_note, collision, minimal_form, to_task};
 use super::originals::Originals;
 use super::process::{Mapped, ProcessMode};
 use super::routes::RouteTable;
@@ -272,19 +272,6 @@ impl Flusher {
             }
         }
     }
-}
-
-/// `task`, whose coordinates already belong to task `existing` with other content, under
-/// a dedup key that also carries its content digest: its redelivery still finds it.
-fn collision(mut task: NewTask, existing: TaskId) -> NewTask {
-    let key = task.effective_dedup_key().unwrap_or_default();
-    task.dedup_key = Some(format!("{key}#{}", task.failure.content_digest()));
-    let note = format!(
-        "task {existing} already records these coordinates with other content \
-         (topic recreated, or another cluster); stored under the content digest"
-    );
-    task.failure.ingest_note = Some(append_note(task.failure.ingest_note.take(), &note));
-    task
 }
 
 /// A refusal of the data itself (SQLSTATE class 22 or 54), as opposed to an outage.

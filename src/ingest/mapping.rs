@@ -8,7 +8,9 @@ use rdkafka::message::{Message, Timestamp};
 use crate::config::{IngestSettings, Ordering, RouteMode, RouteSettings};
 use crate::kafka::dlt;
 use crate::kafka::message::Consumed;
-use crate::task::{order_key, Failure, NewTask, OriginalCoordinates, SourceCoordinates, Status};
+use crate::task::{
+    order_key, Failure, NewTask, OriginalCoordinates, SourceCoordinates, Status, TaskId,
+};
 
 /// The task recording `message` for `route`, before any inline attempt. A message over
 /// `ingest.max_message_bytes` is kept in minimal form: coordinates, size and the reason,
@@ -251,4 +253,17 @@ pub(crate) fn append_note(note: Option<String>, more: &str) -> String {
         Some(note) => format!("{note}; {more}"),
         None => more.to_owned(),
     }
+}
+
+/// `task`, whose coordinates already belong to task `existing` with other content, under
+/// a dedup key that also carries its content digest: its redelivery still finds it.
+pub(crate) fn collision(mut task: NewTask, existing: TaskId) -> NewTask {
+    let key = task.effective_dedup_key().unwrap_or_default();
+    task.dedup_key = Some(format!("{key}#{}", task.failure.content_digest()));
+    let note = format!(
+        "task {existing} already records these coordinates with other content \
+         (topic recreated, or another cluster); stored under the content digest"
+    );
+    task.failure.ingest_note = Some(append_note(task.failure.ingest_note.take(), &note));
+    task
 }

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::brake::Brakes;
-use super::mapping::{append_note, with_payload};
+use super::mapping::{append_note, collision, with_payload};
 use crate::config::{IngestSettings, RouteMode, RouteSettings};
 use crate::handlers::invoke::invoke;
 use crate::handlers::{HandlerContext, KeptCheckpoint, RecoveryPoints, Registered};
@@ -151,6 +151,8 @@ impl ProcessMode {
     /// Alongside, reserves a task id for each new one, in the order consumed (a key's
     /// tasks queue by id): its inline attempt runs with it (`task.id`, the webhook's
     /// `X-Redrive-Task-Id`) and its failure is stored under it. One statement per batch.
+    /// A message whose coordinates another message's task holds gets its content digest
+    /// in its dedup key now, before its attempt, as the flush would give it.
     async fn mark_recorded(&self, units: &mut [Vec<Pending>]) {
         let mut process: Vec<&mut Pending> = (units.iter_mut().flatten())
             .filter(|p| p.route.mode == RouteMode::Process)
@@ -174,8 +176,14 @@ impl ProcessMode {
         match recorded.and_then(|recorded| Ok((recorded, newest?, ids?))) {
             Ok((recorded, newest, ids)) => {
                 for (i, (pending, id)) in process.iter_mut().zip(ids).enumerate() {
-                    pending.recorded = Some(recorded.contains(&i) || passed(pending, &newest));
+                    let repeat = recorded.repeats.contains(&i) || passed(pending, &newest);
+                    pending.recorded = Some(repeat);
                     pending.task.id = Some(id);
+                    // Its attempt runs under the dedup key its failure will be stored
+                    // under (`task.idempotency_key()`), not under another message's.
+                    if let Some(&existing) = recorded.collisions.get(&i) {
+                        pending.task = collision(std::mem::take(&mut pending.task), existing);
+                    }
                 }
             }
             Err(error) => {

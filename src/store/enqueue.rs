@@ -8,6 +8,16 @@ use super::{Result, Store, StoreError};
 use crate::headers;
 use crate::task::{AttemptOutcome, InlineAttempt, NewTask, Task, TaskId};
 
+/// What the store holds for messages about to be stored ([`Store::recorded`]).
+#[derive(Debug, Default)]
+pub struct Recorded {
+    /// Messages a task records already (redelivered).
+    pub repeats: HashSet<usize>,
+    /// Messages whose coordinates another message's task holds (a topic recreated, or
+    /// another cluster), with that task: they are stored under their content digest.
+    pub collisions: HashMap<usize, TaskId>,
+}
+
 /// What enqueueing one task did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Enqueued {
@@ -168,10 +178,10 @@ impl Store {
             .collect())
     }
 
-    /// Which of `tasks` are recorded already: a task holds the same message under its
-    /// dedup key, or under the key a collision gives it (the key and the content
-    /// digest). Answers the indexes into `tasks`.
-    pub async fn recorded(&self, tasks: &[&NewTask]) -> Result<HashSet<usize>> {
+    /// What the store holds for each of `tasks`' messages, by index into `tasks`: the
+    /// same message under its dedup key or under the key a collision gives it (the key
+    /// and the content digest), or another message under its dedup key.
+    pub async fn recorded(&self, tasks: &[&NewTask]) -> Result<Recorded> {
         let wanted: Vec<(usize, String, String)> = tasks
             .iter()
             .enumerate()
@@ -181,8 +191,9 @@ impl Store {
                 Some((index, key, digested))
             })
             .collect();
+        let mut recorded = Recorded::default();
         if wanted.is_empty() {
-            return Ok(HashSet::new());
+            return Ok(recorded);
         }
         let keys: Vec<&str> = (wanted.iter())
             .flat_map(|(_, key, digested)| [key.as_str(), digested.as_str()])
@@ -198,16 +209,21 @@ impl Store {
                 found.insert(key, task);
             }
         }
-        Ok(wanted
-            .into_iter()
-            .filter(|(index, key, digested)| {
-                found.contains_key(digested)
-                    || found
-                        .get(key)
-                        .is_some_and(|t| tasks[*index].failure.same_message_as(&t.failure))
-            })
-            .map(|(index, _, _)| index)
-            .collect())
+        for (index, key, digested) in wanted {
+            match (found.get(&digested), found.get(&key)) {
+                (Some(_), _) => {
+                    recorded.repeats.insert(index);
+                }
+                (None, Some(held)) if tasks[index].failure.same_message_as(&held.failure) => {
+                    recorded.repeats.insert(index);
+                }
+                (None, Some(held)) => {
+                    recorded.collisions.insert(index, held.id);
+                }
+                (None, None) => {}
+            }
+        }
+        Ok(recorded)
     }
 
     /// Stores many tasks in one statement; the result has one entry per input, in order.

@@ -29,7 +29,7 @@ pub use breakers::BreakerCommand;
 pub use check::{Budgets, CheckReport, Violation};
 pub use compensation::{Compensating, CompensationOutcome, CompensationResult, CompensationView};
 pub use due::Due;
-pub use enqueue::{enqueue_many_in, Enqueued};
+pub use enqueue::{enqueue_many_in, Enqueued, Recorded};
 pub use filter::{Selection, TaskFilter};
 pub use finish::Finish;
 pub use inspect::{

@@ -1,6 +1,8 @@
 //! Process mode's inline attempt has the identity its failure is stored under: a task
 //! id reserved before the call (in `task.id` and the webhook's `X-Redrive-Task-Id`),
-//! and a checkpoint it saves is kept with the stored failure for the retry.
+//! the dedup key it will be stored under (`task.idempotency_key()`, the same on every
+//! delivery of the message), and a checkpoint it saves is kept with the stored failure
+//! for the retry.
 
 use async_trait::async_trait;
 use redrive::config::{RouteMode, WebhookBody, WebhookSettings};
@@ -13,7 +15,7 @@ use std::time::Duration;
 use crate::broker::{cluster, committed, produce, producer, route, use_cluster, Sample};
 use crate::http_server::{Reply, TestServer};
 use crate::ingest::task_at;
-use crate::support::{eventually, fresh_store, Member};
+use crate::support::{eventually, fresh_store, Member, Spawn};
 
 /// Produces `values` to the single partition of `topic`.
 async fn produce_values(bootstrap: &str, topic: &str, values: &[&str]) {
@@ -188,5 +190,149 @@ async fn a_checkpoint_saved_inline_is_stored_with_the_failure_and_seen_by_the_re
             (2, task.id.0, Some(json!({ "steps_done": 1 }))),
         ],
         "the inline attempt ran as the stored task, and the retry started from its checkpoint"
+    );
+}
+
+/// The checkout example on a process-mode route, SIGKILLed in the middle of its inline
+/// attempt (after the payment): the message, delivered again, runs under a new task id
+/// and from the first step (the checkpoint died with the member), under the same
+/// idempotency key, so a downstream keyed on it takes one payment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_delivered_again_after_a_crash_mid_call_keeps_its_idempotency_key() {
+    let broker = cluster(&[("orders", 1)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, settings) = fresh_store().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger.txt");
+    let config = dir.path().join("redrive.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[kafka]
+bootstrap_servers = "{bootstrap}"
+group_id = "checkout"
+[kafka.properties]
+"session.timeout.ms" = "6000"
+"heartbeat.interval.ms" = "500"
+[ingest]
+linger = "10ms"
+process_budget = "60s"
+[[routes]]
+topics = ["orders"]
+mode = "process"
+handler = "checkout"
+"#
+        ),
+    )
+    .unwrap();
+    let member = |pause: bool| {
+        let spawn = Spawn::example("checkout_saga", &settings)
+            .config(&config)
+            .env("CHECKOUT_LEDGER", ledger.display().to_string());
+        match pause {
+            true => spawn.env("CHECKOUT_PAUSE_AFTER", "take_payment"),
+            false => spawn,
+        }
+        .start()
+    };
+    let lines = |path: &std::path::Path| -> Vec<String> {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        text.lines().map(str::to_owned).collect()
+    };
+
+    let mut first = member(true);
+    produce_values(&bootstrap, "orders", &[r#"{"order": 1}"#]).await;
+    let paused = ledger.with_extension("paused");
+    eventually(
+        Duration::from_secs(30),
+        "the inline attempt paid and paused",
+        || async { lines(&paused).len() == 1 },
+    )
+    .await;
+    first.kill();
+
+    let mut second = member(false);
+    eventually(Duration::from_secs(60), "the order published", || async {
+        lines(&ledger).iter().any(|l| l.ends_with(" publish_event"))
+    })
+    .await;
+    second.stop(Duration::from_secs(30)).await;
+
+    let calls = lines(&ledger);
+    assert_eq!(
+        calls.len(),
+        5,
+        "two deliveries: saved and paid, then all three steps: {calls:?}"
+    );
+    let keys: BTreeSet<&str> = calls.iter().filter_map(|l| l.split(' ').next()).collect();
+    assert_eq!(
+        keys.into_iter().collect::<Vec<_>>(),
+        ["kafka:orders:0:0"],
+        "both deliveries of the order call the downstream under one key: {calls:?}"
+    );
+    assert!(
+        stored_ids(&store).await.is_empty(),
+        "it succeeded inline: nothing stored"
+    );
+}
+
+/// Records each attempt's idempotency key and fails it for good.
+#[derive(Clone, Default)]
+struct KeysSeen {
+    keys: Arc<Mutex<Vec<String>>>,
+}
+
+#[async_trait]
+impl Handler for KeysSeen {
+    async fn handle(&self, _ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
+        self.keys.lock().unwrap().push(task.idempotency_key());
+        Err(HandlerError::permanent("refused"))
+    }
+}
+
+/// A topic recreated under the fleet: the new message at offset 0 finds its
+/// coordinates held by the old message's task. Its inline attempt runs under the dedup
+/// key it is stored under (with its content digest), never under the old task's key,
+/// which a downstream would take for a repeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inline_attempt_at_coordinates_another_task_holds_runs_under_its_own_key() {
+    let broker = cluster(&[("orders", 1)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    let old = redrive::NewTask {
+        dedup_key: Some("kafka:orders:0:0".into()),
+        ..redrive::NewTask::new("orders", "the old topic's first message")
+    };
+    store.enqueue(&old).await.unwrap();
+    use_cluster(
+        &mut settings,
+        &bootstrap,
+        vec![route(&["orders"], RouteMode::Process, "orders")],
+    );
+    settings.worker.enabled = false;
+    produce_values(&bootstrap, "orders", &["the new topic's first message"]).await;
+    let handler = KeysSeen::default();
+    let fleet = Fleet::builder(settings.clone())
+        .handler("orders", handler.clone())
+        .build()
+        .unwrap();
+    let member = Member::start(fleet, &store);
+    wait_committed(&bootstrap, &settings.kafka.group_id, "orders", 1).await;
+    member.stop().await;
+
+    let stored: Vec<String> =
+        sqlx::query_scalar("SELECT dedup_key FROM recovery_task WHERE source_topic = 'orders'")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    let seen = handler.keys.lock().unwrap().clone();
+    assert_eq!(
+        seen, stored,
+        "the attempt ran under the key it is stored under"
+    );
+    assert!(
+        stored[0].starts_with("kafka:orders:0:0#"),
+        "stored under its content digest: {stored:?}"
     );
 }

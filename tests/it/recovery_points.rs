@@ -218,7 +218,7 @@ async fn the_checkout_examples_refused_orders_are_compensated_once() {
     let refused = ids[0].0;
     let lines: Vec<String> = ledger_lines(&ledger)
         .into_iter()
-        .filter(|l| l.starts_with(&format!("{refused} ")))
+        .filter(|l| l.starts_with(&format!("task:{refused} ")))
         .collect();
     assert_eq!(
         lines,
@@ -228,7 +228,7 @@ async fn the_checkout_examples_refused_orders_are_compensated_once() {
             "refund_payment",
             "cancel_order"
         ]
-        .map(|step| format!("{refused} {step}")),
+        .map(|step| format!("task:{refused} {step}")),
         "each step once, undone last first"
     );
     assert_eq!(
@@ -283,7 +283,10 @@ async fn the_checkout_examples_compensated_order_is_retried_only_by_force_and_fr
     member.kill().unwrap();
     member.wait().unwrap();
     let steps = |steps: &[&str]| -> Vec<String> {
-        steps.iter().map(|step| format!("{id} {step}")).collect()
+        steps
+            .iter()
+            .map(|step| format!("task:{id} {step}"))
+            .collect()
     };
     let undone = steps(&[
         "save_order",

@@ -15,6 +15,8 @@ enum Program {
     Binary,
     /// This test binary running only the test `name` (a child member's entry point).
     TestChild { name: String },
+    /// `NAME [--config FILE] run` of the example `name` (built by `cargo test`).
+    Example { name: String },
 }
 
 /// How to start a [`MemberProcess`]: the program, its configuration file, environment
@@ -53,7 +55,18 @@ impl Spawn {
         }
     }
 
-    /// Reads the configuration file `path` (`redrive --config`; the binary only).
+    /// `run` of the example `name` (say `checkout_saga`), which `cargo test` builds
+    /// beside redrive's binary, on `settings`' database and schema.
+    pub fn example(name: &str, settings: &Settings) -> Spawn {
+        Spawn {
+            program: Program::Example {
+                name: name.to_owned(),
+            },
+            ..Spawn::binary(settings)
+        }
+    }
+
+    /// Reads the configuration file `path` (`--config`; not for a test child).
     pub fn config(mut self, path: &Path) -> Spawn {
         self.config = Some(path.to_owned());
         self
@@ -89,8 +102,14 @@ impl Spawn {
             }
         };
         let mut command = match &self.program {
-            Program::Binary => {
-                let mut command = Command::new(env!("CARGO_BIN_EXE_redrive"));
+            Program::Binary | Program::Example { .. } => {
+                let binary = Path::new(env!("CARGO_BIN_EXE_redrive"));
+                let mut command = match &self.program {
+                    Program::Example { name } => {
+                        Command::new(binary.parent().unwrap().join("examples").join(name))
+                    }
+                    _ => Command::new(binary),
+                };
                 if let Some(config) = &self.config {
                     command.arg("--config").arg(config);
                 }
