@@ -167,20 +167,17 @@ impl Store {
 
     /// The readable tasks holding `keys` as their dedup key, by key.
     pub(crate) async fn by_dedup_keys(&self, keys: &[String]) -> Result<HashMap<String, Task>> {
-        let rows = sqlx::query("SELECT * FROM recovery_task WHERE dedup_key = ANY($1)")
-            .bind(keys)
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows
-            .iter()
-            .filter_map(|row| task_from_row(row).ok())
-            .filter_map(|task| Some((task.dedup_key.clone()?, task)))
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let held = holders(&mut *self.pool.acquire().await?, &keys).await?;
+        Ok((held.into_iter())
+            .filter_map(|(key, (_, task))| Some((key, task?)))
             .collect())
     }
 
     /// What the store holds for each of `tasks`' messages, by index into `tasks`: the
     /// same message under its dedup key or under the key a collision gives it (the key
-    /// and the content digest), or another message under its dedup key.
+    /// and the content digest), or another message under its dedup key. A task that
+    /// cannot be read holds its key with what was recorded: a repeat.
     pub async fn recorded(&self, tasks: &[&NewTask]) -> Result<Recorded> {
         let wanted: Vec<(usize, String, String)> = tasks
             .iter()
@@ -198,29 +195,22 @@ impl Store {
         let keys: Vec<&str> = (wanted.iter())
             .flat_map(|(_, key, digested)| [key.as_str(), digested.as_str()])
             .collect();
-        let rows = sqlx::query("SELECT * FROM recovery_task WHERE dedup_key = ANY($1)")
-            .bind(&keys)
-            .fetch_all(&self.pool)
-            .await?;
-        let mut found: HashMap<String, Task> = HashMap::new();
-        for row in &rows {
-            let task = task_from_row(row)?;
-            if let Some(key) = task.dedup_key.clone() {
-                found.insert(key, task);
-            }
-        }
+        let held = holders(&mut *self.pool.acquire().await?, &keys).await?;
         for (index, key, digested) in wanted {
-            match (found.get(&digested), found.get(&key)) {
-                (Some(_), _) => {
+            match (held.contains_key(&digested), held.get(&key)) {
+                (true, _) => {
                     recorded.repeats.insert(index);
                 }
-                (None, Some(held)) if tasks[index].failure.same_message_as(&held.failure) => {
+                (false, Some((id, Some(task))))
+                    if !tasks[index].failure.same_message_as(&task.failure) =>
+                {
+                    recorded.collisions.insert(index, *id);
+                }
+                // Unreadable: what is stored cannot be compared, and is what was recorded.
+                (false, Some(_)) => {
                     recorded.repeats.insert(index);
                 }
-                (None, Some(held)) => {
-                    recorded.collisions.insert(index, held.id);
-                }
-                (None, None) => {}
+                (false, None) => {}
             }
         }
         Ok(recorded)
@@ -251,173 +241,52 @@ pub async fn enqueue_many_in(conn: &mut PgConnection, tasks: &[NewTask]) -> Resu
     let keys: Vec<Option<String>> = tasks.iter().map(NewTask::effective_dedup_key).collect();
     let rows = sqlx::query(INSERT)
         .bind(&keys)
-        .bind(tasks.iter().map(|t| t.handler.as_str()).collect::<Vec<_>>())
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.event_type.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.correlation_id.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.source.as_ref().map(|s| s.topic.as_str()))
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.source.as_ref().map(|s| s.partition))
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.source.as_ref().map(|s| s.offset))
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.source_timestamp)
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.source_timestamp_type.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.key.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.value.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| headers::encode(&t.failure.headers))
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.error_class.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.error_message.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(tasks.iter().map(|t| t.attempts).collect::<Vec<_>>())
-        .bind(tasks.iter().map(|t| t.max_attempts).collect::<Vec<_>>())
-        .bind(tasks.iter().map(|t| t.next_attempt_at).collect::<Vec<_>>())
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.original.as_ref().map(|s| s.topic.as_str()))
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.original.as_ref().and_then(|s| s.partition))
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.original.as_ref().and_then(|s| s.offset))
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.error_stacktrace.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.route.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.ingest_note.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.value_size)
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.payload_stored)
-                .collect::<Vec<_>>(),
-        )
-        .bind(tasks.iter().map(|t| t.status.as_str()).collect::<Vec<_>>())
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.order_key.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.generation)
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.previous_task.map(|id| id.0))
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.failure.previous_error.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.final_error.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.id.map(|id| id.0))
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.checkpoint.as_ref())
-                .collect::<Vec<_>>(),
-        )
+        .bind(column(tasks, |t| t.handler.as_str()))
+        .bind(column(tasks, |t| t.failure.event_type.as_deref()))
+        .bind(column(tasks, |t| t.failure.correlation_id.as_deref()))
+        .bind(column(tasks, |t| {
+            t.failure.source.as_ref().map(|s| s.topic.as_str())
+        }))
+        .bind(column(tasks, |t| {
+            t.failure.source.as_ref().map(|s| s.partition)
+        }))
+        .bind(column(tasks, |t| {
+            t.failure.source.as_ref().map(|s| s.offset)
+        }))
+        .bind(column(tasks, |t| t.failure.source_timestamp))
+        .bind(column(tasks, |t| {
+            t.failure.source_timestamp_type.as_deref()
+        }))
+        .bind(column(tasks, |t| t.failure.key.as_deref()))
+        .bind(column(tasks, |t| t.failure.value.as_deref()))
+        .bind(column(tasks, |t| headers::encode(&t.failure.headers)))
+        .bind(column(tasks, |t| t.failure.error_class.as_deref()))
+        .bind(column(tasks, |t| t.failure.error_message.as_deref()))
+        .bind(column(tasks, |t| t.attempts))
+        .bind(column(tasks, |t| t.max_attempts))
+        .bind(column(tasks, |t| t.next_attempt_at))
+        .bind(column(tasks, |t| {
+            t.failure.original.as_ref().map(|s| s.topic.as_str())
+        }))
+        .bind(column(tasks, |t| {
+            t.failure.original.as_ref().and_then(|s| s.partition)
+        }))
+        .bind(column(tasks, |t| {
+            t.failure.original.as_ref().and_then(|s| s.offset)
+        }))
+        .bind(column(tasks, |t| t.failure.error_stacktrace.as_deref()))
+        .bind(column(tasks, |t| t.failure.route.as_deref()))
+        .bind(column(tasks, |t| t.failure.ingest_note.as_deref()))
+        .bind(column(tasks, |t| t.failure.value_size))
+        .bind(column(tasks, |t| t.failure.payload_stored))
+        .bind(column(tasks, |t| t.status.as_str()))
+        .bind(column(tasks, |t| t.order_key.as_deref()))
+        .bind(column(tasks, |t| t.failure.generation))
+        .bind(column(tasks, |t| t.failure.previous_task.map(|id| id.0)))
+        .bind(column(tasks, |t| t.failure.previous_error.as_deref()))
+        .bind(column(tasks, |t| t.final_error.as_deref()))
+        .bind(column(tasks, |t| t.id.map(|id| id.0)))
+        .bind(column(tasks, |t| t.checkpoint.as_ref()))
         .fetch_all(&mut *conn)
         .await?;
 
@@ -477,37 +346,12 @@ async fn record_inline_attempts(
         return Ok(());
     }
     sqlx::query(INLINE_HISTORY)
-        .bind(attempts.iter().map(|(id, _)| id.0).collect::<Vec<_>>())
-        .bind(
-            attempts
-                .iter()
-                .map(|(_, a)| a.worker.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            attempts
-                .iter()
-                .map(|(_, a)| a.started_at)
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            attempts
-                .iter()
-                .map(|(_, a)| a.duration_ms)
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            attempts
-                .iter()
-                .map(|(_, a)| a.outcome.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            attempts
-                .iter()
-                .map(|(_, a)| a.error.as_deref())
-                .collect::<Vec<_>>(),
-        )
+        .bind(column(&attempts, |(id, _)| id.0))
+        .bind(column(&attempts, |(_, a)| a.worker.as_str()))
+        .bind(column(&attempts, |(_, a)| a.started_at))
+        .bind(column(&attempts, |(_, a)| a.duration_ms))
+        .bind(column(&attempts, |(_, a)| a.outcome.as_str()))
+        .bind(column(&attempts, |(_, a)| a.error.as_deref()))
         .execute(&mut *conn)
         .await?;
     let compensated: Vec<i64> = attempts
@@ -542,18 +386,7 @@ async fn resolve_repeats(
         .iter()
         .filter_map(|&i| keys[i].as_deref())
         .collect();
-    let rows = sqlx::query("SELECT * FROM recovery_task WHERE dedup_key = ANY($1)")
-        .bind(&wanted)
-        .fetch_all(&mut *conn)
-        .await?;
-    // Each row on its own: a stored task that cannot be read (its claim ends it) still
-    // holds its key, and must not fail the enqueue of everything beside it.
-    let mut existing = HashMap::new();
-    for row in &rows {
-        let key: String = row.try_get("dedup_key")?;
-        let id = TaskId(row.try_get("id")?);
-        existing.insert(key, (id, task_from_row(row).ok()));
-    }
+    let existing = holders(conn, &wanted).await?;
     for &index in repeated {
         let key = keys[index].as_deref().expect("only keyed inputs repeat");
         let (id, task) = existing.get(key).ok_or_else(|| {
@@ -566,4 +399,29 @@ async fn resolve_repeats(
         });
     }
     Ok(())
+}
+
+/// The tasks holding `keys` as their dedup key, by key: each with its id, and the task
+/// itself unless its row cannot be read (it still holds its key, and must not fail what
+/// is looked up beside it; its claim ends it).
+async fn holders(
+    conn: &mut PgConnection,
+    keys: &[&str],
+) -> Result<HashMap<String, (TaskId, Option<Task>)>> {
+    let rows = sqlx::query("SELECT * FROM recovery_task WHERE dedup_key = ANY($1)")
+        .bind(keys)
+        .fetch_all(&mut *conn)
+        .await?;
+    let mut held = HashMap::new();
+    for row in &rows {
+        let key: String = row.try_get("dedup_key")?;
+        let id = TaskId(row.try_get("id")?);
+        held.insert(key, (id, task_from_row(row).ok()));
+    }
+    Ok(held)
+}
+
+/// One column of a multi-row statement (`unnest($1::text[], ...)`): `value` of each item.
+fn column<'a, T, U>(items: &'a [T], value: impl FnMut(&'a T) -> U) -> Vec<U> {
+    items.iter().map(value).collect()
 }

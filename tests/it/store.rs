@@ -100,6 +100,28 @@ async fn a_repeat_of_an_unreadable_task_is_the_existing_one_and_its_batch_is_sto
     assert!(matches!(results[1], Enqueued::Created(_)), "{results:?}");
 }
 
+/// Process mode asks which consumed messages are recorded before running them inline:
+/// one unreadable task among them is a repeat (what it stores is what was recorded),
+/// and the answer for the others still comes (it failed the whole lookup, and every
+/// message of the batch went unattempted to the pool).
+#[tokio::test]
+async fn an_unreadable_task_is_a_repeat_and_the_messages_beside_it_are_still_told_apart() {
+    let (store, _) = fresh_store().await;
+    let mut task = NewTask::new("h", b"payload".to_vec());
+    task.dedup_key = Some("order-1".into());
+    let stored = store.enqueue(&task).await.unwrap().id();
+    sqlx::query("UPDATE recovery_task SET msg_headers = '\\x0100'::bytea WHERE id = $1")
+        .bind(stored.0)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let mut beside = NewTask::new("h", b"beside".to_vec());
+    beside.dedup_key = Some("order-2".into());
+    let recorded = store.recorded(&[&task, &beside]).await.unwrap();
+    assert_eq!(recorded.repeats, [0].into());
+    assert!(recorded.collisions.is_empty(), "{recorded:?}");
+}
+
 #[tokio::test]
 async fn enqueue_is_idempotent_on_the_dedup_key_and_reports_conflicts() {
     let (store, _) = fresh_store().await;
