@@ -253,7 +253,9 @@ impl Settings {
                     format!("file {} does not exist", path.display()),
                 ));
             }
-            builder = builder.add_source(config::File::from(path));
+            // TOML whatever the file is called (`/etc/redrive/config`, `redrive.conf`).
+            let toml = config::File::from(path).format(config::FileFormat::Toml);
+            builder = builder.add_source(toml);
         }
         let env = env::EnvLayer::read(env)?;
         let database_url_var = env.database_url_var;

@@ -191,6 +191,25 @@ fn missing_config_file_is_refused() {
     assert!(err.to_string().contains("does not exist"), "{err}");
 }
 
+/// A configuration file is TOML whatever its name: one without the `.toml` extension
+/// was refused as "not of a supported file format", naming neither the format nor why.
+#[test]
+fn a_config_file_is_read_as_toml_whatever_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("config");
+    std::fs::write(&plain, "[worker]\nconcurrency = 3\n").unwrap();
+    let settings = Settings::load(Some(&plain), Some(HashMap::new())).unwrap();
+    assert_eq!(settings.worker.concurrency, 3);
+
+    let yaml = dir.path().join("redrive.yaml");
+    std::fs::write(&yaml, "worker:\n  concurrency: 3\n").unwrap();
+    let err = Settings::load(Some(&yaml), Some(HashMap::new())).unwrap_err();
+    assert!(
+        err.to_string().contains("TOML parse error at line 1"),
+        "a file that is not TOML gets TOML's own error: {err}"
+    );
+}
+
 #[test]
 fn the_example_file_is_valid_and_matches_the_defaults() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("redrive.example.toml");
