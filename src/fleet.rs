@@ -1,6 +1,6 @@
 //! Building and running a fleet member: settings plus handlers, in a few lines.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -441,26 +441,27 @@ impl Fleet {
     }
 
     /// The member's one follower of the fleet's breakers: it guards the breakers of the
-    /// handlers its worker pool calls and reads those of the handlers its process-mode
-    /// routes call inline. It is started once, by [`Fleet::run_with_store`].
+    /// handlers its worker pool calls and of those its process-mode routes call inline
+    /// (their failures count as the pool's do). It is started once, by
+    /// [`Fleet::run_with_store`].
     pub(crate) fn breaker_follower(&self, store: Store) -> Arc<BreakerFollower> {
-        let guarded = match self.settings.worker.enabled {
-            true => self.handler_names(),
-            false => Vec::new(),
+        let mut guarded: BTreeSet<String> = match self.settings.worker.enabled {
+            true => self.handler_names().into_iter().collect(),
+            false => BTreeSet::new(),
         };
-        let routes = match self.ingests() {
-            true => self.settings.routes.as_slice(),
-            false => &[],
-        };
-        let process_mode = (routes.iter())
-            .filter(|r| r.mode == RouteMode::Process)
-            .map(|r| r.handler.as_str());
+        if self.ingests() {
+            guarded.extend(
+                (self.settings.routes.iter())
+                    .filter(|r| r.mode == RouteMode::Process)
+                    .map(|r| r.handler.clone()),
+            );
+        }
+        let guarded: Vec<String> = guarded.into_iter().collect();
         Arc::new(BreakerFollower::new(
             store,
             self.metrics.clone(),
             &self.settings.handlers,
             &guarded,
-            process_mode,
         ))
     }
 

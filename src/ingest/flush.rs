@@ -318,7 +318,6 @@ mod tests {
                     Metrics::new(),
                     &BTreeMap::new(),
                     &[],
-                    [],
                 )),
                 handlers: Arc::default(),
                 limits: IngestSettings::default(),

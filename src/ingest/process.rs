@@ -307,6 +307,8 @@ impl ProcessMode {
         });
         task.attempts = 1;
         let resolved = attempted.outcome == FinishOutcome::Resolved;
+        self.breakers
+            .count_answer(&route.handler, attempted.verdict);
         let breaker = self.breakers.configured(&route.handler);
         if let Some(failed) = brake_vote(attempted.verdict, resolved, breaker) {
             self.brakes.record(&route.name, failed).await;

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::breaker::{Breaker, BreakerState, Tally, Transition};
 use crate::config::{BreakerSettings, HandlerSettings};
+use crate::handlers::invoke::Verdict;
 use crate::store::Store;
 use crate::telemetry::Metrics;
 
@@ -45,14 +46,13 @@ struct Guard {
 
 impl BreakerFollower {
     /// A follower guarding the breakers `settings` gives the `guarded` handlers (those
-    /// the worker pool calls) and reading those of the `watched` ones (those process
-    /// mode calls inline).
-    pub(crate) fn new<'a>(
+    /// this member calls: its worker pool's and its process-mode routes'): it counts
+    /// their calls, reports the tallies and reads the breakers back.
+    pub(crate) fn new(
         store: Store,
         metrics: Metrics,
         settings: &BTreeMap<String, HandlerSettings>,
         guarded: &[String],
-        watched: impl IntoIterator<Item = &'a str>,
     ) -> BreakerFollower {
         let mut followed = BTreeMap::new();
         for name in guarded {
@@ -68,11 +68,6 @@ impl BreakerFollower {
                 tally: Mutex::new(Tally::default()),
             };
             followed.insert(name.clone(), Followed::new(Some(guard)));
-        }
-        for name in watched {
-            followed
-                .entry(name.to_owned())
-                .or_insert_with(|| Followed::new(None));
         }
         let configured = (followed.keys())
             .filter(|name| settings.get(*name).is_some_and(|s| s.breaker.is_some()))
@@ -112,6 +107,18 @@ impl BreakerFollower {
     pub(crate) fn guarding(&self, handler: &str) -> Option<&BreakerSettings> {
         let guard = self.followed.get(handler)?.guard.as_ref()?;
         Some(&guard.settings)
+    }
+
+    /// Counts an attempt's answer towards a guarded `handler`'s breaker: a transient
+    /// failure or a panic is a failure, any other answer a success; an attempt that did
+    /// not call the handler does not count. Pool and inline attempts alike.
+    pub(crate) fn count_answer(&self, handler: &str, verdict: Verdict) {
+        let failed = match verdict {
+            Verdict::NotCalled => return,
+            Verdict::Answered => false,
+            Verdict::Transient | Verdict::Panicked => true,
+        };
+        self.count(handler, failed);
     }
 
     /// Counts a call of a guarded `handler` (`failed`: a transient failure). A run of

@@ -190,12 +190,7 @@ impl Admission {
 
     /// Counts a written attempt's answer towards `handler`'s breaker.
     pub(crate) fn count(&self, handler: &str, verdict: Verdict) {
-        let failed = match verdict {
-            Verdict::NotCalled => return,
-            Verdict::Answered => false,
-            Verdict::Transient | Verdict::Panicked => true,
-        };
-        self.breakers.count(handler, failed);
+        self.breakers.count_answer(handler, verdict);
     }
 
     /// Follows the fleet's size for the rate shares until `stop` fires.

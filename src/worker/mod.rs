@@ -169,7 +169,6 @@ impl WorkerPool {
                     self.metrics.clone(),
                     &self.limits,
                     self.served.names(),
-                    [],
                 ));
                 let stop = background_stop.clone();
                 let following = watch.spawn("breaker follower", own.clone().run(stop));

@@ -654,6 +654,88 @@ async fn process_mode_does_not_call_a_handler_inline_while_its_breaker_is_open()
     running.stop().await;
 }
 
+/// Counts its calls and fails each transiently (a downstream that is down).
+struct CountedDown(Arc<AtomicUsize>);
+
+#[async_trait]
+impl Handler for CountedDown {
+    async fn handle(&self, _: &HandlerContext, _: &Task) -> Result<(), HandlerError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Err(HandlerError::transient("503 from the provider"))
+    }
+}
+
+/// Process mode's inline calls count towards the handler's breaker as the pool's do:
+/// with no pool running, a downstream that fails every inline call opens the breaker,
+/// and the messages after it are stored unattempted (the inline calls went on hitting
+/// the downstream at the full rate of the topic, the breaker shut until the pool's own
+/// retries failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_inline_calls_open_the_handlers_breaker() {
+    use crate::broker::{cluster, produce, producer, route, use_cluster, Sample};
+    use redrive::config::RouteMode;
+    let broker = cluster(&[("payments", 1)]);
+    let (store, mut settings) = fresh_store().await;
+    let bootstrap = broker.bootstrap_servers();
+    use_cluster(
+        &mut settings,
+        &bootstrap,
+        vec![route(&["payments"], RouteMode::Process, "pay")],
+    );
+    settings.worker.enabled = false;
+    settings
+        .handlers
+        .insert("pay".into(), breaker(3, Duration::from_secs(3600)));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let fleet = Fleet::builder(settings.clone())
+        .handler("pay", CountedDown(calls.clone()))
+        .build()
+        .unwrap();
+    let running = Member::start(fleet, &store);
+    let producer = producer(&bootstrap);
+    let produce_payments = |range: std::ops::Range<usize>| {
+        let producer = producer.clone();
+        async move {
+            for i in range {
+                let value = Some(format!("payment {i}").into());
+                let sample = Sample {
+                    value,
+                    ..Sample::default()
+                };
+                produce(&producer, "payments", &sample).await;
+            }
+        }
+    };
+    produce_payments(0..5).await;
+    eventually(Duration::from_secs(30), "the breaker opened", || async {
+        breaker_state(&store, "pay").await == Some(BreakerState::Open)
+    })
+    .await;
+    // The member reads the breakers within half a second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = calls.load(Ordering::SeqCst);
+    produce_payments(5..10).await;
+    eventually(Duration::from_secs(30), "10 tasks stored", || async {
+        scalar(&store, "SELECT count(*) FROM recovery_task").await == 10
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        before,
+        "no inline call once the breaker opened"
+    );
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE attempts = 0 \
+             AND ingest_note LIKE '%circuit breaker is open%'"
+        )
+        .await,
+        5
+    );
+}
+
 /// The preloaded library that gives a child process a clock of its own.
 const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
