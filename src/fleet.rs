@@ -255,7 +255,10 @@ impl Fleet {
             }
             .await;
             match opened {
-                Ok(store) => return Ok(Some(store)),
+                Ok(store) => {
+                    warn_if_not_vacuumed(&store).await;
+                    return Ok(Some(store));
+                }
                 Err(error) if error.is_unavailable() => {
                     tracing::warn!(%error, retry_in = ?pause,
                         "database unavailable at start-up; waiting for it");
@@ -565,6 +568,19 @@ async fn next_signal(
     tokio::select! {
         _ = term.recv() => ("SIGTERM", libc::SIGTERM),
         _ = int.recv() => ("SIGINT", libc::SIGINT),
+    }
+}
+
+/// Warns when PostgreSQL would not vacuum redrive's tables (a store that bloats until
+/// its drain stalls). A failed look is only logged: it must not stop start-up.
+async fn warn_if_not_vacuumed(store: &Store) {
+    match store.autovacuum_off().await {
+        Ok(reasons) => {
+            for reason in reasons {
+                tracing::warn!("{reason}");
+            }
+        }
+        Err(error) => tracing::debug!(%error, "could not read the autovacuum settings"),
     }
 }
 

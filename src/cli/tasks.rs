@@ -533,6 +533,9 @@ async fn check(fleet: &Fleet, store: &Store, json: bool) -> anyhow::Result<()> {
         for (kind, count) in &report.counts {
             errln!("{kind}: {count} violation(s)");
         }
+        for warning in &report.warnings {
+            errln!("warning: {warning}");
+        }
         if report.violations.is_empty() {
             outln!("every invariant holds");
         }

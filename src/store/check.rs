@@ -66,6 +66,8 @@ pub struct CheckReport {
     pub violations: Vec<Violation>,
     /// How many violations there are in all, by kind (only kinds with any).
     pub counts: std::collections::BTreeMap<String, i64>,
+    /// What threatens the store without breaking an invariant yet (autovacuum off).
+    pub warnings: Vec<String>,
 }
 
 /// The parameters a check's query takes.
@@ -199,6 +201,7 @@ impl Store {
                 });
             }
         }
+        report.warnings = self.autovacuum_off().await?;
         Ok(report)
     }
 }

@@ -22,6 +22,7 @@ mod replays;
 mod retention;
 mod row;
 mod sample;
+mod vacuum;
 
 pub use audit::{AuditEntry, AuditQuery};
 pub use brakes::Brake;

@@ -317,6 +317,64 @@ async fn check_exits_1_and_names_the_task_when_an_invariant_breaks() {
     );
 }
 
+/// A recovery store without autovacuum bloats until its drain stalls: `tasks check`
+/// warns (without failing: no invariant is broken yet) when a table of redrive's has it
+/// disabled, and when the server has it off; a member says so at start-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_and_start_up_warn_when_autovacuum_is_off() {
+    let (store, settings) = fresh_store().await;
+    let server_off: String = sqlx::query_scalar("SELECT current_setting('autovacuum')")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let server_off = server_off == "off";
+    let warnings = |out: &Output| -> Vec<String> {
+        (text(&out.stderr).lines())
+            .filter(|l| l.starts_with("warning: "))
+            .map(str::to_owned)
+            .collect()
+    };
+    let out = run(&settings, &["tasks", "check"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = warnings(&out);
+    assert_eq!(
+        said.iter()
+            .any(|w| w.contains("autovacuum is off on this PostgreSQL server")),
+        server_off,
+        "the server's own setting, as it is: {said:?}"
+    );
+    assert!(!said.iter().any(|w| w.contains("on table")), "{said:?}");
+
+    sqlx::query("ALTER TABLE recovery_task SET (autovacuum_enabled = 'no')")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let out = run(&settings, &["tasks", "check"]);
+    assert!(out.status.success(), "a warning is no violation");
+    let schema = &settings.database.schema;
+    let expected = format!("warning: autovacuum is disabled on table {schema}.recovery_task: ALTER TABLE {schema}.recovery_task RESET (autovacuum_enabled)");
+    assert!(warnings(&out).contains(&expected), "{:?}", warnings(&out));
+    let json: Value =
+        serde_json::from_slice(&run(&settings, &["tasks", "check", "--json"]).stdout).unwrap();
+    assert!(
+        json["warnings"].to_string().contains("recovery_task"),
+        "{json}"
+    );
+
+    let mut member = crate::support::Spawn::binary(&settings).start();
+    crate::support::eventually(
+        std::time::Duration::from_secs(30),
+        "the member warned at start-up",
+        || async {
+            !member
+                .log_lines("autovacuum is disabled on table")
+                .is_empty()
+        },
+    )
+    .await;
+    member.stop(std::time::Duration::from_secs(30)).await;
+}
+
 /// Runs the binary with `retry.max_attempts` set, and expects success; stdout.
 fn ok_with_budget(settings: &redrive::Settings, budget: &str, args: &[&str]) -> String {
     let out = redrive(settings)
