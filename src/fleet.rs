@@ -473,9 +473,7 @@ impl Fleet {
         Some(
             Ingest::new(
                 store,
-                self.settings.kafka.clone(),
-                self.settings.ingest.clone(),
-                self.settings.routes.clone(),
+                &self.settings,
                 self.ingest_handlers.clone(),
                 self.metrics.clone(),
                 breakers,
