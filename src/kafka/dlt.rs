@@ -238,7 +238,7 @@ pub fn read(headers: &[Header], stacktrace_max_bytes: usize) -> FailureContext {
             .as_deref()?;
         Some(clean_text(value))
     };
-    ctx.error_class = last(format.class);
+    ctx.error_class = last(format.class).map(|s| truncate(s, ERROR_TEXT_MAX_BYTES));
     ctx.error_message = last(format.message);
     ctx.stacktrace = last(format.stacktrace).map(|s| truncate(s, stacktrace_max_bytes));
     if let Some(said) = gave_up(group.as_deref(), delivery_count.value()) {
@@ -247,8 +247,15 @@ pub fn read(headers: &[Header], stacktrace_max_bytes: usize) -> FailureContext {
             None => said,
         });
     }
+    ctx.error_message = (ctx.error_message.take()).map(|s| truncate(s, ERROR_TEXT_MAX_BYTES));
     ctx
 }
+
+/// Longest error class or message kept from a dead letter's headers (the stack trace
+/// has `ingest.stacktrace_max_bytes`). A header may be as large as the message allows,
+/// and these texts are stored even when the message is not (minimal form), printed by
+/// `tasks list` and copied into every parked record's headers.
+const ERROR_TEXT_MAX_BYTES: usize = 8 * 1024;
 
 /// A topic header's value when it is a name Kafka accepts as it came (UTF-8, at most
 /// 249 characters of ASCII letters, digits, `.`, `_`, `-`): nothing else can be fetched

@@ -780,3 +780,59 @@ async fn duplicate_headers_take_the_first_copy_and_the_note_says_they_disagreed(
         "{note}"
     );
 }
+
+/// Regression: the error class and message of a dead letter's headers were stored
+/// whole, however large: even for a message over `ingest.max_message_bytes`, stored in
+/// minimal form "without key, value and headers", a 100 kB exception message came in
+/// as its error (and went out again in every parked record's headers). They are cut
+/// like the stack trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_error_headers_are_cut_even_in_minimal_form() {
+    let broker = cluster(&[("orders.dlt", 1)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(
+        &mut settings,
+        &bootstrap,
+        vec![route(&["orders.dlt"], RouteMode::Capture, "log")],
+    );
+    settings.worker.enabled = false;
+    settings.ingest.max_message_bytes = 50_000;
+    let producer = producer(&bootstrap);
+    let huge = "x".repeat(100_000);
+    let mut headers = spring("orders", 1);
+    headers.push(Header::new(
+        "kafka_dlt-exception-fqcn",
+        huge.clone().into_bytes(),
+    ));
+    headers.push(Header::new(
+        "kafka_dlt-exception-message",
+        huge.into_bytes(),
+    ));
+    let letter = Sample {
+        value: Some(b"v".to_vec()),
+        headers,
+        ..Sample::default()
+    };
+    produce(&producer, "orders.dlt", &letter).await;
+    let running = Member::start(fleet(&settings), &store);
+    eventually(
+        Duration::from_secs(60),
+        "the dead letter stored",
+        || async {
+            crate::support::scalar(&store, "SELECT count(*) FROM recovery_task").await == 1
+        },
+    )
+    .await;
+    running.stop().await;
+    let task = task_at(&store, "orders.dlt", 0, 0).await;
+    assert!(!task.failure.payload_stored, "over the limit: minimal form");
+    for text in [task.failure.error_class, task.failure.error_message] {
+        let text = text.unwrap_or_default();
+        assert!(
+            text.len() <= 8 * 1024 + "\n... (truncated)".len() && text.ends_with("(truncated)"),
+            "{} bytes",
+            text.len()
+        );
+    }
+}
