@@ -477,9 +477,7 @@ impl Fleet {
         Some(
             Ingest::new(
                 store,
-                self.settings.kafka.clone(),
-                self.settings.ingest.clone(),
-                self.settings.routes.clone(),
+                &self.settings,
                 self.ingest_handlers.clone(),
                 self.metrics.clone(),
                 breakers,

@@ -539,9 +539,8 @@ impl Reader {
                 let task = header
                     .value
                     .as_deref()
-                    .and_then(|v| std::str::from_utf8(v).ok())
-                    .and_then(|v| v.strip_prefix(&prefix))
-                    .and_then(|v| v.parse::<i64>().ok());
+                    .and_then(|v| v.strip_prefix(prefix.as_bytes()))
+                    .and_then(|v| crate::kafka::dlt::number(v, false));
                 if let Some(task) = task {
                     found.insert(task);
                 }

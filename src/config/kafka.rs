@@ -349,6 +349,14 @@ const MAX_TOPIC_CHARS: usize = 249;
 /// Refuses what Kafka would refuse as a topic name: empty, longer than 249 characters,
 /// `.` or `..`, or a character other than ASCII letters, digits, `.`, `_` and `-`.
 pub(crate) fn topic_name(key: &str, topic: &str) -> Result<(), ConfigError> {
+    match topic_problem(topic) {
+        Some(reason) => Err(ConfigError::new(key, reason)),
+        None => Ok(()),
+    }
+}
+
+/// Why Kafka would refuse `topic` as a topic name, if it would (see [`topic_name`]).
+pub(crate) fn topic_problem(topic: &str) -> Option<String> {
     let reason = if topic.is_empty() {
         "must not be empty (leave the key out to use the default)".to_owned()
     } else if topic.len() > MAX_TOPIC_CHARS {
@@ -364,9 +372,9 @@ pub(crate) fn topic_name(key: &str, topic: &str) -> Result<(), ConfigError> {
              '.', '_' and '-')"
         )
     } else {
-        return Ok(());
+        return None;
     };
-    Err(ConfigError::new(key, reason))
+    Some(reason)
 }
 
 /// Fills in route names and checks every route; `handlers` are the registered names.

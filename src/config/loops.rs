@@ -8,7 +8,10 @@
 //! - `parking.topic` (or a route's `parking_topic`) consumed by any route (a parked failure is captured, or run again
 //!   and, failing again, parked again);
 //! - a replay's topic consumed by a capture route (each replayed message becomes a new
-//!   task, which the same selection replays again).
+//!   task, which the same selection replays again);
+//! - a task's original topic taken back by a route like a republish target: checked
+//!   when the task is republished, not at start-up ([`republish_loop`], used by
+//!   [`super::Targets::republish_target`]).
 //!
 //! A route consumes a topic it lists or one its pattern matches as a whole name, which
 //! is what librdkafka's anchored subscription delivers (see [`super::pattern`]).
@@ -33,9 +36,7 @@ pub(crate) fn refuse_loops(settings: &Settings) -> Result<(), ConfigError> {
     }
     for (key, topic) in republish {
         let Some(topic) = topic else { continue };
-        let feeds_back =
-            |r: &RouteSettings| r.mode == RouteMode::Capture || r.handler == "republish";
-        if let Some(route) = consumer(routes, topic, feeds_back) {
+        if let Some(route) = consumer(routes, topic, takes_republished_back) {
             return Err(ConfigError::new(
                 key,
                 format!(
@@ -60,6 +61,36 @@ pub(crate) fn refuse_loops(settings: &Settings) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Whether what is republished to a topic `route` consumes comes back to be republished
+/// again: each message becomes a new task (capture), or is produced again (a process
+/// route whose handler is `republish`).
+fn takes_republished_back(route: &RouteSettings) -> bool {
+    route.mode == RouteMode::Capture || route.handler == "republish"
+}
+
+/// The route of `routes` that would take a message republished to `topic` back as new
+/// work ([`takes_republished_back`]), named with its key: `capture route "orders"
+/// (routes[0].topics)`, or `(routes[0].pattern ("orders.*"))`.
+pub(crate) fn republish_loop(routes: &[RouteSettings], topic: &str) -> Option<String> {
+    routes.iter().enumerate().find_map(|(i, route)| {
+        if !takes_republished_back(route) {
+            return None;
+        }
+        let key = if route.topics.iter().any(|t| t == topic) {
+            format!("routes[{i}].topics")
+        } else {
+            let pattern = route.pattern.as_deref()?;
+            pattern::matches(pattern, topic)
+                .then(|| format!("routes[{i}].pattern ({pattern:?})"))?
+        };
+        Some(format!(
+            "{} route {:?} ({key})",
+            mode_name(route.mode),
+            route.effective_name()
+        ))
+    })
+}
+
 /// Why replaying to `topic` would loop, if a capture route of `routes` consumes it.
 pub fn replay_loop(routes: &[RouteSettings], topic: &str) -> Option<String> {
     let route = consumer(routes, topic, |r| r.mode == RouteMode::Capture)?;
@@ -80,10 +111,7 @@ fn consumer(
         if !feeds_back(route) {
             return None;
         }
-        let mode = match route.mode {
-            RouteMode::Capture => "capture",
-            RouteMode::Process => "process",
-        };
+        let mode = mode_name(route.mode);
         if route.topics.iter().any(|t| t == topic) {
             return Some(format!("{mode} route routes[{i}].topics ({topic:?})"));
         }
@@ -91,4 +119,11 @@ fn consumer(
         pattern::matches(pattern, topic)
             .then(|| format!("{mode} route routes[{i}].pattern ({pattern:?})"))
     })
+}
+
+fn mode_name(mode: RouteMode) -> &'static str {
+    match mode {
+        RouteMode::Capture => "capture",
+        RouteMode::Process => "process",
+    }
 }

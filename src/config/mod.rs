@@ -32,7 +32,7 @@ mod webhook;
 pub use crate::{ingest::FLUSHES_IN_FLIGHT, worker::CLAIM_LOOPS};
 pub use admin::{AdminSettings, AdminToken, RetentionSettings, Role, MIN_TOKEN_CHARS};
 pub use brake::BrakeSettings;
-pub(crate) use kafka::validate_routes;
+pub(crate) use kafka::{topic_problem, validate_routes};
 pub use kafka::{
     IngestSettings, KafkaSettings, Ordering, ParkingSettings, RepublishSettings, RouteMode,
     RouteSettings, DEFAULT_MAX_GENERATIONS, MAX_GENERATIONS,
@@ -40,10 +40,10 @@ pub use kafka::{
 /// Consumer group defaults used unless `kafka.properties` sets them.
 pub use librdkafka::{ASSIGNMENT_STRATEGY, HEARTBEAT_INTERVAL, SESSION_TIMEOUT};
 pub use log::{LogFormat, LogSettings};
-pub(crate) use loops::refuse_loops;
 pub use loops::replay_loop;
+pub(crate) use loops::{refuse_loops, republish_loop};
 pub use resilience::{BreakerSettings, HandlerSettings};
-pub use targets::{AppliedTargets, Target, Targets};
+pub use targets::{AppliedTargets, RepublishRefused, Target, Targets};
 pub use webhook::{ResolvedTarget, WebhookBody, WebhookSettings, WebhookTarget};
 
 /// A configuration problem, naming the key and the reason.

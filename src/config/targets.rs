@@ -2,11 +2,14 @@
 //! `republish.target_topic` and `parking.topic` as defaults. A task whose route is no
 //! longer configured (or that came from no route, e.g. `redrive enqueue`) gets the
 //! global keys.
+//!
+//! A republish target that a route of this fleet takes back as new work is refused
+//! where the `republish` handler asks for its topic ([`Targets::republish_target`]).
 
 use serde::Serialize;
 use std::collections::BTreeMap;
 
-use super::Settings;
+use super::{republish_loop, RouteSettings, Settings};
 use crate::task::Task;
 
 /// The name the built-in republish handler is registered under.
@@ -18,6 +21,8 @@ pub struct Targets {
     republish: Option<String>,
     parking: Option<String>,
     routes: BTreeMap<String, RouteTargets>,
+    /// Every route, for what each consumes.
+    consumers: Vec<RouteSettings>,
 }
 
 /// One route's own topics.
@@ -35,6 +40,29 @@ pub struct Target {
     /// Where it comes from: `routes.NAME.republish_topic`, `republish.target_topic`,
     /// `the task's original topic`, ...
     pub from: String,
+}
+
+/// Why the `republish` handler produces nothing for a task: a permanent failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RepublishRefused {
+    /// No target is configured and the task has no readable original topic.
+    #[error(
+        "no topic to republish to: the message carried no readable original topic header \
+         (see ingest_note) and neither its route's republish_topic nor republish.target_topic \
+         is set"
+    )]
+    NoTopic,
+    /// A route of this fleet takes what is produced there back as new work.
+    #[error(
+        "republish to {topic:?} refused: it is consumed by {consumer}, so the message would \
+         come back as a new task and be republished again, an endless loop"
+    )]
+    Loop {
+        /// The topic.
+        topic: String,
+        /// The route, named with its key.
+        consumer: String,
+    },
 }
 
 /// The targets that apply to one task, as `tasks show` and the API's detail tell them.
@@ -64,15 +92,70 @@ impl Targets {
                     (route.effective_name(), own)
                 })
                 .collect(),
+            consumers: settings.routes.clone(),
         }
     }
 
-    /// The configured republish target of a task of `route` (the route's own, else the
-    /// global one); none means the task's original topic.
-    pub fn republish_topic(&self, route: Option<&str>) -> Option<&str> {
-        self.own(route)
-            .and_then(|own| own.republish.as_deref())
-            .or(self.republish.as_deref())
+    /// Where the `republish` handler produces a task of `route` whose original topic is
+    /// `original`: the route's `republish_topic`, else `republish.target_topic`, else
+    /// the original topic.
+    ///
+    /// A topic that a route of this fleet takes back as new work (a capture route, or a
+    /// process route whose handler is `republish`) is refused: the message would come
+    /// back as a new task and be republished again, forever. Start-up already refuses
+    /// configured targets like that; a task's original topic comes from a dead letter's
+    /// header, so only here can it be checked. The check is made here, where the handler
+    /// asks at every attempt, and not once at ingest, because the handler also serves
+    /// process-mode inline attempts, pool attempts of tasks stored before a route was
+    /// added, and operators' retries after a configuration change; ingest asks the same
+    /// question only to say in its note what will happen.
+    pub fn republish_target(
+        &self,
+        route: Option<&str>,
+        original: Option<&str>,
+    ) -> Result<Target, RepublishRefused> {
+        let target = self
+            .republish_candidate(route, original)
+            .ok_or(RepublishRefused::NoTopic)?;
+        match republish_loop(&self.consumers, &target.topic) {
+            Some(consumer) => Err(RepublishRefused::Loop {
+                topic: target.topic,
+                consumer,
+            }),
+            None => Ok(target),
+        }
+    }
+
+    /// The republish topic of a task of `route` from `original`, and where it comes from,
+    /// loop or not.
+    fn republish_candidate(&self, route: Option<&str>, original: Option<&str>) -> Option<Target> {
+        let own = self.own(route);
+        if let Some(topic) = own.and_then(|own| own.republish.clone()) {
+            return Some(Target {
+                topic,
+                from: format!("routes.{}.republish_topic", route.unwrap_or_default()),
+            });
+        }
+        if let Some(topic) = self.republish.clone() {
+            return Some(Target {
+                topic,
+                from: self.fallback(route, "republish.target_topic"),
+            });
+        }
+        original.map(|topic| Target {
+            topic: topic.to_owned(),
+            from: "the task's original topic".into(),
+        })
+    }
+
+    /// `key`, said of a task of `route`, a route no longer configured when it has one.
+    fn fallback(&self, route: Option<&str>, key: &str) -> String {
+        match route {
+            Some(route) if self.own(Some(route)).is_none() => {
+                format!("{key} (route {route:?} is no longer configured)")
+            }
+            _ => key.to_owned(),
+        }
     }
 
     /// The parking topic of a task of `route` (the route's own, else the global one);
@@ -91,46 +174,21 @@ impl Targets {
     /// The targets of `task`, each with the setting it comes from.
     pub fn applied(&self, task: &Task) -> AppliedTargets {
         let route = task.failure.route.as_deref();
-        let own = self.own(route);
-        let fallback = |key: &str| match route {
-            Some(route) if own.is_none() => {
-                format!("{key} (route {route:?} is no longer configured)")
-            }
-            _ => key.to_owned(),
-        };
-        let from_route = |field: &str| format!("routes.{}.{field}", route.unwrap_or_default());
-        let republish = (task.handler == REPUBLISH_HANDLER).then(|| {
-            if let Some(topic) = own.and_then(|own| own.republish.clone()) {
-                return Some(Target {
-                    topic,
-                    from: from_route("republish_topic"),
-                });
-            }
-            if let Some(topic) = self.republish.clone() {
-                return Some(Target {
-                    topic,
-                    from: fallback("republish.target_topic"),
-                });
-            }
-            task.failure.original.as_ref().map(|original| Target {
-                topic: original.topic.clone(),
-                from: "the task's original topic".into(),
-            })
-        });
-        let parking = match own.and_then(|own| own.parking.clone()) {
+        let original = task.failure.original.as_ref().map(|o| o.topic.as_str());
+        let republish = (task.handler == REPUBLISH_HANDLER)
+            .then(|| self.republish_candidate(route, original))
+            .flatten();
+        let parking = match self.own(route).and_then(|own| own.parking.clone()) {
             Some(topic) => Some(Target {
                 topic,
-                from: from_route("parking_topic"),
+                from: format!("routes.{}.parking_topic", route.unwrap_or_default()),
             }),
             None => self.parking.clone().map(|topic| Target {
                 topic,
-                from: fallback("parking.topic"),
+                from: self.fallback(route, "parking.topic"),
             }),
         };
-        AppliedTargets {
-            republish: republish.flatten(),
-            parking,
-        }
+        AppliedTargets { republish, parking }
     }
 
     fn own(&self, route: Option<&str>) -> Option<&RouteTargets> {
@@ -175,15 +233,13 @@ mod tests {
     #[test]
     fn a_routes_own_topics_win_and_the_global_keys_are_defaults() {
         let targets = Targets::new(&settings());
-        assert_eq!(
-            targets.republish_topic(Some("payments")),
-            Some("payments.retry")
-        );
+        let republish = |route| targets.republish_target(route, None).map(|t| t.topic);
+        assert_eq!(republish(Some("payments")), Ok("payments.retry".into()));
         assert_eq!(
             targets.parking_topic(Some("payments")),
             Some("payments.parking")
         );
-        assert_eq!(targets.republish_topic(Some("orders")), Some("all.retry"));
+        assert_eq!(republish(Some("orders")), Ok("all.retry".into()));
         assert_eq!(targets.parking_topic(Some("orders")), Some("all.parking"));
         assert_eq!(targets.parking_topic(Some("gone")), Some("all.parking"));
         assert_eq!(targets.parking_topic(None), Some("all.parking"));
@@ -224,5 +280,52 @@ mod tests {
             })
         );
         assert_eq!(original.parking, None);
+    }
+
+    /// Regression: a task whose original topic a capture route consumes (its own
+    /// dead-letter topic, say) was republished there and came back, forever.
+    #[test]
+    fn an_original_topic_a_route_takes_back_is_refused_as_a_republish_target() {
+        let mut orders = RouteSettings::new(&["orders.dlt"], RouteMode::Capture, "republish");
+        orders.name = "orders".into();
+        let mut audit = RouteSettings::new(&[], RouteMode::Capture, "log");
+        audit.name = "audit".into();
+        audit.pattern = Some("audit\\..*".into());
+        let mut billing = RouteSettings::new(&["billing"], RouteMode::Process, "billing");
+        billing.name = "billing".into();
+        let mut again = RouteSettings::new(&["again"], RouteMode::Process, "republish");
+        again.name = "again".into();
+        let settings = Settings {
+            routes: vec![orders, audit, billing, again],
+            ..Settings::default()
+        };
+        let targets = Targets::new(&settings);
+        let target = |original| targets.republish_target(Some("orders"), Some(original));
+        assert_eq!(
+            target("orders.dlt"),
+            Err(RepublishRefused::Loop {
+                topic: "orders.dlt".into(),
+                consumer: "capture route \"orders\" (routes[0].topics)".into()
+            })
+        );
+        assert_eq!(
+            target("audit.dlt").unwrap_err().to_string(),
+            "republish to \"audit.dlt\" refused: it is consumed by capture route \"audit\" \
+             (routes[1].pattern (\"audit\\\\..*\")), so the message would come back as a new \
+             task and be republished again, an endless loop"
+        );
+        assert!(matches!(
+            target("again"),
+            Err(RepublishRefused::Loop { consumer, .. }) if consumer.starts_with("process route \"again\"")
+        ));
+        assert_eq!(
+            target("billing").map(|t| t.topic),
+            Ok("billing".into()),
+            "a process route of another handler is the usual way back"
+        );
+        assert_eq!(
+            targets.republish_target(Some("orders"), None),
+            Err(RepublishRefused::NoTopic)
+        );
     }
 }

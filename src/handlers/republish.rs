@@ -11,9 +11,16 @@ use crate::task::Task;
 use crate::telemetry::Metrics;
 
 /// Produces the task's key, value and headers to its original topic (or the target its
-/// route or `republish.target_topic` configures) with an idempotent producer, created on first use. The attempt succeeds when
-/// the broker acknowledged the write. Context headers of earlier hops are replaced by
-/// `redrive-task-id` and `redrive-attempt`.
+/// route or `republish.target_topic` configures) with an idempotent producer, created on
+/// first use. The attempt succeeds when the broker acknowledged the write. Context
+/// headers of earlier hops are replaced by `redrive-task-id` and `redrive-attempt`.
+///
+/// A target that a route of this fleet takes back as new work (a dead letter whose
+/// original topic is its own dead-letter topic, or another capture route's) is refused
+/// here, at every attempt, as a permanent failure naming the topic and the route
+/// ([`Targets::republish_target`]): this is the one place every republish passes
+/// through, pool attempts, process-mode inline attempts and operators' retries alike,
+/// and it judges by the configuration of the member that would produce.
 #[derive(Clone)]
 pub struct RepublishHandler {
     producer: Arc<LazyProducer>,
@@ -53,17 +60,12 @@ impl Handler for RepublishHandler {
                  republishing it would produce an empty record",
             ));
         }
-        let topic = self
+        let original = task.failure.original.as_ref().map(|o| o.topic.as_str());
+        let target = self
             .targets
-            .republish_topic(task.failure.route.as_deref())
-            .or(task.failure.original.as_ref().map(|o| o.topic.as_str()))
-            .ok_or_else(|| {
-                HandlerError::permanent(
-                    "no topic to republish to: the message carried no readable original \
-                     topic header (see ingest_note) and neither its route's republish_topic \
-                     nor republish.target_topic is set",
-                )
-            })?;
+            .republish_target(task.failure.route.as_deref(), original)
+            .map_err(HandlerError::permanent)?;
+        let topic = target.topic.as_str();
         let extra = [
             (own::TASK_ID, task.id.to_string()),
             (own::ATTEMPT, ctx.attempt.to_string()),
@@ -109,5 +111,36 @@ mod tests {
             !handler.producer.is_created(),
             "nothing to produce, no producer"
         );
+    }
+
+    /// An operator's retry after a capture route of the task's original topic was
+    /// added: refused, not produced, with the topic and the route in the error.
+    #[tokio::test]
+    async fn a_task_whose_original_topic_a_capture_route_consumes_is_refused() {
+        let mut settings = Settings::default();
+        settings.kafka.bootstrap_servers = "127.0.0.1:1".into();
+        let mut orders = crate::config::RouteSettings::new(
+            &["orders"],
+            crate::config::RouteMode::Capture,
+            "log",
+        );
+        orders.name = "orders-capture".into();
+        settings.routes = vec![orders];
+        let handler = RepublishHandler::new(&settings);
+        let mut task = crate::task::NewTask::new("republish", b"v".to_vec()).unsaved();
+        task.failure.original = Some(crate::task::OriginalCoordinates {
+            topic: "orders".into(),
+            partition: None,
+            offset: None,
+        });
+        let ctx = HandlerContext::new("w", 1, Default::default());
+        let refused = handler.handle(&ctx, &task).await;
+        assert!(
+            matches!(&refused, Err(HandlerError::Permanent(error))
+                if error.starts_with("republish to \"orders\" refused: it is consumed by \
+                    capture route \"orders-capture\" (routes[0].topics)")),
+            "{refused:?}"
+        );
+        assert!(!handler.producer.is_created(), "nothing produced");
     }
 }

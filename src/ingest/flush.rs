@@ -1,7 +1,8 @@
 //! Persisting one batch of consumed messages: map each to its route's task, fetch the
-//! originals that dead letters left out ([`Originals`]), let process mode run its
-//! handlers inline ([`ProcessMode`]), insert the tasks, and only then report the offsets
-//! that may be committed.
+//! originals that dead letters left out ([`Originals`]), link re-failures
+//! ([`lineage`]), end each captured task's note with what happens to it
+//! ([`outcome`]), let process mode run its handlers inline ([`ProcessMode`]), insert the
+//! tasks, and only then report the offsets that may be committed.
 
 use rdkafka::message::Message;
 use std::collections::BTreeMap;
@@ -14,9 +15,10 @@ use super::brake::Brakes;
 use super::lineage;
 use super::mapping::{append_note, collision, minimal_form, to_task};
 use super::originals::Originals;
+use super::outcome;
 use super::process::{Mapped, ProcessMode};
 use super::routes::RouteTable;
-use crate::config::{IngestSettings, RouteMode};
+use crate::config::{IngestSettings, RouteMode, Targets};
 use crate::finals::Finals;
 use crate::kafka::message::Consumed;
 use crate::store::{Enqueued, Store, StoreError};
@@ -55,6 +57,8 @@ pub(crate) struct Flusher {
     pub(crate) finals: Finals,
     pub(crate) process: Arc<ProcessMode>,
     pub(crate) originals: Originals,
+    /// Where tasks go next, for the ingest note.
+    pub(crate) targets: Targets,
 }
 
 impl Flusher {
@@ -76,6 +80,9 @@ impl Flusher {
         let mut mapped = self.map(messages)?;
         self.originals.fill(&self.store, &mut mapped).await;
         self.link_refailures(&mut mapped).await;
+        for m in (mapped.iter_mut()).filter(|m| m.route.mode == RouteMode::Capture) {
+            outcome::settle_note(&mut m.task, &m.route, &self.targets);
+        }
         let tasks = self.process.tasks(mapped).await;
         if !tasks.is_empty() {
             self.insert(tasks).await?;
@@ -114,7 +121,7 @@ impl Flusher {
     /// which come with the original record fetched before this; then from the message's
     /// (a message too large to store keeps no headers).
     async fn link_refailures(&self, mapped: &mut [Mapped]) {
-        let named: Vec<(usize, Result<TaskId, String>)> = mapped
+        let named: Vec<(usize, lineage::Named)> = mapped
             .iter()
             .enumerate()
             .filter(|(_, m)| m.route.mode == RouteMode::Capture)
@@ -127,12 +134,23 @@ impl Flusher {
         if named.is_empty() {
             return;
         }
-        let ids: Vec<TaskId> = named.iter().filter_map(|(_, n)| n.clone().ok()).collect();
+        let ids: Vec<TaskId> = named
+            .iter()
+            .filter_map(|(_, n)| n.task.clone().ok())
+            .collect();
         let ancestors = self.until_answered(|| self.store.ancestors(&ids)).await;
+        let newest = match ids.iter().all(|id| ancestors.contains_key(id)) {
+            true => None,
+            false => self.until_answered(|| self.store.newest_task_id()).await,
+        };
         for (index, named) in named {
             let Mapped { route, task, .. } = &mut mapped[index];
-            match named {
-                Ok(id) => lineage::link(task, route, id, ancestors.get(&id)),
+            if let Some(disagreement) = named.disagreement {
+                let note = append_note(task.failure.ingest_note.take(), &disagreement);
+                task.failure.ingest_note = Some(note);
+            }
+            match named.task {
+                Ok(id) => lineage::link(task, route, id, ancestors.get(&id), newest),
                 Err(reason) => {
                     let note = append_note(task.failure.ingest_note.take(), &reason);
                     task.failure.ingest_note = Some(note);
@@ -328,6 +346,7 @@ mod tests {
                 kafka: Default::default(),
                 limits: IngestSettings::default(),
             },
+            targets: Targets::default(),
         };
         let stray = Consumed::for_test(10); // on topic "test"
         let outcome = flusher.flush(vec![stray]).await;

@@ -8,54 +8,58 @@
 //! and parked, instead of being redriven once more.
 //!
 //! Anything else in the header (not a number, out of range, a task that does not exist
-//! or that does not match) makes a first failure, with an ingest note saying why.
+//! or that does not match) makes a first failure, with an ingest note saying why. Of
+//! two copies of the header the first counts, as for every dead-letter header, and the
+//! note says when they disagree.
 
 use crate::config::RouteSettings;
 use crate::headers::Header;
-use crate::kafka::dlt::{clean_text, own};
+use crate::kafka::dlt::{self, own};
 use crate::store::Ancestor;
 use crate::task::{NewTask, Status, TaskId};
 
 use super::mapping::append_note;
 
-/// Longest part of a header value quoted in a note.
-const QUOTED_BYTES: usize = 64;
+/// What a captured message's `redrive-task-id` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Named {
+    /// The task id of its first copy ([`dlt::first_copy`]), or why that is not one.
+    pub(crate) task: Result<TaskId, String>,
+    /// A later copy that disagrees, quoted.
+    pub(crate) disagreement: Option<String>,
+}
 
-/// The task a captured message names in its (last) `redrive-task-id` header: none
-/// without the header, else the id or why the value is not one.
-pub(crate) fn named_task(headers: &[Header]) -> Option<Result<TaskId, String>> {
-    let header = headers.iter().rev().find(|h| h.name_is(own::TASK_ID))?;
-    let value = header.value.as_deref().unwrap_or_default();
-    let id = std::str::from_utf8(value)
-        .ok()
-        .filter(|text| !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|text| text.parse::<i64>().ok())
+/// The task a captured message names in its `redrive-task-id` header: none without the
+/// header, else the id of the first copy (read by [`dlt::number`], and positive) or why
+/// it is not one.
+pub(crate) fn named_task(headers: &[Header]) -> Option<Named> {
+    let (header, disagreement) = dlt::first_copy(headers, own::TASK_ID)?;
+    let value = header.value.as_deref();
+    let id = value
+        .and_then(|v| dlt::number(v, false))
         .filter(|&id| id > 0);
-    Some(id.map(TaskId).ok_or_else(|| {
-        let quoted = clean_text(&value[..value.len().min(QUOTED_BYTES)]);
+    let task = id.map(TaskId).ok_or_else(|| {
         format!(
-            "{} {quoted:?} is not a task id; stored as a first failure",
-            own::TASK_ID
+            "{} {} is not a task id; stored as a first failure",
+            own::TASK_ID,
+            dlt::quoted(value)
         )
-    }))
+    });
+    Some(Named { task, disagreement })
 }
 
 /// Links `task`, captured by `route`, to `ancestor` (the stored task `named`, if it
-/// exists), or notes why it stays a first failure.
+/// exists), or notes why it stays a first failure; `newest` is the newest id the store
+/// had drawn when it was looked for.
 pub(crate) fn link(
     task: &mut NewTask,
     route: &RouteSettings,
     named: TaskId,
     ancestor: Option<&Ancestor>,
+    newest: Option<TaskId>,
 ) {
     let Some(ancestor) = ancestor else {
-        note(
-            task,
-            &format!(
-                "{} {named}: no such task in this store; stored as a first failure",
-                own::TASK_ID
-            ),
-        );
+        note(task, &missing(named, newest));
         return;
     };
     let failure = &task.failure;
@@ -86,6 +90,30 @@ pub(crate) fn link(
     }
 }
 
+/// Why no stored task has the id `named`. A task's id is drawn from the id sequence as
+/// its batch is stored (or reserved for a process-mode inline attempt, before its
+/// handler runs), so no record can carry the id of a task of its own ingest batch: the
+/// lookup before the batch is stored misses nothing that could be linked. What a miss
+/// can be is told from the newest id drawn.
+fn missing(named: TaskId, newest: Option<TaskId>) -> String {
+    match newest {
+        Some(newest) if named.0 <= newest.0 => format!(
+            "{} {named} names no stored task: it was deleted (retention), or the id was \
+             reserved for a process-mode inline attempt that succeeded (nothing was stored) \
+             or whose batch is still being stored; stored as a first failure",
+            own::TASK_ID
+        ),
+        _ => format!(
+            "{} {named} names no task: this store has drawn no id that high yet (newest: \
+             {}); an id is drawn as its task is stored, so no message can name a task of \
+             its own batch: this one comes from another store, or was made up; stored as a \
+             first failure",
+            own::TASK_ID,
+            newest.map_or_else(|| "none".to_owned(), |id| id.to_string())
+        ),
+    }
+}
+
 /// Whether `task` was stopped by its route's `max_generations`.
 pub(crate) fn loop_stopped(task: &NewTask) -> bool {
     task.failure.previous_task.is_some() && task.status == Status::PermanentFailure
@@ -105,12 +133,28 @@ mod tests {
         vec![Header::new(own::TASK_ID, value.to_vec())]
     }
 
+    fn task_of(headers: &[Header]) -> Option<Result<TaskId, String>> {
+        named_task(headers).map(|named| named.task)
+    }
+
     #[test]
     fn only_a_positive_decimal_that_fits_names_a_task() {
         assert_eq!(named_task(&[]), None);
-        assert_eq!(named_task(&header(b"42")), Some(Ok(TaskId(42))));
+        assert_eq!(task_of(&header(b"42")), Some(Ok(TaskId(42))));
         let two = [header(b"1"), header(b"7")].concat();
-        assert_eq!(named_task(&two), Some(Ok(TaskId(7))), "the last one counts");
+        assert_eq!(
+            named_task(&two),
+            Some(Named {
+                task: Ok(TaskId(1)),
+                disagreement: Some(
+                    "two redrive-task-id headers disagree (\"1\", then \"7\"): the first is taken"
+                        .into()
+                ),
+            }),
+            "the first one counts"
+        );
+        let same = [header(b"7"), header(b"7")].concat();
+        assert_eq!(named_task(&same).unwrap().disagreement, None);
         for forged in [
             &b"abc"[..],
             b"",
@@ -121,7 +165,7 @@ mod tests {
             b"99999999999999999999999",
             b"\xff\xfe",
         ] {
-            let named = named_task(&header(forged));
+            let named = task_of(&header(forged));
             assert!(
                 matches!(&named, Some(Err(reason)) if reason.contains("not a task id")),
                 "{forged:?}: {named:?}"
@@ -131,7 +175,7 @@ mod tests {
             name: own::TASK_ID.into(),
             value: None,
         }];
-        assert!(matches!(named_task(&none), Some(Err(_))));
+        assert!(matches!(task_of(&none), Some(Err(_))));
     }
 
     fn captured(route: &RouteSettings, original: &str) -> NewTask {
@@ -169,6 +213,7 @@ mod tests {
             &route,
             TaskId(5),
             Some(&ancestor(1, "orders", "x")),
+            None,
         );
         assert_eq!(task.failure.generation, 2);
         assert_eq!(task.failure.previous_task, Some(TaskId(5)));
@@ -181,6 +226,7 @@ mod tests {
             &route,
             TaskId(5),
             Some(&ancestor(3, "other", "orders")),
+            None,
         );
         assert_eq!(task.failure.generation, 4, "the original topic matches");
         assert_eq!(task.status, Status::PermanentFailure);
@@ -196,6 +242,7 @@ mod tests {
             &route,
             TaskId(5),
             Some(&ancestor(i32::MAX, "orders", "orders")),
+            None,
         );
         assert_eq!(
             task.failure.generation,
@@ -209,10 +256,24 @@ mod tests {
         let mut route = RouteSettings::new(&["orders.dlt"], RouteMode::Capture, "republish");
         route.name = "orders".into();
         let mut task = captured(&route, "orders");
-        link(&mut task, &route, TaskId(77), None);
+        link(&mut task, &route, TaskId(77), None, Some(TaskId(76)));
         assert_eq!(task.failure.generation, 1);
         assert_eq!(task.failure.previous_task, None);
-        assert!(task.failure.ingest_note.unwrap().contains("no such task"));
+        let note = task.failure.ingest_note.unwrap();
+        assert!(
+            note.contains("names no task: this store has drawn no id that high yet (newest: 76)"),
+            "{note}"
+        );
+        let mut task = captured(&route, "orders");
+        link(&mut task, &route, TaskId(77), None, None);
+        assert!(task.failure.ingest_note.unwrap().contains("(newest: none)"));
+        let mut task = captured(&route, "orders");
+        link(&mut task, &route, TaskId(77), None, Some(TaskId(77)));
+        let note = task.failure.ingest_note.unwrap();
+        assert!(
+            note.contains("77 names no stored task: it was deleted (retention)"),
+            "{note}"
+        );
 
         let mut task = captured(&route, "orders");
         link(
@@ -220,6 +281,7 @@ mod tests {
             &route,
             TaskId(5),
             Some(&ancestor(1, "payments", "payments")),
+            None,
         );
         assert_eq!(task.failure.previous_task, None);
         assert_eq!(task.status, Status::Failed);

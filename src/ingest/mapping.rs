@@ -45,9 +45,11 @@ pub(crate) fn to_task(
         ..NewTask::default()
     };
     let mut notes: Vec<String> = Vec::new();
+    let mut recognised = false;
     match route.mode {
         RouteMode::Capture => {
             let ctx = dlt::read(&headers, limits.stacktrace_max_bytes as usize);
+            recognised = ctx.format.is_some();
             task.failure.original = ctx.original;
             task.failure.error_class = ctx.error_class;
             task.failure.error_message = ctx.error_message;
@@ -75,11 +77,23 @@ pub(crate) fn to_task(
     if !notes.is_empty() {
         task.failure.ingest_note = Some(notes.join("; "));
     }
+    if !(recognised && left_out(consumed, route, &task)) {
+        return task;
+    }
     match task.failure.original.clone() {
-        Some(original) if left_out(consumed, route, &task) && original.complete().is_none() => {
-            original_unavailable(task, &original, "its partition or offset is not readable")
+        Some(original) if original.complete().is_none() => {
+            let error = format!(
+                "the original record at {original} could not be fetched: its partition or \
+                 offset is not readable"
+            );
+            original_unavailable(task, error)
         }
-        _ => task,
+        None => {
+            let error = "the dead letter carried no key, no value and no readable original \
+                         topic: there is no record to fetch";
+            original_unavailable(task, error.to_owned())
+        }
+        Some(_) => task,
     }
 }
 
@@ -108,7 +122,9 @@ pub(crate) fn original_to_fetch(
 
 /// `task` holding the `original` record fetched from `at`, as if the dead letter had
 /// come whole: its key, value and headers (the dead letter's own headers after them,
-/// as context), or its minimal form when that is over `ingest.max_message_bytes`.
+/// as context), or its minimal form when that is over `ingest.max_message_bytes`. A
+/// record with no key and no value (another headers-only dead letter, say) is no
+/// original: the task is [`original_unavailable`], never republished empty.
 pub(crate) fn with_original(
     mut task: NewTask,
     original: &Consumed,
@@ -117,6 +133,14 @@ pub(crate) fn with_original(
     limits: &IngestSettings,
 ) -> NewTask {
     let message = &original.message;
+    if message.key().is_none() && message.payload().is_none() {
+        let error = format!(
+            "the original record at {} holds no key and no value (a headers-only record, \
+             such as another dead letter): there is nothing to republish",
+            OriginalCoordinates::from(at.clone())
+        );
+        return original_unavailable(task, error);
+    }
     let mut headers = original.headers.clone();
     headers.append(&mut task.failure.headers);
     let value_size = message.payload().map_or(0, <[u8]>::len);
@@ -151,16 +175,12 @@ pub(crate) fn with_original(
     task
 }
 
-/// `task` whose original record at `at` could not be fetched (`why`): stored
-/// PERMANENT_FAILURE without a payload (republishing nothing would write an empty
-/// record), with the reason and the coordinates as its error, and parked like any
-/// permanent failure. The dead letter itself stays in its topic.
-pub(crate) fn original_unavailable(
-    mut task: NewTask,
-    at: &OriginalCoordinates,
-    why: &str,
-) -> NewTask {
-    let error = format!("the original record at {at} could not be fetched: {why}");
+/// `task`, a dead letter that left its record out, whose original record is not to be
+/// had (`error` says where and why): stored PERMANENT_FAILURE without a payload
+/// (republishing nothing would write an empty record), error class
+/// `redrive.OriginalUnavailable`, and parked like any permanent failure. The dead
+/// letter itself stays in its topic.
+pub(crate) fn original_unavailable(mut task: NewTask, error: String) -> NewTask {
     task.failure.ingest_note = Some(append_note(task.failure.ingest_note.take(), &error));
     task.failure.error_message = Some(match task.failure.error_message.take() {
         Some(dead_lettered) => format!("{error} (dead-lettered: {dead_lettered})"),

@@ -10,6 +10,7 @@ mod in_flight;
 mod lineage;
 mod mapping;
 mod originals;
+mod outcome;
 mod process;
 mod routes;
 
@@ -24,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::parts::Watch;
 
-use crate::config::{IngestSettings, KafkaSettings, RouteSettings};
+use crate::config::{IngestSettings, KafkaSettings, Settings, Targets};
 use crate::finals::Finals;
 use crate::handlers::Registered;
 use crate::kafka::{consumer_config, redact_error};
@@ -71,18 +72,19 @@ pub struct Ingest {
 }
 
 impl Ingest {
-    /// An ingest for validated `routes` whose handlers are in `handlers`; process mode
-    /// calls them inline while `breakers` (the member's follower, run by the member)
-    /// says their breaker is closed.
+    /// An ingest for the validated routes of `settings`, whose handlers are in
+    /// `handlers`; process mode calls them inline while `breakers` (the member's
+    /// follower, run by the member) says their breaker is closed.
     pub(crate) fn new(
         store: Store,
-        kafka: KafkaSettings,
-        limits: IngestSettings,
-        routes: Vec<RouteSettings>,
+        settings: &Settings,
         handlers: Arc<BTreeMap<String, Registered>>,
         metrics: Metrics,
         breakers: Arc<BreakerFollower>,
     ) -> Ingest {
+        let kafka = settings.kafka.clone();
+        let limits = settings.ingest.clone();
+        let routes = settings.routes.clone();
         // Who made an inline attempt, in the attempt history.
         let worker_id = format!("ingest-{}", std::process::id());
         let brakes = Arc::new(Brakes::new(
@@ -113,6 +115,7 @@ impl Ingest {
                     kafka: kafka.clone(),
                     limits: limits.clone(),
                 },
+                targets: Targets::new(settings),
             },
             kafka,
             limits,

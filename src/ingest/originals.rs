@@ -1,8 +1,9 @@
 //! Dead letters that leave the original record out: a Kafka share group's DLQ record
 //! carries only headers by default (the coordinates, the group, the delivery count).
 //! Such a dead letter is stored with the original record fetched from its topic, as
-//! if it had come whole; one whose original cannot be fetched is stored
-//! PERMANENT_FAILURE with the reason ([`original_unavailable`]).
+//! if it had come whole; one whose original cannot be fetched, or is itself a record
+//! with no key and no value, is stored PERMANENT_FAILURE with the reason
+//! ([`original_unavailable`]).
 //!
 //! The fetches of a batch share one deadline (`ingest.original_fetch_timeout`), so a
 //! batch, and the partitions behind it, wait at most that long. A redelivered dead
@@ -17,7 +18,7 @@ use crate::config::{IngestSettings, KafkaSettings};
 use crate::kafka::fetch::{FetchError, OriginalFetcher};
 use crate::kafka::message::Consumed;
 use crate::store::Store;
-use crate::task::SourceCoordinates;
+use crate::task::{OriginalCoordinates, SourceCoordinates};
 
 /// What fetching originals needs: the cluster's client settings and the limits.
 #[derive(Clone)]
@@ -55,7 +56,9 @@ impl Originals {
                 Ok(original) => with_original(task, &original, &at, &mapped.route, &self.limits),
                 Err(why) => {
                     tracing::warn!(original = ?at, %why, "a dead letter's original record could not be fetched; stored as a permanent failure");
-                    original_unavailable(task, &at.clone().into(), &why.to_string())
+                    let at = OriginalCoordinates::from(at.clone());
+                    let error = format!("the original record at {at} could not be fetched: {why}");
+                    original_unavailable(task, error)
                 }
             };
         }

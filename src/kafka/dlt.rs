@@ -170,36 +170,49 @@ pub struct FailureContext {
     pub error_message: Option<String>,
     /// Stack trace, cut to the configured size.
     pub stacktrace: Option<String>,
-    /// What could not be read.
+    /// What could not be read, and copies of a header that disagreed.
     pub notes: Vec<String>,
 }
 
 /// Reads the failure context of the first format whose topic header is present. What
 /// is missing or unreadable is said in `notes`, in the words the stored error uses.
+///
+/// A header may come more than once. Of the original coordinates (and a share group's
+/// group and delivery count) the first copy is taken (see `first_copy`): a record that
+/// went through several dead-letter topics carries its first origin first. Of the error
+/// class, message and stack trace the last copy is: the latest failure (Spring's
+/// recoverer appends the current exception's headers after earlier ones when told to
+/// keep those).
 pub fn read(headers: &[Header], stacktrace_max_bytes: usize) -> FailureContext {
-    let find = |name: &str| headers.iter().rev().find(|h| h.name_is(name));
-    let Some((format, topic)) = FORMATS.iter().find_map(|f| find(f.topic).map(|h| (f, h))) else {
+    let Some(format) = FORMATS
+        .iter()
+        .find(|f| headers.iter().any(|h| h.name_is(f.topic)))
+    else {
         return FailureContext::default();
     };
-    let text = |name: Option<&str>| -> Option<String> {
-        let value = find(name?)?.value.as_deref()?;
-        Some(clean_text(value))
+    let mut notes = Vec::new();
+    let mut first = |name: &str| {
+        let (header, disagreement) = first_copy(headers, name)?;
+        notes.extend(disagreement);
+        Some(header)
     };
-    let topic = topic
-        .value
-        .as_deref()
+    let topic = first(format.topic).and_then(|h| topic_name(h.value.as_deref()?));
+    let number = |header: Option<&Header>| Field::read(header, format.binary_numbers);
+    let partition = number(first(format.partition)).check(|n| i32::try_from(n).ok());
+    let offset = number(first(format.offset)).check(Some);
+    let group = (format.group.and_then(&mut first))
+        .and_then(|h| h.value.as_deref())
         .map(clean_text)
-        .filter(|t| !t.trim().is_empty());
-    let number = |header| Field::read(header, format.binary_numbers);
-    let partition = number(find(format.partition)).check(|n| i32::try_from(n).ok());
-    let offset = number(find(format.offset)).check(Some);
+        .filter(|g| !g.is_empty());
+    let delivery_count = number(format.delivery_count.and_then(&mut first)).check(Some);
     let mut ctx = FailureContext {
         format: Some(format.name),
+        notes,
         ..FailureContext::default()
     };
     if topic.is_none() || !partition.is_read() || !offset.is_read() {
         ctx.notes.push(format!(
-            "{} headers incomplete: original topic {}, partition {}, offset {}{}",
+            "{} headers incomplete: original topic {}, partition {}, offset {}",
             format.name,
             if topic.is_some() {
                 "read"
@@ -208,11 +221,6 @@ pub fn read(headers: &[Header], stacktrace_max_bytes: usize) -> FailureContext {
             },
             partition.state(),
             offset.state(),
-            if topic.is_some() {
-                "; republished to the original topic"
-            } else {
-                "; no original topic to republish to"
-            },
         ));
     }
     ctx.original = topic.map(|topic| OriginalCoordinates {
@@ -220,18 +228,82 @@ pub fn read(headers: &[Header], stacktrace_max_bytes: usize) -> FailureContext {
         partition: partition.value(),
         offset: offset.value(),
     });
-    ctx.error_class = text(format.class);
-    ctx.error_message = text(format.message);
-    ctx.stacktrace = text(format.stacktrace).map(|s| truncate(s, stacktrace_max_bytes));
-    let group = text(format.group).filter(|g| !g.is_empty());
-    let delivery_count = number(format.delivery_count.and_then(find)).check(Some);
+    let last = |name: Option<&str>| -> Option<String> {
+        let name = name?;
+        let value = headers
+            .iter()
+            .rev()
+            .find(|h| h.name_is(name))?
+            .value
+            .as_deref()?;
+        Some(clean_text(value))
+    };
+    ctx.error_class = last(format.class).map(|s| truncate(s, ERROR_TEXT_MAX_BYTES));
+    ctx.error_message = last(format.message);
+    ctx.stacktrace = last(format.stacktrace).map(|s| truncate(s, stacktrace_max_bytes));
     if let Some(said) = gave_up(group.as_deref(), delivery_count.value()) {
         ctx.error_message = Some(match ctx.error_message.take() {
             Some(message) => format!("{message} ({said})"),
             None => said,
         });
     }
+    ctx.error_message = (ctx.error_message.take()).map(|s| truncate(s, ERROR_TEXT_MAX_BYTES));
     ctx
+}
+
+/// Longest error class or message kept from a dead letter's headers (the stack trace
+/// has `ingest.stacktrace_max_bytes`). A header may be as large as the message allows,
+/// and these texts are stored even when the message is not (minimal form), printed by
+/// `tasks list` and copied into every parked record's headers.
+const ERROR_TEXT_MAX_BYTES: usize = 8 * 1024;
+
+/// A topic header's value when it is a name Kafka accepts as it came (UTF-8, at most
+/// 249 characters of ASCII letters, digits, `.`, `_`, `-`): nothing else can be fetched
+/// from or republished to.
+fn topic_name(value: &[u8]) -> Option<String> {
+    let topic = std::str::from_utf8(value).ok()?;
+    crate::config::topic_problem(topic)
+        .is_none()
+        .then(|| topic.to_owned())
+}
+
+/// The first header named `name`, and a note when a later copy carries another value.
+///
+/// The first copy is the one that counts, in every format and for `redrive-task-id`: a
+/// record that passed through several dead-letter topics carries its first origin
+/// first (Spring's `DeadLetterPublishingRecoverer` appends a later hop's "original"
+/// headers after the earlier ones, or with `appendOriginalHeaders = false` keeps only
+/// the first), and redrive writes each of its headers once, after removing those of
+/// earlier hops. Two copies that disagree are not resolved silently: the note quotes
+/// both.
+pub(crate) fn first_copy<'a>(
+    headers: &'a [Header],
+    name: &str,
+) -> Option<(&'a Header, Option<String>)> {
+    let mut copies = headers.iter().filter(|h| h.name_is(name));
+    let first = copies.next()?;
+    let disagreement = copies.find(|h| h.value != first.value).map(|other| {
+        format!(
+            "two {name} headers disagree ({}, then {}): the first is taken",
+            quoted(first.value.as_deref()),
+            quoted(other.value.as_deref())
+        )
+    });
+    Some((first, disagreement))
+}
+
+/// Longest part of a header value quoted in a note.
+const QUOTED_BYTES: usize = 64;
+
+/// A header value quoted for a note: its first [`QUOTED_BYTES`] bytes, anything but
+/// printable ASCII escaped (`\xff`), `...` when cut; `no value` for a null value.
+pub(crate) fn quoted(value: Option<&[u8]>) -> String {
+    let Some(value) = value else {
+        return "no value".to_owned();
+    };
+    let shown = &value[..value.len().min(QUOTED_BYTES)];
+    let cut = if shown.len() < value.len() { "..." } else { "" };
+    format!("\"{}{cut}\"", shown.escape_ascii())
 }
 
 /// `share group G, delivered N times`, from what is known.
@@ -252,15 +324,14 @@ enum Field<T> {
 }
 
 impl Field<i64> {
-    /// Reads `header` as a non-negative integer: decimal text, or with `binary` a 4- or
-    /// 8-byte big-endian number.
+    /// Reads `header` with [`number`].
     fn read(header: Option<&Header>, binary: bool) -> Field<i64> {
         let Some(header) = header else {
             return Field::Missing;
         };
-        match header.value.as_deref().and_then(|v| integer(v, binary)) {
-            Some(value) if value >= 0 => Field::Read(value),
-            _ => Field::Unreadable,
+        match header.value.as_deref().and_then(|v| number(v, binary)) {
+            Some(value) => Field::Read(value),
+            None => Field::Unreadable,
         }
     }
 
@@ -295,22 +366,50 @@ impl<T: Copy> Field<T> {
     }
 }
 
-/// An integer header: decimal text, or (`binary`, Spring's) 4- or 8-byte big-endian.
-fn integer(value: &[u8], binary: bool) -> Option<i64> {
-    if let Some(n) = std::str::from_utf8(value)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-    {
+/// The number in a header value, read strictly: the one parser of every numeric
+/// header redrive reads (partitions, offsets, delivery counts, `redrive-task-id`, the
+/// task in `redrive-replay`). Every number there is a partition, an offset, a count or
+/// a task id, never negative, so only non-negative numbers are read:
+///
+/// - decimal text exactly as Java's `Long.toString` and Rust's `to_string` write a
+///   non-negative number: ASCII digits, no sign, no blank, no leading zero (`0` aside),
+///   within `i64`. Every writer of these headers writes that (Spring's text form,
+///   Kafka Connect, Karafka, the broker's share-group DLQ, redrive). `+1`, ` 1`, `01`,
+///   `-0` or `1e3` came from something else: it is unreadable, not guessed at;
+/// - with `binary` (Spring's headers only): also the big-endian `int` (4 bytes) or
+///   `long` (8 bytes) Spring writes, if not negative. Text is tried first: 4 or 8
+///   bytes that are all digits would be a partition over 808 million or an offset over
+///   3.4 × 10^18 as binary, which no topic has.
+pub fn number(value: &[u8], binary: bool) -> Option<i64> {
+    if let Some(n) = decimal(value) {
         return Some(n);
     }
     if !binary {
         return None;
     }
-    match value.len() {
-        4 => Some(i64::from(i32::from_be_bytes(value.try_into().ok()?))),
-        8 => Some(i64::from_be_bytes(value.try_into().ok()?)),
-        _ => None,
+    let n = match value.len() {
+        4 => i64::from(i32::from_be_bytes(value.try_into().ok()?)),
+        8 => i64::from_be_bytes(value.try_into().ok()?),
+        _ => return None,
+    };
+    (n >= 0).then_some(n)
+}
+
+/// Canonical non-negative decimal text (see [`number`]).
+fn decimal(value: &[u8]) -> Option<i64> {
+    // 19 digits hold every i64: a longer value is not even looked at.
+    if value.len() > 19 {
+        return None;
     }
+    let canonical = match value {
+        [b'0'] => true,
+        [first, rest @ ..] => (b'1'..=b'9').contains(first) && rest.iter().all(u8::is_ascii_digit),
+        [] => false,
+    };
+    if !canonical {
+        return None;
+    }
+    std::str::from_utf8(value).ok()?.parse().ok()
 }
 
 /// Header bytes as text PostgreSQL accepts: invalid UTF-8 replaced, NUL removed.
@@ -441,7 +540,7 @@ mod tests {
             ctx.notes,
             [
                 "spring headers incomplete: original topic read, partition unreadable, \
-              offset missing; republished to the original topic"
+                 offset missing"
             ]
         );
 
@@ -475,8 +574,7 @@ mod tests {
         let no_topic = read(&[h("original_topic", b" "), h("original_offset", b"3")], 10);
         assert_eq!(no_topic.original, None);
         assert!(
-            no_topic.notes[0].contains("topic unreadable")
-                && no_topic.notes[0].contains("no original topic to republish to"),
+            no_topic.notes[0].contains("topic unreadable"),
             "{:?}",
             no_topic.notes
         );
@@ -547,7 +645,7 @@ mod tests {
         for (partition, offset, said) in cases {
             let ctx = read(
                 &[
-                    h(share_group::TOPIC, b"orders\xff\0"),
+                    h(share_group::TOPIC, b"orders"),
                     h(share_group::PARTITION, partition),
                     h(share_group::OFFSET, offset),
                     h(share_group::DELIVERY_COUNT, b"-3"),
@@ -556,7 +654,7 @@ mod tests {
                 100,
             );
             let original = ctx.original.expect("the topic is readable");
-            assert_eq!(original.topic, "orders\u{fffd}");
+            assert_eq!(original.topic, "orders");
             assert!(original.complete().is_none(), "{partition:?} {offset:?}");
             assert!(ctx.notes[0].contains(said), "{said}: {:?}", ctx.notes);
             assert_eq!(
@@ -565,6 +663,182 @@ mod tests {
                 "a negative delivery count is left out"
             );
         }
+    }
+
+    /// Regression: share-group numbers went through `trim().parse()`, so `" 1"` and
+    /// `"+1"` were offsets while `redrive-task-id` refused them. One strict parser now
+    /// reads every numeric header.
+    #[test]
+    fn numbers_are_read_strictly_in_every_format() {
+        let hostile: [&[u8]; 14] = [
+            b"",
+            b" 1",
+            b"1 ",
+            b"+1",
+            b"+",
+            b"-",
+            b"-0",
+            b"-1",
+            b"1e3",
+            b"0x10",
+            b"01",
+            b"99999999999999999999",
+            b"\xff\xfe",
+            b"\xd9\xa1",
+        ];
+        for value in hostile {
+            let ctx = read(
+                &[
+                    h(share_group::TOPIC, b"orders"),
+                    h(share_group::PARTITION, value),
+                    h(share_group::OFFSET, value),
+                ],
+                100,
+            );
+            assert!(
+                ctx.notes[0].contains("partition unreadable, offset unreadable"),
+                "{value:?}: {:?}",
+                ctx.notes
+            );
+        }
+        // Spring's binary forms are 4 or 8 bytes, never negative.
+        for value in [
+            &[0u8; 9][..],
+            &[0, 0, 1],
+            &(-1i32).to_be_bytes(),
+            &(-5i64).to_be_bytes(),
+        ] {
+            let ctx = read(
+                &[
+                    h("kafka_dlt-original-topic", b"orders"),
+                    h("kafka_dlt-original-partition", value),
+                    h("kafka_dlt-original-offset", value),
+                ],
+                100,
+            );
+            assert_eq!(ctx.original.unwrap().complete(), None, "{value:?}");
+        }
+        let read_back = read(
+            &[
+                h(share_group::TOPIC, b"orders"),
+                h(share_group::PARTITION, b"0"),
+                h(share_group::OFFSET, b"9223372036854775807"),
+            ],
+            100,
+        );
+        assert_eq!(read_back.original, at("orders", 0, i64::MAX));
+
+        // The parser itself, as every numeric header uses it.
+        for value in hostile {
+            assert_eq!(number(value, false), None, "{value:?}");
+        }
+        assert_eq!(number(b"0", false), Some(0));
+        assert_eq!(number(b"42", false), Some(42));
+        assert_eq!(number(b"9223372036854775808", false), None, "i64::MAX + 1");
+        assert_eq!(number(&"9".repeat(100_000).into_bytes(), false), None);
+        assert_eq!(
+            number(&7i32.to_be_bytes(), false),
+            None,
+            "binary only for Spring"
+        );
+        assert_eq!(number(&7i32.to_be_bytes(), true), Some(7));
+        assert_eq!(number(&7i64.to_be_bytes(), true), Some(7));
+        assert_eq!(number(&[0; 9], true), None, "9 bytes");
+        assert_eq!(number(&[0; 3], true), None);
+        assert_eq!(number(&i32::MIN.to_be_bytes(), true), None);
+        assert_eq!(number(b"1234", true), Some(1234), "text first");
+    }
+
+    /// Regression: of two copies of a header the last was taken, silently. A record
+    /// that went through several dead-letter topics carries its first origin first
+    /// (Spring's recoverer appends the later hops' "original" headers, or keeps only the
+    /// first with `appendOriginalHeaders = false`): the first copy of a coordinate is
+    /// taken, the latest error is, and a disagreement is noted.
+    #[test]
+    fn the_first_copy_of_a_coordinate_is_taken_and_a_disagreement_noted() {
+        let ctx = read(
+            &[
+                h("kafka_dlt-original-topic", b"orders"),
+                h("kafka_dlt-original-partition", &1i32.to_be_bytes()),
+                h("kafka_dlt-original-offset", &5i64.to_be_bytes()),
+                h("kafka_dlt-exception-message", b"first failure"),
+                h("kafka_dlt-original-topic", b"orders.retry-0"),
+                h("kafka_dlt-original-partition", &1i32.to_be_bytes()),
+                h("kafka_dlt-original-offset", &7i64.to_be_bytes()),
+                h("kafka_dlt-exception-message", b"second failure"),
+            ],
+            100,
+        );
+        assert_eq!(ctx.original, at("orders", 1, 5));
+        assert_eq!(ctx.error_message.as_deref(), Some("second failure"));
+        assert_eq!(
+            ctx.notes,
+            [
+                "two kafka_dlt-original-topic headers disagree (\"orders\", then \"orders.retry-0\"): \
+                 the first is taken",
+                "two kafka_dlt-original-offset headers disagree (\"\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x05\", \
+                 then \"\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x07\"): the first is taken",
+            ]
+        );
+        let same = read(
+            &[
+                h(share_group::TOPIC, b"orders"),
+                h(share_group::PARTITION, b"0"),
+                h(share_group::OFFSET, b"3"),
+                h(share_group::OFFSET, b"3"),
+            ],
+            100,
+        );
+        assert!(
+            same.notes.is_empty(),
+            "identical copies agree: {:?}",
+            same.notes
+        );
+        let offsets = read(
+            &[
+                h(share_group::TOPIC, b"orders"),
+                h(share_group::PARTITION, b"0"),
+                h(share_group::OFFSET, b"3"),
+                h(share_group::OFFSET, b"4"),
+            ],
+            100,
+        );
+        assert_eq!(offsets.original, at("orders", 0, 3));
+        assert_eq!(offsets.notes.len(), 1, "{:?}", offsets.notes);
+    }
+
+    /// Regression: a topic header was kept whatever its bytes (invalid UTF-8 replaced,
+    /// blanks, any length), then fetched from and republished to. Only a name Kafka
+    /// accepts is a topic.
+    #[test]
+    fn only_a_topic_name_kafka_accepts_is_an_original_topic() {
+        let long = "t".repeat(250);
+        for topic in [
+            &b"orders\xff"[..],
+            b"orders\0",
+            b" orders",
+            b"or ders",
+            b"..",
+            long.as_bytes(),
+        ] {
+            let ctx = read(
+                &[
+                    h(share_group::TOPIC, topic),
+                    h(share_group::PARTITION, b"0"),
+                    h(share_group::OFFSET, b"1"),
+                ],
+                100,
+            );
+            assert_eq!(ctx.original, None, "{topic:?}");
+            assert!(
+                ctx.notes[0].contains("original topic unreadable"),
+                "{:?}",
+                ctx.notes
+            );
+        }
+        let longest = "t".repeat(249);
+        let ctx = read(&[h(share_group::TOPIC, longest.as_bytes())], 100);
+        assert_eq!(ctx.original.unwrap().topic, longest);
     }
 
     #[test]

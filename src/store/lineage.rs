@@ -22,6 +22,17 @@ pub struct Ancestor {
 }
 
 impl Store {
+    /// The newest task id drawn from the id sequence (by a stored task or a
+    /// reservation), if any was.
+    pub async fn newest_task_id(&self) -> Result<Option<TaskId>> {
+        let newest: Option<i64> = sqlx::query_scalar(
+            "SELECT pg_sequence_last_value(pg_get_serial_sequence('recovery_task', 'id')::regclass)",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(newest.map(TaskId))
+    }
+
     /// The tasks among `ids` that exist, by id.
     pub async fn ancestors(&self, ids: &[TaskId]) -> Result<HashMap<TaskId, Ancestor>> {
         if ids.is_empty() {

@@ -347,10 +347,15 @@ async fn hostile_share_group_headers_are_stored_as_unfetchable() {
     for offset in 0..5 {
         let task = task_at(&store, "billing.dlq", 0, offset).await;
         let note = task.failure.ingest_note.clone().unwrap();
+        // The last one's topic is no topic name either.
+        let why = match offset {
+            4 => "no readable original topic",
+            _ => "its partition or offset is not readable",
+        };
         assert!(
             note.contains("kafka-share-group headers incomplete")
                 && note.contains("unreadable")
-                && note.contains("its partition or offset is not readable"),
+                && note.contains(why),
             "{offset}: {note}"
         );
         assert_eq!(
@@ -488,4 +493,346 @@ async fn a_republished_record_failing_again_in_its_share_group_links_to_its_task
         "linked through the fetched original's header: {:?}",
         second.failure.ingest_note
     );
+}
+
+/// The `Failed` task of route `route` for a message from `topic` (partition 0, offset
+/// 5), enqueued directly: the task a re-failure names.
+async fn stored_task(store: &redrive::Store, route: &str, topic: &str) -> redrive::TaskId {
+    let mut task = redrive::NewTask::new("log", b"v".to_vec());
+    task.failure.route = Some(route.into());
+    task.failure.original = Some(
+        redrive::SourceCoordinates {
+            topic: topic.into(),
+            partition: 0,
+            offset: 5,
+        }
+        .into(),
+    );
+    store.enqueue(&task).await.unwrap().id()
+}
+
+/// Spring dead-letter headers of a record from `topic` at partition 0, `offset`.
+fn spring(topic: &str, offset: i64) -> Vec<Header> {
+    vec![
+        Header::new("kafka_dlt-original-topic", topic.as_bytes().to_vec()),
+        Header::new("kafka_dlt-original-partition", 0i32.to_be_bytes().to_vec()),
+        Header::new("kafka_dlt-original-offset", offset.to_be_bytes().to_vec()),
+    ]
+}
+
+/// Regression: a share-group dead letter whose "original" is itself a headers-only
+/// record was republished as an empty record; so was one whose topic header is not
+/// readable, to the route's `republish_topic`. Both are unavailable originals now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_headers_only_original_or_an_unreadable_topic_is_unavailable_never_republished_empty() {
+    let broker = cluster(&[("billing", 1), ("billing.dlq", 1), ("billing.retry", 1)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    let mut billing = route(&["billing.dlq"], RouteMode::Capture, "republish");
+    billing.republish_topic = Some("billing.retry".into());
+    use_cluster(&mut settings, &bootstrap, vec![billing]);
+    let producer = producer(&bootstrap);
+    // Itself a share group's dead letter: headers only.
+    let empty = headers_only(share_group_headers(b"elsewhere", b"0", b"3"));
+    produce(&producer, "billing", &empty).await;
+    let pointing_at_it = headers_only(share_group_headers(b"billing", b"0", b"0"));
+    produce(&producer, "billing.dlq", &pointing_at_it).await;
+    let no_topic = headers_only(share_group_headers(b" ", b"0", b"0"));
+    produce(&producer, "billing.dlq", &no_topic).await;
+
+    let running = Member::start(fleet(&settings), &store);
+    eventually(Duration::from_secs(60), "both tasks final", || async {
+        let counts = store.status_counts().await.unwrap();
+        counts.resolved + counts.permanent_failure == 2
+    })
+    .await;
+    running.stop().await;
+    let whys = [
+        "the original record at billing[0]@0 holds no key and no value",
+        "the dead letter carried no key, no value and no readable original topic",
+    ];
+    for (offset, why) in whys.into_iter().enumerate() {
+        let task = task_at(&store, "billing.dlq", 0, offset as i64).await;
+        assert_eq!(task.status, Status::PermanentFailure, "{why}");
+        assert_eq!(task.attempts, 0, "never republished: {why}");
+        assert_eq!(
+            task.failure.error_class.as_deref(),
+            Some("redrive.OriginalUnavailable")
+        );
+        let error = task.failure.error_message.clone().unwrap();
+        assert!(error.starts_with(why), "{why}: {error}");
+        assert!(!task.failure.payload_stored);
+    }
+}
+
+/// Regression: the ingest note said "republished to the original topic" on tasks that
+/// never would be (stored PERMANENT_FAILURE, or of a route whose handler is not
+/// `republish`), and said nothing on a stopped re-failure. Each note now ends with what
+/// happens to its task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_ingest_note_says_what_happens_to_the_task() {
+    let broker = cluster(&[
+        ("orders", 1),
+        ("orders.dlt", 1),
+        ("orders.parking", 1),
+        ("audit.dlt", 1),
+    ]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    let mut orders = route(&["orders.dlt"], RouteMode::Capture, "republish");
+    orders.name = "orders".into();
+    orders.max_generations = 1;
+    orders.parking_topic = Some("orders.parking".into());
+    let mut audit = route(&["audit.dlt"], RouteMode::Capture, "log");
+    audit.name = "audit".into();
+    use_cluster(&mut settings, &bootstrap, vec![orders, audit]);
+    settings.worker.enabled = false;
+    let ancestor = stored_task(&store, "orders", "orders").await;
+    let producer = producer(&bootstrap);
+    produce(&producer, "orders", &headers_only(Vec::new())).await;
+    let topic_alone = vec![Header::new("kafka_dlt-original-topic", b"orders".to_vec())];
+    let mut refailure = spring("orders", 5);
+    refailure.push(Header::new(
+        "redrive-task-id",
+        ancestor.to_string().into_bytes(),
+    ));
+    let letters = [
+        Sample {
+            value: Some(b"v".to_vec()),
+            headers: topic_alone.clone(),
+            ..Sample::default()
+        },
+        headers_only(share_group_headers(b"orders", b"0", b"1000")),
+        headers_only(share_group_headers(b"orders", b"0", b"0")),
+        Sample {
+            value: Some(b"v".to_vec()),
+            headers: refailure,
+            ..Sample::default()
+        },
+        Sample {
+            value: Some(b"v".to_vec()),
+            headers: spring("orders.dlt", 0),
+            ..Sample::default()
+        },
+    ];
+    for letter in &letters {
+        produce(&producer, "orders.dlt", letter).await;
+    }
+    let audited = Sample {
+        value: Some(b"v".to_vec()),
+        headers: vec![Header::new("kafka_dlt-original-topic", b"audit".to_vec())],
+        ..Sample::default()
+    };
+    produce(&producer, "audit.dlt", &audited).await;
+    let running = Member::start(fleet(&settings), &store);
+    eventually(
+        Duration::from_secs(60),
+        "every dead letter stored",
+        || async {
+            crate::support::scalar(&store, "SELECT count(*) FROM recovery_task").await == 7
+        },
+    )
+    .await;
+    running.stop().await;
+
+    let parked = "parked to \"orders.parking\"";
+    let expected: [(&str, i64, Status, &str, String); 6] = [
+        (
+            "orders.dlt",
+            0,
+            Status::Failed,
+            "spring headers incomplete",
+            "to be republished to \"orders\" (the task's original topic)".into(),
+        ),
+        (
+            "orders.dlt",
+            1,
+            Status::PermanentFailure,
+            "could not be fetched: offset 1000 is past the partition's end",
+            format!("stored PERMANENT_FAILURE, never attempted; {parked}"),
+        ),
+        (
+            "orders.dlt",
+            2,
+            Status::PermanentFailure,
+            "the original record at orders[0]@0 holds no key and no value",
+            format!("stored PERMANENT_FAILURE, never attempted; {parked}"),
+        ),
+        (
+            "orders.dlt",
+            3,
+            Status::PermanentFailure,
+            "stored PERMANENT_FAILURE (failed again after 1 redrives)",
+            format!("stored PERMANENT_FAILURE (failed again after 1 redrives), never attempted; {parked}"),
+        ),
+        (
+            "orders.dlt",
+            4,
+            Status::Failed,
+            "republish to \"orders.dlt\" refused: it is consumed by capture route \"orders\"",
+            format!("republish will end it PERMANENT_FAILURE at its first attempt, producing nothing; {parked}"),
+        ),
+        (
+            "audit.dlt",
+            0,
+            Status::Failed,
+            "spring headers incomplete",
+            "to be retried by handler \"log\"".into(),
+        ),
+    ];
+    for (topic, offset, status, says, ends) in expected {
+        let task = task_at(&store, topic, 0, offset).await;
+        let note = task.failure.ingest_note.clone().unwrap_or_default();
+        assert_eq!(task.status, status, "{topic}@{offset}: {note}");
+        assert!(
+            note.contains(says) && note.ends_with(&ends),
+            "{topic}@{offset}: {note}"
+        );
+        assert!(
+            !note.contains("republished to the original topic"),
+            "{note}"
+        );
+    }
+}
+
+/// Regression: of two copies of a dead-letter header, the last was taken silently. The
+/// first copy is the record's first origin (Spring's recoverer keeps it first when a
+/// record passes through several dead-letter topics); it is taken, and the note says
+/// the copies disagreed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_headers_take_the_first_copy_and_the_note_says_they_disagreed() {
+    let broker = cluster(&[("orders.dlt", 1), ("billing", 1), ("billing.dlq", 1)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    let mut orders = route(&["orders.dlt"], RouteMode::Capture, "log");
+    orders.name = "orders".into();
+    let billing = route(&["billing.dlq"], RouteMode::Capture, "log");
+    use_cluster(&mut settings, &bootstrap, vec![orders, billing]);
+    settings.worker.enabled = false;
+    let ancestor = stored_task(&store, "orders", "orders").await;
+    let producer = producer(&bootstrap);
+
+    let mut two_topics = spring("orders", 5);
+    two_topics.extend(spring("orders.retry-0", 5));
+    let mut two_ids = spring("orders", 5);
+    two_ids.push(Header::new(
+        "redrive-task-id",
+        ancestor.to_string().into_bytes(),
+    ));
+    two_ids.push(Header::new("redrive-task-id", b"999999".to_vec()));
+    for headers in [two_topics, two_ids] {
+        let letter = Sample {
+            value: Some(b"v".to_vec()),
+            headers,
+            ..Sample::default()
+        };
+        produce(&producer, "orders.dlt", &letter).await;
+    }
+    for value in ["first", "second"] {
+        let record = Sample {
+            value: Some(value.into()),
+            ..Sample::default()
+        };
+        produce(&producer, "billing", &record).await;
+    }
+    let mut two_offsets = share_group_headers(b"billing", b"0", b"0");
+    two_offsets.push(Header::new("__dlq.errors.offset", b"1".to_vec()));
+    produce(&producer, "billing.dlq", &headers_only(two_offsets)).await;
+
+    let running = Member::start(fleet(&settings), &store);
+    eventually(
+        Duration::from_secs(60),
+        "every dead letter stored",
+        || async {
+            crate::support::scalar(&store, "SELECT count(*) FROM recovery_task").await == 4
+        },
+    )
+    .await;
+    running.stop().await;
+
+    let first = task_at(&store, "orders.dlt", 0, 0).await;
+    assert_eq!(first.failure.original.unwrap().topic, "orders");
+    let note = first.failure.ingest_note.unwrap_or_default();
+    assert!(
+        note.contains(
+            "two kafka_dlt-original-topic headers disagree (\"orders\", then \
+             \"orders.retry-0\"): the first is taken"
+        ),
+        "{note}"
+    );
+    let linked = task_at(&store, "orders.dlt", 0, 1).await;
+    assert_eq!(
+        (linked.failure.generation, linked.failure.previous_task),
+        (2, Some(ancestor))
+    );
+    let note = linked.failure.ingest_note.unwrap_or_default();
+    assert!(
+        note.contains(&format!(
+            "two redrive-task-id headers disagree (\"{ancestor}\", then \"999999\"): the first is taken"
+        )),
+        "{note}"
+    );
+    let fetched = task_at(&store, "billing.dlq", 0, 0).await;
+    assert_eq!(fetched.failure.value.as_deref(), Some(&b"first"[..]));
+    let note = fetched.failure.ingest_note.unwrap_or_default();
+    assert!(
+        note.contains("two __dlq.errors.offset headers disagree (\"0\", then \"1\")"),
+        "{note}"
+    );
+}
+
+/// Regression: the error class and message of a dead letter's headers were stored
+/// whole, however large: even for a message over `ingest.max_message_bytes`, stored in
+/// minimal form "without key, value and headers", a 100 kB exception message came in
+/// as its error (and went out again in every parked record's headers). They are cut
+/// like the stack trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_error_headers_are_cut_even_in_minimal_form() {
+    let broker = cluster(&[("orders.dlt", 1)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(
+        &mut settings,
+        &bootstrap,
+        vec![route(&["orders.dlt"], RouteMode::Capture, "log")],
+    );
+    settings.worker.enabled = false;
+    settings.ingest.max_message_bytes = 50_000;
+    let producer = producer(&bootstrap);
+    let huge = "x".repeat(100_000);
+    let mut headers = spring("orders", 1);
+    headers.push(Header::new(
+        "kafka_dlt-exception-fqcn",
+        huge.clone().into_bytes(),
+    ));
+    headers.push(Header::new(
+        "kafka_dlt-exception-message",
+        huge.into_bytes(),
+    ));
+    let letter = Sample {
+        value: Some(b"v".to_vec()),
+        headers,
+        ..Sample::default()
+    };
+    produce(&producer, "orders.dlt", &letter).await;
+    let running = Member::start(fleet(&settings), &store);
+    eventually(
+        Duration::from_secs(60),
+        "the dead letter stored",
+        || async {
+            crate::support::scalar(&store, "SELECT count(*) FROM recovery_task").await == 1
+        },
+    )
+    .await;
+    running.stop().await;
+    let task = task_at(&store, "orders.dlt", 0, 0).await;
+    assert!(!task.failure.payload_stored, "over the limit: minimal form");
+    for text in [task.failure.error_class, task.failure.error_message] {
+        let text = text.unwrap_or_default();
+        assert!(
+            text.len() <= 8 * 1024 + "\n... (truncated)".len() && text.ends_with("(truncated)"),
+            "{} bytes",
+            text.len()
+        );
+    }
 }

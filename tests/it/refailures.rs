@@ -227,13 +227,23 @@ async fn a_forged_or_unknown_task_id_is_a_first_failure() {
     })
     .await;
     let foreign = task_at(&store, "payments.dlt", 0, 0).await.id.to_string();
-    let forged: [(Option<&[u8]>, &str); 7] = [
+    // An id drawn for no stored task (as for an inline attempt that succeeded).
+    let reserved = store.reserve_ids(1).await.unwrap()[0].to_string();
+    let forged: [(Option<&[u8]>, &str); 9] = [
         (Some(b"abc"), "is not a task id"),
         (Some(b"99999999999999999999999"), "is not a task id"),
         (Some(b"-1"), "is not a task id"),
         (Some(b"\xff\x00"), "is not a task id"),
         (None, "is not a task id"),
-        (Some(b"424242"), "no such task in this store"),
+        (
+            Some(b"424242"),
+            "redrive-task-id 424242 names no task: this store has drawn no id that high yet",
+        ),
+        (
+            Some(reserved.as_bytes()),
+            "names no stored task: it was deleted",
+        ),
+        (Some(b"+5"), "is not a task id"),
         (
             Some(foreign.as_bytes()),
             "names a task of route \"payments\"",

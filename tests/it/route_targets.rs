@@ -229,3 +229,88 @@ async fn tasks_show_and_the_api_name_the_targets_that_apply_and_where_they_come_
         "parking.topic (route \"orders\" is no longer configured)"
     );
 }
+
+/// Regression: a dead letter whose original topic is one this fleet's capture routes
+/// consume (its own dead-letter topic, or another route's) was republished there, came
+/// back as a new dead letter, and looped. The republish handler refuses it: the task
+/// ends PERMANENT_FAILURE, parked, with the topic and the route in its error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_whose_original_topic_a_capture_route_consumes_is_parked_not_republished() {
+    let broker = cluster(&[("orders1.dlt", 1), ("payments.dlt", 1), ("parking", 1)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    let mut orders = route(&["orders1.dlt"], RouteMode::Capture, "republish");
+    orders.name = "orders1".into();
+    let mut payments = route(&["payments.dlt"], RouteMode::Capture, "log");
+    payments.name = "payments".into();
+    use_cluster(&mut settings, &bootstrap, vec![orders, payments]);
+    settings.parking.topic = Some("parking".into());
+    let producer = producer(&bootstrap);
+    let itself = Sample {
+        value: Some(b"order 1".to_vec()),
+        headers: vec![Header::new(
+            "kafka_dlt-original-topic",
+            b"orders1.dlt".to_vec(),
+        )],
+        ..Sample::default()
+    };
+    let other_route = Sample {
+        value: Some(b"order 2".to_vec()),
+        headers: spring("payments.dlt"),
+        ..Sample::default()
+    };
+    produce(&producer, "orders1.dlt", &itself).await;
+    produce(&producer, "orders1.dlt", &other_route).await;
+
+    let running = Member::start(fleet(&settings), &store);
+    eventually(Duration::from_secs(60), "both tasks final", || async {
+        let counts = store.status_counts().await.unwrap();
+        counts.permanent_failure + counts.resolved >= 2
+    })
+    .await;
+    let parked = tokio::task::spawn_blocking({
+        let bootstrap = bootstrap.clone();
+        move || consume(&bootstrap, "parking", 1, 2, Duration::from_secs(20))
+    })
+    .await
+    .unwrap();
+    running.stop().await;
+
+    let cases = [
+        (
+            "orders1.dlt",
+            "capture route \"orders1\" (routes[0].topics)",
+        ),
+        (
+            "payments.dlt",
+            "capture route \"payments\" (routes[1].topics)",
+        ),
+    ];
+    for (offset, (topic, route)) in cases.into_iter().enumerate() {
+        let task = task_at(&store, "orders1.dlt", 0, offset as i64).await;
+        assert_eq!(task.status, Status::PermanentFailure, "{topic}");
+        let error = task.last_error.clone().unwrap_or_default();
+        assert!(
+            error.contains(&format!(
+                "republish to {topic:?} refused: it is consumed by {route}"
+            )),
+            "{error}"
+        );
+        let attempts = store.attempts(task.id).await.unwrap();
+        assert_eq!(attempts.len(), 1, "one attempt, refused: {topic}");
+    }
+    let count = crate::support::scalar(&store, "SELECT count(*) FROM recovery_task").await;
+    assert_eq!(count, 2, "nothing came back: nothing was republished");
+    let produced = tokio::task::spawn_blocking({
+        let bootstrap = bootstrap.clone();
+        move || {
+            let dlt = consume(&bootstrap, "orders1.dlt", 1, 3, Duration::from_secs(3));
+            let payments = consume(&bootstrap, "payments.dlt", 1, 1, Duration::from_secs(3));
+            (dlt.len(), payments.len())
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(produced, (2, 0), "no message republished");
+    assert_eq!(parked.len(), 2, "each parked");
+}
