@@ -2,8 +2,10 @@
 //! compose quickstart's samples), and Kafka share groups' DLQ records, which carry only
 //! headers by default and are stored with their original record fetched from its topic.
 
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
 use rdkafka::Message;
-use redrive::{Header, Settings, Status};
+use redrive::{Header, Settings, Status, Store};
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
@@ -124,6 +126,22 @@ fn share_group_headers(topic: &[u8], partition: &[u8], offset: &[u8]) -> Vec<Hea
     ]
 }
 
+/// A cluster of `topics`, and a store and settings whose one route captures the share
+/// group's dead-letter topic `billing.dlq` and republishes its originals.
+async fn billing_dlq(
+    topics: &[(&str, i32)],
+) -> (
+    MockCluster<'static, DefaultProducerContext>,
+    Store,
+    Settings,
+) {
+    let broker = cluster(topics);
+    let (store, mut settings) = fresh_store().await;
+    let capture = route(&["billing.dlq"], RouteMode::Capture, "republish");
+    use_cluster(&mut settings, &broker.bootstrap_servers(), vec![capture]);
+    (broker, store, settings)
+}
+
 /// A headers-only dead letter (no key, no value), as a share group's DLQ writes it.
 fn headers_only(headers: Vec<Header>) -> Sample {
     Sample {
@@ -134,14 +152,8 @@ fn headers_only(headers: Vec<Header>) -> Sample {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_share_group_dead_letter_is_stored_with_its_original_and_recovers() {
-    let broker = cluster(&[("billing", 2), ("billing.dlq", 1)]);
+    let (broker, store, settings) = billing_dlq(&[("billing", 2), ("billing.dlq", 1)]).await;
     let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &bootstrap,
-        vec![route(&["billing.dlq"], RouteMode::Capture, "republish")],
-    );
     let producer = producer(&bootstrap);
     let filler = Sample {
         value: Some(b"other".to_vec()),
@@ -233,14 +245,9 @@ type GoneCase = (&'static [u8], &'static [u8], &'static [u8], &'static str);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_share_group_dead_letter_whose_original_is_gone_is_a_parked_permanent_failure() {
-    let broker = cluster(&[("billing", 1), ("billing.dlq", 1), ("parking", 1)]);
+    let (broker, store, mut settings) =
+        billing_dlq(&[("billing", 1), ("billing.dlq", 1), ("parking", 1)]).await;
     let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &bootstrap,
-        vec![route(&["billing.dlq"], RouteMode::Capture, "republish")],
-    );
     settings.parking.topic = Some("parking".into());
     let producer = producer(&bootstrap);
     let only = Sample {
@@ -317,14 +324,8 @@ async fn a_share_group_dead_letter_whose_original_is_gone_is_a_parked_permanent_
 /// each dead letter is stored, with what could not be read in its note.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_share_group_headers_are_stored_as_unfetchable() {
-    let broker = cluster(&[("billing", 1), ("billing.dlq", 1)]);
+    let (broker, store, mut settings) = billing_dlq(&[("billing", 1), ("billing.dlq", 1)]).await;
     let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &bootstrap,
-        vec![route(&["billing.dlq"], RouteMode::Capture, "republish")],
-    );
     settings.worker.enabled = false;
     let producer = producer(&bootstrap);
     let hostile: [(&[u8], &[u8], &[u8]); 5] = [
@@ -370,14 +371,8 @@ async fn hostile_share_group_headers_are_stored_as_unfetchable() {
 /// not a second task.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redelivered_share_group_dead_letter_is_not_recorded_twice() {
-    let broker = cluster(&[("billing", 1), ("billing.dlq", 1)]);
+    let (broker, store, mut settings) = billing_dlq(&[("billing", 1), ("billing.dlq", 1)]).await;
     let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &bootstrap,
-        vec![route(&["billing.dlq"], RouteMode::Capture, "republish")],
-    );
     settings.worker.enabled = false;
     let producer = producer(&bootstrap);
     let original = Sample {
@@ -428,14 +423,8 @@ async fn a_redelivered_share_group_dead_letter_is_not_recorded_twice() {
 /// record fetched, not in the dead letter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_republished_record_failing_again_in_its_share_group_links_to_its_task() {
-    let broker = cluster(&[("billing", 1), ("billing.dlq", 1)]);
+    let (broker, store, settings) = billing_dlq(&[("billing", 1), ("billing.dlq", 1)]).await;
     let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &bootstrap,
-        vec![route(&["billing.dlq"], RouteMode::Capture, "republish")],
-    );
     let producer = producer(&bootstrap);
     let original = Sample {
         value: Some(b"{\"invoice\":7}".to_vec()),
