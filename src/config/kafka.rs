@@ -176,11 +176,11 @@ pub struct RouteSettings {
     pub republish_topic: Option<String>,
     /// Where this route's permanent failures are parked; overrides `parking.topic`.
     pub parking_topic: Option<String>,
-    /// Most generations of one message this route retries: a captured message that
-    /// redrive produced and that failed again more often is stored PERMANENT_FAILURE
-    /// and parked instead of being redriven once more (see [`crate::task::Failure::generation`]).
-    #[serde(default = "default_max_generations")]
-    pub max_generations: u32,
+    /// Capture mode only: most generations of one message this route retries (none:
+    /// [`DEFAULT_MAX_GENERATIONS`]). A captured message that redrive produced and that
+    /// failed again more often is stored PERMANENT_FAILURE and parked instead of being
+    /// redriven once more (see [`crate::task::Failure::generation`]).
+    pub max_generations: Option<u32>,
 }
 
 /// Default of a route's `max_generations`: a first failure and two re-failures are
@@ -188,10 +188,6 @@ pub struct RouteSettings {
 pub const DEFAULT_MAX_GENERATIONS: u32 = 3;
 /// Largest `max_generations`: more redrives of one message are a loop, not a plan.
 pub const MAX_GENERATIONS: u32 = 1000;
-
-fn default_max_generations() -> u32 {
-    DEFAULT_MAX_GENERATIONS
-}
 
 /// Whether a route keeps the failures of one key in order.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -256,7 +252,7 @@ impl RouteSettings {
             brake: None,
             republish_topic: None,
             parking_topic: None,
-            max_generations: DEFAULT_MAX_GENERATIONS,
+            max_generations: None,
         }
     }
 
@@ -322,16 +318,29 @@ impl RouteSettings {
         if let Some(topic) = &self.parking_topic {
             topic_name(&key("parking_topic"), topic)?;
         }
-        if !(1..=MAX_GENERATIONS).contains(&self.max_generations) {
+        let Some(max) = self.max_generations else {
+            return Ok(());
+        };
+        if self.mode != RouteMode::Capture {
             return Err(ConfigError::new(
                 key("max_generations"),
-                format!(
-                    "must be 1 to {MAX_GENERATIONS} (got {}); 1 parks every re-failure",
-                    self.max_generations
-                ),
+                "only a capture-mode route follows re-failures of the messages redrive \
+                 produced (a process route links no generations); remove the key",
+            ));
+        }
+        if !(1..=MAX_GENERATIONS).contains(&max) {
+            return Err(ConfigError::new(
+                key("max_generations"),
+                format!("must be 1 to {MAX_GENERATIONS} (got {max}); 1 parks every re-failure"),
             ));
         }
         Ok(())
+    }
+
+    /// The most generations of one message this route retries: `max_generations`, else
+    /// [`DEFAULT_MAX_GENERATIONS`].
+    pub fn generation_limit(&self) -> u32 {
+        self.max_generations.unwrap_or(DEFAULT_MAX_GENERATIONS)
     }
 
     /// The subscription strings of this route: its topics, and its pattern in the

@@ -770,7 +770,8 @@ fn route_targets_and_max_generations_are_checked() {
     let route = &settings.routes[0];
     assert_eq!(route.republish_topic.as_deref(), Some("orders.retry"));
     assert_eq!(route.parking_topic.as_deref(), Some("orders.parking"));
-    assert_eq!(route.max_generations, 3, "the default");
+    assert_eq!(route.max_generations, None);
+    assert_eq!(route.generation_limit(), 3, "the default");
     for (extra, key, reason) in [
         (
             "republish_topic = \"\"",
@@ -838,5 +839,35 @@ fn route_targets_and_max_generations_are_checked() {
         load_toml("[republish]\ntarget_topic = \"a/b\""),
         "republish.target_topic",
         "not a topic name",
+    );
+}
+
+/// Issue 17 follow-up: `max_generations` means something on a capture route only (a
+/// process route follows no lineage); on a process route it is refused, not ignored.
+#[test]
+fn max_generations_on_a_process_route_is_refused() {
+    assert_refused(
+        route_toml(
+            "topics = [\"orders\"]\nmode = \"process\"\nhandler = \"log\"\nmax_generations = 5",
+        ),
+        "routes[0].max_generations",
+        "only a capture-mode route",
+    );
+    // The default is no setting: a process route without the key loads.
+    let process = route_toml("topics = [\"orders\"]\nmode = \"process\"\nhandler = \"log\"");
+    process.unwrap();
+    // Settings built in code are checked when the fleet is built.
+    let mut settings = load_env(&[]).unwrap();
+    let mut route = redrive::config::RouteSettings::new(
+        &["orders"],
+        redrive::config::RouteMode::Process,
+        "log",
+    );
+    route.max_generations = Some(2);
+    settings.routes.push(route);
+    let text = builtin_build_error(settings);
+    assert!(
+        text.contains("routes[0].max_generations") && text.contains("only a capture-mode route"),
+        "{text}"
     );
 }
