@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::time::Duration;
 
-use super::checks::{at_most, attempts, within, ONE_DAY, ONE_YEAR};
+use super::checks::{at_most, attempts, target_topic, within, ONE_DAY, ONE_YEAR};
 use super::{duration, optional_duration, BrakeSettings, ConfigError};
 use crate::backoff::Jitter;
 
@@ -303,7 +303,7 @@ impl RouteSettings {
     /// Checks the route's own targets and its `max_generations`.
     fn check_targets(&self, key: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
         if let Some(topic) = &self.republish_topic {
-            topic_name(&key("republish_topic"), topic)?;
+            target_topic(&key("republish_topic"), topic)?;
             if self.handler != "republish" {
                 return Err(ConfigError::new(
                     key("republish_topic"),
@@ -316,7 +316,7 @@ impl RouteSettings {
             }
         }
         if let Some(topic) = &self.parking_topic {
-            topic_name(&key("parking_topic"), topic)?;
+            target_topic(&key("parking_topic"), topic)?;
         }
         let Some(max) = self.max_generations else {
             return Ok(());
@@ -350,32 +350,6 @@ impl RouteSettings {
         subs.extend(self.pattern.as_deref().map(super::pattern::anchored));
         subs
     }
-}
-
-/// Longest topic name Kafka accepts.
-const MAX_TOPIC_CHARS: usize = 249;
-
-/// Refuses what Kafka would refuse as a topic name: empty, longer than 249 characters,
-/// `.` or `..`, or a character other than ASCII letters, digits, `.`, `_` and `-`.
-pub(crate) fn topic_name(key: &str, topic: &str) -> Result<(), ConfigError> {
-    let reason = if topic.is_empty() {
-        "must not be empty (leave the key out to use the default)".to_owned()
-    } else if topic.len() > MAX_TOPIC_CHARS {
-        format!("is longer than Kafka's {MAX_TOPIC_CHARS} characters")
-    } else if topic == "." || topic == ".." {
-        format!("{topic:?} is not a topic name Kafka accepts")
-    } else if let Some(c) = topic
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-    {
-        format!(
-            "{topic:?} is not a topic name: {c:?} is not allowed (only ASCII letters, digits, \
-             '.', '_' and '-')"
-        )
-    } else {
-        return Ok(());
-    };
-    Err(ConfigError::new(key, reason))
 }
 
 /// Fills in route names and checks every route; `handlers` are the registered names.

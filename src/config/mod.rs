@@ -10,7 +10,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::backoff::{Backoff, Jitter};
-use checks::{at_most, attempts, within, ONE_DAY, ONE_HOUR, ONE_MINUTE, ONE_YEAR};
+use checks::{at_most, attempts, target_topic, within, ONE_DAY, ONE_HOUR, ONE_MINUTE, ONE_YEAR};
 
 mod admin;
 mod brake;
@@ -346,10 +346,10 @@ impl Settings {
             handler.validate(name)?;
         }
         if let Some(topic) = &self.republish.target_topic {
-            kafka::topic_name("republish.target_topic", topic)?;
+            target_topic("republish.target_topic", topic)?;
         }
         if let Some(topic) = &self.parking.topic {
-            kafka::topic_name("parking.topic", topic)?;
+            target_topic("parking.topic", topic)?;
         }
         if self.kafka.group_id.is_empty() {
             return Err(ConfigError::new("kafka.group_id", "must not be empty"));

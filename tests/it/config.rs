@@ -871,3 +871,44 @@ fn max_generations_on_a_process_route_is_refused() {
         "{text}"
     );
 }
+
+/// Issue 17 follow-up: Kafka's internal topics (apache/kafka's `Topic.INTERNAL_TOPICS`,
+/// and the KRaft metadata log) are no republish or parking target.
+#[test]
+fn kafka_internal_topics_are_refused_as_targets() {
+    let republish = "topics = [\"orders.dlt\"]\nmode = \"capture\"\nhandler = \"republish\"\n";
+    for internal in [
+        "__consumer_offsets",
+        "__transaction_state",
+        "__share_group_state",
+        "__cluster_metadata",
+    ] {
+        for (toml, key) in [
+            (
+                format!("[parking]\ntopic = \"{internal}\""),
+                "parking.topic",
+            ),
+            (
+                format!("[republish]\ntarget_topic = \"{internal}\""),
+                "republish.target_topic",
+            ),
+            (
+                format!("[[routes]]\n{republish}parking_topic = \"{internal}\""),
+                "routes[0].parking_topic",
+            ),
+            (
+                format!("[[routes]]\n{republish}republish_topic = \"{internal}\""),
+                "routes[0].republish_topic",
+            ),
+        ] {
+            assert_refused(load_toml(&toml), key, "Kafka's internal topic");
+        }
+        assert_refused(
+            load_env(&[("REDRIVE__PARKING__TOPIC", internal)]),
+            "parking.topic",
+            internal,
+        );
+    }
+    // A name that only starts like one is a topic of its own.
+    load_toml("[parking]\ntopic = \"__consumer_offsets_parked\"").unwrap();
+}
