@@ -141,7 +141,7 @@ pub struct RouteSettings {
     #[serde(default)]
     pub name: String,
     /// Topic names.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::strings::strings")]
     pub topics: Vec<String>,
     /// A regular expression matching whole topic names (see [`super::pattern`]).
     pub pattern: Option<String>,

@@ -24,6 +24,7 @@ pub mod pattern;
 pub mod redact;
 mod resilience;
 mod source_error;
+mod strings;
 mod targets;
 mod webhook;
 
@@ -168,6 +169,7 @@ pub struct WorkerSettings {
     #[serde(deserialize_with = "duration")]
     pub shutdown_timeout: Duration,
     /// Handlers this process serves; empty means every registered handler.
+    #[serde(deserialize_with = "strings::strings")]
     pub handlers: Vec<String>,
 }
 

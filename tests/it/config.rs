@@ -912,3 +912,35 @@ fn kafka_internal_topics_are_refused_as_targets() {
     // A name that only starts like one is a topic of its own.
     load_toml("[parking]\ntopic = \"__consumer_offsets_parked\"").unwrap();
 }
+
+/// Issue 17 follow-up: a list of names holds strings; the `config` crate would turn
+/// `5` into `"5"`, so an element of another type is refused by its key.
+#[test]
+fn a_list_of_names_refuses_an_element_that_is_not_a_string() {
+    for (element, shown) in [
+        ("5", "integer `5`"),
+        ("true", "boolean `true`"),
+        ("1.5", "floating point `1.5`"),
+    ] {
+        assert_refused(
+            route_toml(&format!(
+                "topics = [\"t\", {element}]\nmode = \"capture\"\nhandler = \"log\""
+            )),
+            "routes[0].topics[1]",
+            &format!("invalid type: {shown}, expected a string"),
+        );
+        assert_refused(
+            load_toml(&format!("[worker]\nhandlers = [{element}, \"log\"]")),
+            "worker.handlers[0]",
+            &format!("invalid type: {shown}, expected a string"),
+        );
+    }
+    // Strings still load, from the file and from the environment (whose values are
+    // all strings, a number among them too).
+    let settings = route_toml("topics = [\"t\", \"5\"]\nmode = \"capture\"\nhandler = \"log\"");
+    assert_eq!(settings.unwrap().routes[0].topics, ["t", "5"]);
+    let settings = load_env(&[("REDRIVE__WORKER__HANDLERS", "log,5")]).unwrap();
+    assert_eq!(settings.worker.handlers, ["log", "5"]);
+    let settings = load_env(&[("REDRIVE__WORKER__HANDLERS", "log")]).unwrap();
+    assert_eq!(settings.worker.handlers, ["log"]);
+}
