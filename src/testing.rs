@@ -1,6 +1,8 @@
 //! Testing a handler without a database or a broker: build a task, run one attempt of
 //! it as the worker pool would (the handler's timeout, a panic caught, the verdict
 //! classified against its attempt budget), and read what happens next.
+//! [`HandlerTest::cancel_after`] fires the attempt's cancellation, as a lost lease or a
+//! stopping member does, to test that the handler stops on it.
 //!
 //! ```
 //! use redrive::task::FinishOutcome;
@@ -35,6 +37,8 @@
 //! # }
 //! ```
 
+use std::convert::Infallible;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RetrySettings;
@@ -59,6 +63,7 @@ pub fn task(handler: &str, value: impl Into<Vec<u8>>) -> Task {
 /// One handler under test, with the policy the worker pool would give it.
 pub struct HandlerTest {
     registered: Registered,
+    cancel_after: Option<Duration>,
 }
 
 /// What one attempt decided.
@@ -91,7 +96,20 @@ impl HandlerTest {
             .select(&[NAME.to_owned()], retry)
             .expect("the handler was registered");
         let registered = selected.remove(NAME).expect("selected by name");
-        HandlerTest { registered }
+        HandlerTest {
+            registered,
+            cancel_after: None,
+        }
+    }
+
+    /// Fires each attempt's cancellation (`ctx.cancellation`) `after` its start, as the
+    /// worker pool does when the attempt's lease is lost or the member stops. A handler
+    /// that returns on it keeps its own verdict; one that runs on past a short grace
+    /// (250 ms) is dropped, and the attempt's error is "the lease was lost; the call was
+    /// stopped".
+    pub fn cancel_after(mut self, after: Duration) -> HandlerTest {
+        self.cancel_after = Some(after);
+        self
     }
 
     /// Runs attempt number `task.attempts` (1 when below) of `task`, as the worker pool
@@ -99,9 +117,21 @@ impl HandlerTest {
     pub async fn perform(&self, task: &Task) -> Performed {
         let kept = KeptCheckpoint::default();
         let attempt = u32::try_from(task.attempts).unwrap_or(0).max(1);
-        let ctx = HandlerContext::new("test-worker", attempt, CancellationToken::new())
+        let cancellation = CancellationToken::new();
+        let ctx = HandlerContext::new("test-worker", attempt, cancellation.clone())
             .with_recovery(RecoveryPoints::Kept(kept.clone()));
-        let attempted = invoke(&self.registered, &ctx, task).await;
+        let cancel = async {
+            if let Some(after) = self.cancel_after {
+                tokio::time::sleep(after).await;
+                cancellation.cancel();
+            }
+            std::future::pending::<Infallible>().await
+        };
+        let attempted = tokio::select! {
+            biased;
+            attempted = invoke(&self.registered, &ctx, task) => attempted,
+            never = cancel => match never {},
+        };
         Performed {
             outcome: attempted.outcome,
             error: attempted.error,

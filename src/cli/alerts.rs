@@ -31,7 +31,9 @@ pub struct AlertsArgs {
     /// How long a member (or the whole fleet) may be not ready.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub not_ready_for: Duration,
-    /// How long consumer errors meaning "cannot consume" may go on.
+    /// How long consumer errors meaning "cannot consume" may go on; also the rule's
+    /// window (an error in every window this long keeps it pending; a single burst ages
+    /// out). At least two scrape intervals.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub cannot_consume_for: Duration,
     /// How long a topic with lag may go without its offsets moving.

@@ -1,4 +1,5 @@
-//! Checks shared by the settings: upper bounds of durations and counts, schema names.
+//! Checks shared by the settings: upper bounds of durations and counts, schema names,
+//! target topic names.
 
 use std::time::Duration;
 
@@ -221,6 +222,57 @@ pub(crate) fn schema_name(schema: &str) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
+}
+
+/// Longest topic name Kafka accepts.
+const MAX_TOPIC_CHARS: usize = 249;
+
+/// Kafka's own topics: apache/kafka's `Topic.INTERNAL_TOPICS` (group offsets,
+/// transactions, share-group state) and the KRaft metadata log. Brokers refuse
+/// clients' writes to them, and a message there is not a failure anyone reads.
+const INTERNAL_TOPICS: [&str; 4] = [
+    "__consumer_offsets",
+    "__transaction_state",
+    "__share_group_state",
+    "__cluster_metadata",
+];
+
+/// Refuses a topic redrive would produce to (a republish or parking target) that Kafka
+/// would refuse as a topic name ([`topic_problem`]) or that is one of Kafka's internal
+/// topics.
+pub(crate) fn target_topic(key: &str, topic: &str) -> Result<(), ConfigError> {
+    let reason = match topic_problem(topic) {
+        Some(reason) => reason,
+        None if INTERNAL_TOPICS.contains(&topic) => {
+            format!("{topic:?} is Kafka's internal topic, not one to produce failures to")
+        }
+        None => return Ok(()),
+    };
+    Err(ConfigError::new(key, reason))
+}
+
+/// Why Kafka would refuse `topic` as a topic name, if it would: empty, longer than 249
+/// characters, `.` or `..`, or a character other than ASCII letters, digits, `.`, `_`
+/// and `-`.
+pub(crate) fn topic_problem(topic: &str) -> Option<String> {
+    let reason = if topic.is_empty() {
+        "must not be empty (leave the key out to use the default)".to_owned()
+    } else if topic.len() > MAX_TOPIC_CHARS {
+        format!("is longer than Kafka's {MAX_TOPIC_CHARS} characters")
+    } else if topic == "." || topic == ".." {
+        format!("{topic:?} is not a topic name Kafka accepts")
+    } else if let Some(c) = topic
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        format!(
+            "{topic:?} is not a topic name: {c:?} is not allowed (only ASCII letters, digits, \
+             '.', '_' and '-')"
+        )
+    } else {
+        return None;
+    };
+    Some(reason)
 }
 
 /// Query parameters of a PostgreSQL URL that sqlx reads; it logs any other one with

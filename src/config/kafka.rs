@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::time::Duration;
 
-use super::checks::{at_most, attempts, within, ONE_DAY, ONE_YEAR};
+use super::checks::{at_most, attempts, target_topic, within, ONE_DAY, ONE_YEAR};
 use super::{duration, optional_duration, BrakeSettings, ConfigError};
 use crate::backoff::Jitter;
 
@@ -141,7 +141,7 @@ pub struct RouteSettings {
     #[serde(default)]
     pub name: String,
     /// Topic names.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::strings::strings")]
     pub topics: Vec<String>,
     /// A regular expression matching whole topic names (see [`super::pattern`]).
     pub pattern: Option<String>,
@@ -176,11 +176,11 @@ pub struct RouteSettings {
     pub republish_topic: Option<String>,
     /// Where this route's permanent failures are parked; overrides `parking.topic`.
     pub parking_topic: Option<String>,
-    /// Most generations of one message this route retries: a captured message that
-    /// redrive produced and that failed again more often is stored PERMANENT_FAILURE
-    /// and parked instead of being redriven once more (see [`crate::task::Failure::generation`]).
-    #[serde(default = "default_max_generations")]
-    pub max_generations: u32,
+    /// Capture mode only: most generations of one message this route retries (none:
+    /// [`DEFAULT_MAX_GENERATIONS`]). A captured message that redrive produced and that
+    /// failed again more often is stored PERMANENT_FAILURE and parked instead of being
+    /// redriven once more (see [`crate::task::Failure::generation`]).
+    pub max_generations: Option<u32>,
 }
 
 /// Default of a route's `max_generations`: a first failure and two re-failures are
@@ -188,10 +188,6 @@ pub struct RouteSettings {
 pub const DEFAULT_MAX_GENERATIONS: u32 = 3;
 /// Largest `max_generations`: more redrives of one message are a loop, not a plan.
 pub const MAX_GENERATIONS: u32 = 1000;
-
-fn default_max_generations() -> u32 {
-    DEFAULT_MAX_GENERATIONS
-}
 
 /// Whether a route keeps the failures of one key in order.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -256,7 +252,7 @@ impl RouteSettings {
             brake: None,
             republish_topic: None,
             parking_topic: None,
-            max_generations: DEFAULT_MAX_GENERATIONS,
+            max_generations: None,
         }
     }
 
@@ -307,7 +303,7 @@ impl RouteSettings {
     /// Checks the route's own targets and its `max_generations`.
     fn check_targets(&self, key: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
         if let Some(topic) = &self.republish_topic {
-            topic_name(&key("republish_topic"), topic)?;
+            target_topic(&key("republish_topic"), topic)?;
             if self.handler != "republish" {
                 return Err(ConfigError::new(
                     key("republish_topic"),
@@ -320,18 +316,31 @@ impl RouteSettings {
             }
         }
         if let Some(topic) = &self.parking_topic {
-            topic_name(&key("parking_topic"), topic)?;
+            target_topic(&key("parking_topic"), topic)?;
         }
-        if !(1..=MAX_GENERATIONS).contains(&self.max_generations) {
+        let Some(max) = self.max_generations else {
+            return Ok(());
+        };
+        if self.mode != RouteMode::Capture {
             return Err(ConfigError::new(
                 key("max_generations"),
-                format!(
-                    "must be 1 to {MAX_GENERATIONS} (got {}); 1 parks every re-failure",
-                    self.max_generations
-                ),
+                "only a capture-mode route follows re-failures of the messages redrive \
+                 produced (a process route links no generations); remove the key",
+            ));
+        }
+        if !(1..=MAX_GENERATIONS).contains(&max) {
+            return Err(ConfigError::new(
+                key("max_generations"),
+                format!("must be 1 to {MAX_GENERATIONS} (got {max}); 1 parks every re-failure"),
             ));
         }
         Ok(())
+    }
+
+    /// The most generations of one message this route retries: `max_generations`, else
+    /// [`DEFAULT_MAX_GENERATIONS`].
+    pub fn generation_limit(&self) -> u32 {
+        self.max_generations.unwrap_or(DEFAULT_MAX_GENERATIONS)
     }
 
     /// The subscription strings of this route: its topics, and its pattern in the
@@ -341,40 +350,6 @@ impl RouteSettings {
         subs.extend(self.pattern.as_deref().map(super::pattern::anchored));
         subs
     }
-}
-
-/// Longest topic name Kafka accepts.
-const MAX_TOPIC_CHARS: usize = 249;
-
-/// Refuses what Kafka would refuse as a topic name: empty, longer than 249 characters,
-/// `.` or `..`, or a character other than ASCII letters, digits, `.`, `_` and `-`.
-pub(crate) fn topic_name(key: &str, topic: &str) -> Result<(), ConfigError> {
-    match topic_problem(topic) {
-        Some(reason) => Err(ConfigError::new(key, reason)),
-        None => Ok(()),
-    }
-}
-
-/// Why Kafka would refuse `topic` as a topic name, if it would (see [`topic_name`]).
-pub(crate) fn topic_problem(topic: &str) -> Option<String> {
-    let reason = if topic.is_empty() {
-        "must not be empty (leave the key out to use the default)".to_owned()
-    } else if topic.len() > MAX_TOPIC_CHARS {
-        format!("is longer than Kafka's {MAX_TOPIC_CHARS} characters")
-    } else if topic == "." || topic == ".." {
-        format!("{topic:?} is not a topic name Kafka accepts")
-    } else if let Some(c) = topic
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-    {
-        format!(
-            "{topic:?} is not a topic name: {c:?} is not allowed (only ASCII letters, digits, \
-             '.', '_' and '-')"
-        )
-    } else {
-        return None;
-    };
-    Some(reason)
 }
 
 /// Fills in route names and checks every route; `handlers` are the registered names.

@@ -10,7 +10,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::backoff::{Backoff, Jitter};
-use checks::{at_most, attempts, within, ONE_DAY, ONE_HOUR, ONE_MINUTE, ONE_YEAR};
+use checks::{at_most, attempts, target_topic, within, ONE_DAY, ONE_HOUR, ONE_MINUTE, ONE_YEAR};
 
 mod admin;
 mod brake;
@@ -24,6 +24,7 @@ pub mod pattern;
 pub mod redact;
 mod resilience;
 mod source_error;
+mod strings;
 mod targets;
 mod webhook;
 
@@ -32,7 +33,8 @@ mod webhook;
 pub use crate::{ingest::FLUSHES_IN_FLIGHT, worker::CLAIM_LOOPS};
 pub use admin::{AdminSettings, AdminToken, RetentionSettings, Role, MIN_TOKEN_CHARS};
 pub use brake::BrakeSettings;
-pub(crate) use kafka::{topic_problem, validate_routes};
+pub(crate) use checks::topic_problem;
+pub(crate) use kafka::validate_routes;
 pub use kafka::{
     IngestSettings, KafkaSettings, Ordering, ParkingSettings, RepublishSettings, RouteMode,
     RouteSettings, DEFAULT_MAX_GENERATIONS, MAX_GENERATIONS,
@@ -168,6 +170,7 @@ pub struct WorkerSettings {
     #[serde(deserialize_with = "duration")]
     pub shutdown_timeout: Duration,
     /// Handlers this process serves; empty means every registered handler.
+    #[serde(deserialize_with = "strings::strings")]
     pub handlers: Vec<String>,
 }
 
@@ -348,10 +351,10 @@ impl Settings {
             handler.validate(name)?;
         }
         if let Some(topic) = &self.republish.target_topic {
-            kafka::topic_name("republish.target_topic", topic)?;
+            target_topic("republish.target_topic", topic)?;
         }
         if let Some(topic) = &self.parking.topic {
-            kafka::topic_name("parking.topic", topic)?;
+            target_topic("parking.topic", topic)?;
         }
         if self.kafka.group_id.is_empty() {
             return Err(ConfigError::new("kafka.group_id", "must not be empty"));

@@ -1,5 +1,6 @@
 //! The ingest consumer's context: rebalance logging, revoked partitions given up only
-//! after their flushes, and the latest commits repeated once a rebalance is over.
+//! after their flushes, the latest commits repeated once a rebalance is over, and
+//! statistics exported for the partitions held only.
 
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{
@@ -8,7 +9,7 @@ use rdkafka::consumer::{
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use super::in_flight::{FlushesInFlight, REVOKED_FLUSH_WAIT};
@@ -31,6 +32,9 @@ pub(super) struct IngestContext {
     quiet: QuietContext,
     /// Where statistics go: consumer lag, and the brokers' reachability.
     metrics: Metrics,
+    /// The partitions assigned and not revoked since: librdkafka's statistics go on
+    /// reporting a partition after it is revoked, and only these are exported.
+    held: Mutex<BTreeSet<(String, i32)>>,
     /// The flushes running per partition: a revoked partition waits for its own.
     pub(super) in_flight: Arc<FlushesInFlight>,
 }
@@ -43,6 +47,7 @@ impl IngestContext {
             committing: Mutex::default(),
             quiet: QuietContext::default(),
             metrics,
+            held: Mutex::default(),
             in_flight: Arc::default(),
         }
     }
@@ -72,16 +77,32 @@ impl IngestContext {
         }
     }
 
-    /// Forgets the offsets of `revoked` partitions: their new owner commits them.
+    /// Forgets the offsets of `revoked` partitions (their new owner commits them), and
+    /// stops exporting their lag and offset (the new owner's to report).
     fn forget(&self, revoked: &TopicPartitionList) {
         let mut committing = self.committing.lock().expect("not poisoned");
+        let mut held = self.held.lock().expect("not poisoned");
         for element in revoked.elements() {
-            committing.remove(&(element.topic().to_owned(), element.partition()));
-            // Its lag and offset are the new owner's to report.
-            let labels = [element.topic(), &element.partition().to_string()];
-            let _ = self.metrics.consumer_lag.remove_label_values(&labels);
-            let _ = (self.metrics.consumer_committed_offset).remove_label_values(&labels);
+            let partition = (element.topic().to_owned(), element.partition());
+            committing.remove(&partition);
+            held.remove(&partition);
+            self.unexport(&partition);
         }
+    }
+
+    /// Exports the statistics of the `assigned` partitions too, from now on.
+    fn hold(&self, assigned: &TopicPartitionList) {
+        let mut held = self.held.lock().expect("not poisoned");
+        for element in assigned.elements() {
+            held.insert((element.topic().to_owned(), element.partition()));
+        }
+    }
+
+    /// Removes the lag and committed-offset series of `partition`.
+    fn unexport(&self, (topic, partition): &(String, i32)) {
+        let labels = [topic.as_str(), &partition.to_string()];
+        let _ = self.metrics.consumer_lag.remove_label_values(&labels);
+        let _ = (self.metrics.consumer_committed_offset).remove_label_values(&labels);
     }
 
     /// Commits the remembered offsets of the partitions in `held`; forgets the others.
@@ -168,12 +189,14 @@ impl ClientContext for IngestContext {
         self.quiet.client_error(&error, reason);
     }
 
-    /// Consumer lag per assigned partition, and whether any broker is up.
+    /// Consumer lag per partition held, and whether any broker is up.
     fn stats(&self, statistics: Statistics) {
+        // Held across the export, so that a revoke in between cannot leave a series.
+        let held = self.held.lock().expect("not poisoned");
         for (topic, stats) in &statistics.topics {
             for (partition, stats) in &stats.partitions {
-                // Partition -1 is librdkafka's internal one.
-                if *partition < 0 {
+                // Partition -1 is librdkafka's internal one; revoked ones are reported too.
+                if !held.contains(&(topic.clone(), *partition)) {
                     continue;
                 }
                 let labels = [topic.as_str(), &partition.to_string()];
@@ -190,6 +213,7 @@ impl ClientContext for IngestContext {
                 }
             }
         }
+        drop(held);
         let up = statistics.brokers.values().any(|b| b.state == "UP");
         self.metrics.health.kafka_seen(up);
     }
@@ -231,7 +255,8 @@ impl ConsumerContext for IngestContext {
                 self.forget(tpl);
             }
             Rebalance::Assign(tpl) => {
-                tracing::info!(protocol = %protocol, partitions = %describe(tpl), "partitions assigned")
+                tracing::info!(protocol = %protocol, partitions = %describe(tpl), "partitions assigned");
+                self.hold(tpl);
             }
             Rebalance::Error(error) => tracing::warn!(%error, "rebalance error"),
         }

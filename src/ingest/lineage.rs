@@ -84,7 +84,7 @@ pub(crate) fn link(
     task.failure.generation = generation;
     task.failure.previous_task = Some(named);
     task.failure.previous_error = ancestor.error.clone();
-    if u32::try_from(generation).is_ok_and(|g| g > route.max_generations) {
+    if u32::try_from(generation).is_ok_and(|g| g > route.generation_limit()) {
         task.status = Status::PermanentFailure;
         task.final_error = Some(format!("failed again after {} redrives", generation - 1));
     }

@@ -36,6 +36,8 @@ pub struct AlertSettings {
     /// `RedriveMemberNotReady`, `RedriveNoMemberReady`: not ready for this long.
     pub not_ready_for: Duration,
     /// `RedriveCannotConsume`: consumer errors that mean "cannot consume" for this long.
+    /// It is the rule's range window too: an error in every window this long keeps the
+    /// rule pending, and a single burst ages out before it fires.
     pub cannot_consume_for: Duration,
     /// `RedriveIngestStalled`: a topic with lag whose offsets did not move for this long.
     pub stall_for: Duration,

@@ -193,3 +193,63 @@ async fn the_test_helper_turns_a_panic_or_a_timeout_into_a_transient_failure() {
     assert!(matches!(timed_out.outcome, FinishOutcome::Retry { .. }));
     assert!(timed_out.error.unwrap().contains("timed out after 50ms"));
 }
+
+/// Does one step, then waits for a second one that cancellation cuts short.
+struct StopsWhenCancelled;
+
+#[async_trait]
+impl Handler for StopsWhenCancelled {
+    async fn handle(&self, ctx: &HandlerContext, _task: &Task) -> Result<(), HandlerError> {
+        ctx.save_checkpoint(&json!({ "steps_done": 1 })).await?;
+        tokio::select! {
+            _ = ctx.cancellation.cancelled() => {
+                return Err(HandlerError::transient("cancelled after step 1"));
+            }
+            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+        }
+        ctx.save_checkpoint(&json!({ "steps_done": 2 })).await?;
+        Ok(())
+    }
+
+    /// Without the cancellation, the attempt times out (and the test fails, not hangs).
+    fn timeout(&self) -> Option<Duration> {
+        Some(Duration::from_secs(5))
+    }
+}
+
+/// Never returns, and ignores its cancellation.
+struct Deaf;
+
+#[async_trait]
+impl Handler for Deaf {
+    async fn handle(&self, _ctx: &HandlerContext, _task: &Task) -> Result<(), HandlerError> {
+        std::future::pending().await
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        Some(Duration::from_secs(5))
+    }
+}
+
+/// Issue 17 follow-up: a handler author tests that the handler stops when its
+/// cancellation fires (the lease lost, the member stopping); one that ignores it is
+/// stopped by the worker.
+#[tokio::test]
+async fn the_test_helper_fires_the_cancellation_a_handler_must_honour() {
+    let cancelled = HandlerTest::new(StopsWhenCancelled)
+        .cancel_after(Duration::from_millis(20))
+        .perform(&task("steps", "x"))
+        .await;
+    assert_eq!(cancelled.error.as_deref(), Some("cancelled after step 1"));
+    assert_eq!(cancelled.checkpoint, Some(json!({ "steps_done": 1 })));
+    assert!(matches!(cancelled.outcome, FinishOutcome::Retry { .. }));
+
+    let deaf = HandlerTest::new(Deaf)
+        .cancel_after(Duration::from_millis(1))
+        .perform(&task("s", "x"))
+        .await;
+    assert_eq!(
+        deaf.error.as_deref(),
+        Some("the lease was lost; the call was stopped")
+    );
+}

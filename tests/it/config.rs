@@ -789,7 +789,8 @@ fn route_targets_and_max_generations_are_checked() {
     let route = &settings.routes[0];
     assert_eq!(route.republish_topic.as_deref(), Some("orders.retry"));
     assert_eq!(route.parking_topic.as_deref(), Some("orders.parking"));
-    assert_eq!(route.max_generations, 3, "the default");
+    assert_eq!(route.max_generations, None);
+    assert_eq!(route.generation_limit(), 3, "the default");
     for (extra, key, reason) in [
         (
             "republish_topic = \"\"",
@@ -858,4 +859,107 @@ fn route_targets_and_max_generations_are_checked() {
         "republish.target_topic",
         "not a topic name",
     );
+}
+
+/// Issue 17 follow-up: `max_generations` means something on a capture route only (a
+/// process route follows no lineage); on a process route it is refused, not ignored.
+#[test]
+fn max_generations_on_a_process_route_is_refused() {
+    assert_refused(
+        route_toml(
+            "topics = [\"orders\"]\nmode = \"process\"\nhandler = \"log\"\nmax_generations = 5",
+        ),
+        "routes[0].max_generations",
+        "only a capture-mode route",
+    );
+    // The default is no setting: a process route without the key loads.
+    let process = route_toml("topics = [\"orders\"]\nmode = \"process\"\nhandler = \"log\"");
+    process.unwrap();
+    // Settings built in code are checked when the fleet is built.
+    let mut settings = load_env(&[]).unwrap();
+    let mut route = redrive::config::RouteSettings::new(
+        &["orders"],
+        redrive::config::RouteMode::Process,
+        "log",
+    );
+    route.max_generations = Some(2);
+    settings.routes.push(route);
+    let text = builtin_build_error(settings);
+    assert!(
+        text.contains("routes[0].max_generations") && text.contains("only a capture-mode route"),
+        "{text}"
+    );
+}
+
+/// Issue 17 follow-up: Kafka's internal topics (apache/kafka's `Topic.INTERNAL_TOPICS`,
+/// and the KRaft metadata log) are no republish or parking target.
+#[test]
+fn kafka_internal_topics_are_refused_as_targets() {
+    let republish = "topics = [\"orders.dlt\"]\nmode = \"capture\"\nhandler = \"republish\"\n";
+    for internal in [
+        "__consumer_offsets",
+        "__transaction_state",
+        "__share_group_state",
+        "__cluster_metadata",
+    ] {
+        for (toml, key) in [
+            (
+                format!("[parking]\ntopic = \"{internal}\""),
+                "parking.topic",
+            ),
+            (
+                format!("[republish]\ntarget_topic = \"{internal}\""),
+                "republish.target_topic",
+            ),
+            (
+                format!("[[routes]]\n{republish}parking_topic = \"{internal}\""),
+                "routes[0].parking_topic",
+            ),
+            (
+                format!("[[routes]]\n{republish}republish_topic = \"{internal}\""),
+                "routes[0].republish_topic",
+            ),
+        ] {
+            assert_refused(load_toml(&toml), key, "Kafka's internal topic");
+        }
+        assert_refused(
+            load_env(&[("REDRIVE__PARKING__TOPIC", internal)]),
+            "parking.topic",
+            internal,
+        );
+    }
+    // A name that only starts like one is a topic of its own.
+    load_toml("[parking]\ntopic = \"__consumer_offsets_parked\"").unwrap();
+}
+
+/// Issue 17 follow-up: a list of names holds strings; the `config` crate would turn
+/// `5` into `"5"`, so an element of another type is refused by its key.
+#[test]
+fn a_list_of_names_refuses_an_element_that_is_not_a_string() {
+    for (element, shown) in [
+        ("5", "integer `5`"),
+        ("true", "boolean `true`"),
+        ("1.5", "floating point `1.5`"),
+    ] {
+        assert_refused(
+            route_toml(&format!(
+                "topics = [\"t\", {element}]\nmode = \"capture\"\nhandler = \"log\""
+            )),
+            "routes[0].topics[1]",
+            &format!("invalid type: {shown}, expected a string"),
+        );
+        assert_refused(
+            load_toml(&format!("[worker]\nhandlers = [{element}, \"log\"]")),
+            "worker.handlers[0]",
+            &format!("invalid type: {shown}, expected a string"),
+        );
+    }
+    // Strings still load, from the file and from the environment (whose values are
+    // all strings, a number among them too).
+    let settings = route_toml("topics = [\"t\", \"5\"]\nmode = \"capture\"\nhandler = \"log\"");
+    assert_eq!(settings.unwrap().routes[0].topics, ["t", "5"]);
+    let settings = load_env(&[("REDRIVE__WORKER__HANDLERS", "log,5")]).unwrap();
+    assert_eq!(settings.worker.handlers, ["log", "5"]);
+    let settings = load_env(&[("REDRIVE__WORKER__HANDLERS", "log")]).unwrap();
+    assert_eq!(settings.worker.handlers, ["log"]);
 }

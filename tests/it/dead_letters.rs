@@ -570,7 +570,7 @@ async fn every_ingest_note_says_what_happens_to_the_task() {
     let (store, mut settings) = fresh_store().await;
     let mut orders = route(&["orders.dlt"], RouteMode::Capture, "republish");
     orders.name = "orders".into();
-    orders.max_generations = 1;
+    orders.max_generations = Some(1);
     orders.parking_topic = Some("orders.parking".into());
     let mut audit = route(&["audit.dlt"], RouteMode::Capture, "log");
     audit.name = "audit".into();

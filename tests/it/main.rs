@@ -2,6 +2,7 @@
 //! Kafka cluster.
 
 mod admin_api;
+mod alerts;
 mod authoring;
 mod brake;
 mod breakers;

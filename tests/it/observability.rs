@@ -726,3 +726,123 @@ async fn a_member_cut_off_from_kafka_raises_alerts_in_a_real_prometheus() {
     assert_eq!(readyz.0, 503, "{readyz:?}");
     member.stop().await;
 }
+
+/// The partitions `text` (a `/metrics` page) exports a lag or committed offset for, by
+/// metric name and partition.
+fn partition_series(text: &str) -> BTreeSet<(String, i32)> {
+    let mut found = BTreeSet::new();
+    for line in text.lines() {
+        for metric in ["redrive_consumer_lag", "redrive_consumer_committed_offset"] {
+            let Some(labels) = line.strip_prefix(&format!("{metric}{{")) else {
+                continue;
+            };
+            let partition = labels
+                .split(',')
+                .find_map(|l| l.strip_prefix("partition=\""))
+                .and_then(|p| p.split('"').next())
+                .and_then(|p| p.parse().ok());
+            if let Some(partition) = partition {
+                found.insert((metric.to_owned(), partition));
+            }
+        }
+    }
+    found
+}
+
+/// The value of `metric{...partition="N"...}` on a `/metrics` page.
+fn partition_value(text: &str, metric: &str, partition: i32) -> Option<i64> {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{metric}{{")))
+        .find(|l| l.contains(&format!("partition=\"{partition}\"")))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+async fn metrics_page(at: SocketAddr) -> String {
+    match reqwest::get(format!("http://{at}/metrics")).await {
+        Ok(response) => response.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    }
+}
+
+/// Issue 17 follow-up: a member that gives partitions up in a rebalance stops exporting
+/// their lag and committed offset (stale series would make per-topic stall alerts and
+/// lag panels lie), also after its later statistics reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_stops_exporting_the_partitions_a_rebalance_took_away() {
+    let kafka = cluster(&[("orders.dlt", 2)]);
+    let bootstrap = kafka.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(
+        &mut settings,
+        &bootstrap,
+        vec![route(&["orders.dlt"], RouteMode::Capture, "log")],
+    );
+    (settings.kafka.properties).insert("statistics.interval.ms".into(), "200".into());
+    let start = |settings: &Settings| {
+        let mut settings = settings.clone();
+        let at = free_address();
+        settings.metrics.listen = Some(at);
+        let fleet = Fleet::builder(settings)
+            .with_builtin_handlers()
+            .build()
+            .unwrap();
+        (Member::start(fleet, &store), at)
+    };
+    let (first, first_at) = start(&settings);
+    let producer = producer(&bootstrap);
+    let to = |partition: i32| Sample {
+        value: Some(b"v".to_vec()),
+        partition: Some(partition),
+        ..Sample::default()
+    };
+    for partition in 0..2 {
+        produce(&producer, "orders.dlt", &to(partition)).await;
+    }
+    let both: BTreeSet<(String, i32)> = (0..2)
+        .flat_map(|p| {
+            ["redrive_consumer_lag", "redrive_consumer_committed_offset"].map(|m| (m.to_owned(), p))
+        })
+        .collect();
+    eventually(
+        Duration::from_secs(30),
+        "the first member exporting both partitions",
+        || async { partition_series(&metrics_page(first_at).await) == both },
+    )
+    .await;
+
+    let (second, second_at) = start(&settings);
+    let owned = |page: &str| -> Vec<i32> {
+        let mut partitions: Vec<i32> = partition_series(page).into_iter().map(|(_, p)| p).collect();
+        partitions.dedup();
+        partitions
+    };
+    eventually(
+        Duration::from_secs(60),
+        "the second member exporting one partition",
+        || async { owned(&metrics_page(second_at).await).len() == 1 },
+    )
+    .await;
+    let given_up = owned(&metrics_page(second_at).await)[0];
+    let kept = 1 - given_up;
+    // A message on the partition the first member kept: once its committed offset shows
+    // it, the first member's statistics have been reported since the rebalance.
+    produce(&producer, "orders.dlt", &to(kept)).await;
+    eventually(
+        Duration::from_secs(30),
+        "the first member reporting its kept partition's new offset",
+        || async {
+            let page = metrics_page(first_at).await;
+            partition_value(&page, "redrive_consumer_committed_offset", kept) == Some(2)
+        },
+    )
+    .await;
+    let exported = partition_series(&metrics_page(first_at).await);
+    let stale: Vec<_> = exported.iter().filter(|(_, p)| *p == given_up).collect();
+    assert!(
+        stale.is_empty(),
+        "the first member still exports partition {given_up}, which it gave up: {stale:?}"
+    );
+    second.stop().await;
+    first.stop().await;
+}

@@ -85,7 +85,7 @@ async fn a_message_failing_again_links_generations_and_past_the_limit_is_parked_
     let (store, mut settings) = fresh_store().await;
     let mut orders = route(&[DLT], RouteMode::Capture, "republish");
     orders.name = "orders".into();
-    orders.max_generations = 2;
+    orders.max_generations = Some(2);
     use_cluster(&mut settings, &bootstrap, vec![orders]);
     settings.parking.topic = Some(PARKING.into());
     let producer = producer(&bootstrap);
