@@ -20,7 +20,7 @@ pub use flush::FlushError;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::parts::Watch;
@@ -169,6 +169,7 @@ impl Ingest {
             (outcome, _) => outcome,
         };
         consumer.unsubscribe();
+        close(consumer).await;
         match &outcome {
             Ok(()) => tracing::info!("ingest stopped"),
             Err(error) => {
@@ -176,5 +177,36 @@ impl Ingest {
             }
         }
         outcome
+    }
+}
+
+/// How long a stopping member waits for its consumer to leave the group (the revoke
+/// commits what was stored, then the member leaves). Brokers that cannot be reached
+/// would hold it forever: librdkafka's synchronous commit has no timeout.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
+/// Closes `consumer` on a thread of its own, waiting at most [`CLOSE_WAIT`]. Past it the
+/// member stops without it (the thread ends with the process): the group moves its
+/// partitions after `session.timeout.ms`, and messages whose offsets were not committed
+/// are delivered again and deduplicated.
+async fn close(consumer: StreamConsumer<IngestContext>) {
+    let (closed, closing) = tokio::sync::oneshot::channel();
+    let closer = std::thread::Builder::new()
+        .name("consumer-close".into())
+        .spawn(move || {
+            drop(consumer);
+            let _ = closed.send(());
+        });
+    if let Err(error) = closer {
+        tracing::warn!(%error, "could not start a thread to close the consumer; stopping without closing it");
+        return;
+    }
+    if tokio::time::timeout(CLOSE_WAIT, closing).await.is_err() {
+        tracing::warn!(
+            wait = ?CLOSE_WAIT,
+            "the consumer could not leave its group (brokers unreachable?); stopping without \
+             it: its partitions move after session.timeout.ms, and messages not committed \
+             are delivered again and deduplicated"
+        );
     }
 }

@@ -749,3 +749,87 @@ handler = "orders"
     }
     assert_eq!(starts.len(), 2, "each message ran once: {starts:?}");
 }
+
+/// Where a [`child_kafka_cluster`] writes its bootstrap servers.
+const CLUSTER_FILE: &str = "REDRIVE_TEST_CLUSTER_FILE";
+
+/// Entry point of a child process that hosts a mock Kafka cluster (three brokers, the
+/// topic `orders.dlt` of four partitions) until it is killed, so that a test can kill
+/// its brokers the hard way; not a test of its own: without `REDRIVE_TEST_CLUSTER_FILE`
+/// it returns at once.
+#[test]
+fn child_kafka_cluster() {
+    let Ok(file) = std::env::var(CLUSTER_FILE) else {
+        return;
+    };
+    let cluster = rdkafka::mocking::MockCluster::new(3).unwrap();
+    cluster.create_topic("orders.dlt", 4, 3).unwrap();
+    std::fs::write(format!("{file}.part"), cluster.bootstrap_servers()).unwrap();
+    std::fs::rename(format!("{file}.part"), &file).unwrap();
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// Found by the issue 17 attack: a member told to stop while its brokers died never
+/// exited. Closing its consumer ran the revoke, whose synchronous offset commit
+/// (librdkafka's, with no timeout) waited for a coordinator for ever. The close now has
+/// a bound: the member stops, says why, and its uncommitted messages are delivered
+/// again (and deduplicated) once the group moves its partitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_brokers_die_as_it_stops_still_exits() {
+    let (store, settings) = fresh_store().await;
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap_file = dir.path().join("bootstrap");
+    let mut brokers = Spawn::test_child("hardening::child_kafka_cluster", &settings)
+        .env(CLUSTER_FILE, bootstrap_file.display().to_string())
+        .start();
+    eventually(Duration::from_secs(30), "the brokers up", || async {
+        bootstrap_file.exists()
+    })
+    .await;
+    let bootstrap = std::fs::read_to_string(&bootstrap_file).unwrap();
+    let config = dir.path().join("redrive.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[kafka]
+bootstrap_servers = "{bootstrap}"
+group_id = "cut-off"
+[ingest]
+linger = "10ms"
+[worker]
+enabled = false
+[[routes]]
+topics = ["orders.dlt"]
+mode = "capture"
+handler = "log"
+"#
+        ),
+    )
+    .unwrap();
+    let mut member = Spawn::binary(&settings).config(&config).start();
+    eventually(Duration::from_secs(30), "partitions assigned", || async {
+        !member.log_lines("partitions assigned").is_empty()
+    })
+    .await;
+    let producer = crate::broker::producer(&bootstrap);
+    for i in 0..40 {
+        let letter = crate::broker::Sample {
+            value: Some(format!("failure {i}").into()),
+            partition: Some(i % 4),
+            ..Default::default()
+        };
+        crate::broker::produce(&producer, "orders.dlt", &letter).await;
+    }
+    eventually(
+        Duration::from_secs(30),
+        "the dead letters stored",
+        || async { scalar(&store, "SELECT count(*) FROM recovery_task").await == 40 },
+    )
+    .await;
+    member.signal(libc::SIGTERM);
+    brokers.kill();
+    member.stopped(Duration::from_secs(45)).await;
+}
