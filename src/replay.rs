@@ -69,8 +69,10 @@ pub async fn check_replay(
         }
     }
     if let Some(topic) = &replay.target_topic {
-        if topic.is_empty() {
-            return Err(ReplayError::Invalid("the target topic is empty".into()));
+        // The rules of the configured targets: a name Kafka accepts, not an internal one.
+        if let Err(refused) = crate::config::target_topic("the target topic", topic) {
+            let reason = refused.reason;
+            return Err(ReplayError::Invalid(format!("the target topic {reason}")));
         }
     }
     replay.filter.validate().map_err(ReplayError::Invalid)?;

@@ -10,7 +10,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::backoff::{Backoff, Jitter};
-use checks::{at_most, attempts, target_topic, within, ONE_DAY, ONE_HOUR, ONE_MINUTE, ONE_YEAR};
+use checks::{at_most, attempts, within, ONE_DAY, ONE_HOUR, ONE_MINUTE, ONE_YEAR};
 
 mod admin;
 mod brake;
@@ -33,7 +33,7 @@ mod webhook;
 pub use crate::{ingest::FLUSHES_IN_FLIGHT, worker::CLAIM_LOOPS};
 pub use admin::{AdminSettings, AdminToken, RetentionSettings, Role, MIN_TOKEN_CHARS};
 pub use brake::BrakeSettings;
-pub(crate) use checks::topic_problem;
+pub(crate) use checks::{target_topic, topic_problem};
 pub(crate) use kafka::validate_routes;
 pub use kafka::{
     IngestSettings, KafkaSettings, Ordering, ParkingSettings, RepublishSettings, RouteMode,

@@ -240,6 +240,35 @@ async fn a_replay_to_a_missing_topic_fails_before_producing_anything() {
     .is_empty());
 }
 
+/// A replay's target is held to the rules of the configured targets: a name Kafka
+/// would refuse, or one of Kafka's internal topics, is refused naming the reason before
+/// anything is recorded (it went to the broker, to be refused there with its words, or,
+/// for an internal topic, written into).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_to_an_internal_or_malformed_topic_is_refused_before_anything_runs() {
+    let kafka = cluster(&[("orders", 1)]);
+    let (store, mut settings) = fresh_store().await;
+    settings.kafka.bootstrap_servers = kafka.bootstrap_servers();
+    stored_failures(&store, 3).await;
+    for (target, reason) in [
+        ("__consumer_offsets", "is Kafka's internal topic"),
+        ("orders retry", "is not a topic name"),
+        ("..", "is not a topic name Kafka accepts"),
+    ] {
+        let out = run(
+            &settings,
+            &["tasks", "replay", "--all", "--to", target, "--yes"],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{target}: {stderr}");
+        assert!(stderr.contains(reason), "{target}: {stderr}");
+    }
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_replay").await,
+        0
+    );
+}
+
 /// Started over HTTP, a replay to each task's original topic is run by a fleet member,
 /// which marks the tasks resolved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
