@@ -121,8 +121,8 @@ pub(crate) fn original_to_fetch(
 }
 
 /// `task` holding the `original` record fetched from `at`, as if the dead letter had
-/// come whole: its key, value and headers (the dead letter's own headers after them,
-/// as context), or its minimal form when that is over `ingest.max_message_bytes`. A
+/// come whole: its key, value and headers (the dead letter's failure-context headers
+/// after them; its others, not the original's, are left out and noted), or its minimal form when that is over `ingest.max_message_bytes`. A
 /// record with no key and no value (another headers-only dead letter, say) is no
 /// original: the task is [`original_unavailable`], never republished empty.
 pub(crate) fn with_original(
@@ -141,8 +141,13 @@ pub(crate) fn with_original(
         );
         return original_unavailable(task, error);
     }
+    // The dead letter's failure context follows the original's headers; any other
+    // header of the dead letter is not the original's, and is not kept.
+    let (context, others): (Vec<_>, Vec<_>) = std::mem::take(&mut task.failure.headers)
+        .into_iter()
+        .partition(|h| dlt::is_context_header(&h.name));
     let mut headers = original.headers.clone();
-    headers.append(&mut task.failure.headers);
+    headers.extend(context);
     let value_size = message.payload().map_or(0, <[u8]>::len);
     task.failure.value_size = i32::try_from(value_size).ok();
     let size = message.key().map_or(0, <[u8]>::len)
@@ -172,6 +177,21 @@ pub(crate) fn with_original(
         task.order_key = Some(order_key(&route.name, key));
     }
     task.failure.ingest_note = Some(append_note(task.failure.ingest_note.take(), &note));
+    if !others.is_empty() {
+        let names: Vec<String> = (others.iter().take(5))
+            .map(|h| String::from_utf8_lossy(&h.name).into_owned())
+            .collect();
+        let more = match others.len() > names.len() {
+            true => format!(" and {} more", others.len() - names.len()),
+            false => String::new(),
+        };
+        let note = format!(
+            "the dead letter's other headers are not kept ({}{more}): they are not the \
+             original's",
+            names.join(", ")
+        );
+        task.failure.ingest_note = Some(append_note(task.failure.ingest_note.take(), &note));
+    }
     task
 }
 

@@ -174,7 +174,11 @@ async fn a_share_group_dead_letter_is_stored_with_its_original_and_recovers() {
     let (partition, offset) = produce(&producer, "billing", &original).await;
     assert_eq!((partition, offset), (1, 1));
     let dead_letter = share_group_headers(b"billing", b"1", b"1");
-    produce(&producer, "billing.dlq", &headers_only(dead_letter.clone())).await;
+    // A header on the dead letter that is no failure context is not the original's:
+    // neither stored nor republished (it was both).
+    let mut sent = dead_letter.clone();
+    sent.push(Header::new("x-case", b"s01".to_vec()));
+    produce(&producer, "billing.dlq", &headers_only(sent)).await;
 
     let running = Member::start(fleet(&settings), &store);
     eventually(Duration::from_secs(60), "the task resolved", || async {
@@ -212,6 +216,12 @@ async fn a_share_group_dead_letter_is_stored_with_its_original_and_recovers() {
             .as_deref()
             .unwrap()
             .contains("fetched from the original record at billing[1]@1"),
+        "{:?}",
+        task.failure.ingest_note
+    );
+    assert!(
+        (task.failure.ingest_note.as_deref().unwrap())
+            .contains("the dead letter's other headers are not kept (x-case)"),
         "{:?}",
         task.failure.ingest_note
     );
