@@ -116,6 +116,9 @@ impl AlertSettings {
                 "label matchers without braces or line breaks (e.g. job=\"redrive\",env=\"prod\")",
             );
         }
+        if let Some(problem) = selector_problem(&self.selector) {
+            return error("--selector", &problem);
+        }
         if self.runbook_base.is_empty() || self.runbook_base.contains(char::is_whitespace) {
             return error("--runbook-base", "must be an address without spaces");
         }
@@ -129,9 +132,45 @@ impl AlertSettings {
             if duration.as_secs() == 0 || duration.subsec_nanos() != 0 {
                 return error(option, "must be a whole number of seconds, at least 1s");
             }
+            if duration > LONGEST_HOLD {
+                return error(option, "must be at most 365d (an alert held longer never fires)");
+            }
         }
         Ok(())
     }
+}
+
+/// The longest hold or window a rule may have.
+const LONGEST_HOLD: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Why `selector` is not a list of PromQL label matchers (`name="value"`, `!=`, `=~`,
+/// `!~`, separated by commas, regular expressions that compile), if it is not: a rule
+/// file Prometheus cannot parse loads none of its rules.
+fn selector_problem(selector: &str) -> Option<String> {
+    let matcher = regex::Regex::new(
+        r#"^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)"#,
+    )
+    .expect("a valid pattern");
+    let mut rest = selector;
+    while !rest.trim().is_empty() {
+        let Some(found) = matcher.captures(rest) else {
+            return Some(format!(
+                "{rest:?} is not a label matcher: write name=\"value\" (or !=, =~, !~), \
+                 separated by commas"
+            ));
+        };
+        let whole = found.get(0).expect("the whole match");
+        if matches!(&found[2], "=~" | "!~") {
+            if let Err(error) = regex::Regex::new(&found[3]) {
+                return Some(format!("the regular expression of {:?}: {error}", &found[1]));
+            }
+        }
+        rest = &rest[whole.end()..];
+        if whole.as_str().trim_end().ends_with(',') && rest.trim().is_empty() {
+            return Some("ends with a comma".into());
+        }
+    }
+    None
 }
 
 /// `duration` as Prometheus writes one (`90s`, `15m`, `2h`), in whole seconds.
@@ -178,6 +217,33 @@ mod tests {
             ..AlertSettings::default()
         };
         assert_eq!(fraction.render().unwrap_err().option, "--stall-for");
+    }
+
+    #[test]
+    fn a_selector_prometheus_cannot_parse_is_refused() {
+        for good in [
+            r#"job="redrive""#,
+            r#"job="rd", env!="dev",pod=~"redrive-.*""#,
+            r#"job="a\"b""#,
+        ] {
+            assert_eq!(selector_problem(good), None, "{good}");
+        }
+        for bad in [
+            "job",
+            r#"job="x" or vector(1)"#,
+            r#"job=~"((""#,
+            r#"job="x","#,
+            r##"job="x"# comment"##,
+            r#"job="x" env="y""#,
+            r#"9job="x""#,
+        ] {
+            assert!(selector_problem(bad).is_some(), "{bad}");
+        }
+        let endless = AlertSettings {
+            not_ready_for: Duration::from_secs(100_000_000_000 * 86_400),
+            ..AlertSettings::default()
+        };
+        assert_eq!(endless.render().unwrap_err().option, "--not-ready-for");
     }
 
     #[test]
