@@ -237,13 +237,18 @@ const INTERNAL_TOPICS: [&str; 4] = [
     "__cluster_metadata",
 ];
 
+/// Whether `topic` is one of Kafka's internal topics.
+pub(crate) fn is_internal_topic(topic: &str) -> bool {
+    INTERNAL_TOPICS.contains(&topic)
+}
+
 /// Refuses a topic redrive would produce to (a republish or parking target) that Kafka
 /// would refuse as a topic name ([`topic_problem`]) or that is one of Kafka's internal
 /// topics.
 pub(crate) fn target_topic(key: &str, topic: &str) -> Result<(), ConfigError> {
     let reason = match topic_problem(topic) {
         Some(reason) => reason,
-        None if INTERNAL_TOPICS.contains(&topic) => {
+        None if is_internal_topic(topic) => {
             format!("{topic:?} is Kafka's internal topic, not one to produce failures to")
         }
         None => return Ok(()),

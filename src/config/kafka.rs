@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::time::Duration;
 
-use super::checks::{at_most, attempts, target_topic, within, ONE_DAY, ONE_YEAR};
+use super::checks::{at_most, attempts, target_topic, topic_problem, within, ONE_DAY, ONE_YEAR};
 use super::{duration, optional_duration, BrakeSettings, ConfigError};
 use crate::backoff::Jitter;
 
@@ -181,6 +181,12 @@ pub struct RouteSettings {
     /// failed again more often is stored PERMANENT_FAILURE and parked instead of being
     /// redriven once more (see [`crate::task::Failure::generation`]).
     pub max_generations: Option<u32>,
+    /// Capture mode only: the only topics a dead letter that left its record out (a
+    /// share group's) has its original fetched from; another topic ends its task
+    /// PERMANENT_FAILURE. None: any topic but Kafka's internal ones and those the
+    /// fleet's capture routes consume (see [`crate::ingest`]'s originals).
+    #[serde(default, deserialize_with = "super::strings::optional_strings")]
+    pub fetch_originals_from: Option<Vec<String>>,
 }
 
 /// Default of a route's `max_generations`: a first failure and two re-failures are
@@ -253,6 +259,7 @@ impl RouteSettings {
             republish_topic: None,
             parking_topic: None,
             max_generations: None,
+            fetch_originals_from: None,
         }
     }
 
@@ -318,6 +325,7 @@ impl RouteSettings {
         if let Some(topic) = &self.parking_topic {
             target_topic(&key("parking_topic"), topic)?;
         }
+        self.check_fetch_originals_from(key)?;
         let Some(max) = self.max_generations else {
             return Ok(());
         };
@@ -333,6 +341,34 @@ impl RouteSettings {
                 key("max_generations"),
                 format!("must be 1 to {MAX_GENERATIONS} (got {max}); 1 parks every re-failure"),
             ));
+        }
+        Ok(())
+    }
+
+    /// Checks `fetch_originals_from`: a capture route's, at least one topic, each a name
+    /// Kafka accepts.
+    fn check_fetch_originals_from(&self, key: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+        let Some(topics) = &self.fetch_originals_from else {
+            return Ok(());
+        };
+        let key = key("fetch_originals_from");
+        if self.mode != RouteMode::Capture {
+            return Err(ConfigError::new(
+                key,
+                "only a capture-mode route fetches the originals of dead letters; remove the key",
+            ));
+        }
+        if topics.is_empty() {
+            return Err(ConfigError::new(
+                key,
+                "must list at least one topic (leave the key out to fetch from any topic but \
+                 Kafka's internal ones and the captured dead-letter topics)",
+            ));
+        }
+        for topic in topics {
+            if let Some(reason) = topic_problem(topic) {
+                return Err(ConfigError::new(key, reason));
+            }
         }
         Ok(())
     }

@@ -13,6 +13,9 @@
 //!   when the task is republished, not at start-up ([`republish_loop`], used by
 //!   [`super::Targets::republish_target`]).
 //!
+//! The same lookup tells which topics are this fleet's dead-letter topics, whose records
+//! are never fetched as a dead letter's original ([`capture_consumer`]).
+//!
 //! A route consumes a topic it lists or one its pattern matches as a whole name, which
 //! is what librdkafka's anchored subscription delivers (see [`super::pattern`]).
 
@@ -93,11 +96,17 @@ pub(crate) fn republish_loop(routes: &[RouteSettings], topic: &str) -> Option<St
 
 /// Why replaying to `topic` would loop, if a capture route of `routes` consumes it.
 pub fn replay_loop(routes: &[RouteSettings], topic: &str) -> Option<String> {
-    let route = consumer(routes, topic, |r| r.mode == RouteMode::Capture)?;
+    let route = capture_consumer(routes, topic)?;
     Some(format!(
         "topic {topic:?} is consumed by {route}: every replayed message would come back as a \
          new task, an endless loop; replay to the topic the failures came from"
     ))
+}
+
+/// The capture route of `routes` that consumes `topic` (a dead-letter topic of this
+/// fleet), described by its key as [`consumer`] does.
+pub(crate) fn capture_consumer(routes: &[RouteSettings], topic: &str) -> Option<String> {
+    consumer(routes, topic, |r| r.mode == RouteMode::Capture)
 }
 
 /// The first route that consumes `topic` and `feeds_back`, described by its key:

@@ -33,7 +33,7 @@ mod webhook;
 pub use crate::{ingest::FLUSHES_IN_FLIGHT, worker::CLAIM_LOOPS};
 pub use admin::{AdminSettings, AdminToken, RetentionSettings, Role, MIN_TOKEN_CHARS};
 pub use brake::BrakeSettings;
-pub(crate) use checks::{target_topic, topic_problem};
+pub(crate) use checks::{is_internal_topic, target_topic, topic_problem};
 pub(crate) use kafka::validate_routes;
 pub use kafka::{
     IngestSettings, KafkaSettings, Ordering, ParkingSettings, RepublishSettings, RouteMode,
@@ -43,7 +43,7 @@ pub use kafka::{
 pub use librdkafka::{ASSIGNMENT_STRATEGY, HEARTBEAT_INTERVAL, SESSION_TIMEOUT};
 pub use log::{LogFormat, LogSettings};
 pub use loops::replay_loop;
-pub(crate) use loops::{refuse_loops, republish_loop};
+pub(crate) use loops::{capture_consumer, refuse_loops, republish_loop};
 pub use resilience::{BreakerSettings, HandlerSettings};
 pub use targets::{AppliedTargets, RepublishRefused, Target, Targets};
 pub use webhook::{ResolvedTarget, WebhookBody, WebhookSettings, WebhookTarget};

@@ -12,6 +12,13 @@ pub(super) fn strings<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<
     Ok(elements.into_iter().map(|Written(text)| text).collect())
 }
 
+/// [`strings`] for a list that may be left out: a list written empty is `Some` of none.
+pub(super) fn optional_strings<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Vec<String>>, D::Error> {
+    strings(deserializer).map(Some)
+}
+
 /// A string as written: any other type is refused, not converted.
 struct Written(String);
 

@@ -345,6 +345,7 @@ mod tests {
             originals: Originals {
                 kafka: Default::default(),
                 limits: IngestSettings::default(),
+                routes: Arc::new([]),
             },
             targets: Targets::default(),
         };

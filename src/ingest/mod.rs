@@ -114,6 +114,7 @@ impl Ingest {
                 originals: Originals {
                     kafka: kafka.clone(),
                     limits: limits.clone(),
+                    routes: settings.routes.clone().into(),
                 },
                 targets: Targets::new(settings),
             },

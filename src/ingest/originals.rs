@@ -5,26 +5,36 @@
 //! with no key and no value, is stored PERMANENT_FAILURE with the reason
 //! ([`original_unavailable`]).
 //!
+//! Whoever can write to a captured dead-letter topic chooses the coordinates, so the
+//! fetch is held to a list: a route's `fetch_originals_from`, else any topic but
+//! Kafka's internal ones and the fleet's own dead-letter topics ([`refusal`]). A
+//! refused original is an unavailable one.
+//!
 //! The fetches of a batch share one deadline (`ingest.original_fetch_timeout`), so a
 //! batch, and the partitions behind it, wait at most that long. A redelivered dead
 //! letter is not fetched again: its task is what was recorded the first time, even if
 //! the original has gone since.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::mapping::{original_to_fetch, original_unavailable, with_original};
 use super::process::Mapped;
-use crate::config::{IngestSettings, KafkaSettings};
+use crate::config::{
+    capture_consumer, is_internal_topic, IngestSettings, KafkaSettings, RouteSettings,
+};
 use crate::kafka::fetch::{FetchError, OriginalFetcher};
 use crate::kafka::message::Consumed;
 use crate::store::Store;
 use crate::task::{OriginalCoordinates, SourceCoordinates};
 
-/// What fetching originals needs: the cluster's client settings and the limits.
+/// What fetching originals needs: the cluster's client settings, the limits and every
+/// route (which topics may be fetched from).
 #[derive(Clone)]
 pub(crate) struct Originals {
     pub(crate) kafka: KafkaSettings,
     pub(crate) limits: IngestSettings,
+    pub(crate) routes: Arc<[RouteSettings]>,
 }
 
 impl Originals {
@@ -33,6 +43,17 @@ impl Originals {
         let mut wanted: Vec<(usize, SourceCoordinates)> = (batch.iter().enumerate())
             .filter_map(|(i, m)| Some((i, original_to_fetch(&m.message, &m.route, &m.task)?)))
             .collect();
+        wanted.retain(|(index, at)| {
+            let mapped = &mut batch[*index];
+            let Some(why) = refusal(&self.routes, &mapped.route, &at.topic) else {
+                return true;
+            };
+            let task = std::mem::take(&mut mapped.task);
+            let at = OriginalCoordinates::from(at.clone());
+            let error = format!("the original record at {at} is not fetched: {why}");
+            mapped.task = original_unavailable(task, error);
+            false
+        });
         if wanted.is_empty() {
             return;
         }
@@ -97,6 +118,27 @@ impl Originals {
             !same_dead_letter
         });
     }
+}
+
+/// Why `route` does not fetch an original from `topic`, if it does not: a topic not in
+/// its `fetch_originals_from`, or, without that key, one of Kafka's internal topics or a
+/// topic a capture route of `routes` consumes (a dead-letter topic).
+fn refusal(routes: &[RouteSettings], route: &RouteSettings, topic: &str) -> Option<String> {
+    let key = match routes.iter().position(|r| r.name == route.name) {
+        Some(i) => format!("routes[{i}].fetch_originals_from"),
+        None => format!("route {:?}'s fetch_originals_from", route.name),
+    };
+    if let Some(allowed) = &route.fetch_originals_from {
+        return (!allowed.iter().any(|t| t == topic))
+            .then(|| format!("topic {topic:?} is not in {key}"));
+    }
+    let why = if is_internal_topic(topic) {
+        format!("{topic:?} is Kafka's internal topic")
+    } else {
+        let consumer = capture_consumer(routes, topic)?;
+        format!("{topic:?} is consumed by {consumer}, a dead-letter topic")
+    };
+    Some(format!("{why} (list the topics to fetch from in {key})"))
 }
 
 /// Fetches each of `places` with one consumer before one deadline. Blocking.

@@ -200,11 +200,28 @@ pub fn read(headers: &[Header], stacktrace_max_bytes: usize) -> FailureContext {
     let number = |header: Option<&Header>| Field::read(header, format.binary_numbers);
     let partition = number(first(format.partition)).check(|n| i32::try_from(n).ok());
     let offset = number(first(format.offset)).check(Some);
-    let group = (format.group.and_then(&mut first))
-        .and_then(|h| h.value.as_deref())
-        .map(clean_text)
-        .filter(|g| !g.is_empty());
-    let delivery_count = number(format.delivery_count.and_then(&mut first)).check(Some);
+    let mut malformed = Vec::new();
+    let mut unreadable = |header: &Header| {
+        malformed.push(format!(
+            "{} header {} unreadable ({}): left out",
+            format.name,
+            String::from_utf8_lossy(&header.name),
+            quoted(header.value.as_deref())
+        ));
+    };
+    let group_header = format.group.and_then(&mut first);
+    let group = group_header.and_then(|h| {
+        let text = h.value.as_deref().and_then(|v| std::str::from_utf8(v).ok());
+        if text.is_none() {
+            unreadable(h);
+        }
+        Some(clean_text(text?.as_bytes())).filter(|g| !g.is_empty())
+    });
+    let count_header = format.delivery_count.and_then(&mut first);
+    let delivery_count = number(count_header).check(Some);
+    if let (Field::Unreadable, Some(header)) = (&delivery_count, count_header) {
+        unreadable(header);
+    }
     let mut ctx = FailureContext {
         format: Some(format.name),
         notes,
@@ -223,6 +240,7 @@ pub fn read(headers: &[Header], stacktrace_max_bytes: usize) -> FailureContext {
             offset.state(),
         ));
     }
+    ctx.notes.extend(malformed);
     ctx.original = topic.map(|topic| OriginalCoordinates {
         topic,
         partition: partition.value(),
@@ -658,11 +676,68 @@ mod tests {
             assert!(original.complete().is_none(), "{partition:?} {offset:?}");
             assert!(ctx.notes[0].contains(said), "{said}: {:?}", ctx.notes);
             assert_eq!(
-                ctx.error_message.as_deref(),
-                Some("share group \u{fffd}"),
-                "a negative delivery count is left out"
+                ctx.error_message, None,
+                "a negative delivery count and a group that is not UTF-8 are left out"
             );
         }
+    }
+
+    /// Regression: a share group's delivery count that is not a number was dropped, and
+    /// a group that is not UTF-8 was shown as `share group \u{fffd}`, both without a note.
+    #[test]
+    fn malformed_share_group_group_and_delivery_count_are_noted() {
+        for (count, group) in [
+            (&b"-5"[..], &b"\xff\xfe"[..]),
+            (b"99999999999999999999999", b"g\xc3\x28"),
+        ] {
+            let ctx = read(
+                &[
+                    h(share_group::TOPIC, b"orders"),
+                    h(share_group::PARTITION, b"0"),
+                    h(share_group::OFFSET, b"1"),
+                    h(share_group::DELIVERY_COUNT, count),
+                    h(share_group::GROUP, group),
+                    h(share_group::MESSAGE, b"Offset rejected by client."),
+                ],
+                100,
+            );
+            assert_eq!(ctx.original, at("orders", 0, 1));
+            assert_eq!(
+                ctx.error_message.as_deref(),
+                Some("Offset rejected by client."),
+                "neither the count nor the group is shown"
+            );
+            assert_eq!(
+                ctx.notes,
+                [
+                    format!(
+                        "kafka-share-group header __dlq.errors.group unreadable ({}): left out",
+                        quoted(Some(group))
+                    ),
+                    format!(
+                        "kafka-share-group header __dlq.errors.delivery.count unreadable ({}): \
+                         left out",
+                        quoted(Some(count))
+                    ),
+                ]
+            );
+        }
+        let null_group = read(
+            &[
+                h(share_group::TOPIC, b"orders"),
+                h(share_group::PARTITION, b"0"),
+                h(share_group::OFFSET, b"1"),
+                Header {
+                    name: share_group::GROUP.into(),
+                    value: None,
+                },
+            ],
+            100,
+        );
+        assert_eq!(
+            null_group.notes,
+            ["kafka-share-group header __dlq.errors.group unreadable (no value): left out"]
+        );
     }
 
     /// Regression: share-group numbers went through `trim().parse()`, so `" 1"` and

@@ -963,3 +963,41 @@ fn a_list_of_names_refuses_an_element_that_is_not_a_string() {
     let settings = load_env(&[("REDRIVE__WORKER__HANDLERS", "log")]).unwrap();
     assert_eq!(settings.worker.handlers, ["log"]);
 }
+
+/// `fetch_originals_from` lists topic names Kafka accepts, at least one, and only on a
+/// capture route (a process route fetches no originals).
+#[test]
+fn fetch_originals_from_is_checked() {
+    let capture = "topics = [\"billing.dlq\"]\nmode = \"capture\"\nhandler = \"republish\"";
+    let settings = route_toml(&format!(
+        "{capture}\nfetch_originals_from = [\"billing\", \"invoices\"]"
+    ))
+    .unwrap();
+    assert_eq!(
+        settings.routes[0].fetch_originals_from,
+        Some(vec!["billing".to_owned(), "invoices".to_owned()])
+    );
+    assert_eq!(
+        route_toml(capture).unwrap().routes[0].fetch_originals_from,
+        None
+    );
+    for (list, reason) in [
+        ("[]", "must list at least one topic"),
+        ("[\"bill ing\"]", "not a topic name"),
+        ("[\"\"]", "must not be empty"),
+    ] {
+        assert_refused(
+            route_toml(&format!("{capture}\nfetch_originals_from = {list}")),
+            "routes[0].fetch_originals_from",
+            reason,
+        );
+    }
+    assert_refused(
+        route_toml(
+            "topics = [\"orders\"]\nmode = \"process\"\nhandler = \"log\"\n\
+             fetch_originals_from = [\"billing\"]",
+        ),
+        "routes[0].fetch_originals_from",
+        "only a capture-mode route",
+    );
+}

@@ -835,3 +835,116 @@ async fn huge_error_headers_are_cut_even_in_minimal_form() {
         );
     }
 }
+
+/// A refused fetch's task: PERMANENT_FAILURE `redrive.OriginalUnavailable`, never
+/// attempted, nothing stored from the record, and an error that says `why`.
+fn assert_refused_fetch(task: &redrive::Task, why: &str) {
+    assert_eq!(task.status, Status::PermanentFailure, "{why}");
+    assert_eq!(task.attempts, 0, "never republished: {why}");
+    assert_eq!(
+        task.failure.error_class.as_deref(),
+        Some("redrive.OriginalUnavailable")
+    );
+    let error = task.failure.error_message.clone().unwrap();
+    assert!(error.contains(why), "{why}: {error}");
+    assert_eq!((&task.failure.key, &task.failure.value), (&None, &None));
+    assert!(!task.failure.payload_stored);
+}
+
+/// Regression: whoever could write a headers-only record to a captured dead-letter topic
+/// had the fleet fetch any topic it may read (`secrets[0]@0`), store the record and
+/// republish it. With `fetch_originals_from`, only the listed topics are fetched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_original_outside_fetch_originals_from_is_not_fetched() {
+    let (broker, store, mut settings) =
+        billing_dlq(&[("billing", 1), ("billing.dlq", 1), ("secrets", 1)]).await;
+    let bootstrap = broker.bootstrap_servers();
+    settings.routes[0].fetch_originals_from = Some(vec!["billing".into()]);
+    let producer = producer(&bootstrap);
+    let secret = Sample {
+        value: Some(b"top secret".to_vec()),
+        ..Sample::default()
+    };
+    produce(&producer, "secrets", &secret).await;
+    let invoice = Sample {
+        value: Some(b"invoice".to_vec()),
+        ..Sample::default()
+    };
+    produce(&producer, "billing", &invoice).await;
+    let stolen = headers_only(share_group_headers(b"secrets", b"0", b"0"));
+    produce(&producer, "billing.dlq", &stolen).await;
+    let allowed = headers_only(share_group_headers(b"billing", b"0", b"0"));
+    produce(&producer, "billing.dlq", &allowed).await;
+
+    let running = Member::start(fleet(&settings), &store);
+    eventually(Duration::from_secs(60), "both tasks final", || async {
+        let counts = store.status_counts().await.unwrap();
+        (counts.resolved, counts.permanent_failure) == (1, 1)
+    })
+    .await;
+    running.stop().await;
+
+    let refused = task_at(&store, "billing.dlq", 0, 0).await;
+    assert_refused_fetch(
+        &refused,
+        "topic \"secrets\" is not in routes[0].fetch_originals_from",
+    );
+    let fetched = task_at(&store, "billing.dlq", 0, 1).await;
+    assert_eq!(
+        fetched.failure.value, invoice.value,
+        "a listed topic is fetched"
+    );
+    let on_secrets = tokio::task::spawn_blocking(move || {
+        consume(&bootstrap, "secrets", 1, 2, Duration::from_secs(5))
+    })
+    .await
+    .unwrap();
+    assert_eq!(on_secrets.len(), 1, "nothing republished to secrets");
+}
+
+/// Without `fetch_originals_from`, an original is never fetched from one of Kafka's
+/// internal topics nor from a dead-letter topic this fleet captures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn originals_are_not_fetched_from_internal_or_captured_topics_by_default() {
+    let (broker, store, mut settings) = billing_dlq(&[("billing.dlq", 1), ("orders.dlt", 1)]).await;
+    let bootstrap = broker.bootstrap_servers();
+    settings
+        .routes
+        .push(route(&["orders.dlt"], RouteMode::Capture, "log"));
+    settings.worker.enabled = false;
+    let producer = producer(&bootstrap);
+    let captured = Sample {
+        value: Some(b"someone else's failure".to_vec()),
+        headers: spring("orders", 0),
+        ..Sample::default()
+    };
+    produce(&producer, "orders.dlt", &captured).await;
+    let letters: [&[u8]; 3] = [b"__consumer_offsets", b"orders.dlt", b"billing.dlq"];
+    for topic in letters {
+        let letter = headers_only(share_group_headers(topic, b"0", b"0"));
+        produce(&producer, "billing.dlq", &letter).await;
+    }
+
+    let running = Member::start(fleet(&settings), &store);
+    eventually(
+        Duration::from_secs(60),
+        "every dead letter stored",
+        || async {
+            crate::support::scalar(&store, "SELECT count(*) FROM recovery_task").await == 4
+        },
+    )
+    .await;
+    running.stop().await;
+
+    let whys = [
+        "\"__consumer_offsets\" is Kafka's internal topic",
+        "\"orders.dlt\" is consumed by capture route routes[1].topics",
+        "\"billing.dlq\" is consumed by capture route routes[0].topics",
+    ];
+    for (offset, why) in whys.into_iter().enumerate() {
+        let task = task_at(&store, "billing.dlq", 0, offset as i64).await;
+        assert_refused_fetch(&task, why);
+        let error = task.failure.error_message.unwrap();
+        assert!(error.contains("routes[0].fetch_originals_from"), "{error}");
+    }
+}
