@@ -133,7 +133,10 @@ impl AlertSettings {
                 return error(option, "must be a whole number of seconds, at least 1s");
             }
             if duration > LONGEST_HOLD {
-                return error(option, "must be at most 365d (an alert held longer never fires)");
+                return error(
+                    option,
+                    "must be at most 365d (an alert held longer never fires)",
+                );
             }
         }
         Ok(())
@@ -162,7 +165,10 @@ fn selector_problem(selector: &str) -> Option<String> {
         let whole = found.get(0).expect("the whole match");
         if matches!(&found[2], "=~" | "!~") {
             if let Err(error) = regex::Regex::new(&found[3]) {
-                return Some(format!("the regular expression of {:?}: {error}", &found[1]));
+                return Some(format!(
+                    "the regular expression of {:?}: {error}",
+                    &found[1]
+                ));
             }
         }
         rest = &rest[whole.end()..];
