@@ -142,6 +142,20 @@ async fn billing_dlq(
     (broker, store, settings)
 }
 
+/// Runs a member on `settings` until `count` tasks are stored, then stops it.
+async fn run_until_stored(settings: &Settings, store: &Store, count: i64) {
+    let running = Member::start(fleet(settings), store);
+    eventually(
+        Duration::from_secs(60),
+        &format!("{count} dead letters stored"),
+        || async {
+            crate::support::scalar(store, "SELECT count(*) FROM recovery_task").await == count
+        },
+    )
+    .await;
+    running.stop().await;
+}
+
 /// A headers-only dead letter (no key, no value), as a share group's DLQ writes it.
 fn headers_only(headers: Vec<Header>) -> Sample {
     Sample {
@@ -623,16 +637,7 @@ async fn every_ingest_note_says_what_happens_to_the_task() {
         ..Sample::default()
     };
     produce(&producer, "audit.dlt", &audited).await;
-    let running = Member::start(fleet(&settings), &store);
-    eventually(
-        Duration::from_secs(60),
-        "every dead letter stored",
-        || async {
-            crate::support::scalar(&store, "SELECT count(*) FROM recovery_task").await == 7
-        },
-    )
-    .await;
-    running.stop().await;
+    run_until_stored(&settings, &store, 7).await;
 
     let parked = "parked to \"orders.parking\"";
     let expected: [(&str, i64, Status, &str, String); 6] = [
@@ -738,16 +743,7 @@ async fn duplicate_headers_take_the_first_copy_and_the_note_says_they_disagreed(
     two_offsets.push(Header::new("__dlq.errors.offset", b"1".to_vec()));
     produce(&producer, "billing.dlq", &headers_only(two_offsets)).await;
 
-    let running = Member::start(fleet(&settings), &store);
-    eventually(
-        Duration::from_secs(60),
-        "every dead letter stored",
-        || async {
-            crate::support::scalar(&store, "SELECT count(*) FROM recovery_task").await == 4
-        },
-    )
-    .await;
-    running.stop().await;
+    run_until_stored(&settings, &store, 4).await;
 
     let first = task_at(&store, "orders.dlt", 0, 0).await;
     assert_eq!(first.failure.original.unwrap().topic, "orders");
@@ -814,16 +810,7 @@ async fn huge_error_headers_are_cut_even_in_minimal_form() {
         ..Sample::default()
     };
     produce(&producer, "orders.dlt", &letter).await;
-    let running = Member::start(fleet(&settings), &store);
-    eventually(
-        Duration::from_secs(60),
-        "the dead letter stored",
-        || async {
-            crate::support::scalar(&store, "SELECT count(*) FROM recovery_task").await == 1
-        },
-    )
-    .await;
-    running.stop().await;
+    run_until_stored(&settings, &store, 1).await;
     let task = task_at(&store, "orders.dlt", 0, 0).await;
     assert!(!task.failure.payload_stored, "over the limit: minimal form");
     for text in [task.failure.error_class, task.failure.error_message] {
@@ -925,16 +912,7 @@ async fn originals_are_not_fetched_from_internal_or_captured_topics_by_default()
         produce(&producer, "billing.dlq", &letter).await;
     }
 
-    let running = Member::start(fleet(&settings), &store);
-    eventually(
-        Duration::from_secs(60),
-        "every dead letter stored",
-        || async {
-            crate::support::scalar(&store, "SELECT count(*) FROM recovery_task").await == 4
-        },
-    )
-    .await;
-    running.stop().await;
+    run_until_stored(&settings, &store, 4).await;
 
     let whys = [
         "\"__consumer_offsets\" is Kafka's internal topic",
