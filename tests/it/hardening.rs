@@ -626,8 +626,10 @@ async fn a_member_cut_off_from_the_database_stops_calls_whose_lease_ran_out() {
 async fn a_revoked_partitions_inline_call_ends_before_its_new_owner_starts() {
     // Well within the revoke's wait for flushes (10 s, `REVOKED_FLUSH_WAIT`) however
     // late the second member joins: a call as long as the wait could outlast it (a
-    // longer call is the documented limit, not this test's subject).
-    const CALL: Duration = Duration::from_secs(6);
+    // longer call is the documented limit, not this test's subject). With 6 s, CI on
+    // two loaded cores once saw the flush end more than 4 s after its call (the wait
+    // ran out, the message ran again, never alongside): that delay is still open.
+    const CALL: Duration = Duration::from_secs(4);
     let broker = crate::broker::cluster(&[("orders", 2)]);
     let bootstrap = broker.bootstrap_servers();
     let (_store, settings) = fresh_store().await;
