@@ -42,6 +42,7 @@ pub mod task;
 pub mod telemetry;
 pub mod testing;
 mod upkeep;
+pub mod when;
 mod worker;
 
 pub use backoff::{Backoff, Jitter};

@@ -1,4 +1,5 @@
-//! Bytes as an operator reads them: UTF-8 text where they are, hex otherwise.
+//! Bytes as an operator reads them: UTF-8 text where they are, hex otherwise, and a JSON
+//! object or array re-indented.
 
 use serde::Serialize;
 use std::fmt::Write;
@@ -12,6 +13,10 @@ pub struct Readable {
     pub data: String,
     /// How many bytes.
     pub size: usize,
+    /// The text re-indented (two spaces a level), when it is a JSON object or array:
+    /// its keys in their order, its numbers and strings as written. Absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pretty_json: Option<String>,
 }
 
 impl Readable {
@@ -22,11 +27,13 @@ impl Readable {
                 encoding: "utf8",
                 data: text.to_owned(),
                 size: bytes.len(),
+                pretty_json: pretty_json(text),
             },
             Err(_) => Readable {
                 encoding: "hex",
                 data: hex(bytes),
                 size: bytes.len(),
+                pretty_json: None,
             },
         }
     }
@@ -49,6 +56,69 @@ pub fn hex(bytes: &[u8]) -> String {
     out
 }
 
+/// `text` re-indented, two spaces a level, when it is a JSON object or array (nested at
+/// most as deep as serde_json reads); its tokens exactly as written, so nothing is
+/// reordered or rounded.
+pub fn pretty_json(text: &str) -> Option<String> {
+    let text = text.trim();
+    if !(text.starts_with('{') || text.starts_with('[')) {
+        return None;
+    }
+    serde_json::from_str::<serde::de::IgnoredAny>(text).ok()?;
+    let mut out = String::with_capacity(text.len() * 2);
+    let mut depth = 0_usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut chars = text.chars().peekable();
+    let newline = |out: &mut String, depth: usize| {
+        out.push('\n');
+        for _ in 0..depth {
+            out.push_str("  ");
+        }
+    };
+    while let Some(c) = chars.next() {
+        if in_string {
+            out.push(c);
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => {
+                in_string = true;
+                out.push(c);
+            }
+            '{' | '[' => {
+                while chars.next_if(|c| c.is_whitespace()).is_some() {}
+                out.push(c);
+                if let Some(close) = chars.next_if(|&next| next == '}' || next == ']') {
+                    out.push(close);
+                } else {
+                    depth += 1;
+                    newline(&mut out, depth);
+                }
+            }
+            '}' | ']' => {
+                depth = depth.saturating_sub(1);
+                newline(&mut out, depth);
+                out.push(c);
+            }
+            ',' => {
+                out.push(c);
+                newline(&mut out, depth);
+            }
+            ':' => out.push_str(": "),
+            c if c.is_whitespace() => {}
+            c => out.push(c),
+        }
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,5 +130,24 @@ mod tests {
         assert_eq!((binary.encoding, binary.data.as_str()), ("hex", "ff0041"));
         assert_eq!(binary.line(), "hex:ff0041");
         assert_eq!(binary.size, 3);
+        assert_eq!(binary.pretty_json, None);
+    }
+
+    #[test]
+    fn json_is_reindented_as_written() {
+        let text = r#" {"z": 1.50, "a":[ ], "s":"a,b:{\"c\"}", "n":{"x":[1,2]}} "#;
+        let pretty = Readable::new(text.as_bytes()).pretty_json.unwrap();
+        assert_eq!(
+            pretty,
+            "{\n  \"z\": 1.50,\n  \"a\": [],\n  \"s\": \"a,b:{\\\"c\\\"}\",\n  \"n\": {\n    \"x\": [\n      1,\n      2\n    ]\n  }\n}"
+        );
+        assert_eq!(Readable::new(b"[]").pretty_json.as_deref(), Some("[]"));
+    }
+
+    #[test]
+    fn only_whole_json_objects_and_arrays_are_reindented() {
+        for text in ["42", "\"s\"", "{\"a\": 1", "{} {}", "order-7", "[1,]"] {
+            assert_eq!(Readable::new(text.as_bytes()).pretty_json, None, "{text}");
+        }
     }
 }

@@ -274,7 +274,8 @@ pub async fn list_tasks(
     ))
 }
 
-/// One task: every field, its payload readable, its attempt history.
+/// One task: why it waits or how it ended (`waiting`), every field, its payload
+/// readable, its attempt history.
 #[utoipa::path(get, path = "/api/v1/tasks/{id}", params(("id" = i64, Path, description = "Task id")),
     security(("bearer" = [])),
     responses((status = 200, body = TaskDetail), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
@@ -284,7 +285,11 @@ pub async fn get_task(
 ) -> Result<Json<TaskDetail>, ApiError> {
     let id = task_id(path)?;
     match state.store.detail(id).await? {
-        Some(detail) => Ok(Json(detail.with_targets(&state.targets))),
+        Some(detail) => Ok(Json(
+            detail
+                .with_targets(&state.targets)
+                .with_budgets(&state.budgets),
+        )),
         None => Err(ApiError::not_found(format!("no such task: {id}"))),
     }
 }

@@ -25,8 +25,10 @@ mod operator;
 pub(crate) mod output;
 mod replays;
 mod selection;
+mod show;
 mod table;
 mod tasks;
+mod watch;
 
 pub use alerts::AlertsArgs;
 pub use brake::BrakeCommand;

@@ -7,7 +7,9 @@ use super::operator::{cli_operator, confirm};
 use super::output::{errln, outln};
 use super::replays::{run_in_foreground, ReplayArgs};
 use super::selection::{FilterArgs, SelectionArgs};
+use super::show::{self, ShowArgs};
 use super::table;
+use super::watch::{self, StatsArgs, WatchArgs};
 use crate::config::Targets;
 use crate::fleet::Fleet;
 use crate::store::{Action, Applicable, Budget, Due, Selection, Store, TaskFilter, MAX_PAGE};
@@ -36,7 +38,7 @@ pub enum TasksCommand {
     /// Produce the stored messages of the tasks a filter selects to a topic.
     Replay(ReplayArgs),
     /// Counts by status and handler, due work, the last hour's attempts, live members.
-    Stats(JsonArgs),
+    Stats(StatsArgs),
     /// Check the store's invariants; exit status 1 when any is broken.
     Check(JsonArgs),
 }
@@ -64,16 +66,9 @@ pub struct ListArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-}
-
-/// Options of `tasks show`.
-#[derive(Debug, Args)]
-pub struct ShowArgs {
-    /// Task id.
-    pub id: i64,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
+    /// Print again every interval.
+    #[command(flatten)]
+    pub watch: WatchArgs,
 }
 
 /// Confirmation and output options of the bulk verbs.
@@ -150,8 +145,8 @@ pub async fn run(
     targets: &Targets,
 ) -> anyhow::Result<()> {
     match command {
-        TasksCommand::List(args) => list(store, args).await,
-        TasksCommand::Show(args) => show(store, args, targets).await,
+        TasksCommand::List(args) => watch::every(&args.watch, || list(store, &args)).await,
+        TasksCommand::Show(args) => show::run(store, args, targets, &fleet.budgets()).await,
         TasksCommand::Retry(args) => {
             let budget = match args.more_attempts {
                 None => Budget::Fresh,
@@ -188,12 +183,12 @@ pub async fn run(
             .await
         }
         TasksCommand::Replay(args) => run_in_foreground(args, fleet, store).await,
-        TasksCommand::Stats(args) => stats(store, args.json).await,
+        TasksCommand::Stats(args) => watch::every(&args.watch, || stats(store, args.json)).await,
         TasksCommand::Check(args) => check(fleet, store, args.json).await,
     }
 }
 
-async fn list(store: &Store, args: ListArgs) -> anyhow::Result<()> {
+async fn list(store: &Store, args: &ListArgs) -> anyhow::Result<()> {
     let filter = args.filter.filter()?;
     let page = store
         .list(&filter, args.after.map(TaskId), args.limit)
@@ -221,7 +216,7 @@ async fn list(store: &Store, args: ListArgs) -> anyhow::Result<()> {
                 },
                 t.key.clone().unwrap_or_default(),
                 t.attempts.to_string(),
-                t.next_attempt_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                show::next_attempt(t),
                 t.last_error.clone().unwrap_or_default().replace('\n', " "),
             ]
         })
@@ -236,107 +231,6 @@ async fn list(store: &Store, args: ListArgs) -> anyhow::Result<()> {
         errln!("more: --after {cursor}");
     }
     Ok(())
-}
-
-async fn show(store: &Store, args: ShowArgs, targets: &Targets) -> anyhow::Result<()> {
-    let Some(detail) = store.detail(TaskId(args.id)).await? else {
-        bail!("no such task: {}", args.id);
-    };
-    let detail = detail.with_targets(targets);
-    if args.json {
-        outln!("{}", serde_json::to_string_pretty(&detail)?);
-        return Ok(());
-    }
-    if let Some(fields) = detail.task.as_object() {
-        for (name, value) in fields {
-            let text = match value {
-                serde_json::Value::String(s) => s.clone(),
-                serde_json::Value::Null => continue,
-                other => other.to_string(),
-            };
-            outln!("{name:<22} {text}");
-        }
-    }
-    if let Some(reason) = &detail.unreadable {
-        outln!("{:<22} {reason}", "unreadable");
-    }
-    let applied = detail.targets.as_ref();
-    for (name, target) in [
-        ("republish_to", applied.and_then(|t| t.republish.as_ref())),
-        ("parks_to", applied.and_then(|t| t.parking.as_ref())),
-    ] {
-        if let Some(target) = target {
-            outln!("{name:<22} {} ({})", target.topic, target.from);
-        }
-    }
-    let render = |r: &crate::readable::Readable| format!("{} ({} bytes)", r.line(), r.size);
-    outln!(
-        "{:<22} {}",
-        "key",
-        detail.key.as_ref().map_or("(none)".into(), render)
-    );
-    outln!(
-        "{:<22} {}",
-        "value",
-        detail.value.as_ref().map_or("(none)".into(), render)
-    );
-    for header in &detail.headers {
-        outln!(
-            "{:<22} {} = {}",
-            "header",
-            header.name.line(),
-            header.value.as_ref().map_or("(no value)".into(), render)
-        );
-    }
-    outln!();
-    if detail.history.is_empty() {
-        outln!("no attempt yet");
-    } else {
-        print_history(&detail.history);
-    }
-    if let Some(compensation) = &detail.compensation {
-        outln!();
-        let due = match compensation.finished_at {
-            Some(at) => format!("ended {}", at.format("%Y-%m-%d %H:%M:%S%.3f")),
-            None => format!(
-                "due {}",
-                compensation.due_at.format("%Y-%m-%d %H:%M:%S%.3f")
-            ),
-        };
-        outln!(
-            "compensation           {} after {} attempt(s), {due}",
-            compensation.state,
-            compensation.attempts
-        );
-        if !compensation.history.is_empty() {
-            print_history(&compensation.history);
-        }
-    }
-    Ok(())
-}
-
-/// One line per attempt.
-fn print_history(history: &[crate::store::Attempt]) {
-    let rows: Vec<Vec<String>> = history
-        .iter()
-        .map(|a| {
-            vec![
-                a.attempt.to_string(),
-                a.lease_version.to_string(),
-                a.started_at.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
-                format!("{} ms", a.duration_ms),
-                a.outcome.clone(),
-                a.worker.clone(),
-                a.error.clone().unwrap_or_default().replace('\n', " "),
-            ]
-        })
-        .collect();
-    table::print(
-        &[
-            "ATTEMPT", "TOKEN", "STARTED", "TOOK", "OUTCOME", "BY", "ERROR",
-        ],
-        &rows,
-    );
 }
 
 /// The selection's filter narrowed to the statuses `action` applies to: what a sample

@@ -5,11 +5,9 @@ use serde::Serialize;
 use sqlx::Row;
 
 use super::filter::{bind_selection, Selection, TaskFilter, CONDITION};
-use super::row::task_to_show;
 use super::{Result, Store, ORDERED_WALK};
-use crate::config::{AppliedTargets, Targets};
 use crate::readable::Readable;
-use crate::task::{Status, Task, TaskId};
+use crate::task::{Status, TaskId};
 
 /// Largest page [`Store::list`] returns.
 pub const MAX_PAGE: i64 = 1000;
@@ -38,8 +36,11 @@ pub struct TaskSummary {
     pub key: Option<String>,
     /// Attempts started.
     pub attempts: i32,
-    /// When the next attempt is due (the lease deadline while leased).
+    /// When the next attempt is due (the lease deadline while leased; the far future
+    /// while held; of no meaning once final).
     pub next_attempt_at: DateTime<Utc>,
+    /// Waiting behind an open task of its ordering key.
+    pub held: bool,
     /// The last error's first bytes.
     pub last_error: Option<String>,
     /// Worker holding its lease.
@@ -105,7 +106,7 @@ pub struct Stats {
 
 const LIST: &str = "\
     SELECT id, status, handler, route, source_topic, source_partition, source_offset, \
-           substring(msg_key FROM 1 FOR $18) AS key, attempts, next_attempt_at, \
+           substring(msg_key FROM 1 FOR $18) AS key, attempts, next_attempt_at, held, \
            left(last_error, $18) AS last_error, lease_owner, created_at, updated_at \
     FROM recovery_task WHERE {CONDITION} AND ($16::bigint IS NULL OR id < $16) \
     ORDER BY id DESC LIMIT $17";
@@ -147,6 +148,7 @@ impl Store {
                     key: key.map(|k| Readable::new(&k).line()),
                     attempts: r.try_get("attempts")?,
                     next_attempt_at: r.try_get("next_attempt_at")?,
+                    held: r.try_get("held")?,
                     last_error: r.try_get("last_error")?,
                     lease_owner: r.try_get("lease_owner")?,
                     created_at: r.try_get("created_at")?,
@@ -218,96 +220,5 @@ impl Store {
             last_hour,
             members: self.live_members().await?,
         })
-    }
-}
-
-/// One header, readable.
-#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
-pub struct HeaderView {
-    /// Its name.
-    pub name: Readable,
-    /// Its value; absent for a header without one.
-    pub value: Option<Readable>,
-}
-
-/// Every field of a task, payload readable, with its attempt history: `tasks show`.
-#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
-pub struct TaskDetail {
-    /// The task without its payload (key, value and headers are below, readable).
-    #[schema(value_type = Object)]
-    pub task: serde_json::Value,
-    /// Message key.
-    pub key: Option<Readable>,
-    /// Message value.
-    pub value: Option<Readable>,
-    /// Message headers, in order.
-    pub headers: Vec<HeaderView>,
-    /// The attempt history, oldest first.
-    pub history: Vec<super::Attempt>,
-    /// Its compensation, if its handler compensates and it ended in permanent failure.
-    pub compensation: Option<super::CompensationView>,
-    /// Why the stored row cannot be read whole (its headers cannot be decoded, so none
-    /// are shown); absent when it can.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub unreadable: Option<String>,
-    /// Where the task is republished and parked under the reader's configuration (the
-    /// store does not know it: the CLI and the API fill it in).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub targets: Option<AppliedTargets>,
-    /// The task read, for [`TaskDetail::with_targets`].
-    #[serde(skip)]
-    record: Task,
-}
-
-impl TaskDetail {
-    /// This detail with the targets `targets` give its task.
-    pub fn with_targets(mut self, targets: &Targets) -> TaskDetail {
-        self.targets = Some(targets.applied(&self.record));
-        self
-    }
-}
-
-impl Store {
-    /// Every field of task `id` and its history; `None` when there is no such task. A
-    /// task whose stored headers cannot be decoded is shown without them, saying why.
-    pub async fn detail(&self, id: TaskId) -> Result<Option<TaskDetail>> {
-        let Some(row) = sqlx::query("SELECT * FROM recovery_task WHERE id = $1")
-            .bind(id.0)
-            .fetch_optional(&self.pool)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let (task, unreadable) = task_to_show(&row)?;
-        let history = self.attempts(id).await?;
-        let compensation = self.compensation(id).await?;
-        let key = task.failure.key.as_deref().map(Readable::new);
-        let value = task.failure.value.as_deref().map(Readable::new);
-        let headers = task
-            .failure
-            .headers
-            .iter()
-            .map(|h| HeaderView {
-                name: Readable::new(&h.name),
-                value: h.value.as_deref().map(Readable::new),
-            })
-            .collect();
-        let mut fields = serde_json::to_value(&task).expect("a task serializes");
-        if let Some(object) = fields.as_object_mut() {
-            for raw in ["key", "value", "headers"] {
-                object.remove(raw);
-            }
-        }
-        Ok(Some(TaskDetail {
-            task: fields,
-            key,
-            value,
-            headers,
-            history,
-            compensation,
-            unreadable,
-            targets: None,
-            record: task,
-        }))
     }
 }

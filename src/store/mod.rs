@@ -23,6 +23,8 @@ mod retention;
 mod row;
 mod sample;
 mod vacuum;
+mod view;
+mod waiting;
 
 pub use audit::{AuditEntry, AuditQuery};
 pub use brakes::Brake;
@@ -33,10 +35,7 @@ pub use due::Due;
 pub use enqueue::{enqueue_many_in, Enqueued, Recorded};
 pub use filter::{Selection, TaskFilter};
 pub use finish::Finish;
-pub use inspect::{
-    HeaderView, OldestDue, OutcomeCount, Stats, StatusCount, TaskDetail, TaskPage, TaskSummary,
-    MAX_PAGE,
-};
+pub use inspect::{OldestDue, OutcomeCount, Stats, StatusCount, TaskPage, TaskSummary, MAX_PAGE};
 pub use lineage::Ancestor;
 pub use members::{Member, MEMBER_BEAT, MEMBER_LIVE_WITHIN};
 pub(crate) use operate::apply_batch;
@@ -45,6 +44,8 @@ pub use query::{Attempt, StatusCounts};
 pub use replays::{Marks, NewReplay, ReplayJob, ReplayPage, ReplayRowError, REPLAY_STALE_AFTER};
 pub use retention::RETENTION_BATCH;
 pub use sample::FleetFigures;
+pub use view::{HeaderView, TaskDetail};
+pub use waiting::{CompensationNow, Ending, Waiting, WaitingState};
 
 use secrecy::ExposeSecret;
 use sqlx::postgres::{PgPool, PgPoolOptions};

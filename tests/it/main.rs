@@ -37,5 +37,6 @@ mod route_targets;
 mod stopping;
 mod store;
 mod support;
+mod task_view;
 mod webhook;
 mod worker;
