@@ -187,15 +187,16 @@ fn render(detail: &TaskDetail) -> String {
     }
     if let Some(compensation) = &detail.compensation {
         out.push('\n');
-        let when = match compensation.finished_at {
-            Some(ended) => format!("ended {}", at_from_now(ended, now)),
-            None => format!("due {}", at_from_now(compensation.due_at, now)),
+        let when = match (compensation.finished_at, compensation.due_at) {
+            (Some(ended), _) => format!(", ended {}", at_from_now(ended, now)),
+            (None, Some(due)) => format!(", due {}", at_from_now(due, now)),
+            (None, None) => String::new(),
         };
         field(
             &mut out,
             "compensation",
             format!(
-                "{} after {} attempt(s), {when}",
+                "{} after {} attempt(s){when}",
                 compensation.state, compensation.attempts
             ),
         );

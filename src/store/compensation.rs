@@ -78,8 +78,9 @@ pub struct CompensationView {
     pub state: String,
     /// Attempts made.
     pub attempts: i32,
-    /// When the next attempt is due (while pending).
-    pub due_at: DateTime<Utc>,
+    /// When the next attempt is due (while running, its claim's deadline); absent once it
+    /// ended, when the stored time means nothing.
+    pub due_at: Option<DateTime<Utc>>,
     /// The last attempt's error.
     pub last_error: Option<String>,
     /// When it ended.
@@ -302,10 +303,13 @@ impl Store {
         .bind(id.0)
         .fetch_all(&self.pool)
         .await?;
+        let state: String = row.try_get("state")?;
         Ok(Some(CompensationView {
-            state: row.try_get("state")?,
+            due_at: (state == "pending")
+                .then(|| row.try_get("due_at"))
+                .transpose()?,
+            state,
             attempts: row.try_get("attempts")?,
-            due_at: row.try_get("due_at")?,
             last_error: row.try_get("last_error")?,
             finished_at: row.try_get("finished_at")?,
             history: attempts_from_rows(&history)?,

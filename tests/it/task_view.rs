@@ -4,7 +4,9 @@
 
 use chrono::Utc;
 use redrive::config::BreakerSettings;
-use redrive::store::{Action, BreakerCommand, Finish, Operator, Selection};
+use redrive::store::{
+    Action, BreakerCommand, CompensationOutcome, CompensationResult, Finish, Operator, Selection,
+};
 use redrive::task::{order_key, FinishOutcome};
 use redrive::{Failure, NewTask, Settings, Store, Task, TaskId};
 use serde_json::Value;
@@ -317,6 +319,28 @@ async fn a_final_task_says_how_it_ended_and_what_its_compensation_does() {
     assert_eq!(detail["waiting"]["compensation"]["state"], "running");
     assert!(
         headline(&text).contains("; compensation running (attempt 1, its claim runs until "),
+        "{text}"
+    );
+
+    // Done: a compensation's claim deadline is not shown once it ended.
+    let result = CompensationResult {
+        task_id: failed,
+        version: claimed[0].version,
+        outcome: CompensationOutcome::Compensated,
+        started_at: Utc::now(),
+        duration: Duration::from_millis(5),
+        error: None,
+    };
+    assert!(store
+        .finish_compensation("member-2", &result)
+        .await
+        .unwrap());
+    let (text, detail) = shown(&settings, &api, failed).await;
+    assert_eq!(detail["waiting"]["compensation"]["state"], "compensated");
+    assert_eq!(detail["compensation"]["due_at"], Value::Null);
+    assert!(headline(&text).contains("; compensated at "), "{text}");
+    assert!(
+        text.contains("\ncompensation           compensated after 1 attempt(s), ended "),
         "{text}"
     );
 }
