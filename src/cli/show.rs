@@ -108,13 +108,12 @@ fn render(detail: &TaskDetail) -> String {
     out.push('\n');
     let failure = &task.failure;
     if let Some(source) = &failure.source {
-        let at = failure
-            .source_timestamp
-            .map_or(String::new(), |t| format!(" at {}", at_from_now(t, now)));
-        let kind =
-            (failure.source_timestamp_type.as_deref()).map_or(String::new(), |k| format!(" ({k})"));
+        let kind = failure.source_timestamp_type.as_deref().unwrap_or("time");
+        let at = failure.source_timestamp.map_or(String::new(), |t| {
+            format!(", {kind} {}", at_from_now(t, now))
+        });
         let place = format!("{}[{}]@{}", source.topic, source.partition, source.offset);
-        field(&mut out, "source", format!("{place}{at}{kind}"));
+        field(&mut out, "source", format!("{place}{at}"));
     }
     if let Some(original) = &failure.original {
         field(&mut out, "original", original);

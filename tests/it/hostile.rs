@@ -308,6 +308,8 @@ const CLI: &[&[&str]] = &[
     &["enqueue", "--handler", "log", "--delay={}"],
     &["tasks", "list", "--limit={}"],
     &["tasks", "list", "--after={}"],
+    &["tasks", "list", "--watch={}"],
+    &["tasks", "stats", "--watch={}"],
     &["tasks", "list", "--created-after={}"],
     &["tasks", "show", "--", "{}"],
     &["tasks", "retry", "--yes", "--", "{}"],

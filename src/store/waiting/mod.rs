@@ -293,16 +293,17 @@ fn state(
             },
         });
     }
-    if let Some(stopping) = row.try_get::<Option<i64>, _>("stopping_task")? {
-        return Ok(WaitingState::Stopping {
-            task: TaskId(stopping),
-            ends_by: row.try_get("stopping_until")?,
-        });
-    }
+    // A held task waits for the task ahead of it first, whatever that one waits for.
     if task.held {
         return Ok(WaitingState::Held {
             behind: row.try_get::<Option<i64>, _>("ahead_id")?.map(TaskId),
             ahead: row.try_get::<Option<i64>, _>("ahead_count")?.unwrap_or(0),
+        });
+    }
+    if let Some(stopping) = row.try_get::<Option<i64>, _>("stopping_task")? {
+        return Ok(WaitingState::Stopping {
+            task: TaskId(stopping),
+            ends_by: row.try_get("stopping_until")?,
         });
     }
     let hold: Option<DateTime<Utc>> = row.try_get("breaker_until")?;
