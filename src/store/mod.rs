@@ -22,6 +22,7 @@ mod replays;
 mod retention;
 mod row;
 mod sample;
+mod timeline;
 mod vacuum;
 
 pub use audit::{AuditEntry, AuditQuery};
@@ -45,6 +46,7 @@ pub use query::{Attempt, StatusCounts};
 pub use replays::{Marks, NewReplay, ReplayJob, ReplayPage, ReplayRowError, REPLAY_STALE_AFTER};
 pub use retention::RETENTION_BATCH;
 pub use sample::FleetFigures;
+pub use timeline::OutcomeMinute;
 
 use secrecy::ExposeSecret;
 use sqlx::postgres::{PgPool, PgPoolOptions};
