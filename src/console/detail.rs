@@ -114,7 +114,7 @@ fn body(id: TaskId, detail: &TaskDetail) -> Markup {
         }
         section aria-labelledby="fields" {
             h2 #fields { "Every other field" }
-            dl.fields {
+            dl {
                 @if let Some(object) = detail.task.as_object() {
                     @for (name, value) in object.iter().filter(|(n, _)| !SHOWN_ABOVE.contains(&n.as_str())) {
                         dt { (name) }

@@ -383,23 +383,35 @@ async fn a_wrong_token_is_refused_and_the_sixth_rapid_attempt_waits() {
     let (_store, settings) = fresh_store().await;
     let console = Console::start(&settings, false).await;
     let browser = Browser::start().await;
-    for attempt in 1..=5 {
+    let wrong = "operate-token-012345678";
+    let try_in_browser = || async {
         browser.open(&console.url("/console/login")).await;
-        browser.fill("#token", "operate-token-012345678").await;
+        browser.fill("#token", wrong).await;
         browser.follow("form.login button[type=submit]").await;
-        let refusal = browser.text("main").await;
-        assert!(
-            refusal.contains("not one of this fleet's admin tokens"),
-            "attempt {attempt}: {refusal}"
+        browser.text("main").await
+    };
+    let refusal = try_in_browser().await;
+    assert!(
+        refusal.contains("not one of this fleet's admin tokens"),
+        "{refusal}"
+    );
+    browser.screenshot("login-refused").await;
+    // Attempts 2 to 5 from the same address, quickly (one more is allowed every 12 s).
+    let client = reqwest::Client::new();
+    for attempt in 2..=5 {
+        let answer = client
+            .post(console.url("/console/login"))
+            .form(&[("token", wrong)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            answer.status(),
+            StatusCode::UNAUTHORIZED,
+            "attempt {attempt}"
         );
-        if attempt == 1 {
-            browser.screenshot("login-refused").await;
-        }
     }
-    browser.open(&console.url("/console/login")).await;
-    browser.fill("#token", "operate-token-012345678").await;
-    browser.follow("form.login button[type=submit]").await;
-    let limited = browser.text("main").await;
+    let limited = try_in_browser().await;
     assert!(limited.contains("too many sign-in attempts"), "{limited}");
     browser.screenshot("login-limited").await;
 
@@ -543,4 +555,56 @@ async fn every_console_answer_carries_the_policy_and_cross_site_posts_are_refuse
         .to_str()
         .unwrap()
         .contains("Max-Age=0"));
+}
+
+/// An open API (no tokens, loopback only) needs no sign-in: its caller is `anonymous`
+/// with role operate. It answers loopback host names only, the console included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_api_needs_no_sign_in_and_answers_loopback_names_only() {
+    let (store, settings) = fresh_store().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let state = redrive::admin::AppState {
+        store: store.clone(),
+        kafka: settings.kafka.clone(),
+        routes: Vec::new(),
+        targets: redrive::config::Targets::new(&settings),
+        budgets: redrive::store::Budgets::default(),
+    };
+    let app = redrive::admin::router(state, redrive::admin::Tokens::new(&settings.admin));
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(redrive::admin::serve(
+        listener,
+        app,
+        stop.clone(),
+        Duration::from_secs(1),
+    ));
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let overview = client
+        .get(format!("http://{address}/console/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(overview.status(), StatusCode::OK);
+    let page = overview.text().await.unwrap();
+    assert!(page.contains("<b>anonymous</b>"), "{page}");
+    assert!(!page.contains("Sign out"), "nothing to sign out of");
+    let login = client
+        .get(format!("http://{address}/console/login"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), StatusCode::SEE_OTHER, "no sign-in needed");
+    let rebound = client
+        .get(format!("http://{address}/console/"))
+        .header("host", "evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), StatusCode::FORBIDDEN);
+    assert_secured("a foreign host", rebound.headers());
+    stop.cancel();
 }
