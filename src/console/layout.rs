@@ -32,7 +32,7 @@ const NAV: [(Nav, &str, &str); 5] = [
 ];
 
 /// Payload bytes shown on a page at most; the API gives them whole.
-pub(crate) const SHOWN_BYTES: usize = 64 * 1024;
+const SHOWN_BYTES: usize = 64 * 1024;
 
 fn head(title: &str) -> Markup {
     html! {

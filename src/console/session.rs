@@ -39,7 +39,7 @@ const COOKIE_NAME: &str = "redrive_session";
 pub(crate) const LIFETIME: Duration = Duration::from_secs(8 * 3600);
 
 /// The caller of an open API (no tokens, loopback only): it needs no session.
-pub(crate) fn anonymous() -> Caller {
+fn anonymous() -> Caller {
     Caller {
         name: "anonymous".into(),
         role: Role::Operate,
@@ -67,7 +67,7 @@ pub(crate) fn sign(name: &str, token: &[u8], expires: i64) -> String {
 
 /// The caller a cookie value names, if its signature holds under that caller's current
 /// token and it has not expired by `now` (Unix seconds).
-pub(crate) fn verify(tokens: &Tokens, value: &str, now: i64) -> Option<Caller> {
+fn verify(tokens: &Tokens, value: &str, now: i64) -> Option<Caller> {
     let mut parts = value.split('.');
     let (name, expires, tag) = (parts.next()?, parts.next()?, parts.next()?);
     if parts.next().is_some() {
