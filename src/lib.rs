@@ -22,6 +22,7 @@ pub mod backoff;
 mod bench;
 pub mod cli;
 pub mod config;
+mod console;
 #[cfg(feature = "demo")]
 mod demo;
 pub mod finals;

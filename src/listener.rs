@@ -7,10 +7,12 @@
 //! - On shutdown the listener closes, idle connections close at once, and requests in
 //!   progress get the drain time given to finish; then every connection is dropped.
 
-use axum::Router;
+use axum::extract::ConnectInfo;
+use axum::{Extension, Router};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
@@ -32,8 +34,8 @@ pub async fn serve(listener: TcpListener, app: Router, stop: CancellationToken, 
             _ = stop.cancelled() => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    connections.spawn(connection(stream, app.clone(), stop.clone()));
+                Ok((stream, peer)) => {
+                    connections.spawn(connection(stream, peer, app.clone(), stop.clone()));
                 }
                 Err(error) => {
                     tracing::debug!(%error, "accepting an HTTP connection failed");
@@ -57,8 +59,10 @@ pub async fn serve(listener: TcpListener, app: Router, stop: CancellationToken, 
 }
 
 /// Serves one connection; on `stop`, finishes the request in progress (an idle
-/// connection closes at once).
-async fn connection(stream: TcpStream, app: Router, stop: CancellationToken) {
+/// connection closes at once). Its requests carry the peer's address
+/// (`ConnectInfo<SocketAddr>`).
+async fn connection(stream: TcpStream, peer: SocketAddr, app: Router, stop: CancellationToken) {
+    let app = app.layer(Extension(ConnectInfo(peer)));
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())

@@ -72,6 +72,21 @@ impl Tokens {
         found
     }
 
+    /// The caller named `name` and its token's bytes (the console's sessions are signed
+    /// with a key derived from them).
+    pub(crate) fn named(&self, name: &str) -> Option<(Caller, &[u8])> {
+        self.tokens
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(n, role, token)| {
+                let caller = Caller {
+                    name: n.clone(),
+                    role: *role,
+                };
+                (caller, token.as_slice())
+            })
+    }
+
     /// Whether no token is configured (an open API, allowed on loopback only).
     pub fn is_open(&self) -> bool {
         self.tokens.is_empty()

@@ -1,5 +1,6 @@
 //! The admin HTTP API (`admin.listen`): the operators' verbs as JSON, behind bearer
-//! tokens, with an OpenAPI 3 document generated from the code.
+//! tokens, with an OpenAPI 3 document generated from the code. The operator console
+//! (`crate::console`) is served beside it.
 
 mod auth;
 mod error;
@@ -48,14 +49,17 @@ impl Modify for BearerAuth {
 }
 
 /// The API's routes over `state`, authenticated by `tokens` (the OpenAPI document is
-/// public). Cross-site requests, and on an open API foreign host names, are refused
-/// first (see `origin`).
+/// public), and the operator console under `/console/` (see `crate::console`).
+/// Cross-site requests, and on an open API foreign host names, are refused first (see
+/// `origin`); every answer carries the console's security headers.
 pub fn router(state: AppState, tokens: Tokens) -> Router {
     let guard = origin::Guard {
         open: tokens.is_open(),
     };
     let heavy = limit::heavy_slots();
     let limited = || middleware::from_fn_with_state(heavy.clone(), limit::heavy);
+    let (state, tokens) = (Arc::new(state), Arc::new(tokens));
+    let console = crate::console::router(state.clone(), tokens.clone(), heavy.clone());
     let api = Router::new()
         .route("/api/v1/tasks", get(routes::list_tasks))
         .route("/api/v1/tasks/retry", post(routes::retry))
@@ -69,22 +73,21 @@ pub fn router(state: AppState, tokens: Tokens) -> Router {
         .route("/api/v1/audit", get(routes::audit))
         .route("/api/v1/members", get(routes::members))
         .route("/api/v1/check", get(routes::check).route_layer(limited()))
-        .route_layer(middleware::from_fn_with_state(
-            Arc::new(tokens),
-            auth::authenticate,
-        ))
-        .with_state(Arc::new(state));
+        .route_layer(middleware::from_fn_with_state(tokens, auth::authenticate))
+        .with_state(state);
     Router::new()
         .route(
             "/api/v1/openapi.json",
             get(|| async { Json(ApiDoc::openapi()) }),
         )
         .merge(api)
+        .merge(console)
         .fallback(|| async { ApiError::not_found("no such endpoint; see /api/v1/openapi.json") })
         .layer(middleware::from_fn_with_state(
             guard,
             origin::refuse_foreign,
         ))
+        .layer(middleware::map_response(crate::console::secure_headers))
 }
 
 /// Connections the API's own pool opens at most (per member).

@@ -22,6 +22,7 @@ mod replays;
 mod retention;
 mod row;
 mod sample;
+mod timeline;
 mod vacuum;
 mod view;
 mod waiting;
@@ -44,6 +45,7 @@ pub use query::{Attempt, StatusCounts};
 pub use replays::{Marks, NewReplay, ReplayJob, ReplayPage, ReplayRowError, REPLAY_STALE_AFTER};
 pub use retention::RETENTION_BATCH;
 pub use sample::FleetFigures;
+pub use timeline::OutcomeMinute;
 pub use view::{HeaderView, TaskDetail};
 pub use waiting::{CompensationNow, Ending, Waiting, WaitingState};
 

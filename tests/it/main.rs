@@ -11,6 +11,7 @@ mod chaos;
 mod cli;
 mod compensation;
 mod config;
+mod console;
 mod dead_letters;
 mod guarantees;
 mod hardening;

@@ -1,10 +1,12 @@
 //! Shared test set-up: a fresh schema per test in the `redrive_test` database, and the
 //! running-member fixtures: [`Member`] in this process, [`MemberProcess`] in a process
-//! of its own (started by a [`Spawn`]).
+//! of its own (started by a [`Spawn`]); and a headless [`Browser`] for the console.
 
+mod browser;
 mod member;
 mod process;
 
+pub use browser::Browser;
 pub use member::Member;
 pub use process::{MemberProcess, Spawn};
 

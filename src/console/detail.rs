@@ -1,0 +1,252 @@
+//! A task's detail: what an operator needs first (status, handler, route, the last
+//! error), then the message (key, value, headers: text, or hex with the size), every
+//! other field, where it is republished and parked, its attempt history and its
+//! compensation. Every byte of the payload is escaped; nothing of it is markup.
+//!
+//! **Actions, next round**: for an operate caller, retry / discard / resolve / replay of
+//! this task (with a required reason) go under the headline, over the operations layer.
+
+use axum::extract::{Path, State};
+use axum::response::Html;
+use axum::Extension;
+use maud::{html, Markup};
+use serde_json::Value;
+
+use super::error::PageError;
+use super::filter;
+use super::layout::{self, Nav};
+use super::Shared;
+use crate::admin::Caller;
+use crate::config::Target;
+use crate::store::{Attempt, CompensationView, HeaderView, TaskDetail, TaskFilter};
+use crate::task::{Status, TaskId};
+
+/// Fields the headline and the message sections show; the rest are listed below them.
+const SHOWN_ABOVE: [&str; 9] = [
+    "id",
+    "status",
+    "handler",
+    "route",
+    "last_error",
+    "attempts",
+    "max_attempts",
+    "next_attempt_at",
+    "lease_owner",
+];
+
+/// `GET /console/tasks/{id}`.
+pub(crate) async fn page(
+    State(console): Shared,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Html<String>, PageError> {
+    let id = id
+        .parse::<i64>()
+        .ok()
+        .filter(|id| *id > 0)
+        .map(TaskId)
+        .ok_or_else(|| {
+            PageError::bad_request(format!("{id:?} is not a task id (a positive integer)"))
+        })?;
+    let detail = console
+        .app
+        .store
+        .detail(id)
+        .await?
+        .ok_or_else(|| PageError::not_found(format!("no such task: {id}")))?
+        .with_targets(&console.app.targets);
+    let title = format!("Task {id}");
+    Ok(layout::page(&caller, Nav::Tasks, &title, body(id, &detail)))
+}
+
+fn field<'a>(detail: &'a TaskDetail, name: &str) -> Option<&'a Value> {
+    detail.task.get(name).filter(|v| !v.is_null())
+}
+
+fn field_text<'a>(detail: &'a TaskDetail, name: &str) -> Option<&'a str> {
+    field(detail, name).and_then(Value::as_str)
+}
+
+fn body(id: TaskId, detail: &TaskDetail) -> Markup {
+    let status = field_text(detail, "status").and_then(|s| s.parse::<Status>().ok());
+    let attempts = match (field(detail, "attempts"), field(detail, "max_attempts")) {
+        (Some(done), Some(max)) => format!("{done} of at most {max}"),
+        (Some(done), None) => format!("{done} (the handler's budget applies)"),
+        _ => "0".to_owned(),
+    };
+    let refailures = filter::list_url(
+        &TaskFilter {
+            previous_task: Some(id),
+            ..TaskFilter::default()
+        },
+        &[],
+    );
+    html! {
+        section.headline aria-label="Summary" {
+            dl {
+                dt { "Status" }
+                dd { @if let Some(status) = status { (layout::status(status)) } @else { (layout::dash()) } }
+                dt { "Handler" } dd { (layout::text_opt(field_text(detail, "handler"))) }
+                dt { "Route" } dd { (layout::text_opt(field_text(detail, "route"))) }
+                dt { "Attempts" } dd { (attempts) }
+                @if status == Some(Status::Failed) {
+                    dt { "Next attempt" } dd { (json(field(detail, "next_attempt_at").unwrap_or(&Value::Null))) }
+                    dt { "Leased by" } dd { (layout::text_opt(field_text(detail, "lease_owner"))) }
+                }
+            }
+            h2 { "Last error" }
+            @match field_text(detail, "last_error") {
+                Some(error) => pre.error { (error) },
+                None => p { (layout::dash()) },
+            }
+        }
+        @if let Some(why) = &detail.unreadable {
+            p.warning role="alert" { "This task's stored row cannot be read whole: " (why) }
+        }
+        section aria-labelledby="message" {
+            h2 #message { "Message" }
+            h3 { "Key" }
+            @match &detail.key { Some(key) => (layout::payload(key)), None => p { "No key." } }
+            h3 { "Value" }
+            @match &detail.value { Some(value) => (layout::payload(value)), None => p { "No value (a tombstone, or not stored: see payload_stored)." } }
+            h3 { "Headers" }
+            (headers(&detail.headers))
+        }
+        section aria-labelledby="fields" {
+            h2 #fields { "Every other field" }
+            dl {
+                @if let Some(object) = detail.task.as_object() {
+                    @for (name, value) in object.iter().filter(|(n, _)| !SHOWN_ABOVE.contains(&n.as_str())) {
+                        dt { (name) }
+                        dd { (json(value)) }
+                    }
+                }
+            }
+            p { a href=(refailures) { "Re-failures of this task" } }
+        }
+        @if let Some(targets) = &detail.targets {
+            section aria-labelledby="targets" {
+                h2 #targets { "Where it goes" }
+                dl {
+                    dt { "Republished to" } dd { (target(targets.republish.as_ref())) }
+                    dt { "Parked at (if it fails for good)" } dd { (target(targets.parking.as_ref())) }
+                }
+            }
+        }
+        section aria-labelledby="history" {
+            h2 #history { "Attempt history" }
+            (history(&detail.history))
+        }
+        @if let Some(compensation) = &detail.compensation {
+            (compensation_section(compensation))
+        }
+    }
+}
+
+fn json(value: &Value) -> Markup {
+    match value {
+        Value::Null => layout::dash(),
+        Value::String(text) => match chrono::DateTime::parse_from_rfc3339(text) {
+            Ok(at) => layout::when(at.with_timezone(&chrono::Utc)),
+            Err(_) => html! { (text) },
+        },
+        Value::Bool(_) | Value::Number(_) => html! { (value.to_string()) },
+        _ => html! { code { (value.to_string()) } },
+    }
+}
+
+fn target(target: Option<&Target>) -> Markup {
+    match target {
+        Some(t) => html! { code { (t.topic) } " (" (t.from) ")" },
+        None => html! { "nowhere" },
+    }
+}
+
+fn headers(headers: &[HeaderView]) -> Markup {
+    if headers.is_empty() {
+        return html! { p { "No headers." } };
+    }
+    let readable = |r: &crate::readable::Readable| -> Markup {
+        match r.encoding {
+            "utf8" => html! { code { (r.data) } },
+            _ => html! { code.hex { "hex " (r.data) } " (" (r.size) " bytes, not UTF-8)" },
+        }
+    };
+    html! {
+        table.headers {
+            caption {
+                @if headers.len() == 1 { "1 header" } @else { (headers.len()) " headers, in order" }
+            }
+            thead { tr { th scope="col" { "Name" } th scope="col" { "Value" } } }
+            tbody {
+                @for header in headers {
+                    tr {
+                        th scope="row" { (readable(&header.name)) }
+                        td {
+                            @match &header.value {
+                                Some(value) => (readable(value)),
+                                None => span.none { "(no value)" },
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn history(attempts: &[Attempt]) -> Markup {
+    if attempts.is_empty() {
+        return html! { p { "No attempt yet." } };
+    }
+    html! {
+        table.history {
+            thead {
+                tr {
+                    @for heading in ["Attempt", "Version", "Worker", "Started", "Took", "Outcome", "Error"] {
+                        th scope="col" { (heading) }
+                    }
+                }
+            }
+            tbody {
+                @for a in attempts {
+                    tr {
+                        td.number { (a.attempt) }
+                        td.number { (a.lease_version) }
+                        td { (a.worker) }
+                        td { (layout::when(a.started_at)) }
+                        td.number { (a.duration_ms) " ms" }
+                        td { span class={ "outcome outcome-" (outcome_class(&a.outcome)) } { (a.outcome) } }
+                        td.error { (layout::text_opt(a.error.as_deref())) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The chart and badge colour of an attempt outcome.
+pub(crate) fn outcome_class(outcome: &str) -> &'static str {
+    match outcome {
+        "resolved" => "ok",
+        "retry" | "lease_expired" | "released" => "retry",
+        "permanent_failure" => "failed",
+        _ => "other",
+    }
+}
+
+fn compensation_section(c: &CompensationView) -> Markup {
+    html! {
+        section aria-labelledby="compensation" {
+            h2 #compensation { "Compensation" }
+            dl {
+                dt { "State" } dd { (c.state) }
+                dt { "Attempts" } dd { (c.attempts) }
+                dt { "Due" } dd { (layout::when_opt(c.due_at)) }
+                dt { "Finished" } dd { (layout::when_opt(c.finished_at)) }
+                dt { "Last error" } dd { (layout::text_opt(c.last_error.as_deref())) }
+            }
+            (history(&c.history))
+        }
+    }
+}

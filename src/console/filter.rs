@@ -1,0 +1,400 @@
+//! The task list's filter as a GET form: query parameters ⇄ [`TaskFilter`], with the
+//! page size and the keyset cursor. Every field of the filter has a control; a link to
+//! the list (from the overview, a replay, an audit entry) is the same query string.
+//!
+//! Empty fields mean "any" (a GET form sends every field). An unknown or repeated
+//! parameter is refused rather than ignored: a mistyped filter must not silently
+//! select more tasks than meant (the selection a bulk action will act on).
+
+use chrono::{DateTime, NaiveDate, NaiveDateTime, SecondsFormat, Utc};
+use maud::{html, Markup};
+
+use crate::store::{TaskFilter, MAX_PAGE};
+use crate::task::{Status, TaskId};
+
+/// Tasks per page unless the form says otherwise.
+pub(crate) const DEFAULT_LIMIT: i64 = 50;
+
+const STATUSES: [Status; 4] = [
+    Status::Failed,
+    Status::PermanentFailure,
+    Status::Resolved,
+    Status::Discarded,
+];
+
+/// A list request: which tasks, how many, after which.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ListParams {
+    /// The tasks to list.
+    pub filter: TaskFilter,
+    /// Page size.
+    pub limit: i64,
+    /// The previous page's last task id.
+    pub after: Option<TaskId>,
+}
+
+/// Reads the query parameters of a list request; times are read against `now`.
+pub(crate) fn parse(pairs: &[(String, String)], now: DateTime<Utc>) -> Result<ListParams, String> {
+    let mut params = ListParams {
+        filter: TaskFilter::default(),
+        limit: DEFAULT_LIMIT,
+        after: None,
+    };
+    let mut seen = std::collections::HashSet::new();
+    for (name, raw) in pairs {
+        let value = raw.trim();
+        let keyed = matches!(name.as_str(), "key" | "key_prefix");
+        if raw.is_empty() || (!keyed && value.is_empty()) {
+            continue;
+        }
+        if name != "status" && !seen.insert(name.as_str()) {
+            return Err(format!("give {name} once"));
+        }
+        let filter = &mut params.filter;
+        let text = || Some(value.to_owned());
+        match name.as_str() {
+            "status" => {
+                for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+                    let status = part.parse::<Status>().map_err(|e| e.to_string())?;
+                    if !filter.status.contains(&status) {
+                        filter.status.push(status);
+                    }
+                }
+            }
+            "handler" => filter.handler = text(),
+            "route" => filter.route = text(),
+            "topic" => filter.topic = text(),
+            // A key is matched byte for byte: as typed, spaces and all.
+            "key" => filter.key = Some(raw.clone()),
+            "key_prefix" => filter.key_prefix = Some(raw.clone()),
+            "error" => filter.error = text(),
+            "created_after" => filter.created_after = Some(time(name, value, now)?),
+            "created_before" => filter.created_before = Some(time(name, value, now)?),
+            "updated_after" => filter.updated_after = Some(time(name, value, now)?),
+            "updated_before" => filter.updated_before = Some(time(name, value, now)?),
+            "generation" => filter.generation = Some(number(name, value)?),
+            "min_generation" => filter.min_generation = Some(number(name, value)?),
+            "previous_task" => filter.previous_task = Some(TaskId(positive(name, value)?)),
+            "after" => params.after = Some(TaskId(positive(name, value)?)),
+            "limit" => {
+                let limit: i64 = number(name, value)?;
+                if !(1..=MAX_PAGE).contains(&limit) {
+                    return Err(format!(
+                        "limit must be between 1 and {MAX_PAGE} (got {limit})"
+                    ));
+                }
+                params.limit = limit;
+            }
+            other => return Err(format!("unknown filter {other:?}")),
+        }
+    }
+    params.filter.validate()?;
+    Ok(params)
+}
+
+fn number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T, String> {
+    value
+        .parse()
+        .map_err(|_| format!("{name} must be a whole number (got {value:?})"))
+}
+
+fn positive(name: &str, value: &str) -> Result<i64, String> {
+    match number::<i64>(name, value)? {
+        id if id > 0 => Ok(id),
+        _ => Err(format!("{name} must be a task id (a positive integer)")),
+    }
+}
+
+/// A time as an operator types it: RFC 3339; a date and time (`2026-12-03 10:15`,
+/// taken as UTC); a date (midnight UTC); or a duration (`90m`, `2h`), meaning that long
+/// before `now`.
+pub(crate) fn time(name: &str, value: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
+    if let Ok(at) = DateTime::parse_from_rfc3339(value) {
+        return Ok(at.with_timezone(&Utc));
+    }
+    for format in [
+        "%Y-%m-%d %H:%M:%S",
+        "%Y-%m-%dT%H:%M:%S",
+        "%Y-%m-%d %H:%M",
+        "%Y-%m-%dT%H:%M",
+    ] {
+        if let Ok(at) = NaiveDateTime::parse_from_str(value, format) {
+            return Ok(at.and_utc());
+        }
+    }
+    if let Ok(day) = NaiveDate::parse_from_str(value, "%Y-%m-%d") {
+        return Ok(day.and_time(chrono::NaiveTime::MIN).and_utc());
+    }
+    humantime::parse_duration(value)
+        .ok()
+        .and_then(|ago| chrono::Duration::from_std(ago).ok())
+        .and_then(|ago| now.checked_sub_signed(ago))
+        .ok_or_else(|| {
+            format!(
+                "{name} must be a time (2026-12-03T10:15:00Z, 2026-12-03 10:15 as UTC, \
+                 2026-12-03) or a duration ago (90m, 2h); got {value:?}"
+            )
+        })
+}
+
+fn rfc3339(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+}
+
+/// The query parameters that select `filter`.
+pub(crate) fn to_pairs(filter: &TaskFilter) -> Vec<(&'static str, String)> {
+    let mut pairs: Vec<(&'static str, String)> = filter
+        .status
+        .iter()
+        .map(|s| ("status", s.as_str().to_owned()))
+        .collect();
+    let texts = [
+        ("handler", &filter.handler),
+        ("route", &filter.route),
+        ("topic", &filter.topic),
+        ("key", &filter.key),
+        ("key_prefix", &filter.key_prefix),
+        ("error", &filter.error),
+    ];
+    pairs.extend(texts.into_iter().filter_map(|(n, v)| Some((n, v.clone()?))));
+    let times = [
+        ("created_after", filter.created_after),
+        ("created_before", filter.created_before),
+        ("updated_after", filter.updated_after),
+        ("updated_before", filter.updated_before),
+    ];
+    pairs.extend(
+        times
+            .into_iter()
+            .filter_map(|(n, t)| Some((n, rfc3339(t?)))),
+    );
+    let numbers = [
+        ("generation", filter.generation.map(i64::from)),
+        ("min_generation", filter.min_generation.map(i64::from)),
+        ("previous_task", filter.previous_task.map(|id| id.0)),
+    ];
+    pairs.extend(
+        numbers
+            .into_iter()
+            .filter_map(|(n, v)| Some((n, v?.to_string()))),
+    );
+    pairs
+}
+
+/// The task list's address for `filter` (and more parameters, such as a cursor).
+pub(crate) fn list_url(filter: &TaskFilter, more: &[(&'static str, String)]) -> String {
+    let mut pairs = to_pairs(filter);
+    pairs.extend_from_slice(more);
+    match serde_urlencoded::to_string(&pairs) {
+        Ok(query) if !query.is_empty() => format!("/console/tasks?{query}"),
+        _ => "/console/tasks".to_owned(),
+    }
+}
+
+/// `filter` in a few words, for a link to the tasks it selects: `handler billing,
+/// status failed`, or `every task`.
+pub(crate) fn describe(filter: &TaskFilter) -> String {
+    let pairs = to_pairs(filter);
+    if pairs.is_empty() {
+        return "every task".to_owned();
+    }
+    let words: Vec<String> = pairs.iter().map(|(n, v)| format!("{n} {v}")).collect();
+    words.join(", ")
+}
+
+/// The filter form, filled in with `params`.
+pub(crate) fn form(params: &ListParams) -> Markup {
+    let f = &params.filter;
+    let time = |t: Option<DateTime<Utc>>| t.map(rfc3339);
+    let text_fields: [(&str, &str, Option<String>, &str); 13] = [
+        ("handler", "Handler", f.handler.clone(), ""),
+        ("route", "Route", f.route.clone(), ""),
+        ("topic", "Topic", f.topic.clone(), ""),
+        ("key", "Key (exactly)", f.key.clone(), ""),
+        ("key_prefix", "Key starts with", f.key_prefix.clone(), ""),
+        (
+            "error",
+            "Error contains",
+            f.error.clone(),
+            "case-insensitive",
+        ),
+        (
+            "created_after",
+            "Created after",
+            time(f.created_after),
+            "UTC time, or 2h for 2 hours ago",
+        ),
+        (
+            "created_before",
+            "Created before",
+            time(f.created_before),
+            "UTC time, or 2h",
+        ),
+        (
+            "updated_after",
+            "Changed after",
+            time(f.updated_after),
+            "UTC time, or 2h",
+        ),
+        (
+            "updated_before",
+            "Changed before",
+            time(f.updated_before),
+            "UTC time, or 2h",
+        ),
+        (
+            "generation",
+            "Generation",
+            f.generation.map(|g| g.to_string()),
+            "1: first failures",
+        ),
+        (
+            "min_generation",
+            "Generation at least",
+            f.min_generation.map(|g| g.to_string()),
+            "2: re-failures",
+        ),
+        (
+            "previous_task",
+            "Re-failures of task",
+            f.previous_task.map(|id| id.to_string()),
+            "task id",
+        ),
+    ];
+    html! {
+        form.filter method="get" action="/console/tasks" {
+            fieldset.statuses {
+                legend { "Status" }
+                @for status in STATUSES {
+                    @let id = format!("status-{}", status.as_str());
+                    span.check {
+                        input type="checkbox" id=(id) name="status" value=(status.as_str())
+                            checked[f.status.contains(&status)];
+                        label for=(id) { (status.as_str()) }
+                    }
+                }
+            }
+            div.fields {
+                @for (name, label, value, hint) in text_fields {
+                    div.field {
+                        label for=(format!("f-{name}")) { (label) }
+                        input type="text" id=(format!("f-{name}")) name=(name)
+                            value=[value] autocomplete="off"
+                            aria-describedby=[(!hint.is_empty()).then(|| format!("h-{name}"))];
+                        @if !hint.is_empty() {
+                            small id=(format!("h-{name}")) { (hint) }
+                        }
+                    }
+                }
+                div.field {
+                    label for="f-limit" { "Per page" }
+                    input type="number" id="f-limit" name="limit" min="1" max=(MAX_PAGE)
+                        value=(params.limit);
+                }
+            }
+            div.buttons {
+                button type="submit" { "Filter" }
+                a href="/console/tasks" { "Clear the filter" }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
+        items
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn now() -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339("2026-12-03T12:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc)
+    }
+
+    #[test]
+    fn every_field_reads_and_goes_back_into_the_same_query() {
+        let query = pairs(&[
+            ("status", "failed"),
+            ("status", "permanent_failure"),
+            ("handler", " orders "),
+            ("route", "r"),
+            ("topic", "t"),
+            ("key_prefix", " k"),
+            ("error", "timeout"),
+            ("created_after", "2h"),
+            ("created_before", "2026-12-03 11:30"),
+            ("updated_after", "2026-12-01"),
+            ("updated_before", "2026-12-03T11:59:00Z"),
+            ("generation", "2"),
+            ("min_generation", "2"),
+            ("previous_task", "7"),
+            ("limit", "20"),
+            ("after", "99"),
+            ("key", ""),
+        ]);
+        let params = parse(&query, now()).unwrap();
+        let f = &params.filter;
+        assert_eq!(f.status, [Status::Failed, Status::PermanentFailure]);
+        assert_eq!(f.handler.as_deref(), Some("orders"));
+        assert_eq!(
+            f.key_prefix.as_deref(),
+            Some(" k"),
+            "a key is taken as typed"
+        );
+        assert_eq!(f.key, None, "an empty field is any");
+        assert_eq!(rfc3339(f.created_after.unwrap()), "2026-12-03T10:00:00Z");
+        assert_eq!(rfc3339(f.created_before.unwrap()), "2026-12-03T11:30:00Z");
+        assert_eq!(rfc3339(f.updated_after.unwrap()), "2026-12-01T00:00:00Z");
+        assert_eq!(f.previous_task, Some(TaskId(7)));
+        assert_eq!((params.limit, params.after), (20, Some(TaskId(99))));
+        let again: Vec<(String, String)> = to_pairs(f)
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+        assert_eq!(parse(&again, now()).unwrap().filter, *f);
+    }
+
+    #[test]
+    fn a_wrong_unknown_or_repeated_parameter_is_refused_by_name() {
+        for (query, says) in [
+            (vec![("colour", "red")], "colour"),
+            (vec![("status", "done")], "done"),
+            (vec![("handler", "a"), ("handler", "b")], "once"),
+            (vec![("limit", "0")], "limit"),
+            (vec![("limit", "5000")], "limit"),
+            (vec![("after", "-1")], "after"),
+            (vec![("generation", "x")], "generation"),
+            (vec![("created_after", "yesterday")], "created_after"),
+            (vec![("key", "a"), ("key_prefix", "b")], "not both"),
+            (
+                vec![("created_after", "1h"), ("created_before", "2h")],
+                "earlier",
+            ),
+        ] {
+            let error = parse(&pairs(&query), now()).unwrap_err();
+            assert!(error.contains(says), "{query:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn list_links_carry_the_filter_and_the_cursor() {
+        let filter = TaskFilter {
+            status: vec![Status::Failed],
+            key: Some("a&b=c".into()),
+            ..TaskFilter::default()
+        };
+        assert_eq!(
+            list_url(&filter, &[("after", "5".into())]),
+            "/console/tasks?status=failed&key=a%26b%3Dc&after=5"
+        );
+        assert_eq!(list_url(&TaskFilter::default(), &[]), "/console/tasks");
+        assert_eq!(describe(&filter), "status failed, key a&b=c");
+        assert_eq!(describe(&TaskFilter::default()), "every task");
+    }
+}

@@ -1,0 +1,255 @@
+//! The page shell (head, navigation, who is signed in) and the small pieces every page
+//! renders the same way: times, ages, statuses, payloads.
+//!
+//! Everything interpolated goes through maud, which escapes it; nothing here writes
+//! raw HTML, an inline script, an inline style or an event attribute.
+
+use axum::response::Html;
+use chrono::{DateTime, Utc};
+use maud::{html, Markup, DOCTYPE};
+
+use crate::admin::Caller;
+use crate::config::Role;
+use crate::readable::Readable;
+use crate::task::Status;
+
+/// The sections of the console, in navigation order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Nav {
+    Overview,
+    Tasks,
+    Replays,
+    Fleet,
+    Audit,
+}
+
+const NAV: [(Nav, &str, &str); 5] = [
+    (Nav::Overview, "/console/", "Overview"),
+    (Nav::Tasks, "/console/tasks", "Tasks"),
+    (Nav::Replays, "/console/replays", "Replays"),
+    (Nav::Fleet, "/console/fleet", "Members, breakers, brakes"),
+    (Nav::Audit, "/console/audit", "Audit log"),
+];
+
+/// Payload bytes shown on a page at most; the API gives them whole.
+const SHOWN_BYTES: usize = 64 * 1024;
+
+fn head(title: &str) -> Markup {
+    html! {
+        head {
+            meta charset="utf-8";
+            meta name="viewport" content="width=device-width, initial-scale=1";
+            title { (title) " · redrive" }
+            link rel="stylesheet" href="/console/static/console.css";
+            script src="/console/static/console.js" defer {}
+        }
+    }
+}
+
+/// A page without navigation (sign-in, errors).
+pub(crate) fn bare(title: &str, body: Markup) -> Html<String> {
+    Html(
+        html! {
+            (DOCTYPE)
+            html lang="en" {
+                (head(title))
+                body {
+                    main #main {
+                        h1 { (title) }
+                        (body)
+                    }
+                }
+            }
+        }
+        .into_string(),
+    )
+}
+
+/// A console page for `caller`, with `current` marked in the navigation.
+pub(crate) fn page(caller: &Caller, current: Nav, title: &str, body: Markup) -> Html<String> {
+    let role = match caller.role {
+        Role::Operate => "operate",
+        Role::Read => "read only",
+    };
+    Html(
+        html! {
+            (DOCTYPE)
+            html lang="en" {
+                (head(title))
+                body {
+                    a.skip href="#main" { "Skip to content" }
+                    header.top {
+                        span.brand { "redrive" }
+                        nav aria-label="Console" {
+                            ul {
+                                @for (nav, href, label) in NAV {
+                                    li {
+                                        @if nav == current {
+                                            a href=(href) aria-current="page" { (label) }
+                                        } @else {
+                                            a href=(href) { (label) }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                        div.who {
+                            span { "Signed in as " b { (caller.name) } " (" span.role { (role) } ")" }
+                            @if caller.name != "anonymous" {
+                                form method="post" action="/console/logout" {
+                                    button type="submit" { "Sign out" }
+                                }
+                            }
+                        }
+                    }
+                    main #main tabindex="-1" {
+                        h1 { (title) }
+                        (body)
+                    }
+                }
+            }
+        }
+        .into_string(),
+    )
+}
+
+/// A time, in UTC, machine-readable too.
+pub(crate) fn when(at: DateTime<Utc>) -> Markup {
+    html! {
+        time datetime=(at.to_rfc3339()) { (at.format("%Y-%m-%d %H:%M:%S UTC")) }
+    }
+}
+
+/// A time, or a dash.
+pub(crate) fn when_opt(at: Option<DateTime<Utc>>) -> Markup {
+    match at {
+        Some(at) => when(at),
+        None => dash(),
+    }
+}
+
+/// "Nothing here".
+pub(crate) fn dash() -> Markup {
+    html! { span.none aria-label="none" { "—" } }
+}
+
+/// Text, or a dash.
+pub(crate) fn text_opt(text: Option<&str>) -> Markup {
+    match text {
+        Some(text) => html! { (text) },
+        None => dash(),
+    }
+}
+
+/// A duration in seconds as a person reads it: `42 s`, `3 min 5 s`, `2 h 10 min`,
+/// `3 d 4 h`.
+pub(crate) fn age(seconds: f64) -> String {
+    let s = if seconds.is_finite() {
+        seconds.max(0.0).round() as u64
+    } else {
+        0
+    };
+    match s {
+        0..=59 => format!("{s} s"),
+        60..=3599 => format!("{} min {} s", s / 60, s % 60),
+        3600..=86_399 => format!("{} h {} min", s / 3600, s % 3600 / 60),
+        _ => format!("{} d {} h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// A task's status as a badge.
+pub(crate) fn status(status: Status) -> Markup {
+    html! { span class={ "badge status-" (status.as_str()) } { (status.as_str()) } }
+}
+
+/// Stored bytes: the text when they are UTF-8, else hex in groups of two digits, with
+/// their size; at most [`SHOWN_BYTES`] of them.
+pub(crate) fn payload(bytes: &Readable) -> Markup {
+    let (shown, cut) = match bytes.encoding {
+        "utf8" => cut_text(&bytes.data, SHOWN_BYTES),
+        _ => cut_text(&bytes.data, SHOWN_BYTES * 2),
+    };
+    let size = match bytes.size {
+        1 => "1 byte".to_owned(),
+        n => format!("{n} bytes"),
+    };
+    html! {
+        div.payload {
+            @if bytes.encoding == "utf8" {
+                p.meta { (size) ", UTF-8 text" }
+                pre.text { (shown) }
+            } @else {
+                p.meta { (size) ", not UTF-8: shown as hex" }
+                pre.hex { (spaced_hex(shown)) }
+            }
+            @if cut {
+                p.meta { "Only the first " (SHOWN_BYTES / 1024) " KiB are shown; "
+                    "the API and " code { "redrive tasks show" } " give them whole." }
+            }
+        }
+    }
+}
+
+/// `text` cut to at most `limit` bytes on a character boundary, and whether it was cut.
+fn cut_text(text: &str, limit: usize) -> (&str, bool) {
+    if text.len() <= limit {
+        return (text, false);
+    }
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    (&text[..end], true)
+}
+
+/// Hex digits in groups of two, 32 bytes a line.
+fn spaced_hex(digits: &str) -> String {
+    let mut out = String::with_capacity(digits.len() * 3 / 2);
+    for (i, pair) in digits.as_bytes().chunks(2).enumerate() {
+        if i > 0 {
+            out.push(if i % 32 == 0 { '\n' } else { ' ' });
+        }
+        out.extend(pair.iter().map(|&b| b as char));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_read_as_people_say_them() {
+        assert_eq!(age(42.4), "42 s");
+        assert_eq!(age(185.0), "3 min 5 s");
+        assert_eq!(age(7_800.0), "2 h 10 min");
+        assert_eq!(age(273_600.0), "3 d 4 h");
+        assert_eq!(age(-3.0), "0 s");
+        assert_eq!(age(f64::NAN), "0 s");
+    }
+
+    #[test]
+    fn binary_payloads_are_hex_with_their_size_and_text_is_escaped() {
+        let binary = payload(&Readable::new(&[0xff, 0x00, b'v'])).into_string();
+        assert!(
+            binary.contains("3 bytes, not UTF-8: shown as hex"),
+            "{binary}"
+        );
+        assert!(binary.contains("ff 00 76"), "{binary}");
+        let hostile = payload(&Readable::new(b"<script>alert(1)</script>")).into_string();
+        assert!(
+            hostile.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+            "{hostile}"
+        );
+        assert!(!hostile.contains("<script>"), "{hostile}");
+    }
+
+    #[test]
+    fn long_payloads_are_cut_on_a_character_boundary() {
+        let long = "é".repeat(SHOWN_BYTES);
+        let shown = payload(&Readable::new(long.as_bytes())).into_string();
+        assert!(shown.contains("Only the first 64 KiB"), "cut");
+        assert_eq!(cut_text("aé", 2), ("a", true));
+        assert_eq!(spaced_hex(&"ab".repeat(33)).lines().count(), 2);
+    }
+}

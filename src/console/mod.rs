@@ -1,0 +1,103 @@
+//! The operator console: server-rendered HTML pages under `/console/` on the admin
+//! listener, with the API's tokens and roles.
+//!
+//! - **Pages** (read-only in this round): the fleet overview, live-updating
+//!   ([`overview`], with the outcome chart of [`chart`]); the task list with every filter
+//!   of [`TaskFilter`](crate::store::TaskFilter) and keyset paging ([`tasks`], the form in
+//!   [`filter`]); a task's detail ([`detail`]); replay jobs with their progress
+//!   ([`replays`]); the audit log ([`audit`]); members, breakers and brakes ([`fleet`]).
+//!   Every page reads through the store's own read functions; the console writes no SQL.
+//! - **Sign-in** ([`login`], [`session`]): an operator pastes a token once; the console
+//!   answers with a signed session cookie that every member accepts without shared
+//!   state, and that ends with its expiry or when the token is rotated. An open API (no
+//!   tokens, loopback only) needs no sign-in: its caller is `anonymous`, operate.
+//! - **Safety** ([`security`]): a strict Content Security Policy on every response, no
+//!   inline script or style, every payload byte escaped or shown as hex (maud escapes
+//!   whatever it interpolates); cross-site requests are refused by the admin listener's
+//!   origin guard before they reach a page.
+//! - **Assets** ([`assets`]): one stylesheet and one small script, embedded in the
+//!   binary; no build step.
+//!
+//! **The write flows come next**, over the operations layer (`src/operations/`): bulk
+//! retry / discard / resolve / replay by selection or filter (count and sample shown
+//! before confirming, a required reason, progress while it runs) on the task list and
+//! the detail page, replay cancel and resume on the replays page, breaker and brake
+//! actions on the fleet page. Each page's module doc says where its controls go; they
+//! are rendered for an operate caller only (a read token sees none, and the API refuses
+//! its writes anyway).
+
+mod assets;
+mod audit;
+mod chart;
+mod detail;
+mod error;
+mod filter;
+mod fleet;
+mod layout;
+mod login;
+mod overview;
+mod replays;
+mod security;
+mod session;
+mod tasks;
+
+use axum::response::Redirect;
+use axum::routing::{get, post};
+use axum::{middleware, Router};
+use std::sync::Arc;
+use tokio::sync::Semaphore;
+
+use crate::admin::{AppState, Tokens};
+
+pub(crate) use security::secure_headers;
+
+/// What the console's handlers share.
+pub(crate) struct Console {
+    /// The admin API's state: its store, targets and settings.
+    app: Arc<AppState>,
+    /// The API's tokens: who may sign in, and with which role.
+    tokens: Arc<Tokens>,
+    /// The API's slots for heavy reads (the overview's counts take one).
+    heavy: Arc<Semaphore>,
+    /// Sign-in attempts per client address.
+    logins: login::Attempts,
+    /// The overview's figures, read at most once per refresh period per member.
+    overview: overview::Cache,
+}
+
+/// Shared console state.
+type Shared = axum::extract::State<Arc<Console>>;
+
+/// The console's routes: `/` and `/console` lead to the overview; every page but the
+/// sign-in page and the assets needs a session (or an open API).
+pub(crate) fn router(app: Arc<AppState>, tokens: Arc<Tokens>, heavy: Arc<Semaphore>) -> Router {
+    let console = Arc::new(Console {
+        app,
+        tokens,
+        heavy,
+        logins: login::Attempts::new(),
+        overview: overview::Cache::default(),
+    });
+    let pages = Router::new()
+        .route("/console/", get(overview::page))
+        .route("/console/live/overview", get(overview::live))
+        .route("/console/tasks", get(tasks::page))
+        .route("/console/tasks/{id}", get(detail::page))
+        .route("/console/replays", get(replays::page))
+        .route("/console/live/replays", get(replays::live))
+        .route("/console/audit", get(audit::page))
+        .route("/console/fleet", get(fleet::page))
+        .route("/console/logout", post(login::logout))
+        .route_layer(middleware::from_fn_with_state(
+            console.clone(),
+            session::require,
+        ));
+    Router::new()
+        .route("/", get(|| async { Redirect::to("/console/") }))
+        .route("/console", get(|| async { Redirect::to("/console/") }))
+        .route("/console/login", get(login::page).post(login::submit))
+        .route("/console/static/{file}", get(assets::serve))
+        .route("/console/{*rest}", get(error::no_such_page))
+        .merge(pages)
+        .with_state(console)
+}

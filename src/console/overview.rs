@@ -1,0 +1,234 @@
+//! The fleet overview: backlog by status and handler, due work and the oldest due per
+//! handler, the last hour's outcomes (a table and a per-minute chart), live members,
+//! breakers and brakes. The page's script reloads the figures every
+//! [`REFRESH`] from `/console/live/overview` while the tab is visible.
+//!
+//! The figures count every task, so a member reads them at most once per [`REFRESH`]
+//! however many consoles are open, in one of the API's heavy-read slots; when the
+//! slots are all taken, the last figures are shown again with their time.
+
+use axum::extract::State;
+use axum::response::Html;
+use axum::Extension;
+use chrono::{DateTime, Utc};
+use maud::{html, Markup};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::error::PageError;
+use super::filter::list_url;
+use super::fleet::{brakes_table, breakers_table, members_table};
+use super::layout::{self, Nav};
+use super::{chart, Console, Shared};
+use crate::admin::Caller;
+use crate::resilience::breaker::{Breaker, BreakerState};
+use crate::store::{Brake, OutcomeMinute, Stats, TaskFilter};
+use crate::task::Status;
+
+/// How often the overview's figures are read (and the page asks for them).
+pub(crate) const REFRESH: Duration = Duration::from_secs(5);
+
+/// The figures of one reading.
+struct Snapshot {
+    stats: Stats,
+    minutes: Vec<OutcomeMinute>,
+    breakers: Vec<Breaker>,
+    brakes: Vec<Brake>,
+    read_at: DateTime<Utc>,
+    read: Instant,
+}
+
+/// The last reading of this member.
+#[derive(Default)]
+pub(crate) struct Cache {
+    last: tokio::sync::Mutex<Option<Arc<Snapshot>>>,
+}
+
+async fn snapshot(console: &Console) -> Result<Arc<Snapshot>, PageError> {
+    let mut last = console.overview.last.lock().await;
+    if let Some(fresh) = last.as_ref().filter(|s| s.read.elapsed() < REFRESH) {
+        return Ok(fresh.clone());
+    }
+    let Ok(_slot) = console.heavy.try_acquire() else {
+        return last.clone().ok_or_else(|| {
+            PageError::too_many(
+                "the heavy reads (stats, check) of this member are all running; try again \
+                 in a few seconds",
+                5,
+            )
+        });
+    };
+    let store = &console.app.store;
+    let snapshot = Arc::new(Snapshot {
+        stats: store.stats().await?,
+        minutes: store.outcome_minutes().await?,
+        breakers: store.breakers(None).await?,
+        brakes: store.brakes().await?,
+        read_at: Utc::now(),
+        read: Instant::now(),
+    });
+    *last = Some(snapshot.clone());
+    Ok(snapshot)
+}
+
+/// `GET /console/`.
+pub(crate) async fn page(
+    State(console): Shared,
+    Extension(caller): Extension<Caller>,
+) -> Result<Html<String>, PageError> {
+    let snapshot = snapshot(&console).await?;
+    let body = html! {
+        div.live-bar {
+            p.live-status data-live-status aria-live="polite" { "Updates every " (REFRESH.as_secs()) " s." }
+            button type="button" data-live-toggle aria-pressed="false" { "Pause live updates" }
+        }
+        div data-live="/console/live/overview" data-every=(REFRESH.as_secs()) {
+            (figures(&snapshot))
+        }
+    };
+    Ok(layout::page(&caller, Nav::Overview, "Overview", body))
+}
+
+/// `GET /console/live/overview`: the figures alone, for the page's script.
+pub(crate) async fn live(State(console): Shared) -> Result<Html<String>, PageError> {
+    let snapshot = snapshot(&console).await?;
+    Ok(Html(figures(&snapshot).into_string()))
+}
+
+fn filtered(status: Option<Status>, handler: Option<&str>) -> String {
+    let filter = TaskFilter {
+        status: status.into_iter().collect(),
+        handler: handler.map(str::to_owned),
+        ..TaskFilter::default()
+    };
+    list_url(&filter, &[])
+}
+
+fn figures(s: &Snapshot) -> Markup {
+    const COLUMNS: [Status; 4] = [
+        Status::Failed,
+        Status::PermanentFailure,
+        Status::Resolved,
+        Status::Discarded,
+    ];
+    let mut backlog: BTreeMap<&str, [i64; 4]> = BTreeMap::new();
+    for count in &s.stats.tasks {
+        let row = backlog.entry(count.handler.as_str()).or_default();
+        if let Some(i) = COLUMNS.iter().position(|c| *c == count.status) {
+            row[i] += count.count;
+        }
+    }
+    let mut totals = [0i64; 4];
+    for row in backlog.values() {
+        for (total, n) in totals.iter_mut().zip(row) {
+            *total += n;
+        }
+    }
+    let due: i64 = s.stats.due.iter().map(|d| d.due).sum();
+    let open_breakers = s
+        .breakers
+        .iter()
+        .filter(|b| b.state != BreakerState::Closed)
+        .count();
+    let engaged = s.brakes.iter().filter(|b| b.engaged(s.read_at)).count();
+    html! {
+        p.as-of { "Figures as of " (layout::when(s.read_at)) "." }
+        ul.cards aria-label="At a glance" {
+            li { a href=(filtered(Some(Status::Failed), None)) { span.figure { (totals[0]) } " waiting or in an attempt" } }
+            li { span.figure { (due) } " due now" }
+            li { a href=(filtered(Some(Status::PermanentFailure), None)) { span.figure { (totals[1]) } " failed for good" } }
+            li { a href="/console/fleet" { span.figure { (s.stats.members.len()) } " live members" } }
+            li.alarm[open_breakers > 0] { a href="/console/fleet" { span.figure { (open_breakers) } " breakers not closed" } }
+            li.alarm[engaged > 0] { a href="/console/fleet" { span.figure { (engaged) } " brakes engaged" } }
+        }
+        section aria-labelledby="backlog" {
+            h2 #backlog { "Tasks by handler and status" }
+            @if backlog.is_empty() {
+                p.empty { "No tasks." }
+            } @else {
+                table.backlog {
+                    thead {
+                        tr {
+                            th scope="col" { "Handler" }
+                            @for status in COLUMNS { th scope="col" { (status.as_str()) } }
+                        }
+                    }
+                    tbody {
+                        @for (handler, row) in &backlog {
+                            tr {
+                                th scope="row" { a href=(filtered(None, Some(handler))) { (handler) } }
+                                @for (status, n) in COLUMNS.iter().zip(row) {
+                                    td.number { a href=(filtered(Some(*status), Some(handler))) { (n) } }
+                                }
+                            }
+                        }
+                    }
+                    tfoot {
+                        tr {
+                            th scope="row" { "All handlers" }
+                            @for n in totals { td.number { (n) } }
+                        }
+                    }
+                }
+            }
+        }
+        section aria-labelledby="due" {
+            h2 #due { "Due now" }
+            @if s.stats.due.is_empty() {
+                p.empty { "Nothing is due." }
+            } @else {
+                table.due {
+                    thead {
+                        tr {
+                            th scope="col" { "Handler" } th scope="col" { "Due" }
+                            th scope="col" { "Oldest due for" } th scope="col" { "Live members serving it" }
+                        }
+                    }
+                    tbody {
+                        @for d in &s.stats.due {
+                            @let serving = s.stats.members.iter().filter(|m| m.serves(&d.handler)).count();
+                            tr {
+                                th scope="row" { a href=(filtered(Some(Status::Failed), Some(&d.handler))) { (d.handler) } }
+                                td.number { (d.due) }
+                                td { (layout::age(d.oldest_due_seconds)) }
+                                td {
+                                    @if serving == 0 { span.warning { "none: nothing works these tasks" } }
+                                    @else { (serving) }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        section aria-labelledby="outcomes" {
+            h2 #outcomes { "Attempt outcomes, last hour" }
+            div.outcomes {
+                (chart::outcomes(&s.minutes))
+                @if !s.stats.last_hour.is_empty() {
+                    table.last-hour {
+                        thead { tr { th scope="col" { "Outcome" } th scope="col" { "Attempts" } } }
+                        tbody {
+                            @for o in &s.stats.last_hour {
+                                tr { th scope="row" { (o.outcome) } td.number { (o.count) } }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        section aria-labelledby="members-now" {
+            h2 #members-now { "Live members" }
+            (members_table(&s.stats.members))
+        }
+        section aria-labelledby="breakers-now" {
+            h2 #breakers-now { "Breakers" }
+            (breakers_table(&s.breakers))
+        }
+        section aria-labelledby="brakes-now" {
+            h2 #brakes-now { "Brakes" }
+            (brakes_table(&s.brakes, s.read_at))
+        }
+    }
+}

@@ -1,0 +1,610 @@
+//! The operator console in a real browser (headless Chromium over WebDriver) against a
+//! real member process (`redrive run`): signing in with each role, the overview, the
+//! task list's filters and pages, binary and hostile payloads, the keyboard; and over
+//! plain HTTP, the security headers of every answer and the refusal of cross-site
+//! requests. Each page's screenshot is saved under `target/console-screenshots/`.
+
+use redrive::headers::Header;
+use redrive::store::{Action, NewReplay, Operator, Selection, TaskFilter};
+use redrive::{Failure, NewTask, Settings, Store, TaskId};
+use reqwest::header::{HeaderMap, ORIGIN, SET_COOKIE};
+use reqwest::StatusCode;
+use std::time::Duration;
+
+use crate::admin_api::{OPERATE, READ};
+use crate::support::{eventually, fresh_store, scalar, Browser, MemberProcess, Spawn};
+
+const HOSTILE: &str = "<script>alert(1)</script>";
+
+/// The console's Content Security Policy, as the issue asks for it.
+const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+    img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; \
+    base-uri 'none'";
+
+/// A member serving the console, with an operate token (`ops`) and a read token
+/// (`viewer`).
+struct Console {
+    base: String,
+    _member: MemberProcess,
+}
+
+impl Console {
+    /// Starts `redrive run` on `settings`' schema with the admin listener on a free
+    /// port; its worker (serving `log`) runs when `worker` is set.
+    async fn start(settings: &Settings, worker: bool) -> Console {
+        let listen = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .to_string();
+        let member = Spawn::binary(settings)
+            .envs(&[
+                ("REDRIVE__ADMIN__LISTEN", &listen),
+                (
+                    "REDRIVE__WORKER__ENABLED",
+                    if worker { "true" } else { "false" },
+                ),
+                ("REDRIVE__WORKER__POLL_INTERVAL", "100ms"),
+                ("REDRIVE__ADMIN__TOKENS__OPS__ROLE", "operate"),
+                ("REDRIVE__ADMIN__TOKENS__OPS__TOKEN", OPERATE),
+                ("REDRIVE__ADMIN__TOKENS__VIEWER__ROLE", "read"),
+                ("REDRIVE__ADMIN__TOKENS__VIEWER__TOKEN", READ),
+            ])
+            .start();
+        let base = format!("http://{listen}");
+        let login = format!("{base}/console/login");
+        eventually(Duration::from_secs(60), "the console answers", || async {
+            reqwest::get(&login)
+                .await
+                .is_ok_and(|r| r.status() == StatusCode::OK)
+        })
+        .await;
+        Console {
+            base,
+            _member: member,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Signs `browser` in with `token` from the page `path` asks for.
+    async fn sign_in(&self, browser: &Browser, token: &str, path: &str) {
+        browser.open(&self.url(path)).await;
+        assert!(
+            browser.path().await.starts_with("/console/login?next="),
+            "{}",
+            browser.path().await
+        );
+        browser.fill("#token", token).await;
+        browser.follow("form.login button[type=submit]").await;
+    }
+}
+
+fn task(handler: &str, key: &[u8], value: &[u8]) -> NewTask {
+    NewTask {
+        handler: handler.into(),
+        failure: Failure {
+            key: Some(key.to_vec()),
+            value: Some(value.to_vec()),
+            ..Failure::default()
+        },
+        ..NewTask::default()
+    }
+}
+
+async fn enqueue(store: &Store, tasks: Vec<NewTask>) -> Vec<TaskId> {
+    let stored = store.enqueue_many(&tasks).await.unwrap();
+    stored.iter().map(|e| e.id()).collect()
+}
+
+/// The hostile task: its key, value and one header's name and value are a script.
+fn hostile() -> NewTask {
+    let mut task = task("orders", HOSTILE.as_bytes(), HOSTILE.as_bytes());
+    task.failure.headers = vec![Header {
+        name: HOSTILE.as_bytes().to_vec(),
+        value: Some(HOSTILE.as_bytes().to_vec()),
+    }];
+    task
+}
+
+/// The texts of each row of the table `css` selects.
+async fn rows(browser: &Browser, css: &str) -> Vec<Vec<String>> {
+    let mut rows = Vec::new();
+    let found = browser
+        .client
+        .find_all(fantoccini::Locator::Css(&format!("{css} tbody tr")))
+        .await
+        .unwrap();
+    for row in found {
+        let mut cells = Vec::new();
+        for cell in row
+            .find_all(fantoccini::Locator::Css("th, td"))
+            .await
+            .unwrap()
+        {
+            cells.push(cell.text().await.unwrap());
+        }
+        rows.push(cells);
+    }
+    rows
+}
+
+/// The task ids of the task list shown.
+async fn listed_ids(browser: &Browser) -> Vec<i64> {
+    rows(browser, "table.tasks")
+        .await
+        .iter()
+        .map(|row| row[0].parse().unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_reads_the_fleet_its_tasks_and_their_payloads_in_a_browser() {
+    let (store, settings) = fresh_store().await;
+    let orders = enqueue(
+        &store,
+        (1..=7)
+            .map(|i| task("orders", format!("order-{i}").as_bytes(), b"{}"))
+            .collect(),
+    )
+    .await;
+    let mut billing: Vec<NewTask> = (1..=3)
+        .map(|i| task("billing", format!("invoice-{i}").as_bytes(), b"{}"))
+        .collect();
+    for t in &mut billing {
+        t.failure.error_message = Some("downstream Timeout after 30 s".into());
+    }
+    enqueue(&store, billing).await;
+    let binary = enqueue(&store, vec![task("orders", b"bin", &[0xff, 0x00, b'v'])]).await[0];
+    let hostile = enqueue(&store, vec![hostile()]).await[0];
+    enqueue(
+        &store,
+        vec![task("log", b"l1", b"1"), task("log", b"l2", b"2")],
+    )
+    .await;
+    let operator = Operator {
+        actor: "ops".into(),
+        reason: Some("bad data".into()),
+    };
+    let selection = Selection::Ids(vec![orders[0]]);
+    store
+        .act(&operator, &Action::Discard, &selection)
+        .await
+        .unwrap();
+    let replay = NewReplay {
+        filter: TaskFilter {
+            handler: Some("billing".into()),
+            ..TaskFilter::default()
+        },
+        target_topic: Some("billing-again".into()),
+        mark_resolved: false,
+        rate: None,
+        detached: false,
+    };
+    store
+        .create_replay(&operator, &replay, "a-test")
+        .await
+        .unwrap();
+    let console = Console::start(&settings, true).await;
+    eventually(
+        Duration::from_secs(30),
+        "the worker resolved the log tasks",
+        || async {
+            scalar(
+                &store,
+                "SELECT count(*) FROM recovery_task WHERE status = 'resolved'",
+            )
+            .await
+                == 2
+        },
+    )
+    .await;
+    let browser = Browser::start().await;
+
+    // Signing in comes back to the page that asked.
+    browser.open(&console.url("/console/tasks")).await;
+    browser.screenshot("login").await;
+    console.sign_in(&browser, OPERATE, "/console/tasks").await;
+    assert_eq!(browser.path().await, "/console/tasks");
+    let who = browser.text(".who").await;
+    assert!(who.contains("ops") && who.contains("operate"), "{who}");
+
+    // The overview counts by handler and status, charts the outcomes, updates itself.
+    browser.open(&console.url("/console/")).await;
+    browser.click("[data-live-toggle]").await;
+    let backlog = rows(&browser, "table.backlog").await;
+    assert!(
+        backlog.contains(&["orders", "8", "0", "0", "1"].map(String::from).to_vec()),
+        "{backlog:?}"
+    );
+    assert!(
+        backlog.contains(&["billing", "3", "0", "0", "0"].map(String::from).to_vec()),
+        "{backlog:?}"
+    );
+    assert!(
+        backlog.contains(&["log", "0", "0", "2", "0"].map(String::from).to_vec()),
+        "{backlog:?}"
+    );
+    assert!(browser.count("svg.chart rect.bar.ok").await >= 1);
+    assert!(browser.text("table.members").await.contains("admin"));
+    assert_eq!(
+        browser.text("[data-live-status]").await,
+        "Live updates paused."
+    );
+    browser.click("[data-live-toggle]").await;
+    eventually(Duration::from_secs(30), "a live update", || async {
+        browser
+            .text("[data-live-status]")
+            .await
+            .starts_with("Updated at")
+    })
+    .await;
+    browser.screenshot("overview").await;
+
+    // Every task, then a filter typed into the form narrows them.
+    browser.open(&console.url("/console/tasks")).await;
+    assert_eq!(listed_ids(&browser).await.len(), 14);
+    browser.fill("#f-handler", "billing").await;
+    browser.follow("form.filter button[type=submit]").await;
+    assert!(browser.path().await.contains("handler=billing"));
+    let billing_rows = rows(&browser, "table.tasks").await;
+    assert_eq!(billing_rows.len(), 3, "{billing_rows:?}");
+    assert!(billing_rows.iter().all(|row| row[2] == "billing"));
+    browser.screenshot("tasks-filtered").await;
+    browser.fill("#f-handler", "").await;
+    browser.fill("#f-error", "TIMEOUT").await;
+    browser.follow("form.filter button[type=submit]").await;
+    assert_eq!(listed_ids(&browser).await.len(), 3, "error text, any case");
+
+    // Keyset paging: the second page holds the older tasks, and is the last.
+    browser
+        .open(&console.url("/console/tasks?handler=orders&limit=5"))
+        .await;
+    let first = listed_ids(&browser).await;
+    assert_eq!(first.len(), 5);
+    browser.follow("a[rel=next]").await;
+    let second = listed_ids(&browser).await;
+    assert_eq!(second.len(), 4, "9 orders tasks in all");
+    assert!(second.iter().all(|id| id < first.iter().min().unwrap()));
+    assert_eq!(browser.count("a[rel=next]").await, 0);
+    browser.screenshot("tasks-page-2").await;
+
+    // A binary value is hex, with its size.
+    browser
+        .open(&console.url(&format!("/console/tasks/{binary}")))
+        .await;
+    let main = browser.text("main").await;
+    assert!(main.contains("3 bytes, not UTF-8: shown as hex"), "{main}");
+    assert!(main.contains("ff 00 76"), "{main}");
+    browser.screenshot("task-binary").await;
+
+    // A script in the key, the value and a header is text: shown as typed, never run.
+    browser
+        .open(&console.url(&format!("/console/tasks/{hostile}")))
+        .await;
+    assert_eq!(browser.open_dialog().await, None);
+    let main = browser.text("main").await;
+    assert_eq!(
+        main.matches(HOSTILE).count(),
+        4,
+        "key, value, header name and value: {main}"
+    );
+    browser.screenshot("task-hostile").await;
+    browser
+        .open(&console.url("/console/tasks?key_prefix=%3Cscript%3E"))
+        .await;
+    assert_eq!(browser.open_dialog().await, None);
+    assert_eq!(rows(&browser, "table.tasks").await[0][5], HOSTILE);
+
+    // The keyboard reaches the filter form's controls, in order.
+    browser.open(&console.url("/console/tasks")).await;
+    let mut focused = Vec::new();
+    for _ in 0..40 {
+        browser.tab().await;
+        focused.push(browser.focused_id().await);
+    }
+    let at = |id: &str| focused.iter().position(|f| f == id);
+    let (status, handler, limit) = (at("status-failed"), at("f-handler"), at("f-limit"));
+    assert!(
+        status.is_some() && status < handler && handler < limit,
+        "{focused:?}"
+    );
+
+    // Replays with their progress, the audit log, members, breakers and brakes.
+    browser.open(&console.url("/console/replays")).await;
+    let jobs = rows(&browser, "table.replays").await;
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert!(jobs[0][2].contains("0 of 3"), "{jobs:?}");
+    assert!(jobs[0][4].contains("billing-again"), "{jobs:?}");
+    browser.screenshot("replays").await;
+    browser.open(&console.url("/console/audit")).await;
+    let audit = rows(&browser, "table.audit").await;
+    assert_eq!(audit.len(), 2, "the discard and the replay: {audit:?}");
+    assert!(
+        audit
+            .iter()
+            .any(|e| e[3] == "discard" && e[4] == "bad data"),
+        "{audit:?}"
+    );
+    browser.screenshot("audit").await;
+    browser.open(&console.url("/console/fleet")).await;
+    assert_eq!(rows(&browser, "table.members").await.len(), 1);
+    browser.screenshot("fleet").await;
+
+    // Signing out ends the session in this browser.
+    browser.follow(".who button").await;
+    assert_eq!(browser.path().await, "/console/login");
+    browser.open(&console.url("/console/")).await;
+    assert!(browser.path().await.starts_with("/console/login"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_token_reads_every_page_and_sees_no_action_control() {
+    let (store, settings) = fresh_store().await;
+    let ids = enqueue(&store, vec![task("orders", b"k", b"v")]).await;
+    let console = Console::start(&settings, false).await;
+    let browser = Browser::start().await;
+    console.sign_in(&browser, READ, "/console/").await;
+    assert_eq!(browser.path().await, "/console/");
+    assert_eq!(browser.text(".role").await, "read only");
+    for (path, shot) in [
+        ("/console/".to_owned(), "read-only-overview"),
+        ("/console/tasks".to_owned(), "read-only-tasks"),
+        (format!("/console/tasks/{}", ids[0]), "read-only-task"),
+        ("/console/replays".to_owned(), "read-only-replays"),
+        ("/console/audit".to_owned(), "read-only-audit"),
+        ("/console/fleet".to_owned(), "read-only-fleet"),
+    ] {
+        browser.open(&console.url(&path)).await;
+        let forms = browser
+            .client
+            .find_all(fantoccini::Locator::Css("form[method=post]"))
+            .await
+            .unwrap();
+        for form in forms {
+            let action = form.attr("action").await.unwrap();
+            assert_eq!(action.as_deref(), Some("/console/logout"), "{path}");
+        }
+        assert_eq!(
+            browser
+                .count("input[type=checkbox]:not([name=status])")
+                .await,
+            0,
+            "{path}: no selection controls"
+        );
+        browser.screenshot(shot).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_token_is_refused_and_the_sixth_rapid_attempt_waits() {
+    let (_store, settings) = fresh_store().await;
+    let console = Console::start(&settings, false).await;
+    let browser = Browser::start().await;
+    let wrong = "operate-token-012345678";
+    let try_in_browser = || async {
+        browser.open(&console.url("/console/login")).await;
+        browser.fill("#token", wrong).await;
+        browser.follow("form.login button[type=submit]").await;
+        browser.text("main").await
+    };
+    let refusal = try_in_browser().await;
+    assert!(
+        refusal.contains("not one of this fleet's admin tokens"),
+        "{refusal}"
+    );
+    browser.screenshot("login-refused").await;
+    // Attempts 2 to 5 from the same address, quickly (one more is allowed every 12 s).
+    let client = reqwest::Client::new();
+    for attempt in 2..=5 {
+        let answer = client
+            .post(console.url("/console/login"))
+            .form(&[("token", wrong)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            answer.status(),
+            StatusCode::UNAUTHORIZED,
+            "attempt {attempt}"
+        );
+    }
+    let limited = try_in_browser().await;
+    assert!(limited.contains("too many sign-in attempts"), "{limited}");
+    browser.screenshot("login-limited").await;
+
+    // The limit is per client: another loopback address signs in.
+    let elsewhere = reqwest::Client::builder()
+        .local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap())
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let answer = elsewhere
+        .post(console.url("/console/login"))
+        .form(&[("token", OPERATE)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::SEE_OTHER);
+}
+
+/// Checks the security headers of an answer.
+fn assert_secured(what: &str, headers: &HeaderMap) {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    assert_eq!(header("content-security-policy"), Some(POLICY), "{what}");
+    assert_eq!(header("x-content-type-options"), Some("nosniff"), "{what}");
+    assert_eq!(header("referrer-policy"), Some("same-origin"), "{what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_console_answer_carries_the_policy_and_cross_site_posts_are_refused() {
+    let (store, settings) = fresh_store().await;
+    let hostile = enqueue(&store, vec![hostile()]).await[0];
+    let console = Console::start(&settings, false).await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let signed_in = client
+        .post(console.url("/console/login"))
+        .form(&[("token", OPERATE), ("next", "/console/tasks")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signed_in.status(), StatusCode::SEE_OTHER);
+    assert_secured("sign-in", signed_in.headers());
+    let cookie = signed_in.headers()[SET_COOKIE].to_str().unwrap().to_owned();
+    for part in [
+        "HttpOnly",
+        "SameSite=Strict",
+        "Path=/console",
+        "Max-Age=28800",
+    ] {
+        assert!(cookie.contains(part), "{cookie}");
+    }
+    let session = cookie.split(';').next().unwrap().to_owned();
+
+    let task = format!("/console/tasks/{hostile}");
+    for (path, with_session, status) in [
+        ("/", false, StatusCode::SEE_OTHER),
+        ("/console", false, StatusCode::SEE_OTHER),
+        ("/console/", false, StatusCode::SEE_OTHER),
+        ("/console/live/overview", false, StatusCode::UNAUTHORIZED),
+        ("/console/login", false, StatusCode::OK),
+        ("/console/static/console.css", false, StatusCode::OK),
+        ("/console/static/console.js", false, StatusCode::OK),
+        ("/console/static/other.js", false, StatusCode::NOT_FOUND),
+        ("/console/no-such-page", false, StatusCode::NOT_FOUND),
+        ("/api/v1/tasks", false, StatusCode::UNAUTHORIZED),
+        ("/console/", true, StatusCode::OK),
+        ("/console/live/overview", true, StatusCode::OK),
+        ("/console/tasks", true, StatusCode::OK),
+        ("/console/tasks?status=done", true, StatusCode::BAD_REQUEST),
+        ("/console/tasks?colour=red", true, StatusCode::BAD_REQUEST),
+        (task.as_str(), true, StatusCode::OK),
+        ("/console/tasks/0", true, StatusCode::BAD_REQUEST),
+        ("/console/tasks/999999", true, StatusCode::NOT_FOUND),
+        ("/console/replays", true, StatusCode::OK),
+        ("/console/live/replays", true, StatusCode::OK),
+        ("/console/audit", true, StatusCode::OK),
+        ("/console/fleet", true, StatusCode::OK),
+    ] {
+        let mut request = client.get(console.url(path));
+        if with_session {
+            request = request.header("cookie", &session);
+        }
+        let answer = request.send().await.unwrap();
+        assert_eq!(answer.status(), status, "{path}");
+        assert_secured(path, answer.headers());
+        let html = answer
+            .headers()
+            .get("content-type")
+            .is_some_and(|t| t.to_str().unwrap().starts_with("text/html"));
+        let body = answer.text().await.unwrap();
+        if html {
+            let scripts = body.matches("<script").count();
+            let own = body
+                .matches("<script src=\"/console/static/console.js\" defer></script>")
+                .count();
+            assert_eq!(scripts, own, "{path}: only the console's own script");
+            assert!(!body.contains(" style="), "{path}: no inline style");
+            assert!(
+                !body.contains(" onclick=") && !body.contains(" onload="),
+                "{path}"
+            );
+            assert!(!body.contains(HOSTILE), "{path}: the payload is escaped");
+        }
+    }
+
+    // A cross-site post is refused whatever it carries; the console's own passes.
+    let origin = console.base.clone();
+    for (name, value) in [
+        ("sec-fetch-site", "cross-site"),
+        ("sec-fetch-site", "same-site"),
+        ("origin", "http://evil.example"),
+    ] {
+        for path in ["/console/login", "/console/logout"] {
+            let answer = client
+                .post(console.url(path))
+                .header("cookie", &session)
+                .header(name, value)
+                .form(&[("token", OPERATE)])
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(
+                answer.status(),
+                StatusCode::FORBIDDEN,
+                "{path} {name}: {value}"
+            );
+            assert_secured(path, answer.headers());
+        }
+    }
+    let own = client
+        .post(console.url("/console/logout"))
+        .header("cookie", &session)
+        .header("sec-fetch-site", "same-origin")
+        .header(ORIGIN, &origin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(own.status(), StatusCode::SEE_OTHER);
+    assert!(own.headers()[SET_COOKIE]
+        .to_str()
+        .unwrap()
+        .contains("Max-Age=0"));
+}
+
+/// An open API (no tokens, loopback only) needs no sign-in: its caller is `anonymous`
+/// with role operate. It answers loopback host names only, the console included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_api_needs_no_sign_in_and_answers_loopback_names_only() {
+    let (store, settings) = fresh_store().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let state = redrive::admin::AppState {
+        store: store.clone(),
+        kafka: settings.kafka.clone(),
+        routes: Vec::new(),
+        targets: redrive::config::Targets::new(&settings),
+        budgets: redrive::store::Budgets::default(),
+    };
+    let app = redrive::admin::router(state, redrive::admin::Tokens::new(&settings.admin));
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(redrive::admin::serve(
+        listener,
+        app,
+        stop.clone(),
+        Duration::from_secs(1),
+    ));
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let overview = client
+        .get(format!("http://{address}/console/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(overview.status(), StatusCode::OK);
+    let page = overview.text().await.unwrap();
+    assert!(page.contains("<b>anonymous</b>"), "{page}");
+    assert!(!page.contains("Sign out"), "nothing to sign out of");
+    let login = client
+        .get(format!("http://{address}/console/login"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), StatusCode::SEE_OTHER, "no sign-in needed");
+    let rebound = client
+        .get(format!("http://{address}/console/"))
+        .header("host", "evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), StatusCode::FORBIDDEN);
+    assert_secured("a foreign host", rebound.headers());
+    stop.cancel();
+}
