@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{self, AppState, Tokens};
+use crate::admin::{self, Tokens};
 use crate::config::{refuse_loops, validate_routes, ConfigError, RouteMode, Settings, Targets};
 use crate::finals::{FinalSink, Finals};
 use crate::handlers::{
@@ -12,6 +12,7 @@ use crate::handlers::{
     WebhookHandler,
 };
 use crate::ingest::Ingest;
+use crate::operations::Operations;
 use crate::parking::Parking;
 use crate::parts::Watch;
 use crate::resilience::follower::BreakerFollower;
@@ -218,6 +219,12 @@ impl Fleet {
         }
     }
 
+    /// The operator verbs over `store`, with this member's configuration and budgets:
+    /// what its admin API serves and the CLI runs.
+    pub fn operations(&self, store: Store) -> Operations {
+        Operations::new(store, &self.settings, self.budgets())
+    }
+
     /// Its metrics, to expose or inspect.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
@@ -318,14 +325,11 @@ impl Fleet {
         let mut parts = tokio::task::JoinSet::new();
         if let Some(listener) = admin_listener {
             tracing::info!(listen = ?self.settings.admin.listen, "serving the admin API");
-            let state = AppState {
-                store: admin::api_store(&self.settings.database, &self.settings.admin)?,
-                kafka: self.settings.kafka.clone(),
-                routes: self.settings.routes.clone(),
-                targets: Targets::new(&self.settings),
-                budgets: self.budgets(),
-            };
-            let app = admin::router(state, Tokens::new(&self.settings.admin));
+            let api_store = admin::api_store(&self.settings.database, &self.settings.admin)?;
+            let app = admin::router(
+                self.operations(api_store),
+                Tokens::new(&self.settings.admin),
+            );
             let drain = self.settings.worker.shutdown_timeout;
             parts.spawn(admin::serve(listener, app, shutdown.clone(), drain).map(Ok));
         }

@@ -8,19 +8,22 @@ use std::time::Duration;
 
 #[cfg(feature = "bench")]
 use crate::bench::{self, BenchArgs};
-use crate::config::{parse_duration, Settings, Targets};
+use crate::config::{parse_duration, Settings};
 #[cfg(feature = "demo")]
 use crate::demo::{self, DemoOptions};
 use crate::fleet::{Fleet, FleetBuilder};
 use crate::headers::Header;
+use crate::operations::Operations;
 use crate::store::{Enqueued, Store};
 use crate::task::{Failure, NewTask, TaskId};
 use crate::telemetry;
 use output::outln;
 
+mod act;
 mod alerts;
 mod brake;
 mod breakers;
+mod members;
 mod operator;
 pub(crate) mod output;
 mod replays;
@@ -28,6 +31,7 @@ mod selection;
 mod table;
 mod tasks;
 
+pub use act::{BulkArgs, DecideArgs, ResolveArgs, RetryArgs};
 pub use alerts::AlertsArgs;
 pub use brake::BrakeCommand;
 pub use breakers::BreakersCommand;
@@ -65,11 +69,13 @@ pub enum Command {
     /// Circuit breakers: list them, force one open or closed, release it.
     #[command(subcommand)]
     Breakers(BreakersCommand),
-    /// Bad-deploy brakes of process-mode routes: list them, release one.
+    /// Brakes of routes: list them, engage one (pausing the route), release one.
     #[command(subcommand)]
     Brake(BrakeCommand),
     /// The audit log of operator actions, newest first.
     Audit(AuditArgs),
+    /// The fleet's members seen recently.
+    Members(tasks::JsonArgs),
     /// Print the Prometheus alert rules for this deployment (selector, thresholds, runbook).
     Alerts(AlertsArgs),
     /// Measure throughput: the queue (enqueue, drain), or `ingest` (Kafka to PostgreSQL).
@@ -89,7 +95,8 @@ impl Command {
             | Command::Replays(_)
             | Command::Breakers(_)
             | Command::Brake(_)
-            | Command::Audit(_) => true,
+            | Command::Audit(_)
+            | Command::Members(_) => true,
             #[cfg(feature = "bench")]
             Command::Bench(_) => true,
             #[cfg(feature = "demo")]
@@ -215,27 +222,28 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
             enqueue(&store, args, values).await?;
         }
         Command::Tasks(command) => {
-            let fleet = verb_fleet(register, &settings)?;
-            let store = operator_store(&settings).await?;
-            let targets = Targets::new(&settings);
-            tasks::run(command, &fleet, &store, &targets).await?;
+            let (fleet, operations) = operations(register, &settings).await?;
+            tasks::run(command, &fleet, &operations).await?;
         }
         Command::Replays(command) => {
-            let fleet = verb_fleet(register, &settings)?;
-            let store = operator_store(&settings).await?;
-            replays::run(command, &fleet, &store).await?;
+            let (fleet, operations) = operations(register, &settings).await?;
+            replays::run(command, &fleet, &operations).await?;
         }
         Command::Breakers(command) => {
-            let store = operator_store(&settings).await?;
-            breakers::run(command, &settings, &store).await?;
+            let (_, operations) = operations(register, &settings).await?;
+            breakers::run(command, &operations).await?;
         }
         Command::Brake(command) => {
-            let store = operator_store(&settings).await?;
-            brake::run(command, &settings, &store).await?;
+            let (_, operations) = operations(register, &settings).await?;
+            brake::run(command, &operations).await?;
         }
         Command::Audit(args) => {
-            let store = operator_store(&settings).await?;
-            replays::audit(args, &store).await?;
+            let (_, operations) = operations(register, &settings).await?;
+            replays::audit(args, &operations).await?;
+        }
+        Command::Members(args) => {
+            let (_, operations) = operations(register, &settings).await?;
+            members::print(&operations, args.json).await?;
         }
         // Printed before the configuration is read.
         Command::Alerts(_) => {}
@@ -260,6 +268,18 @@ fn verb_fleet(
         route.parking_topic = None;
     }
     Ok(register(Fleet::builder(settings)).build()?)
+}
+
+/// The fleet an operator verb reads its configuration from ([`verb_fleet`]) and the
+/// operations it runs, over [`operator_store`].
+async fn operations(
+    register: impl FnOnce(FleetBuilder) -> FleetBuilder,
+    settings: &Settings,
+) -> anyhow::Result<(Fleet, Operations)> {
+    let fleet = verb_fleet(register, settings)?;
+    let store = operator_store(settings).await?;
+    let operations = fleet.operations(store);
+    Ok((fleet, operations))
 }
 
 /// The store an operator verb works on, refused with what to do when its schema is

@@ -17,6 +17,7 @@ mod lease;
 mod lineage;
 mod members;
 mod operate;
+mod preview;
 mod query;
 mod replays;
 mod retention;
@@ -34,13 +35,13 @@ pub use enqueue::{enqueue_many_in, Enqueued, Recorded};
 pub use filter::{Selection, TaskFilter};
 pub use finish::Finish;
 pub use inspect::{
-    HeaderView, OldestDue, OutcomeCount, Stats, StatusCount, TaskDetail, TaskPage, TaskSummary,
-    MAX_PAGE,
+    HeaderView, OldestDue, OutcomeCount, Stats, StatusCount, TaskDetail, TaskSummary, MAX_PAGE,
 };
 pub use lineage::Ancestor;
 pub use members::{Member, MEMBER_BEAT, MEMBER_LIVE_WITHIN};
 pub(crate) use operate::apply_batch;
 pub use operate::{Action, ActionReport, Applicable, Budget, Operator, ACTION_BATCH};
+pub use preview::ReplayCounts;
 pub use query::{Attempt, StatusCounts};
 pub use replays::{Marks, NewReplay, ReplayJob, ReplayPage, ReplayRowError, REPLAY_STALE_AFTER};
 pub use retention::RETENTION_BATCH;

@@ -89,7 +89,7 @@ async fn list_show_and_act_by_ids_and_by_filter() {
         ],
     ))
     .unwrap();
-    let ids: Vec<i64> = page["tasks"]
+    let ids: Vec<i64> = page["items"]
         .as_array()
         .unwrap()
         .iter()
@@ -109,7 +109,7 @@ async fn list_show_and_act_by_ids_and_by_filter() {
         }
         let page: Value = serde_json::from_str(&ok(&settings, &args)).unwrap();
         seen.extend(
-            page["tasks"]
+            page["items"]
                 .as_array()
                 .unwrap()
                 .iter()
@@ -212,6 +212,7 @@ async fn list_show_and_act_by_ids_and_by_filter() {
 
     // Every action is in the audit log, with who, what and why.
     let audit: Value = serde_json::from_str(&ok(&settings, &["audit", "--json"])).unwrap();
+    let audit = &audit["items"];
     let actions: Vec<(&str, i64)> = audit
         .as_array()
         .unwrap()
@@ -430,7 +431,7 @@ async fn retry_at_means_from_now_more_attempts_counts_from_where_the_task_stands
     );
     let audit: Value = serde_json::from_str(&ok(&settings, &["audit", "--json"])).unwrap();
     assert_eq!(
-        audit[0]["details"],
+        audit["items"][0]["details"],
         serde_json::json!({"at": "1h", "more_attempts": 2})
     );
 
@@ -457,7 +458,7 @@ async fn retry_at_means_from_now_more_attempts_counts_from_where_the_task_stands
         let at = format!("--at={far}");
         let error = fails(&settings, &["tasks", "retry", "1", &at, "--yes"]);
         assert!(
-            error.contains("--at") && error.contains(says),
+            error.contains("at: ") && error.contains(says),
             "{far}: {error}"
         );
     }
