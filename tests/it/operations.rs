@@ -619,3 +619,57 @@ async fn the_cli_and_the_api_refuse_the_same_request_with_the_same_words() {
         assert_eq!(stderr.trim(), format!("Error: {said}"), "{args:?}");
     }
 }
+
+/// A bulk action tells its progress after every batch it commits (its audit row, tasks
+/// changed and left alone so far): what a face shows while it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_action_reports_its_progress_after_every_batch() {
+    use redrive::operations::{ActRequest, Actor, FilterParams, Verb};
+    let (store, settings) = fresh_store().await;
+    sqlx::raw_sql(
+        "INSERT INTO recovery_task (handler, msg_value) \
+         SELECT 'log', 'v'::bytea FROM generate_series(1, 1200)",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let fleet = redrive::Fleet::builder(settings)
+        .with_builtin_handlers()
+        .build()
+        .unwrap();
+    let operations = fleet.operations(store.clone());
+    let request = ActRequest {
+        filter: Some(FilterParams {
+            handler: Some("log".into()),
+            ..FilterParams::default()
+        }),
+        reason: Some("bulk".into()),
+        ..ActRequest::default()
+    };
+    let mut told = Vec::new();
+    let answer = operations
+        .act(&Actor::shell(), Verb::Discard, &request, |report| {
+            told.push((report.audit_id, report.changed, report.refused))
+        })
+        .await
+        .unwrap();
+    let audit = answer.audit_id.unwrap();
+    let changed: Vec<i64> = told.iter().map(|(_, changed, _)| *changed).collect();
+    assert_eq!(
+        changed,
+        [500, 1000, 1200, 1200],
+        "after each batch, and at the end"
+    );
+    assert!(told
+        .iter()
+        .all(|(id, _, refused)| *id == audit && *refused == 0));
+    let reader = Actor {
+        name: "viewer".into(),
+        role: redrive::config::Role::Read,
+    };
+    let refused = operations
+        .act(&reader, Verb::Retry, &request, |_| {})
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("may only read"), "{refused}");
+}
