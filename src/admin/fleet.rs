@@ -7,7 +7,7 @@ use axum::{Extension, Json};
 use super::error::{ApiError, ErrorBody};
 use super::extract::{body, name, query};
 use super::Shared;
-use crate::operations::{Actor, AuditRequest, EngageRequest, Page, ReasonRequest};
+use crate::operations::{Actor, AuditRequest, EngageRequest, Operations, Page, ReasonRequest};
 use crate::resilience::breaker::Breaker;
 use crate::store::{AuditEntry, Brake, BreakerCommand, Member};
 
@@ -37,7 +37,7 @@ pub async fn breakers(State(operations): Shared) -> Result<Json<Page<Breaker>>, 
 }
 
 async fn command(
-    operations: &crate::operations::Operations,
+    operations: &Operations,
     actor: &Actor,
     path: Result<Path<String>, PathRejection>,
     command: BreakerCommand,

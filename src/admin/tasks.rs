@@ -7,7 +7,9 @@ use axum::{Extension, Json};
 use super::error::{ApiError, ErrorBody};
 use super::extract::{body, id, paged};
 use super::Shared;
-use crate::operations::{ActAnswer, ActRequest, Actor, FilterParams, Page, PageRequest, Verb};
+use crate::operations::{
+    ActAnswer, ActRequest, Actor, FilterParams, Operations, Page, PageRequest, Verb,
+};
 use crate::store::{CheckReport, Stats, TaskDetail, TaskSummary};
 
 /// Lists the tasks a filter selects, newest first, a page at a time.
@@ -33,7 +35,7 @@ pub async fn get_task(
 }
 
 async fn act(
-    operations: &crate::operations::Operations,
+    operations: &Operations,
     actor: &Actor,
     verb: Verb,
     request: Result<Json<ActRequest>, JsonRejection>,

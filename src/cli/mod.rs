@@ -37,7 +37,7 @@ pub use brake::BrakeCommand;
 pub use breakers::BreakersCommand;
 pub use replays::{AuditArgs, ReplayArgs, ReplaysCommand};
 pub use selection::{FilterArgs, SelectionArgs};
-pub use tasks::TasksCommand;
+pub use tasks::{JsonArgs, TasksCommand};
 
 /// redrive: durable recovery of failed Kafka messages.
 #[derive(Debug, Parser)]
@@ -75,7 +75,7 @@ pub enum Command {
     /// The audit log of operator actions, newest first.
     Audit(AuditArgs),
     /// The fleet's members seen recently.
-    Members(tasks::JsonArgs),
+    Members(JsonArgs),
     /// Print the Prometheus alert rules for this deployment (selector, thresholds, runbook).
     Alerts(AlertsArgs),
     /// Measure throughput: the queue (enqueue, drain), or `ingest` (Kafka to PostgreSQL).
