@@ -58,6 +58,8 @@ pub struct FleetBuilder {
     registry: HandlerRegistry,
     sinks: Vec<Arc<dyn FinalSink>>,
     problems: Vec<FleetError>,
+    /// Whether the configured parking topics get their producer (off for operator verbs).
+    parks: bool,
 }
 
 impl FleetBuilder {
@@ -75,6 +77,13 @@ impl FleetBuilder {
     /// running reports up to `worker.shutdown_timeout`.
     pub fn final_sink(mut self, sink: impl FinalSink) -> Self {
         self.sinks.push(Arc::new(sink));
+        self
+    }
+
+    /// Leaves out the parking producer: for a fleet that only reads its configuration
+    /// (an operator verb), which then creates no Kafka client of its own.
+    pub fn without_parking(mut self) -> Self {
+        self.parks = false;
         self
     }
 
@@ -149,7 +158,7 @@ impl FleetBuilder {
         );
         let mut sinks = self.sinks;
         let targets = Targets::new(settings);
-        if targets.parks() {
+        if targets.parks() && self.parks {
             let parking = Parking::new(
                 &settings.kafka,
                 settings.ingest.max_message_bytes,
@@ -186,6 +195,7 @@ impl Fleet {
             registry: HandlerRegistry::default(),
             sinks: Vec::new(),
             problems: Vec::new(),
+            parks: true,
         }
     }
 

@@ -255,19 +255,15 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
     Ok(())
 }
 
-/// The fleet a verb reads its handlers and attempt budgets from, built without the
-/// parking producer: a verb never parks, and a verb that only reads creates no Kafka
-/// client (the replay verbs create their own producer when they produce).
+/// The fleet a verb reads its configuration, handlers and attempt budgets from, built
+/// without the parking producer: a verb never parks, and a verb that only reads creates
+/// no Kafka client (the replay verbs create their own clients when they produce).
 fn verb_fleet(
     register: impl FnOnce(FleetBuilder) -> FleetBuilder,
     settings: &Settings,
 ) -> anyhow::Result<Fleet> {
-    let mut settings = settings.clone();
-    settings.parking.topic = None;
-    for route in &mut settings.routes {
-        route.parking_topic = None;
-    }
-    Ok(register(Fleet::builder(settings)).build()?)
+    let builder = Fleet::builder(settings.clone()).without_parking();
+    Ok(register(builder).build()?)
 }
 
 /// The fleet an operator verb reads its configuration from ([`verb_fleet`]) and the

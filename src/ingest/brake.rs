@@ -198,6 +198,10 @@ impl Paused {
         routes: &RouteTable,
         engaged: &BTreeSet<String>,
     ) {
+        // Nothing engaged and nothing left paused: nothing to ask the consumer.
+        if engaged.is_empty() && self.0.is_empty() {
+            return;
+        }
         let Ok(assignment) = consumer.assignment() else {
             return;
         };
