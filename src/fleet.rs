@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{self, AppState, Tokens};
+use crate::admin::{self, Tokens};
 use crate::config::{refuse_loops, validate_routes, ConfigError, RouteMode, Settings, Targets};
 use crate::finals::{FinalSink, Finals};
 use crate::handlers::{
@@ -12,6 +12,7 @@ use crate::handlers::{
     WebhookHandler,
 };
 use crate::ingest::Ingest;
+use crate::operations::Operations;
 use crate::parking::Parking;
 use crate::parts::Watch;
 use crate::resilience::follower::BreakerFollower;
@@ -57,6 +58,8 @@ pub struct FleetBuilder {
     registry: HandlerRegistry,
     sinks: Vec<Arc<dyn FinalSink>>,
     problems: Vec<FleetError>,
+    /// Whether the configured parking topics get their producer (off for operator verbs).
+    parks: bool,
 }
 
 impl FleetBuilder {
@@ -74,6 +77,13 @@ impl FleetBuilder {
     /// running reports up to `worker.shutdown_timeout`.
     pub fn final_sink(mut self, sink: impl FinalSink) -> Self {
         self.sinks.push(Arc::new(sink));
+        self
+    }
+
+    /// Leaves out the parking producer: for a fleet that only reads its configuration
+    /// (an operator verb), which then creates no Kafka client of its own.
+    pub fn without_parking(mut self) -> Self {
+        self.parks = false;
         self
     }
 
@@ -148,7 +158,7 @@ impl FleetBuilder {
         );
         let mut sinks = self.sinks;
         let targets = Targets::new(settings);
-        if targets.parks() {
+        if targets.parks() && self.parks {
             let parking = Parking::new(
                 &settings.kafka,
                 settings.ingest.max_message_bytes,
@@ -185,6 +195,7 @@ impl Fleet {
             registry: HandlerRegistry::default(),
             sinks: Vec::new(),
             problems: Vec::new(),
+            parks: true,
         }
     }
 
@@ -216,6 +227,12 @@ impl Fleet {
             handlers: handlers.into_iter().map(|(n, m)| (n.clone(), m)).collect(),
             default: to_i32(self.settings.retry.max_attempts),
         }
+    }
+
+    /// The operator verbs over `store`, with this member's configuration and budgets:
+    /// what its admin API serves and the CLI runs.
+    pub fn operations(&self, store: Store) -> Operations {
+        Operations::new(store, &self.settings, self.budgets())
     }
 
     /// Its metrics, to expose or inspect.
@@ -318,14 +335,11 @@ impl Fleet {
         let mut parts = tokio::task::JoinSet::new();
         if let Some(listener) = admin_listener {
             tracing::info!(listen = ?self.settings.admin.listen, "serving the admin API");
-            let state = AppState {
-                store: admin::api_store(&self.settings.database, &self.settings.admin)?,
-                kafka: self.settings.kafka.clone(),
-                routes: self.settings.routes.clone(),
-                targets: Targets::new(&self.settings),
-                budgets: self.budgets(),
-            };
-            let app = admin::router(state, Tokens::new(&self.settings.admin));
+            let api_store = admin::api_store(&self.settings.database, &self.settings.admin)?;
+            let app = admin::router(
+                self.operations(api_store),
+                Tokens::new(&self.settings.admin),
+            );
             let drain = self.settings.worker.shutdown_timeout;
             parts.spawn(admin::serve(listener, app, shutdown.clone(), drain).map(Ok));
         }

@@ -32,6 +32,7 @@ pub mod headers;
 mod ingest;
 mod kafka;
 mod listener;
+pub mod operations;
 mod parking;
 mod parts;
 pub mod rate;

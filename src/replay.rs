@@ -54,15 +54,35 @@ pub enum ReplayError {
     Invalid(String),
 }
 
-/// Checks a replay before it is recorded: a valid rate, no topic it would produce to
-/// consumed by one of `routes`' capture routes (an endless loop, see
-/// [`crate::config::replay_loop`]), and every such topic exists. Nothing is produced.
+/// Checks a replay before it is recorded: [`replay_topics`], and every topic it would
+/// produce to exists. Nothing is produced.
 pub async fn check_replay(
     store: &Store,
     kafka: &KafkaSettings,
     routes: &[RouteSettings],
     replay: &NewReplay,
 ) -> Result<(), ReplayError> {
+    let topics = replay_topics(store, routes, replay).await?;
+    let kafka = kafka.clone();
+    tokio::task::spawn_blocking(move || {
+        let reader = Reader::new(&kafka)?;
+        for topic in topics {
+            reader.partitions(&topic)?;
+        }
+        Ok(())
+    })
+    .await
+    .expect("the topic check does not panic")
+}
+
+/// The topics a replay would produce to, after the checks that need no Kafka client: a
+/// valid rate and target name, a valid filter, and no topic consumed by one of
+/// `routes`' capture routes (an endless loop, see [`crate::config::replay_loop`]).
+pub async fn replay_topics(
+    store: &Store,
+    routes: &[RouteSettings],
+    replay: &NewReplay,
+) -> Result<Vec<String>, ReplayError> {
     if let Some(rate) = replay.rate {
         if let Some(refusal) = crate::rate::refusal(rate) {
             return Err(ReplayError::Invalid(format!("rate {refusal}")));
@@ -76,23 +96,13 @@ pub async fn check_replay(
         }
     }
     replay.filter.validate().map_err(ReplayError::Invalid)?;
-    let topics = refuse_loop(
+    refuse_loop(
         store,
         routes,
         &replay.filter,
         replay.target_topic.as_deref(),
     )
-    .await?;
-    let kafka = kafka.clone();
-    tokio::task::spawn_blocking(move || {
-        let reader = Reader::new(&kafka)?;
-        for topic in topics {
-            reader.partitions(&topic)?;
-        }
-        Ok(())
-    })
     .await
-    .expect("the topic check does not panic")
 }
 
 /// The topics a replay of `filter` produces to (`target`, or the selected tasks'

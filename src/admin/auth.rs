@@ -10,28 +10,7 @@ use subtle::ConstantTimeEq;
 
 use super::error::ApiError;
 use crate::config::{AdminSettings, Role};
-
-/// The caller of a request, after authentication.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller {
-    /// The token's name (the audit actor), or `anonymous` on an open loopback API.
-    pub name: String,
-    /// What it may do.
-    pub role: Role,
-}
-
-impl Caller {
-    /// Refuses a caller that may only read.
-    pub fn must_operate(&self) -> Result<(), ApiError> {
-        match self.role {
-            Role::Operate => Ok(()),
-            Role::Read => Err(ApiError::forbidden(format!(
-                "token {:?} may only read; this needs a token with role \"operate\"",
-                self.name
-            ))),
-        }
-    }
-}
+use crate::operations::Actor;
 
 /// The configured tokens, as bytes to compare.
 pub struct Tokens {
@@ -58,12 +37,12 @@ impl Tokens {
 
     /// Who presents `presented`. Every configured token is compared, each in constant
     /// time, so the time taken tells nothing about which bytes matched.
-    pub fn identify(&self, presented: &[u8]) -> Option<Caller> {
+    pub fn identify(&self, presented: &[u8]) -> Option<Actor> {
         let mut found = None;
         for (name, role, token) in &self.tokens {
             // `ct_eq` on slices of different lengths is false without looking at bytes.
             if bool::from(token.as_slice().ct_eq(presented)) {
-                found = Some(Caller {
+                found = Some(Actor {
                     name: name.clone(),
                     role: *role,
                 });
@@ -74,12 +53,12 @@ impl Tokens {
 
     /// The caller named `name` and its token's bytes (the console's sessions are signed
     /// with a key derived from them).
-    pub(crate) fn named(&self, name: &str) -> Option<(Caller, &[u8])> {
+    pub(crate) fn named(&self, name: &str) -> Option<(Actor, &[u8])> {
         self.tokens
             .iter()
             .find(|(n, _, _)| n == name)
             .map(|(n, role, token)| {
-                let caller = Caller {
+                let caller = Actor {
                     name: n.clone(),
                     role: *role,
                 };
@@ -93,14 +72,15 @@ impl Tokens {
     }
 }
 
-/// Middleware: sets the [`Caller`] of the request, or answers 401.
+/// Middleware: sets the [`Actor`] of the request (the token's name and role), or
+/// answers 401.
 pub async fn authenticate(
     State(tokens): State<Arc<Tokens>>,
     mut request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
     let caller = if tokens.is_open() {
-        Caller {
+        Actor {
             name: "anonymous".into(),
             role: Role::Operate,
         }

@@ -1,5 +1,6 @@
-//! Errors of the admin API: a status and a JSON body `{"error": "..."}`. Bad input is a
-//! 4xx naming what is wrong. Of database errors, only a database that cannot be reached
+//! Errors of the admin API: a status and a JSON body `{"error": "..."}`. An operation's
+//! refusal keeps its kind (bad request 400, not found 404, forbidden 403, conflict 409;
+//! Kafka unreachable 503), and bad input says what is wrong. Of database errors, only a database that cannot be reached
 //! is a 503 (with `Retry-After`); a statement cancelled by `admin.statement_timeout` is a
 //! 504, and any other (bad data, a missing table) a 500 saying what PostgreSQL said.
 
@@ -9,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
-use crate::replay::ReplayError;
+use crate::operations::OperationError;
 use crate::store::StoreError;
 
 /// An error answer.
@@ -72,21 +73,11 @@ impl ApiError {
     pub fn not_found(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, message)
     }
-
-    /// 409: the thing is not in a state for this.
-    pub fn conflict(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::CONFLICT, message)
-    }
 }
 
 impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> ApiError {
         match error {
-            StoreError::UnknownTasks(_) => ApiError::not_found(error.to_string()),
-            StoreError::Replay(crate::store::ReplayRowError::Unknown(_)) => {
-                ApiError::not_found(error.to_string())
-            }
-            StoreError::Replay(_) => ApiError::conflict(error.to_string()),
             StoreError::Database(ref database) if cancelled(database) => {
                 tracing::warn!(%error, "admin API: a statement was cancelled");
                 ApiError::new(
@@ -123,16 +114,17 @@ fn cancelled(error: &sqlx::Error) -> bool {
     error.as_database_error().and_then(|e| e.code()).as_deref() == Some(QUERY_CANCELED)
 }
 
-impl From<ReplayError> for ApiError {
-    fn from(error: ReplayError) -> ApiError {
+impl From<OperationError> for ApiError {
+    fn from(error: OperationError) -> ApiError {
         match error {
-            ReplayError::Store(error) => error.into(),
-            ReplayError::UnknownTopic(_) | ReplayError::Invalid(_) => {
-                ApiError::bad_request(error.to_string())
-            }
-            ReplayError::Kafka(_) => {
+            OperationError::BadRequest(message) => ApiError::bad_request(message),
+            OperationError::NotFound(message) => ApiError::not_found(message),
+            OperationError::Forbidden(message) => ApiError::forbidden(message),
+            OperationError::Conflict(message) => ApiError::new(StatusCode::CONFLICT, message),
+            OperationError::Kafka(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, error.to_string())
             }
+            OperationError::Store(error) => error.into(),
         }
     }
 }

@@ -1,13 +1,24 @@
-//! The admin HTTP API (`admin.listen`): the operators' verbs as JSON, behind bearer
-//! tokens, with an OpenAPI 3 document generated from the code. The operator console
-//! (`crate::console`) is served beside it.
+//! The admin HTTP API (`admin.listen`): every operator verb as JSON, behind bearer
+//! tokens, with an OpenAPI 3 document generated from the code. Each endpoint reads its
+//! request, calls one method of [`Operations`] (which checks the rules and the role) and
+//! answers what it returns; lists answer the one envelope (`items`, `next_cursor`).
+//!
+//! Its pieces: `tasks` (list, show, retry, discard, resolve, stats, check), `replays`
+//! (start, list, cancel, resume), `fleet` (audit, members, breakers, brakes), `extract`
+//! (reading requests), `auth` (tokens), `origin` (browsers kept out), `limit` (heavy
+//! reads), `error` (statuses).
+//! The operator console (`crate::console`) is served beside it.
 
 mod auth;
 mod error;
+mod extract;
+mod fleet;
 mod limit;
 mod origin;
-mod routes;
+mod replays;
+mod tasks;
 
+use axum::extract::State;
 use axum::routing::{get, post};
 use axum::{middleware, Json, Router};
 use std::sync::Arc;
@@ -16,21 +27,27 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use crate::config::{AdminSettings, DatabaseSettings};
+use crate::operations::Operations;
 use crate::store::{Store, StoreError};
 
-pub use auth::{Caller, Tokens};
+pub use auth::Tokens;
 pub use error::{ApiError, ErrorBody};
 pub use limit::HEAVY_READS;
-pub use routes::{ActionRequest, ActionResponse, AppState, ReplayRequest, MAX_IDS};
+
+/// The operations every endpoint calls.
+type Shared = State<Arc<Operations>>;
 
 /// The OpenAPI document of the admin API.
 #[derive(OpenApi)]
 #[openapi(
     info(title = "redrive admin API", description = "Look at recovery tasks and act on them."),
     paths(
-        routes::list_tasks, routes::get_task, routes::retry, routes::discard, routes::resolve,
-        routes::replay, routes::list_replays, routes::cancel_replay, routes::stats,
-        routes::audit, routes::members, routes::check
+        tasks::list_tasks, tasks::get_task, tasks::retry, tasks::discard, tasks::resolve,
+        tasks::stats, tasks::check,
+        replays::replay, replays::list_replays, replays::cancel_replay, replays::resume_replay,
+        fleet::audit, fleet::members, fleet::breakers, fleet::open_breaker,
+        fleet::close_breaker, fleet::release_breaker, fleet::brakes, fleet::engage_brake,
+        fleet::release_brake
     ),
     modifiers(&BearerAuth)
 )]
@@ -48,33 +65,47 @@ impl Modify for BearerAuth {
     }
 }
 
-/// The API's routes over `state`, authenticated by `tokens` (the OpenAPI document is
-/// public), and the operator console under `/console/` (see `crate::console`).
+/// The API's routes over `operations`, authenticated by `tokens` (the OpenAPI document
+/// is public), and the operator console under `/console/` (see `crate::console`).
 /// Cross-site requests, and on an open API foreign host names, are refused first (see
 /// `origin`); every answer carries the console's security headers.
-pub fn router(state: AppState, tokens: Tokens) -> Router {
+pub fn router(operations: Operations, tokens: Tokens) -> Router {
     let guard = origin::Guard {
         open: tokens.is_open(),
     };
     let heavy = limit::heavy_slots();
     let limited = || middleware::from_fn_with_state(heavy.clone(), limit::heavy);
-    let (state, tokens) = (Arc::new(state), Arc::new(tokens));
-    let console = crate::console::router(state.clone(), tokens.clone(), heavy.clone());
+    let (operations, tokens) = (Arc::new(operations), Arc::new(tokens));
+    let console = crate::console::router(operations.clone(), tokens.clone(), heavy.clone());
     let api = Router::new()
-        .route("/api/v1/tasks", get(routes::list_tasks))
-        .route("/api/v1/tasks/retry", post(routes::retry))
-        .route("/api/v1/tasks/discard", post(routes::discard))
-        .route("/api/v1/tasks/resolve", post(routes::resolve))
-        .route("/api/v1/tasks/replay", post(routes::replay))
-        .route("/api/v1/tasks/{id}", get(routes::get_task))
-        .route("/api/v1/replays", get(routes::list_replays))
-        .route("/api/v1/replays/{id}/cancel", post(routes::cancel_replay))
-        .route("/api/v1/stats", get(routes::stats).route_layer(limited()))
-        .route("/api/v1/audit", get(routes::audit))
-        .route("/api/v1/members", get(routes::members))
-        .route("/api/v1/check", get(routes::check).route_layer(limited()))
+        .route("/api/v1/tasks", get(tasks::list_tasks))
+        .route("/api/v1/tasks/retry", post(tasks::retry))
+        .route("/api/v1/tasks/discard", post(tasks::discard))
+        .route("/api/v1/tasks/resolve", post(tasks::resolve))
+        .route("/api/v1/tasks/replay", post(replays::replay))
+        .route("/api/v1/tasks/{id}", get(tasks::get_task))
+        .route("/api/v1/replays", get(replays::list_replays))
+        .route("/api/v1/replays/{id}/cancel", post(replays::cancel_replay))
+        .route("/api/v1/replays/{id}/resume", post(replays::resume_replay))
+        .route("/api/v1/stats", get(tasks::stats).route_layer(limited()))
+        .route("/api/v1/check", get(tasks::check).route_layer(limited()))
+        .route("/api/v1/audit", get(fleet::audit))
+        .route("/api/v1/members", get(fleet::members))
+        .route("/api/v1/breakers", get(fleet::breakers))
+        .route("/api/v1/breakers/{handler}/open", post(fleet::open_breaker))
+        .route(
+            "/api/v1/breakers/{handler}/close",
+            post(fleet::close_breaker),
+        )
+        .route(
+            "/api/v1/breakers/{handler}/release",
+            post(fleet::release_breaker),
+        )
+        .route("/api/v1/brakes", get(fleet::brakes))
+        .route("/api/v1/brakes/{route}/engage", post(fleet::engage_brake))
+        .route("/api/v1/brakes/{route}/release", post(fleet::release_brake))
         .route_layer(middleware::from_fn_with_state(tokens, auth::authenticate))
-        .with_state(state);
+        .with_state(operations);
     Router::new()
         .route(
             "/api/v1/openapi.json",

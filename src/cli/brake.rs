@@ -1,22 +1,33 @@
-//! `redrive brake`: the bad-deploy brakes of process-mode routes, and releasing one.
+//! `redrive brake`: the brakes of routes: list them, engage one on purpose (pausing a
+//! route's consumption during an incident), release one.
 
-use anyhow::{bail, Context};
 use clap::Subcommand;
 
-use super::operator::cli_operator;
 use super::output::outln;
 use super::table;
-use crate::config::Settings;
-use crate::store::{Brake, Store};
+use crate::operations::{Actor, EngageRequest, Operations, ReasonRequest};
 
 /// `redrive brake ...`
 #[derive(Debug, Subcommand)]
 pub enum BrakeCommand {
-    /// Every route with a brake: engaged or not, until when, why, trips.
+    /// Every route's brake: engaged or not, until when, why, trips.
     List {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Engage a route's brake (any route, capture or process): every member stops
+    /// consuming it within a second or so, until the hold ends or it is released.
+    Engage {
+        /// The route (its name).
+        route: String,
+        /// Why (written to the audit log and shown on the brake).
+        #[arg(long)]
+        reason: String,
+        /// How long it holds unless released sooner, e.g. "30m" (default 1h, at most
+        /// 7 days); engaging an engaged brake holds it this long from now.
+        #[arg(long = "for")]
+        hold: Option<String>,
     },
     /// Release an engaged brake: every member resumes the route within a second or so.
     Release {
@@ -29,19 +40,34 @@ pub enum BrakeCommand {
 }
 
 /// Runs a brake verb.
-pub async fn run(command: BrakeCommand, settings: &Settings, store: &Store) -> anyhow::Result<()> {
+pub async fn run(command: BrakeCommand, operations: &Operations) -> anyhow::Result<()> {
+    let actor = Actor::shell();
     match command {
-        BrakeCommand::List { json } => list(settings, store, json).await,
+        BrakeCommand::List { json } => list(operations, json).await,
+        BrakeCommand::Engage {
+            route,
+            reason,
+            hold,
+        } => {
+            let request = EngageRequest {
+                reason: Some(reason),
+                hold,
+            };
+            let brake = operations.engage_brake(&actor, &route, &request).await?;
+            let until = brake
+                .engaged_until
+                .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC"));
+            outln!(
+                "brake of {route} engaged until {}; the route stops consuming on every member",
+                until.map(|t| t.to_string()).unwrap_or_default()
+            );
+            Ok(())
+        }
         BrakeCommand::Release { route, reason } => {
-            let known = settings.routes.iter().any(|r| r.name == route)
-                || store.brakes().await?.iter().any(|b| b.route == route);
-            if !known {
-                bail!("route {route:?} has no brake: configure brake on a process-mode route");
-            }
-            let brake = store
-                .release_brake(&route, &cli_operator(Some(reason)))
-                .await
-                .context("releasing the brake")?;
+            let request = ReasonRequest {
+                reason: Some(reason),
+            };
+            let brake = operations.release_brake(&actor, &route, &request).await?;
             outln!(
                 "brake of {route} released (engaged {} times); the route resumes",
                 brake.trips
@@ -51,26 +77,10 @@ pub async fn run(command: BrakeCommand, settings: &Settings, store: &Store) -> a
     }
 }
 
-async fn list(settings: &Settings, store: &Store, json: bool) -> anyhow::Result<()> {
-    let mut brakes = store.brakes().await?;
-    // Configured brakes that never engaged have no row yet.
-    for route in settings.routes.iter().filter(|r| r.brake.is_some()) {
-        if !brakes.iter().any(|b| b.route == route.name) {
-            brakes.push(Brake {
-                route: route.name.clone(),
-                engaged_until: None,
-                engaged_at: None,
-                engaged_by: None,
-                reason: None,
-                trips: 0,
-                released_at: None,
-                released_by: None,
-            });
-        }
-    }
-    brakes.sort_by(|a, b| a.route.cmp(&b.route));
+async fn list(operations: &Operations, json: bool) -> anyhow::Result<()> {
+    let page = operations.brakes().await?;
     if json {
-        outln!("{}", serde_json::to_string_pretty(&brakes)?);
+        outln!("{}", serde_json::to_string_pretty(&page)?);
         return Ok(());
     }
     let now = chrono::Utc::now();
@@ -78,25 +88,36 @@ async fn list(settings: &Settings, store: &Store, json: bool) -> anyhow::Result<
         t.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
             .unwrap_or_default()
     };
-    let rows: Vec<Vec<String>> = brakes
+    let rows: Vec<Vec<String>> = page
+        .items
         .iter()
         .map(|b| {
+            let engaged = b.engaged(now);
             vec![
                 b.route.clone(),
-                if b.engaged(now) { "engaged" } else { "off" }.to_owned(),
-                if b.engaged(now) {
+                if engaged { "engaged" } else { "off" }.to_owned(),
+                if engaged {
                     time(b.engaged_until)
                 } else {
                     String::new()
                 },
                 b.trips.to_string(),
                 time(b.engaged_at),
+                b.engaged_by.clone().unwrap_or_default(),
                 b.reason.clone().unwrap_or_default(),
             ]
         })
         .collect();
     table::print(
-        &["ROUTE", "BRAKE", "UNTIL", "TRIPS", "LAST ENGAGED", "REASON"],
+        &[
+            "ROUTE",
+            "BRAKE",
+            "UNTIL",
+            "TRIPS",
+            "LAST ENGAGED",
+            "BY",
+            "REASON",
+        ],
         &rows,
     );
     Ok(())

@@ -1,14 +1,11 @@
 //! `redrive breakers`: the fleet's circuit breakers, and forcing one open or closed.
 
-use anyhow::{bail, Context};
 use clap::Subcommand;
 
-use super::operator::cli_operator;
 use super::output::outln;
 use super::table;
-use crate::config::Settings;
-use crate::resilience::breaker::Breaker;
-use crate::store::{BreakerCommand, Store};
+use crate::operations::{Actor, Operations, ReasonRequest};
+use crate::store::BreakerCommand;
 
 /// `redrive breakers ...`
 #[derive(Debug, Subcommand)]
@@ -46,28 +43,19 @@ pub enum BreakersCommand {
 }
 
 /// Runs a breakers verb.
-pub async fn run(
-    command: BreakersCommand,
-    settings: &Settings,
-    store: &Store,
-) -> anyhow::Result<()> {
+pub async fn run(command: BreakersCommand, operations: &Operations) -> anyhow::Result<()> {
     let (handler, reason, command) = match command {
-        BreakersCommand::List { json } => return list(settings, store, json).await,
+        BreakersCommand::List { json } => return list(operations, json).await,
         BreakersCommand::Open { handler, reason } => (handler, reason, BreakerCommand::Open),
         BreakersCommand::Close { handler, reason } => (handler, reason, BreakerCommand::Close),
         BreakersCommand::Release { handler, reason } => (handler, reason, BreakerCommand::Release),
     };
-    let Some(breaker) = settings
-        .handlers
-        .get(&handler)
-        .and_then(|h| h.breaker.as_ref())
-    else {
-        bail!("handler {handler:?} has no breaker: configure [handlers.{handler}.breaker]");
+    let request = ReasonRequest {
+        reason: Some(reason),
     };
-    let (after, _) = store
-        .command_breaker(&handler, command, breaker, &cli_operator(Some(reason)))
-        .await
-        .context("changing the breaker")?;
+    let after = operations
+        .command_breaker(&Actor::shell(), &handler, command, &request)
+        .await?;
     outln!(
         "breaker of {handler}: {}{}",
         after.state,
@@ -79,33 +67,14 @@ pub async fn run(
     Ok(())
 }
 
-async fn list(settings: &Settings, store: &Store, json: bool) -> anyhow::Result<()> {
-    let stored = store.breakers(None).await?;
-    let now = chrono::Utc::now();
-    // Configured breakers without a row yet have counted nothing: closed.
-    let mut breakers: Vec<Breaker> = settings
-        .handlers
-        .iter()
-        .filter(|(_, h)| h.breaker.is_some())
-        .map(|(name, _)| {
-            stored
-                .iter()
-                .find(|b| &b.handler == name)
-                .cloned()
-                .unwrap_or_else(|| Breaker::new(name.clone(), now))
-        })
-        .collect();
-    // Rows of handlers this configuration does not know (another member's) are shown too.
-    breakers.extend(
-        stored
-            .into_iter()
-            .filter(|b| !settings.handlers.contains_key(&b.handler)),
-    );
+async fn list(operations: &Operations, json: bool) -> anyhow::Result<()> {
+    let page = operations.breakers().await?;
     if json {
-        outln!("{}", serde_json::to_string_pretty(&breakers)?);
+        outln!("{}", serde_json::to_string_pretty(&page)?);
         return Ok(());
     }
-    let rows: Vec<Vec<String>> = breakers
+    let rows: Vec<Vec<String>> = page
+        .items
         .iter()
         .map(|b| {
             vec![

@@ -8,19 +8,22 @@ use std::time::Duration;
 
 #[cfg(feature = "bench")]
 use crate::bench::{self, BenchArgs};
-use crate::config::{parse_duration, Settings, Targets};
+use crate::config::{parse_duration, Settings};
 #[cfg(feature = "demo")]
 use crate::demo::{self, DemoOptions};
 use crate::fleet::{Fleet, FleetBuilder};
 use crate::headers::Header;
+use crate::operations::Operations;
 use crate::store::{Enqueued, Store};
 use crate::task::{Failure, NewTask, TaskId};
 use crate::telemetry;
 use output::outln;
 
+mod act;
 mod alerts;
 mod brake;
 mod breakers;
+mod members;
 mod operator;
 pub(crate) mod output;
 mod replays;
@@ -30,12 +33,13 @@ mod table;
 mod tasks;
 mod watch;
 
+pub use act::{BulkArgs, DecideArgs, ResolveArgs, RetryArgs};
 pub use alerts::AlertsArgs;
 pub use brake::BrakeCommand;
 pub use breakers::BreakersCommand;
 pub use replays::{AuditArgs, ReplayArgs, ReplaysCommand};
 pub use selection::{FilterArgs, SelectionArgs};
-pub use tasks::TasksCommand;
+pub use tasks::{JsonArgs, TasksCommand};
 
 /// redrive: durable recovery of failed Kafka messages.
 #[derive(Debug, Parser)]
@@ -67,11 +71,13 @@ pub enum Command {
     /// Circuit breakers: list them, force one open or closed, release it.
     #[command(subcommand)]
     Breakers(BreakersCommand),
-    /// Bad-deploy brakes of process-mode routes: list them, release one.
+    /// Brakes of routes: list them, engage one (pausing the route), release one.
     #[command(subcommand)]
     Brake(BrakeCommand),
     /// The audit log of operator actions, newest first.
     Audit(AuditArgs),
+    /// The fleet's members seen recently.
+    Members(JsonArgs),
     /// Print the Prometheus alert rules for this deployment (selector, thresholds, runbook).
     Alerts(AlertsArgs),
     /// Measure throughput: the queue (enqueue, drain), or `ingest` (Kafka to PostgreSQL).
@@ -91,7 +97,8 @@ impl Command {
             | Command::Replays(_)
             | Command::Breakers(_)
             | Command::Brake(_)
-            | Command::Audit(_) => true,
+            | Command::Audit(_)
+            | Command::Members(_) => true,
             #[cfg(feature = "bench")]
             Command::Bench(_) => true,
             #[cfg(feature = "demo")]
@@ -217,27 +224,28 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
             enqueue(&store, args, values).await?;
         }
         Command::Tasks(command) => {
-            let fleet = verb_fleet(register, &settings)?;
-            let store = operator_store(&settings).await?;
-            let targets = Targets::new(&settings);
-            tasks::run(command, &fleet, &store, &targets).await?;
+            let (fleet, operations) = operations(register, &settings).await?;
+            tasks::run(command, &fleet, &operations).await?;
         }
         Command::Replays(command) => {
-            let fleet = verb_fleet(register, &settings)?;
-            let store = operator_store(&settings).await?;
-            replays::run(command, &fleet, &store).await?;
+            let (fleet, operations) = operations(register, &settings).await?;
+            replays::run(command, &fleet, &operations).await?;
         }
         Command::Breakers(command) => {
-            let store = operator_store(&settings).await?;
-            breakers::run(command, &settings, &store).await?;
+            let (_, operations) = operations(register, &settings).await?;
+            breakers::run(command, &operations).await?;
         }
         Command::Brake(command) => {
-            let store = operator_store(&settings).await?;
-            brake::run(command, &settings, &store).await?;
+            let (_, operations) = operations(register, &settings).await?;
+            brake::run(command, &operations).await?;
         }
         Command::Audit(args) => {
-            let store = operator_store(&settings).await?;
-            replays::audit(args, &store).await?;
+            let (_, operations) = operations(register, &settings).await?;
+            replays::audit(args, &operations).await?;
+        }
+        Command::Members(args) => {
+            let (_, operations) = operations(register, &settings).await?;
+            members::print(&operations, args.json).await?;
         }
         // Printed before the configuration is read.
         Command::Alerts(_) => {}
@@ -249,19 +257,27 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
     Ok(())
 }
 
-/// The fleet a verb reads its handlers and attempt budgets from, built without the
-/// parking producer: a verb never parks, and a verb that only reads creates no Kafka
-/// client (the replay verbs create their own producer when they produce).
+/// The fleet a verb reads its configuration, handlers and attempt budgets from, built
+/// without the parking producer: a verb never parks, and a verb that only reads creates
+/// no Kafka client (the replay verbs create their own clients when they produce).
 fn verb_fleet(
     register: impl FnOnce(FleetBuilder) -> FleetBuilder,
     settings: &Settings,
 ) -> anyhow::Result<Fleet> {
-    let mut settings = settings.clone();
-    settings.parking.topic = None;
-    for route in &mut settings.routes {
-        route.parking_topic = None;
-    }
-    Ok(register(Fleet::builder(settings)).build()?)
+    let builder = Fleet::builder(settings.clone()).without_parking();
+    Ok(register(builder).build()?)
+}
+
+/// The fleet an operator verb reads its configuration from ([`verb_fleet`]) and the
+/// operations it runs, over [`operator_store`].
+async fn operations(
+    register: impl FnOnce(FleetBuilder) -> FleetBuilder,
+    settings: &Settings,
+) -> anyhow::Result<(Fleet, Operations)> {
+    let fleet = verb_fleet(register, settings)?;
+    let store = operator_store(settings).await?;
+    let operations = fleet.operations(store);
+    Ok((fleet, operations))
 }
 
 /// The store an operator verb works on, refused with what to do when its schema is

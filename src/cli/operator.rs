@@ -1,22 +1,9 @@
-//! What every acting verb shares: who acts from this shell, and asking before acting.
+//! Asking before acting, as every acting verb does.
 
 use anyhow::{bail, Context};
 use std::io::{IsTerminal, Write};
 
 use super::output::err;
-use crate::store::Operator;
-
-/// The operator acting from this shell: `cli:<user>@<host>`.
-pub fn cli_operator(reason: Option<String>) -> Operator {
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .unwrap_or_else(|_| "unknown".into());
-    let host = gethostname::gethostname().to_string_lossy().into_owned();
-    Operator {
-        actor: format!("cli:{user}@{host}"),
-        reason,
-    }
-}
 
 /// Asks `question` on the terminal; true to go on. Off a terminal (a script, a pipe)
 /// there is no one to ask: refused unless `yes` (`--yes`).

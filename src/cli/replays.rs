@@ -6,13 +6,16 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use tokio_util::sync::CancellationToken;
 
-use super::operator::{cli_operator, confirm};
+use super::operator::confirm;
 use super::output::{errln, outln};
-use super::selection::{parse_time, FilterArgs};
+use super::selection::FilterArgs;
 use super::table;
 use crate::fleet::{cancel_on_signal, Fleet};
-use crate::replay::{check_replay, Replayer};
-use crate::store::{AuditQuery, NewReplay, ReplayJob, Store};
+use crate::operations::{
+    Actor, AuditRequest, Operations, PageRequest, ReplayPreview, ReplayRequest, Runner,
+};
+use crate::replay::Replayer;
+use crate::store::{ReplayJob, Store};
 
 /// Options of `tasks replay`.
 #[derive(Debug, Args)]
@@ -41,7 +44,8 @@ pub struct ReplayArgs {
     /// Do not ask for confirmation.
     #[arg(long, short = 'y')]
     pub yes: bool,
-    /// Print how many tasks it would replay; produce nothing.
+    /// Print how many tasks it would replay and skip (and why), with a sample; produce
+    /// nothing.
     #[arg(long)]
     pub dry_run: bool,
     /// Print the job as JSON when it ends (or is detached).
@@ -54,9 +58,12 @@ pub struct ReplayArgs {
 pub enum ReplaysCommand {
     /// List replay jobs with their progress, newest first.
     List {
-        /// Jobs to show.
-        #[arg(long, default_value_t = 20)]
-        limit: i64,
+        /// Jobs per page (1 to 1000; default 50).
+        #[arg(long)]
+        limit: Option<i64>,
+        /// Continue after this job id (the previous page's last, as printed).
+        #[arg(long)]
+        after: Option<i64>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -82,18 +89,19 @@ pub struct AuditArgs {
     /// Only this actor.
     #[arg(long)]
     pub actor: Option<String>,
-    /// Only this action (retry, discard, resolve, replay, replay_cancel).
+    /// Only this action (retry, discard, resolve, replay, replay_cancel, replay_resume,
+    /// breaker_open, breaker_close, breaker_release, brake_engage, brake_release).
     #[arg(long)]
     pub action: Option<String>,
     /// Only entries at or after: RFC 3339 time or a duration ago.
-    #[arg(long, value_parser = parse_time)]
-    pub since: Option<chrono::DateTime<chrono::Utc>>,
-    /// Entries older than this entry id.
     #[arg(long)]
-    pub before: Option<i64>,
-    /// Entries to show (at most 1000).
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=1000))]
-    pub limit: i64,
+    pub since: Option<String>,
+    /// Entries older than this entry id (the previous page's last, as printed).
+    #[arg(long, alias = "before")]
+    pub after: Option<i64>,
+    /// Entries per page (1 to 1000; default 50).
+    #[arg(long)]
+    pub limit: Option<i64>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -129,53 +137,81 @@ fn replayer(fleet: &Fleet, store: &Store) -> Replayer {
     )
 }
 
-/// `tasks replay`: checks, records the job, then runs it here with a progress bar
+/// `tasks replay`: counts, asks, records the job, then runs it here with a progress bar
 /// (or leaves it to the fleet with `--detach`).
 pub async fn run_in_foreground(
     args: ReplayArgs,
     fleet: &Fleet,
-    store: &Store,
+    operations: &Operations,
 ) -> anyhow::Result<()> {
-    let filter = args.filter.filter()?;
-    if filter.is_everything() && !args.all {
-        bail!("no filter: this would replay every task; pass --all if that is what you mean");
-    }
-    let replay = NewReplay {
-        filter,
-        target_topic: args.to.clone(),
+    let actor = Actor::shell();
+    let request = ReplayRequest {
+        filter: args.filter.given(),
+        all: args.all,
+        to: args.to.clone(),
         mark_resolved: args.mark_resolved,
         rate: args.rate,
-        detached: args.detach,
+        reason: args.reason.clone(),
+        dry_run: args.dry_run,
     };
-    let settings = fleet.settings();
-    check_replay(store, &settings.kafka, &settings.routes, &replay).await?;
-    let count = store
-        .count_selected(&crate::store::Selection::Filter(replay.filter.clone()))
-        .await?;
-    if count == 0 {
-        errln!("no task matches the filter; nothing to replay");
-        return Ok(());
-    }
+    let preview = operations.preview_replay(&actor, &request).await?;
     let target = args.to.as_deref().unwrap_or("each task's original topic");
     if args.dry_run {
-        outln!(
-            "replay would produce up to {count} message(s) to {target}; nothing produced (dry run)"
+        return print_preview(&preview, target, args.json);
+    }
+    let count = preview.produced;
+    if count == 0 {
+        errln!(
+            "no task of the filter would be produced ({} selected); nothing to replay",
+            preview.matched
         );
         return Ok(());
     }
-    errln!("replay: {count} task(s) selected, to {target}");
+    errln!("replay: {count} message(s) to produce, to {target}");
     if !confirm(&format!("replay {count} task(s) to {target}?"), args.yes)? {
         bail!("not confirmed; nothing produced");
     }
-    let replayer = replayer(fleet, store);
-    let job = store
-        .create_replay(&cli_operator(args.reason), &replay, replayer.runner())
-        .await?;
+    let replayer = replayer(fleet, operations.store());
+    let runner = match args.detach {
+        true => Runner::Fleet,
+        false => Runner::Here(replayer.runner()),
+    };
+    let job = operations.start_replay(&actor, &request, runner).await?;
     if args.detach {
         print_job_started(&job, args.json)?;
         return Ok(());
     }
     foreground(&replayer, job, args.json).await
+}
+
+fn print_preview(preview: &ReplayPreview, target: &str, json: bool) -> anyhow::Result<()> {
+    if json {
+        outln!("{}", serde_json::to_string_pretty(preview)?);
+        return Ok(());
+    }
+    outln!(
+        "replay would produce {} message(s) of {} task(s) to {target}; nothing produced (dry run)",
+        preview.produced,
+        preview.matched
+    );
+    for skipped in preview.skipped.iter().filter(|s| s.count > 0) {
+        outln!(
+            "  {} skipped ({}): {}",
+            skipped.count,
+            skipped.reason,
+            skipped.why
+        );
+    }
+    for task in &preview.sample {
+        outln!(
+            "  {} {} {} key={}",
+            task.id,
+            task.status,
+            task.handler,
+            task.key.as_deref().unwrap_or("(none)")
+        );
+    }
+    Ok(())
 }
 
 fn print_job_started(job: &ReplayJob, json: bool) -> anyhow::Result<()> {
@@ -235,15 +271,20 @@ async fn foreground(replayer: &Replayer, job: ReplayJob, json: bool) -> anyhow::
 }
 
 /// Runs a `replays` verb.
-pub async fn run(command: ReplaysCommand, fleet: &Fleet, store: &Store) -> anyhow::Result<()> {
+pub async fn run(
+    command: ReplaysCommand,
+    fleet: &Fleet,
+    operations: &Operations,
+) -> anyhow::Result<()> {
     match command {
-        ReplaysCommand::List { limit, json } => {
-            let jobs = store.replays(limit).await?;
+        ReplaysCommand::List { limit, after, json } => {
+            let page = operations.replays(&PageRequest { limit, after }).await?;
             if json {
-                outln!("{}", serde_json::to_string_pretty(&jobs)?);
+                outln!("{}", serde_json::to_string_pretty(&page)?);
                 return Ok(());
             }
-            let rows: Vec<Vec<String>> = jobs
+            let rows: Vec<Vec<String>> = page
+                .items
                 .iter()
                 .map(|j| {
                     vec![
@@ -267,10 +308,13 @@ pub async fn run(command: ReplaysCommand, fleet: &Fleet, store: &Store) -> anyho
                 ],
                 &rows,
             );
+            if let Some(cursor) = page.next_cursor {
+                errln!("more: --after {cursor}");
+            }
             Ok(())
         }
         ReplaysCommand::Cancel { id } => {
-            let job = store.cancel_replay(&cli_operator(None), id).await?;
+            let job = operations.cancel_replay(&Actor::shell(), id).await?;
             outln!(
                 "replay job {id} cancelled after {} message(s)",
                 job.produced
@@ -278,13 +322,17 @@ pub async fn run(command: ReplaysCommand, fleet: &Fleet, store: &Store) -> anyho
             Ok(())
         }
         ReplaysCommand::Resume { id, detach } => {
-            let replayer = replayer(fleet, store);
-            let before = store.replay(id).await?;
+            let replayer = replayer(fleet, operations.store());
+            let before = operations.store().replay(id).await?;
             let dead = before
                 .as_ref()
                 .and_then(|j| dead_local_runner(j.runner.as_deref()));
-            let job = store
-                .take_replay(id, replayer.runner(), true, detach, dead)
+            let runner = match detach {
+                true => Runner::Fleet,
+                false => Runner::Here(replayer.runner()),
+            };
+            let job = operations
+                .resume_replay(&Actor::shell(), id, runner, dead)
                 .await?;
             if detach {
                 return print_job_started(&job, false);
@@ -295,21 +343,21 @@ pub async fn run(command: ReplaysCommand, fleet: &Fleet, store: &Store) -> anyho
 }
 
 /// `redrive audit`.
-pub async fn audit(args: AuditArgs, store: &Store) -> anyhow::Result<()> {
-    let entries = store
-        .audit(&AuditQuery {
-            actor: args.actor,
-            action: args.action,
-            since: args.since,
-            before: args.before,
-            limit: Some(args.limit),
-        })
-        .await?;
+pub async fn audit(args: AuditArgs, operations: &Operations) -> anyhow::Result<()> {
+    let request = AuditRequest {
+        actor: args.actor,
+        action: args.action,
+        since: args.since,
+        limit: args.limit,
+        after: args.after,
+    };
+    let page = operations.audit(&request).await?;
     if args.json {
-        outln!("{}", serde_json::to_string_pretty(&entries)?);
+        outln!("{}", serde_json::to_string_pretty(&page)?);
         return Ok(());
     }
-    let rows: Vec<Vec<String>> = entries
+    let rows: Vec<Vec<String>> = page
+        .items
         .iter()
         .map(|e| {
             let what = match (&e.ids, &e.filter) {
@@ -339,5 +387,8 @@ pub async fn audit(args: AuditArgs, store: &Store) -> anyhow::Result<()> {
         &["ID", "AT", "ACTOR", "ACTION", "COUNT", "ON", "REASON"],
         &rows,
     );
+    if let Some(cursor) = page.next_cursor {
+        errln!("more: --after {cursor}");
+    }
     Ok(())
 }

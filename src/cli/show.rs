@@ -5,16 +5,14 @@
 //! attempt history. Times are UTC, with how long ago or ahead they are by the database's
 //! clock. `--json` prints the store's [`TaskDetail`].
 
-use anyhow::bail;
 use clap::Args;
 use std::fmt::Write;
 
 use super::output::outln;
 use super::table;
-use crate::config::Targets;
+use crate::operations::Operations;
 use crate::readable::Readable;
-use crate::store::{Attempt, Budgets, Store, TaskDetail, TaskSummary};
-use crate::task::TaskId;
+use crate::store::{Attempt, TaskDetail, TaskSummary};
 use crate::when::{at, at_from_now};
 
 /// Options of `tasks show`.
@@ -33,17 +31,9 @@ const HEX_ON_ONE_LINE: usize = 32;
 /// Bytes a line of a hex dump.
 const HEX_ROW: usize = 16;
 
-/// Prints task `args.id` under the reader's `targets` and `budgets`.
-pub async fn run(
-    store: &Store,
-    args: ShowArgs,
-    targets: &Targets,
-    budgets: &Budgets,
-) -> anyhow::Result<()> {
-    let Some(detail) = store.detail(TaskId(args.id)).await? else {
-        bail!("no such task: {}", args.id);
-    };
-    let detail = detail.with_targets(targets).with_budgets(budgets);
+/// Prints task `args.id`, with the targets and budget of the reader's configuration.
+pub async fn run(operations: &Operations, args: ShowArgs) -> anyhow::Result<()> {
+    let detail = operations.show(args.id).await?;
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&detail)?);
     } else {

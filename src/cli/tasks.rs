@@ -1,19 +1,16 @@
-//! `redrive tasks VERB`: look at tasks and act on them, over the store's fenced operations.
+//! `redrive tasks VERB`: look at tasks and act on them, through the operations layer.
 
-use anyhow::bail;
 use clap::{Args, Subcommand};
 
-use super::operator::{cli_operator, confirm};
+use super::act::{bulk, request, DecideArgs, ResolveArgs, RetryArgs};
 use super::output::{errln, outln};
 use super::replays::{run_in_foreground, ReplayArgs};
-use super::selection::{FilterArgs, SelectionArgs};
+use super::selection::FilterArgs;
 use super::show::{self, ShowArgs};
 use super::table;
 use super::watch::{self, StatsArgs, WatchArgs};
-use crate::config::Targets;
 use crate::fleet::Fleet;
-use crate::store::{Action, Applicable, Budget, Due, Selection, Store, TaskFilter, MAX_PAGE};
-use crate::task::{Status, TaskId};
+use crate::operations::{ActRequest, Operations, PageRequest, Verb};
 
 /// The task verbs.
 #[derive(Debug, Subcommand)]
@@ -57,9 +54,9 @@ pub struct ListArgs {
     /// Which tasks.
     #[command(flatten)]
     pub filter: FilterArgs,
-    /// Tasks per page (at most 1000).
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=MAX_PAGE))]
-    pub limit: i64,
+    /// Tasks per page (1 to 1000; default 50).
+    #[arg(long)]
+    pub limit: Option<i64>,
     /// Continue after this task id (the previous page's last, as printed).
     #[arg(long)]
     pub after: Option<i64>,
@@ -71,138 +68,56 @@ pub struct ListArgs {
     pub watch: WatchArgs,
 }
 
-/// Confirmation and output options of the bulk verbs.
-#[derive(Debug, Args)]
-pub struct BulkArgs {
-    /// Do not ask for confirmation.
-    #[arg(long, short = 'y')]
-    pub yes: bool,
-    /// Print how many tasks it would change and a sample; change nothing.
-    #[arg(long)]
-    pub dry_run: bool,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// Options of `tasks retry`.
-#[derive(Debug, Args)]
-pub struct RetryArgs {
-    /// Which tasks.
-    #[command(flatten)]
-    pub selection: SelectionArgs,
-    /// When the next attempt is due: a duration from now ("1h": in an hour) or an RFC 3339
-    /// time, at most a year ahead (default: now; never before the handler's breaker hold).
-    #[arg(long)]
-    pub at: Option<Due>,
-    /// Give N attempts more than the tasks have left (a task that used its budget up gets
-    /// exactly N calls) instead of a whole budget again.
-    #[arg(long, value_parser = clap::value_parser!(i32).range(1..=1_000_000))]
-    pub more_attempts: Option<i32>,
-    /// Why (written to the audit log).
-    #[arg(long)]
-    pub reason: Option<String>,
-    /// Also retry tasks whose compensation has started: they start over from the first
-    /// step (their checkpoint cleared), and a compensation still running is cancelled.
-    #[arg(long)]
-    pub force: bool,
-    /// Confirmation and output.
-    #[command(flatten)]
-    pub bulk: BulkArgs,
-}
-
-/// Options of `tasks resolve`.
-#[derive(Debug, Args)]
-pub struct ResolveArgs {
-    /// Which tasks, why, confirmation and output.
-    #[command(flatten)]
-    pub decide: DecideArgs,
-    /// Also resolve tasks whose compensation has started (a compensation still running
-    /// is cancelled).
-    #[arg(long)]
-    pub force: bool,
-}
-
-/// Options of `tasks discard` and `tasks resolve`.
-#[derive(Debug, Args)]
-pub struct DecideArgs {
-    /// Which tasks.
-    #[command(flatten)]
-    pub selection: SelectionArgs,
-    /// Why (written to the audit log).
-    #[arg(long)]
-    pub reason: String,
-    /// Confirmation and output.
-    #[command(flatten)]
-    pub bulk: BulkArgs,
-}
-
-/// Runs a task verb; `targets` are the reader's configured republish and parking topics.
+/// Runs a task verb.
 pub async fn run(
     command: TasksCommand,
     fleet: &Fleet,
-    store: &Store,
-    targets: &Targets,
+    operations: &Operations,
 ) -> anyhow::Result<()> {
     match command {
-        TasksCommand::List(args) => watch::every(&args.watch, || list(store, &args)).await,
-        TasksCommand::Show(args) => show::run(store, args, targets, &fleet.budgets()).await,
+        TasksCommand::List(args) => watch::every(&args.watch, || list(operations, &args)).await,
+        TasksCommand::Show(args) => show::run(operations, args).await,
         TasksCommand::Retry(args) => {
-            let budget = match args.more_attempts {
-                None => Budget::Fresh,
-                Some(attempts) => Budget::More {
-                    attempts,
-                    budgets: fleet.budgets(),
-                },
-            };
-            let action = Action::Retry {
+            let request = ActRequest {
                 at: args.at,
-                budget,
-                force: args.force,
+                more_attempts: args.more_attempts,
+                ..request(&args.selection, args.reason, args.force)
             };
-            bulk(store, &action, &args.selection, args.reason, &args.bulk).await
+            bulk(operations, Verb::Retry, request, &args.bulk).await
         }
         TasksCommand::Discard(args) => {
-            bulk(
-                store,
-                &Action::Discard,
-                &args.selection,
-                Some(args.reason),
-                &args.bulk,
-            )
-            .await
+            let request = request(&args.selection, Some(args.reason), false);
+            bulk(operations, Verb::Discard, request, &args.bulk).await
         }
         TasksCommand::Resolve(args) => {
-            bulk(
-                store,
-                &Action::Resolve { force: args.force },
-                &args.decide.selection,
-                Some(args.decide.reason),
-                &args.decide.bulk,
-            )
-            .await
+            let decide = args.decide;
+            let request = request(&decide.selection, Some(decide.reason), args.force);
+            bulk(operations, Verb::Resolve, request, &decide.bulk).await
         }
-        TasksCommand::Replay(args) => run_in_foreground(args, fleet, store).await,
-        TasksCommand::Stats(args) => watch::every(&args.watch, || stats(store, args.json)).await,
-        TasksCommand::Check(args) => check(fleet, store, args.json).await,
+        TasksCommand::Replay(args) => run_in_foreground(args, fleet, operations).await,
+        TasksCommand::Stats(args) => {
+            watch::every(&args.watch, || stats(operations, args.json)).await
+        }
+        TasksCommand::Check(args) => check(operations, args.json).await,
     }
 }
 
-async fn list(store: &Store, args: &ListArgs) -> anyhow::Result<()> {
-    let filter = args.filter.filter()?;
-    let page = store
-        .list(&filter, args.after.map(TaskId), args.limit)
-        .await?;
+async fn list(operations: &Operations, args: &ListArgs) -> anyhow::Result<()> {
+    let page = PageRequest {
+        limit: args.limit,
+        after: args.after,
+    };
+    let page = operations.list(&args.filter.params(), &page).await?;
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&page)?);
         return Ok(());
     }
-    if page.tasks.is_empty() {
+    if page.items.is_empty() {
         errln!("no task matches");
         return Ok(());
     }
     let rows: Vec<Vec<String>> = page
-        .tasks
+        .items
         .iter()
         .map(|t| {
             vec![
@@ -233,134 +148,8 @@ async fn list(store: &Store, args: &ListArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The selection's filter narrowed to the statuses `action` applies to: what a sample
-/// of the tasks it would change reads.
-fn applicable_filter(action: &Action, selection: &Selection) -> Option<TaskFilter> {
-    let Selection::Filter(filter) = selection else {
-        return None;
-    };
-    let mut filter = filter.clone();
-    let applies = action.applies_to();
-    filter.status = if filter.status.is_empty() {
-        applies.to_vec()
-    } else {
-        filter
-            .status
-            .iter()
-            .copied()
-            .filter(|s| applies.contains(s))
-            .collect()
-    };
-    Some(filter)
-}
-
-fn names(statuses: &[Status]) -> String {
-    statuses
-        .iter()
-        .map(|s| s.as_str())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-async fn bulk(
-    store: &Store,
-    action: &Action,
-    selection: &SelectionArgs,
-    reason: Option<String>,
-    options: &BulkArgs,
-) -> anyhow::Result<()> {
-    let selection = selection.selection()?;
-    if let Selection::Ids(ids) = &selection {
-        store.ensure_exist(ids).await?;
-    }
-    let Applicable {
-        changes: count,
-        refused,
-    } = store.count_applicable(action, &selection).await?;
-    let verb = action.name();
-    if count == 0 {
-        let what = match &selection {
-            Selection::Ids(_) => "none of these tasks",
-            Selection::Filter(_) => "no task matching the filter",
-        };
-        if options.json {
-            outln!(
-                "{}",
-                serde_json::json!({ "action": verb, "matched": 0, "changed": 0, "refused": refused })
-            );
-        }
-        if refused > 0 {
-            bail!("{}; nothing changed", left_alone(action, refused));
-        }
-        errln!(
-            "{what} is in a status {verb} applies to ({}); nothing changed",
-            names(action.applies_to())
-        );
-        return Ok(());
-    }
-    if options.dry_run {
-        let sample = match applicable_filter(action, &selection) {
-            Some(filter) => store.list(&filter, None, 5).await?.tasks,
-            None => Vec::new(),
-        };
-        if options.json {
-            let report = serde_json::json!({
-                "action": verb, "dry_run": true, "matched": count, "refused": refused,
-                "sample": sample,
-            });
-            outln!("{}", serde_json::to_string_pretty(&report)?);
-        } else {
-            outln!("{verb} would change {count} task(s); nothing changed (dry run)");
-            for task in sample {
-                outln!("  {} {} {}", task.id, task.status, task.handler);
-            }
-            if refused > 0 {
-                outln!("{}", left_alone(action, refused));
-            }
-        }
-        return Ok(());
-    }
-    errln!("{verb}: {count} task(s) selected");
-    if !confirm(&format!("{verb} {count} task(s)?"), options.yes)? {
-        bail!("not confirmed; nothing changed");
-    }
-    let report = store.act(&cli_operator(reason), action, &selection).await?;
-    if options.json {
-        let json = serde_json::json!({
-            "action": verb, "matched": count, "changed": report.changed,
-            "refused": report.refused, "audit_id": report.audit_id,
-        });
-        outln!("{json}");
-    } else {
-        outln!(
-            "{verb}: {} task(s) changed (audit entry {})",
-            report.changed,
-            report.audit_id
-        );
-    }
-    if report.refused > 0 {
-        bail!("{}", left_alone(action, report.refused));
-    }
-    Ok(())
-}
-
-/// Why `action` left `count` tasks alone, and how to act on them anyway.
-fn left_alone(action: &Action, count: i64) -> String {
-    let forced = match action {
-        Action::Retry { .. } => {
-            "--force retries them from the first step (their checkpoint cleared)"
-        }
-        _ => "--force resolves them",
-    };
-    format!(
-        "{count} task(s) left alone: their compensation has started (running, waiting to \
-         retry, compensated or failed: see `tasks show ID`), so it may have undone work; \
-         {forced} and cancels a compensation still running"
-    )
-}
-
-async fn stats(store: &Store, json: bool) -> anyhow::Result<()> {
-    let stats = store.stats().await?;
+async fn stats(operations: &Operations, json: bool) -> anyhow::Result<()> {
+    let stats = operations.stats().await?;
     if json {
         outln!("{}", serde_json::to_string_pretty(&stats)?);
         return Ok(());
@@ -416,8 +205,8 @@ async fn stats(store: &Store, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn check(fleet: &Fleet, store: &Store, json: bool) -> anyhow::Result<()> {
-    let report = store.check(&fleet.budgets()).await?;
+async fn check(operations: &Operations, json: bool) -> anyhow::Result<()> {
+    let report = operations.check().await?;
     if json {
         outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -12,7 +12,7 @@ use super::error::PageError;
 use super::filter::{describe, list_url, time};
 use super::layout::{self, Nav};
 use super::Shared;
-use crate::admin::Caller;
+use crate::operations::Actor as Caller;
 use crate::store::{AuditEntry, AuditQuery, TaskFilter};
 
 /// Entries per page.
@@ -54,7 +54,7 @@ pub(crate) async fn page(
     let action = given(&params.action).map(str::to_owned);
     let entries = console
         .app
-        .store
+        .store()
         .audit(&AuditQuery {
             actor: actor.clone(),
             action: action.clone(),

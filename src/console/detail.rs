@@ -16,8 +16,8 @@ use super::error::PageError;
 use super::filter;
 use super::layout::{self, Nav};
 use super::Shared;
-use crate::admin::Caller;
 use crate::config::Target;
+use crate::operations::Actor as Caller;
 use crate::store::{Attempt, CompensationView, HeaderView, TaskDetail, TaskFilter};
 use crate::task::{Status, TaskId};
 
@@ -48,13 +48,7 @@ pub(crate) async fn page(
         .ok_or_else(|| {
             PageError::bad_request(format!("{id:?} is not a task id (a positive integer)"))
         })?;
-    let detail = console
-        .app
-        .store
-        .detail(id)
-        .await?
-        .ok_or_else(|| PageError::not_found(format!("no such task: {id}")))?
-        .with_targets(&console.app.targets);
+    let detail = console.app.show(id.0).await?;
     let title = format!("Task {id}");
     Ok(layout::page(&caller, Nav::Tasks, &title, body(id, &detail)))
 }

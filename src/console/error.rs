@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use maud::html;
 
 use super::layout;
+use crate::operations::OperationError;
 use crate::store::StoreError;
 
 /// A page that could not be served.
@@ -51,6 +52,21 @@ impl PageError {
         PageError {
             retry_after: Some(seconds),
             ..PageError::new(StatusCode::TOO_MANY_REQUESTS, message)
+        }
+    }
+}
+
+impl From<OperationError> for PageError {
+    fn from(error: OperationError) -> PageError {
+        match error {
+            OperationError::BadRequest(m) => PageError::bad_request(m),
+            OperationError::NotFound(m) => PageError::not_found(m),
+            OperationError::Forbidden(m) => PageError::new(StatusCode::FORBIDDEN, m),
+            OperationError::Conflict(m) => PageError::new(StatusCode::CONFLICT, m),
+            OperationError::Kafka(m) => {
+                PageError::new(StatusCode::BAD_GATEWAY, format!("kafka: {m}"))
+            }
+            OperationError::Store(e) => e.into(),
         }
     }
 }

@@ -14,7 +14,7 @@ use maud::{html, Markup};
 use super::error::PageError;
 use super::layout::{self, Nav};
 use super::Shared;
-use crate::admin::Caller;
+use crate::operations::Actor as Caller;
 use crate::resilience::breaker::{Breaker, BreakerState};
 use crate::store::{Brake, Member};
 
@@ -23,7 +23,7 @@ pub(crate) async fn page(
     State(console): Shared,
     Extension(caller): Extension<Caller>,
 ) -> Result<Html<String>, PageError> {
-    let store = &console.app.store;
+    let store = &console.app.store();
     let members = store.live_members().await?;
     let breakers = store.breakers(None).await?;
     let brakes = store.brakes().await?;

@@ -8,8 +8,8 @@ use axum::response::Html;
 use chrono::{DateTime, Utc};
 use maud::{html, Markup, DOCTYPE};
 
-use crate::admin::Caller;
 use crate::config::Role;
+use crate::operations::Actor as Caller;
 use crate::readable::Readable;
 use crate::task::Status;
 

@@ -26,7 +26,7 @@ use super::error::PageError;
 use super::layout;
 use super::session::{self, LIFETIME};
 use super::Shared;
-use crate::admin::Caller;
+use crate::operations::Actor as Caller;
 
 /// Sign-in attempts a client may make at once.
 pub(crate) const ATTEMPTS_PER_MINUTE: u32 = 5;

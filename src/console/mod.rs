@@ -47,14 +47,15 @@ use axum::{middleware, Router};
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 
-use crate::admin::{AppState, Tokens};
+use crate::admin::Tokens;
+use crate::operations::Operations;
 
 pub(crate) use security::secure_headers;
 
 /// What the console's handlers share.
 pub(crate) struct Console {
-    /// The admin API's state: its store, targets and settings.
-    app: Arc<AppState>,
+    /// The operator verbs (and their store), as the admin API has them.
+    app: Arc<Operations>,
     /// The API's tokens: who may sign in, and with which role.
     tokens: Arc<Tokens>,
     /// The API's slots for heavy reads (the overview's counts take one).
@@ -70,7 +71,7 @@ type Shared = axum::extract::State<Arc<Console>>;
 
 /// The console's routes: `/` and `/console` lead to the overview; every page but the
 /// sign-in page and the assets needs a session (or an open API).
-pub(crate) fn router(app: Arc<AppState>, tokens: Arc<Tokens>, heavy: Arc<Semaphore>) -> Router {
+pub(crate) fn router(app: Arc<Operations>, tokens: Arc<Tokens>, heavy: Arc<Semaphore>) -> Router {
     let console = Arc::new(Console {
         app,
         tokens,

@@ -21,7 +21,7 @@ use super::filter::list_url;
 use super::fleet::{brakes_table, breakers_table, members_table};
 use super::layout::{self, Nav};
 use super::{chart, Console, Shared};
-use crate::admin::Caller;
+use crate::operations::Actor as Caller;
 use crate::resilience::breaker::{Breaker, BreakerState};
 use crate::store::{Brake, OutcomeMinute, Stats, TaskFilter};
 use crate::task::Status;
@@ -59,7 +59,7 @@ async fn snapshot(console: &Console) -> Result<Arc<Snapshot>, PageError> {
             )
         });
     };
-    let store = &console.app.store;
+    let store = &console.app.store();
     let snapshot = Arc::new(Snapshot {
         stats: store.stats().await?,
         minutes: store.outcome_minutes().await?,

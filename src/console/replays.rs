@@ -14,7 +14,7 @@ use super::error::PageError;
 use super::filter::{describe, list_url};
 use super::layout::{self, Nav};
 use super::Shared;
-use crate::admin::Caller;
+use crate::operations::Actor as Caller;
 use crate::store::ReplayJob;
 
 /// Jobs listed.
@@ -28,7 +28,7 @@ pub(crate) async fn page(
     State(console): Shared,
     Extension(caller): Extension<Caller>,
 ) -> Result<Html<String>, PageError> {
-    let jobs = console.app.store.replays(JOBS).await?;
+    let jobs = console.app.store().replays(JOBS, None).await?;
     let body = html! {
         div.live-bar {
             p.live-status data-live-status aria-live="polite" { "Updates every " (REFRESH_SECONDS) " s." }
@@ -45,7 +45,7 @@ pub(crate) async fn page(
 
 /// `GET /console/live/replays`: the table alone, for the page's script.
 pub(crate) async fn live(State(console): Shared) -> Result<Html<String>, PageError> {
-    let jobs = console.app.store.replays(JOBS).await?;
+    let jobs = console.app.store().replays(JOBS, None).await?;
     Ok(Html(table(&jobs).into_string()))
 }
 

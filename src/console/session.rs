@@ -28,8 +28,9 @@ use std::time::Duration;
 
 use super::error::PageError;
 use super::Console;
-use crate::admin::{Caller, Tokens};
+use crate::admin::Tokens;
 use crate::config::Role;
+use crate::operations::Actor as Caller;
 use crate::readable::hex;
 
 /// The session cookie's name.

@@ -16,8 +16,9 @@ use super::error::PageError;
 use super::filter::{self, ListParams, DEFAULT_LIMIT};
 use super::layout::{self, Nav};
 use super::Shared;
-use crate::admin::Caller;
-use crate::store::{TaskPage, TaskSummary};
+use crate::operations::Actor as Caller;
+use crate::operations::Page;
+use crate::store::TaskSummary;
 
 /// `GET /console/tasks`: the list.
 pub(crate) async fn page(
@@ -27,11 +28,10 @@ pub(crate) async fn page(
 ) -> Result<Html<String>, PageError> {
     let Query(pairs) = query.map_err(|e| PageError::bad_request(e.body_text()))?;
     let params = filter::parse(&pairs, chrono::Utc::now()).map_err(PageError::bad_request)?;
-    let page = console
-        .app
-        .store
+    let tasks = (console.app.store())
         .list(&params.filter, params.after, params.limit)
         .await?;
+    let page = Page::after(tasks, params.limit, |task| task.id.0);
     let body = html! {
         (filter::form(&params))
         (results(&params, &page))
@@ -39,7 +39,7 @@ pub(crate) async fn page(
     Ok(layout::page(&caller, Nav::Tasks, "Tasks", body))
 }
 
-fn results(params: &ListParams, page: &TaskPage) -> Markup {
+fn results(params: &ListParams, page: &Page<TaskSummary>) -> Markup {
     let mut more = Vec::new();
     if params.limit != DEFAULT_LIMIT {
         more.push(("limit", params.limit.to_string()));
@@ -56,11 +56,11 @@ fn results(params: &ListParams, page: &TaskPage) -> Markup {
                 @if params.filter.is_everything() { "Every task" } @else { "Tasks that match" }
                 @if let Some(after) = params.after { ", older than task " (after) }
             }
-            @if page.tasks.is_empty() {
+            @if page.items.is_empty() {
                 p.empty { "No task matches." }
             } @else {
                 table.tasks {
-                    caption { (page.tasks.len()) " tasks, newest first" }
+                    caption { (page.items.len()) " tasks, newest first" }
                     thead {
                         tr {
                             @for heading in ["Task", "Status", "Handler", "Route", "Source", "Key",
@@ -70,7 +70,7 @@ fn results(params: &ListParams, page: &TaskPage) -> Markup {
                         }
                     }
                     tbody {
-                        @for task in &page.tasks { (row(task)) }
+                        @for task in &page.items { (row(task)) }
                     }
                 }
             }

@@ -1,9 +1,11 @@
-//! The bad-deploy brake of process-mode routes. Each member counts its inline outcomes
-//! per route in a sliding window ([`SlidingWindow`], in `resilience/`); when the failure share passes the route's threshold
-//! it engages the fleet's brake in PostgreSQL, and every member (following the table
-//! every second) pauses the route's partitions until the cool-down ends or an operator
-//! releases it. Paused partitions fetch nothing and commit nothing past what is stored,
-//! so resuming loses and repeats nothing.
+//! Brakes of routes. Any route's brake may be engaged by an operator (`redrive brake
+//! engage`, audited). A process-mode route with `brake` also engages its own, the
+//! bad-deploy brake: each member counts its inline outcomes per route in a sliding
+//! window ([`SlidingWindow`], in `resilience/`); when the failure share passes the
+//! route's threshold it engages the fleet's brake in PostgreSQL. Every member (following
+//! the table every second) pauses an engaged route's partitions until the hold ends or
+//! an operator releases it. Paused partitions fetch nothing and commit nothing past what
+//! is stored, so resuming loses and repeats nothing.
 
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::TopicPartitionList;
@@ -23,12 +25,15 @@ use crate::telemetry::Metrics;
 /// How often members read the fleet's brakes (and re-pause newly assigned partitions).
 pub(crate) const FOLLOW_EVERY: Duration = Duration::from_secs(1);
 
-/// The brakes of this member's process-mode routes.
+/// The brakes of this member's routes.
 pub(crate) struct Brakes {
     store: Store,
     metrics: Metrics,
     member: String,
-    routes: BTreeMap<String, (BrakeSettings, Mutex<SlidingWindow>)>,
+    /// Every route of this member: each has a brake an operator may engage.
+    routes: BTreeSet<String>,
+    /// The bad-deploy brakes: the process-mode routes with `brake`, and their windows.
+    trips: BTreeMap<String, (BrakeSettings, Mutex<SlidingWindow>)>,
     /// Routes paused now, as last read from the fleet's table or engaged here.
     engaged: Mutex<BTreeSet<String>>,
     /// Poked when `engaged` changes: the consume loop pauses or resumes at once.
@@ -36,14 +41,14 @@ pub(crate) struct Brakes {
 }
 
 impl Brakes {
-    /// The brakes of the `routes` that have one.
+    /// The brakes of `routes`, which trip by themselves where a route has `brake`.
     pub(crate) fn new(
         store: Store,
         metrics: Metrics,
         member: String,
         routes: &[RouteSettings],
     ) -> Brakes {
-        let routes = routes
+        let trips = routes
             .iter()
             .filter_map(|r| {
                 let settings = r.brake.clone()?;
@@ -55,21 +60,17 @@ impl Brakes {
             store,
             metrics,
             member,
-            routes,
+            routes: routes.iter().map(|r| r.name.clone()).collect(),
+            trips,
             engaged: Mutex::default(),
             changed: Notify::new(),
         }
     }
 
-    /// Whether any route has a brake.
-    pub(crate) fn any(&self) -> bool {
-        !self.routes.is_empty()
-    }
-
     /// Counts one inline outcome of `route`; engages its brake when the window passes
     /// the threshold.
     pub(crate) async fn record(&self, route: &str, failed: bool) {
-        let Some((settings, window)) = self.routes.get(route) else {
+        let Some((settings, window)) = self.trips.get(route) else {
             return;
         };
         let (failures, total) = {
@@ -127,8 +128,8 @@ impl Brakes {
     /// Reads the fleet's brakes every [`FOLLOW_EVERY`] until `stop`. A read that fails
     /// leaves the routes as they are.
     pub(crate) async fn follow(&self, stop: CancellationToken) {
-        // Every braked route has its series from the start (alerts see a 0, not nothing).
-        for route in self.routes.keys() {
+        // Every route has its series from the start (alerts see a 0, not nothing).
+        for route in &self.routes {
             self.metrics
                 .brake_engaged
                 .with_label_values(&[route])
@@ -147,11 +148,11 @@ impl Brakes {
         }
     }
 
-    /// Takes the fleet's engaged routes (of those with a brake here) as the truth.
+    /// Takes the fleet's engaged routes (of this member's) as the truth.
     fn update(&self, fleet: HashSet<String>) {
         let now: BTreeSet<String> = self
             .routes
-            .keys()
+            .iter()
             .filter(|r| fleet.contains(*r))
             .cloned()
             .collect();
@@ -170,7 +171,7 @@ impl Brakes {
             tracing::info!(route, "brake engaged by the fleet: pausing the route");
         }
         for route in before.difference(&now) {
-            if let Some((_, window)) = self.routes.get(route) {
+            if let Some((_, window)) = self.trips.get(route) {
                 window.lock().expect("brake window").clear();
             }
             self.metrics
@@ -197,6 +198,10 @@ impl Paused {
         routes: &RouteTable,
         engaged: &BTreeSet<String>,
     ) {
+        // Nothing engaged and nothing left paused: nothing to ask the consumer.
+        if engaged.is_empty() && self.0.is_empty() {
+            return;
+        }
         let Ok(assignment) = consumer.assignment() else {
             return;
         };

@@ -178,10 +178,10 @@ pub(crate) async fn consume(
             _ = sleep_until(linger_until), if may_flush && !batch.messages.is_empty() => {}
             // Brakes: pause or resume at once on a change, and re-pause partitions
             // assigned since (they start unpaused).
-            _ = brakes.changed.notified(), if brakes.any() => {
+            _ = brakes.changed.notified() => {
                 paused.apply(consumer, &flusher.routes, &brakes.engaged());
             }
-            _ = follow.tick(), if brakes.any() => {
+            _ = follow.tick() => {
                 paused.apply(consumer, &flusher.routes, &brakes.engaged());
             }
             _ = recommit.tick() => consumer.context().commit_latest_again(consumer),

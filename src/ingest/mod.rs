@@ -148,10 +148,8 @@ impl Ingest {
         let brakes = self.flusher.brakes.clone();
         let stop_following = CancellationToken::new();
         let watch = Watch::default();
-        let following = brakes.any().then(|| {
-            let stop = stop_following.clone();
-            watch.spawn("brake follower", async move { brakes.follow(stop).await })
-        });
+        let stop = stop_following.clone();
+        let following = watch.spawn("brake follower", async move { brakes.follow(stop).await });
         let outcome = consume::consume(
             &consumer,
             &self.flusher,
@@ -161,10 +159,8 @@ impl Ingest {
         )
         .await;
         stop_following.cancel();
-        if let Some(following) = following {
-            // A panic is in `watch`.
-            let _ = following.await;
-        }
+        // A panic is in `watch`.
+        let _ = following.await;
         let outcome = match (outcome, watch.failure()) {
             (Ok(()), Some(died)) => Err(IngestError::PartDied(died)),
             (outcome, _) => outcome,

@@ -6,7 +6,8 @@
 //! - `follower`: the one follower of the fleet's breakers per member, started by the
 //!   member and shared by the worker's claim loops and process-mode ingest.
 //! - `window`: the sliding window and threshold of the bad-deploy brake; the brake's
-//!   fleet row is in `store/brakes.rs`, pausing a route's partitions in `ingest/brake.rs`.
+//!   fleet row is in `store/brakes.rs`, pausing a route's partitions (any route: an
+//!   operator may engage one, `operations/brakes.rs`) in `ingest/brake.rs`.
 //!
 //! Bulkheads and the shares of fleet rate limits are the worker's admission
 //! (`worker/admission.rs`).

@@ -1,7 +1,7 @@
 //! The audit log: one row per operator action, written in the action's transaction.
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sqlx::{PgConnection, Row};
 
 use super::filter::Selection;
@@ -34,8 +34,7 @@ pub struct AuditEntry {
 }
 
 /// Which audit rows to list.
-#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
 pub struct AuditQuery {
     /// Only this actor.
     pub actor: Option<String>,

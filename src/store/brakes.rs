@@ -1,6 +1,7 @@
-//! Bad-deploy brakes of process-mode routes, shared by the fleet through one row per
-//! route: engaged by the member that sees the failures, followed by every member,
-//! released by the cool-down or by an operator (audited).
+//! Brakes of routes, shared by the fleet through one row per route: engaged by the
+//! member that sees a process-mode route's failures (its bad-deploy brake) or by an
+//! operator on any route (audited), followed by every member, released by the hold's
+//! end or by an operator (audited).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -19,11 +20,11 @@ pub struct Brake {
     pub engaged_until: Option<DateTime<Utc>>,
     /// When it was last engaged.
     pub engaged_at: Option<DateTime<Utc>>,
-    /// The member that engaged it last.
+    /// Who engaged it last: a member (its bad-deploy brake) or an operator.
     pub engaged_by: Option<String>,
-    /// Why, in words (the failure share seen).
+    /// Why, in words (the failure share seen, or the operator's reason).
     pub reason: Option<String>,
-    /// How many times it engaged.
+    /// How many times it engaged (an engaged brake held longer counts once).
     pub trips: i32,
     /// When an operator last released it.
     pub released_at: Option<DateTime<Utc>>,
@@ -32,6 +33,20 @@ pub struct Brake {
 }
 
 impl Brake {
+    /// The brake of `route` before it ever engaged (it has no row yet).
+    pub fn never_engaged(route: &str) -> Brake {
+        Brake {
+            route: route.to_owned(),
+            engaged_until: None,
+            engaged_at: None,
+            engaged_by: None,
+            reason: None,
+            trips: 0,
+            released_at: None,
+            released_by: None,
+        }
+    }
+
     /// Whether the route is paused now.
     pub fn engaged(&self, now: DateTime<Utc>) -> bool {
         self.engaged_until.is_some_and(|until| until > now)
@@ -78,6 +93,40 @@ impl Store {
         .fetch_optional(&self.pool)
         .await?;
         Ok(engaged.is_some())
+    }
+
+    /// Engages `route`'s brake on `operator`'s word for `span` from now, audited
+    /// (`brake_engage`): every member pauses the route within a second or so. A brake
+    /// engaged already is held for `span` from now instead.
+    pub async fn engage_brake_by(
+        &self,
+        route: &str,
+        span: Duration,
+        operator: &Operator,
+    ) -> Result<Brake> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(
+            "INSERT INTO recovery_brake AS b \
+                 (route, engaged_until, engaged_at, engaged_by, reason, trips) \
+             VALUES ($1, now() + $2 * interval '1 millisecond', now(), $3, $4, 1) \
+             ON CONFLICT (route) DO UPDATE \
+             SET engaged_until = excluded.engaged_until, engaged_at = now(), \
+                 engaged_by = $3, reason = $4, \
+                 trips = b.trips + CASE WHEN b.engaged_until > now() THEN 0 ELSE 1 END \
+             RETURNING *",
+        )
+        .bind(route)
+        .bind(span.as_millis() as f64)
+        .bind(&operator.actor)
+        .bind(&operator.reason)
+        .fetch_one(&mut *tx)
+        .await?;
+        let brake = brake_from_row(&row)?;
+        let details = serde_json::json!({ "route": route, "until": brake.engaged_until });
+        self.insert_audit(&mut tx, operator, "brake_engage", None, Some(details))
+            .await?;
+        tx.commit().await?;
+        Ok(brake)
     }
 
     /// Every brake that ever engaged, by route.

@@ -51,15 +51,6 @@ pub struct TaskSummary {
     pub updated_at: DateTime<Utc>,
 }
 
-/// One page of a list, newest first.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct TaskPage {
-    /// The tasks.
-    pub tasks: Vec<TaskSummary>,
-    /// Pass as `after` for the next page; absent on the last page.
-    pub next_cursor: Option<TaskId>,
-}
-
 /// Counts of one status and handler.
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct StatusCount {
@@ -104,62 +95,68 @@ pub struct Stats {
     pub members: Vec<super::members::Member>,
 }
 
+/// The columns of a [`TaskSummary`], key and error cut to `{PREVIEW}` bytes.
+pub(super) const SUMMARY_COLUMNS: &str = "\
+    id, status, handler, route, source_topic, source_partition, source_offset, \
+    substring(msg_key FROM 1 FOR {PREVIEW}) AS key, attempts, next_attempt_at, held, \
+    left(last_error, {PREVIEW}) AS last_error, lease_owner, created_at, updated_at";
+
 const LIST: &str = "\
-    SELECT id, status, handler, route, source_topic, source_partition, source_offset, \
-           substring(msg_key FROM 1 FOR $18) AS key, attempts, next_attempt_at, held, \
-           left(last_error, $18) AS last_error, lease_owner, created_at, updated_at \
-    FROM recovery_task WHERE {CONDITION} AND ($16::bigint IS NULL OR id < $16) \
+    SELECT {SUMMARY} FROM recovery_task WHERE {CONDITION} AND ($16::bigint IS NULL OR id < $16) \
     ORDER BY id DESC LIMIT $17";
 
+/// `statement` with its summary columns and selection condition filled in.
+pub(super) fn summary_statement(statement: &str) -> String {
+    statement
+        .replace("{SUMMARY}", SUMMARY_COLUMNS)
+        .replace("{PREVIEW}", &PREVIEW_BYTES.to_string())
+        .replace("{CONDITION}", CONDITION)
+}
+
+/// A row of [`SUMMARY_COLUMNS`] as a [`TaskSummary`].
+pub(super) fn summary_from_row(r: &sqlx::postgres::PgRow) -> Result<TaskSummary> {
+    let status: String = r.try_get("status")?;
+    let key: Option<Vec<u8>> = r.try_get("key")?;
+    Ok(TaskSummary {
+        id: TaskId(r.try_get("id")?),
+        status: status
+            .parse()
+            .map_err(|e| super::StoreError::MalformedRow(format!("status: {e}")))?,
+        handler: r.try_get("handler")?,
+        route: r.try_get("route")?,
+        topic: r.try_get("source_topic")?,
+        partition: r.try_get("source_partition")?,
+        offset: r.try_get("source_offset")?,
+        key: key.map(|k| Readable::new(&k).line()),
+        attempts: r.try_get("attempts")?,
+        next_attempt_at: r.try_get("next_attempt_at")?,
+        held: r.try_get("held")?,
+        last_error: r.try_get("last_error")?,
+        lease_owner: r.try_get("lease_owner")?,
+        created_at: r.try_get("created_at")?,
+        updated_at: r.try_get("updated_at")?,
+    })
+}
+
 impl Store {
-    /// A page of the tasks `filter` selects, newest first, after the `after` cursor.
+    /// Up to `limit` (at most [`MAX_PAGE`]) of the tasks `filter` selects, newest
+    /// first, older than the `after` cursor.
     pub async fn list(
         &self,
         filter: &TaskFilter,
         after: Option<TaskId>,
         limit: i64,
-    ) -> Result<TaskPage> {
-        let limit = limit.clamp(1, MAX_PAGE);
+    ) -> Result<Vec<TaskSummary>> {
         let selection = Selection::Filter(filter.clone());
-        let statement = LIST.replace("{CONDITION}", CONDITION);
+        let statement = summary_statement(LIST);
         let mut tx = self.pool.begin_with(ORDERED_WALK).await?;
         let rows = bind_selection(sqlx::query(&statement), &selection)
             .bind(after.map(|id| id.0))
-            .bind(limit)
-            .bind(PREVIEW_BYTES)
+            .bind(limit.clamp(1, MAX_PAGE))
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
-        let tasks = rows
-            .iter()
-            .map(|r| {
-                let status: String = r.try_get("status")?;
-                let key: Option<Vec<u8>> = r.try_get("key")?;
-                Ok(TaskSummary {
-                    id: TaskId(r.try_get("id")?),
-                    status: status
-                        .parse()
-                        .map_err(|e| super::StoreError::MalformedRow(format!("status: {e}")))?,
-                    handler: r.try_get("handler")?,
-                    route: r.try_get("route")?,
-                    topic: r.try_get("source_topic")?,
-                    partition: r.try_get("source_partition")?,
-                    offset: r.try_get("source_offset")?,
-                    key: key.map(|k| Readable::new(&k).line()),
-                    attempts: r.try_get("attempts")?,
-                    next_attempt_at: r.try_get("next_attempt_at")?,
-                    held: r.try_get("held")?,
-                    last_error: r.try_get("last_error")?,
-                    lease_owner: r.try_get("lease_owner")?,
-                    created_at: r.try_get("created_at")?,
-                    updated_at: r.try_get("updated_at")?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let next_cursor = (tasks.len() as i64 == limit)
-            .then(|| tasks.last().map(|t| t.id))
-            .flatten();
-        Ok(TaskPage { tasks, next_cursor })
+        rows.iter().map(summary_from_row).collect()
     }
 
     /// Counts by status and handler, due work per handler, the last hour's outcomes and

@@ -179,7 +179,7 @@ pub struct Applicable {
 /// compensation is owed only while the task is a permanent failure (or discarded after
 /// one); a task an operator retried since is failed, and its old compensation no longer
 /// speaks for it.
-const STARTED: &str = "(t.status IN ('permanent_failure', 'discarded') \
+pub(super) const STARTED: &str = "(t.status IN ('permanent_failure', 'discarded') \
     AND c.attempts > 0 AND c.state <> 'cancelled')";
 
 // The history rows' outcomes are `$33` (`fenced`, for an attempt running meanwhile) and
@@ -300,6 +300,19 @@ impl Store {
         action: &Action,
         selection: &Selection,
     ) -> Result<ActionReport> {
+        self.act_reporting(operator, action, selection, |_| {})
+            .await
+    }
+
+    /// [`Store::act`], telling `progress` what was done so far (its audit row, tasks
+    /// changed and left alone) after every batch it committed.
+    pub async fn act_reporting(
+        &self,
+        operator: &Operator,
+        action: &Action,
+        selection: &Selection,
+        mut progress: impl FnMut(ActionReport) + Send,
+    ) -> Result<ActionReport> {
         if let Selection::Ids(ids) = selection {
             self.ensure_exist(ids).await?;
         }
@@ -350,6 +363,11 @@ impl Store {
             };
             changed += batch.changed;
             refused += batch.refused;
+            progress(ActionReport {
+                audit_id: audit_id.expect("the batch wrote the audit row"),
+                changed,
+                refused,
+            });
             match batch.scanned_to {
                 Some(last) => cursor = last,
                 None => break,

@@ -187,12 +187,16 @@ impl Store {
         Ok(job)
     }
 
-    /// Replay jobs, newest first.
-    pub async fn replays(&self, limit: i64) -> Result<Vec<ReplayJob>> {
-        let rows = sqlx::query("SELECT * FROM recovery_replay ORDER BY id DESC LIMIT $1")
-            .bind(limit.clamp(1, 1000))
-            .fetch_all(&self.pool)
-            .await?;
+    /// Up to `limit` replay jobs, newest first, older than job `after` if given.
+    pub async fn replays(&self, limit: i64, after: Option<i64>) -> Result<Vec<ReplayJob>> {
+        let rows = sqlx::query(
+            "SELECT * FROM recovery_replay WHERE $2::bigint IS NULL OR id < $2 \
+             ORDER BY id DESC LIMIT $1",
+        )
+        .bind(limit.clamp(1, 1000))
+        .bind(after)
+        .fetch_all(&self.pool)
+        .await?;
         rows.iter().map(job_from_row).collect()
     }
 
@@ -239,47 +243,56 @@ impl Store {
         job_from_row(&row)
     }
 
-    /// Takes job `id` for `runner`: a detached job that waits or whose runner stopped,
-    /// or (with `resume`) any job not ended whose runner stopped (its hold went stale, or
-    /// it is `dead_runner`, known dead). With `detach`, the job is handed to the fleet.
-    pub async fn take_replay(
+    /// Resumes job `id` for `operator`, audited (`replay_resume`): any job not ended
+    /// whose runner stopped (its hold went stale, or it is `dead_runner`, known dead) is
+    /// taken by `runner`, or with `detach` handed to the fleet's members.
+    pub async fn resume_replay(
         &self,
+        operator: &Operator,
         id: i64,
         runner: &str,
-        resume: bool,
         detach: bool,
         dead_runner: Option<&str>,
     ) -> Result<ReplayJob> {
+        let mut tx = self.pool.begin().await?;
         let row = sqlx::query(
             "UPDATE recovery_replay SET \
-                 status = CASE WHEN $4 THEN 'pending' ELSE 'running' END, \
-                 runner = CASE WHEN $4 THEN NULL ELSE $2 END, \
-                 detached = detached OR $4, heartbeat_at = now(), error = NULL \
+                 status = CASE WHEN $3 THEN 'pending' ELSE 'running' END, \
+                 runner = CASE WHEN $3 THEN NULL ELSE $2 END, \
+                 detached = detached OR $3, heartbeat_at = now(), error = NULL \
              WHERE id = $1 AND ( \
                  status = 'pending' AND detached \
-                 OR status IN ('running', 'failed') AND $3 \
-                    AND (runner IS NULL OR heartbeat_at < now() - $5 * interval '1 second' \
-                         OR status = 'failed' OR runner = $6)) \
+                 OR status IN ('running', 'failed') \
+                    AND (runner IS NULL OR heartbeat_at < now() - $4 * interval '1 second' \
+                         OR status = 'failed' OR runner = $5)) \
              RETURNING *",
         )
         .bind(id)
         .bind(runner)
-        .bind(resume)
         .bind(detach)
         .bind(REPLAY_STALE_AFTER.as_secs_f64())
         .bind(dead_runner)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *tx)
         .await?;
         match row {
-            Some(row) => job_from_row(&row),
-            None => match self.replay(id).await? {
-                None => Err(StoreError::Replay(ReplayRowError::Unknown(id))),
-                Some(job) => Err(StoreError::Replay(ReplayRowError::NotYours {
-                    id,
-                    status: job.status,
-                    runner: job.runner,
-                })),
-            },
+            Some(row) => {
+                let details = serde_json::json!({ "job": id, "detached": detach });
+                self.insert_audit(&mut tx, operator, "replay_resume", None, Some(details))
+                    .await?;
+                tx.commit().await?;
+                job_from_row(&row)
+            }
+            None => {
+                drop(tx);
+                match self.replay(id).await? {
+                    None => Err(StoreError::Replay(ReplayRowError::Unknown(id))),
+                    Some(job) => Err(StoreError::Replay(ReplayRowError::NotYours {
+                        id,
+                        status: job.status,
+                        runner: job.runner,
+                    })),
+                }
+            }
         }
     }
 

@@ -211,13 +211,13 @@ impl Metrics {
             brake_engaged: gauges(
                 r,
                 "redrive_brake_engaged",
-                "1 while a process-mode route is paused by its bad-deploy brake on this member",
+                "1 while a route is paused by its brake on this member (bad-deploy or operator)",
                 &["route"],
             ),
             brake_trips: counters(
                 r,
                 "redrive_brake_trips_total",
-                "Bad-deploy brakes engaged by this member, by route",
+                "Bad-deploy brakes this member engaged, by route (an operator's are in the audit log)",
                 &["route"],
             ),
             webhook_calls: counters(

@@ -1,7 +1,7 @@
 //! The admin HTTP API over real HTTP: auth, every endpoint, and bad input as 400s.
 
-use redrive::admin::{self, AppState, Tokens};
-use redrive::config::{AdminToken, Role, Targets};
+use redrive::admin::{self, Tokens};
+use redrive::config::{AdminToken, Role};
 use redrive::{Failure, Fleet, NewTask, Settings, Store, TaskId};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -44,14 +44,10 @@ impl Api {
             .with_builtin_handlers()
             .build()
             .unwrap();
-        let state = AppState {
-            store: store.clone(),
-            kafka: settings.kafka.clone(),
-            routes: fleet.settings().routes.clone(),
-            targets: Targets::new(fleet.settings()),
-            budgets: fleet.budgets(),
-        };
-        let app = admin::router(state, Tokens::new(&settings.admin));
+        let app = admin::router(
+            fleet.operations(store.clone()),
+            Tokens::new(&settings.admin),
+        );
         let stop = CancellationToken::new();
         tokio::spawn(admin::serve(
             listener,
@@ -91,7 +87,12 @@ impl Api {
         (response.status(), response.text().await.unwrap())
     }
 
-    async fn post(&self, path: &str, token: Option<&str>, body: Value) -> (StatusCode, Value) {
+    pub(crate) async fn post(
+        &self,
+        path: &str,
+        token: Option<&str>,
+        body: Value,
+    ) -> (StatusCode, Value) {
         let mut request = self.client.post(format!("{}{path}", self.base)).json(&body);
         if let Some(token) = token {
             request = request.bearer_auth(token);
@@ -150,7 +151,7 @@ async fn tokens_decide_who_may_read_and_who_may_act() {
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     let (status, body) = api.get("/api/v1/tasks", Some(READ)).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(body["tasks"][0]["id"], ids[0].0);
+    assert_eq!(body["items"][0]["id"], ids[0].0);
 
     let discard = json!({"ids": [ids[0].0], "reason": "bad data"});
     let (status, body) = api
@@ -168,6 +169,7 @@ async fn tokens_decide_who_may_read_and_who_may_act() {
 
     let (status, audit) = api.get("/api/v1/audit", Some(READ)).await;
     assert_eq!(status, StatusCode::OK);
+    let audit = &audit["items"];
     assert_eq!(audit[0]["actor"], "ops", "the token's name is the actor");
     assert_eq!(audit[0]["action"], "discard");
     assert_eq!(audit[0]["reason"], "bad data");
@@ -201,7 +203,7 @@ async fn bad_input_is_a_400_that_says_what_is_wrong() {
         (
             "/api/v1/tasks/retry",
             json!({}),
-            "give \"ids\" or \"filter\"",
+            "no task ids and no filter",
         ),
         (
             "/api/v1/tasks/retry",
@@ -212,7 +214,7 @@ async fn bad_input_is_a_400_that_says_what_is_wrong() {
         (
             "/api/v1/tasks/retry",
             json!({"filter": {"status": ["nope"]}}),
-            "bad body",
+            "unknown status \"nope\"",
         ),
         (
             "/api/v1/tasks/retry",
@@ -321,7 +323,10 @@ async fn a_retrys_at_and_more_attempts_match_the_command_line() {
         "due in an hour"
     );
     let (_, audit) = api.get("/api/v1/audit", Some(READ)).await;
-    assert_eq!(audit[0]["details"], json!({"at": "1h", "more_attempts": 2}));
+    assert_eq!(
+        audit["items"][0]["details"],
+        json!({"at": "1h", "more_attempts": 2})
+    );
     for (far, says) in [
         ("2999-01-01T00:00:00Z", "more than a year from now"),
         ("-1h", "negative"),
@@ -361,7 +366,7 @@ async fn list_filters_and_pages_through_every_task_once() {
             Some(READ),
         )
         .await;
-    let mut seen: Vec<i64> = page["tasks"]
+    let mut seen: Vec<i64> = page["items"]
         .as_array()
         .unwrap()
         .iter()
@@ -377,7 +382,7 @@ async fn list_filters_and_pages_through_every_task_once() {
             .await;
         assert_eq!(status, StatusCode::OK);
         seen.extend(
-            page["tasks"]
+            page["items"]
                 .as_array()
                 .unwrap()
                 .iter()
@@ -392,12 +397,12 @@ async fn list_filters_and_pages_through_every_task_once() {
     assert_eq!(seen, expected, "newest first, each once");
 
     let (_, page) = api.get("/api/v1/tasks?key=user-1", Some(READ)).await;
-    assert_eq!(page["tasks"][0]["id"], orders[3].0);
-    assert_eq!(page["tasks"].as_array().unwrap().len(), 1);
+    assert_eq!(page["items"][0]["id"], orders[3].0);
+    assert_eq!(page["items"].as_array().unwrap().len(), 1);
     let (_, page) = api
         .get("/api/v1/tasks?status=resolved,discarded", Some(READ))
         .await;
-    assert_eq!(page["tasks"], json!([]));
+    assert_eq!(page["items"], json!([]));
 
     // Show: a binary value is hex, a text key is text, with the history.
     let (status, detail) = api
@@ -461,14 +466,33 @@ async fn the_openapi_document_describes_every_endpoint() {
         "/api/v1/tasks/replay",
         "/api/v1/replays",
         "/api/v1/replays/{id}/cancel",
+        "/api/v1/replays/{id}/resume",
         "/api/v1/stats",
         "/api/v1/audit",
         "/api/v1/members",
         "/api/v1/check",
+        "/api/v1/breakers",
+        "/api/v1/breakers/{handler}/open",
+        "/api/v1/breakers/{handler}/close",
+        "/api/v1/breakers/{handler}/release",
+        "/api/v1/brakes",
+        "/api/v1/brakes/{route}/engage",
+        "/api/v1/brakes/{route}/release",
     ] {
         assert!(doc["paths"][path].is_object(), "{path} missing");
     }
-    assert!(doc["components"]["schemas"]["TaskFilter"].is_object());
+    for schema in [
+        "FilterParams",
+        "ActRequest",
+        "ActAnswer",
+        "ReplayPreview",
+        "EngageRequest",
+    ] {
+        assert!(
+            doc["components"]["schemas"][schema].is_object(),
+            "{schema} missing"
+        );
+    }
     assert_eq!(
         doc["components"]["securitySchemes"]["bearer"]["scheme"],
         "bearer"
@@ -513,7 +537,7 @@ async fn a_running_member_serves_the_api_and_is_listed_live() {
             .send()
             .await
         {
-            members = answer(response).await.1;
+            members = answer(response).await.1["items"].take();
             if members.as_array().is_some_and(|m| !m.is_empty()) {
                 break;
             }

@@ -312,3 +312,125 @@ async fn a_handler_failing_messages_itself_engages_the_brake_despite_its_breaker
         "{stored} failures stored of {MESSAGES}: the brake let too many through"
     );
 }
+
+async fn tasks_on(store: &Store, topic: &str) -> i64 {
+    scalar(
+        store,
+        &format!("SELECT count(*) FROM recovery_task WHERE source_topic = '{topic}'"),
+    )
+    .await
+}
+
+async fn produce_events(bootstrap: &str, from: i64, to: i64) {
+    let producer = producer(bootstrap);
+    for i in from..to {
+        let sample = Sample {
+            key: Some(format!("k{i}").into()),
+            value: Some(format!("failure report {i}").into()),
+            ..Sample::default()
+        };
+        produce(&producer, "reports", &sample).await;
+    }
+}
+
+/// An operator engages the brake of a capture route on purpose (an incident): every
+/// member stops consuming it, so what is produced meanwhile is neither stored nor
+/// committed, until the brake is released; then it is stored, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_engages_a_capture_routes_brake_and_it_stops_consuming_until_released() {
+    use crate::admin_api::{with_tokens, Api, OPERATE, READ};
+    use serde_json::json;
+    let broker = cluster(&[("reports", 2)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(
+        &mut settings,
+        &bootstrap,
+        vec![route(&["reports"], RouteMode::Capture, "log")],
+    );
+    settings.worker.enabled = false;
+    let settings = with_tokens(settings);
+    let api = Api::start(&store, &settings).await;
+    let fleet = Fleet::builder(settings.clone())
+        .with_builtin_handlers()
+        .build()
+        .unwrap();
+    let metrics = fleet.metrics().clone();
+    let member = Member::start(fleet, &store);
+    produce_events(&bootstrap, 0, 10).await;
+    eventually(
+        Duration::from_secs(30),
+        "the first reports stored",
+        || async { tasks_on(&store, "reports").await == 10 },
+    )
+    .await;
+
+    let engage = json!({"reason": "billing incident", "for": "10m"});
+    let path = "/api/v1/brakes/reports/engage";
+    let (status, body) = api.post(path, Some(READ), engage.clone()).await;
+    assert_eq!(status, reqwest::StatusCode::FORBIDDEN, "{body}");
+    let (status, body) = api.post(path, Some(OPERATE), engage).await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{body}");
+    assert_eq!(body["engaged_by"], "ops");
+    assert_eq!(body["reason"], "billing incident");
+    eventually(
+        Duration::from_secs(30),
+        "the member paused the route",
+        || async { metrics.brake_engaged.with_label_values(&["reports"]).get() == 1 },
+    )
+    .await;
+
+    produce_events(&bootstrap, 10, 30).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        tasks_on(&store, "reports").await,
+        10,
+        "nothing stored while engaged"
+    );
+    let group = settings.kafka.group_id.clone();
+    let committed = |bootstrap: String, group: String| async move {
+        tokio::task::spawn_blocking(move || committed(&bootstrap, &group, "reports", 2))
+            .await
+            .unwrap()
+            .iter()
+            .map(|&o| o.max(0))
+            .sum::<i64>()
+    };
+    assert_eq!(
+        committed(bootstrap.clone(), group.clone()).await,
+        10,
+        "nothing new committed while engaged"
+    );
+
+    let (status, body) = api
+        .post(
+            "/api/v1/brakes/reports/release",
+            Some(OPERATE),
+            json!({"reason": "incident over"}),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{body}");
+    eventually(
+        Duration::from_secs(30),
+        "every report stored once",
+        || async { tasks_on(&store, "reports").await == 30 },
+    )
+    .await;
+    eventually(
+        Duration::from_secs(30),
+        "every offset committed",
+        || async { committed(bootstrap.clone(), group.clone()).await == 30 },
+    )
+    .await;
+    member.stop().await;
+    assert_eq!(tasks_on(&store, "reports").await, 30);
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_audit WHERE action IN ('brake_engage', 'brake_release') \
+             AND actor = 'ops'"
+        )
+        .await,
+        2
+    );
+}

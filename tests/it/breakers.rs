@@ -529,8 +529,8 @@ async fn redrive_breakers_lists_forces_and_releases_through_the_binary() {
     let (ok, listed, _) = cli(&["breakers", "list", "--json"]);
     assert!(ok);
     let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
-    assert_eq!(listed[0]["handler"], "log");
-    assert_eq!(listed[0]["state"], "closed");
+    assert_eq!(listed["items"][0]["handler"], "log");
+    assert_eq!(listed["items"][0]["state"], "closed");
 
     let (ok, out, err) = cli(&["breakers", "open", "log", "--reason", "billing maintenance"]);
     assert!(ok, "{err}");

@@ -564,14 +564,14 @@ async fn an_open_api_needs_no_sign_in_and_answers_loopback_names_only() {
     let (store, settings) = fresh_store().await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
-    let state = redrive::admin::AppState {
-        store: store.clone(),
-        kafka: settings.kafka.clone(),
-        routes: Vec::new(),
-        targets: redrive::config::Targets::new(&settings),
-        budgets: redrive::store::Budgets::default(),
-    };
-    let app = redrive::admin::router(state, redrive::admin::Tokens::new(&settings.admin));
+    let fleet = redrive::Fleet::builder(settings.clone())
+        .with_builtin_handlers()
+        .build()
+        .unwrap();
+    let app = redrive::admin::router(
+        fleet.operations(store.clone()),
+        redrive::admin::Tokens::new(&settings.admin),
+    );
     let stop = tokio_util::sync::CancellationToken::new();
     tokio::spawn(redrive::admin::serve(
         listener,

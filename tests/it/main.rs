@@ -24,6 +24,7 @@ mod member_process;
 mod model;
 mod newcomers;
 mod observability;
+mod operations;
 mod operator_cli;
 mod operators;
 mod ordering;

@@ -89,7 +89,7 @@ async fn list_show_and_act_by_ids_and_by_filter() {
         ],
     ))
     .unwrap();
-    let ids: Vec<i64> = page["tasks"]
+    let ids: Vec<i64> = page["items"]
         .as_array()
         .unwrap()
         .iter()
@@ -109,7 +109,7 @@ async fn list_show_and_act_by_ids_and_by_filter() {
         }
         let page: Value = serde_json::from_str(&ok(&settings, &args)).unwrap();
         seen.extend(
-            page["tasks"]
+            page["items"]
                 .as_array()
                 .unwrap()
                 .iter()
@@ -212,6 +212,7 @@ async fn list_show_and_act_by_ids_and_by_filter() {
 
     // Every action is in the audit log, with who, what and why.
     let audit: Value = serde_json::from_str(&ok(&settings, &["audit", "--json"])).unwrap();
+    let audit = &audit["items"];
     let actions: Vec<(&str, i64)> = audit
         .as_array()
         .unwrap()
@@ -430,7 +431,7 @@ async fn retry_at_means_from_now_more_attempts_counts_from_where_the_task_stands
     );
     let audit: Value = serde_json::from_str(&ok(&settings, &["audit", "--json"])).unwrap();
     assert_eq!(
-        audit[0]["details"],
+        audit["items"][0]["details"],
         serde_json::json!({"at": "1h", "more_attempts": 2})
     );
 
@@ -457,7 +458,7 @@ async fn retry_at_means_from_now_more_attempts_counts_from_where_the_task_stands
         let at = format!("--at={far}");
         let error = fails(&settings, &["tasks", "retry", "1", &at, "--yes"]);
         assert!(
-            error.contains("--at") && error.contains(says),
+            error.contains("at: ") && error.contains(says),
             "{far}: {error}"
         );
     }
@@ -583,10 +584,12 @@ async fn read_only_verbs_create_no_kafka_client() {
         &["tasks", "stats"],
         &["tasks", "check"],
         &["tasks", "retry", "--all", "--dry-run"],
+        &["tasks", "replay", "--all", "--to", "t", "--dry-run"],
         &["replays", "list"],
         &["audit"],
         &["breakers", "list"],
         &["brake", "list"],
+        &["members", "--json"],
     ] {
         let out = redrive(&settings)
             .args(args)
@@ -696,4 +699,66 @@ async fn a_verb_whose_output_is_closed_ends_quietly() {
         1,
         "the discard was done though its report was discarded"
     );
+}
+
+/// `redrive brake engage` pauses any route of the configuration it runs with (not only
+/// one with a bad-deploy brake), audited; a route it does not know is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brake_engage_pauses_a_configured_route_and_refuses_an_unknown_one() {
+    let (store, settings) = fresh_store().await;
+    let error = fails(
+        &settings,
+        &["brake", "engage", "orders", "--reason", "incident"],
+    );
+    assert!(
+        error.contains("no route \"orders\"") && error.contains("configuration"),
+        "{error}"
+    );
+    let mut config = tempfile::NamedTempFile::new().unwrap();
+    std::io::Write::write_all(
+        &mut config,
+        b"[[routes]]\ntopics = [\"orders\"]\nmode = \"capture\"\nhandler = \"log\"\n",
+    )
+    .unwrap();
+    let config = config.path().to_str().unwrap().to_owned();
+    let with_config = |args: &[&str]| {
+        let mut all = vec!["--config", config.as_str()];
+        all.extend_from_slice(args);
+        run(&settings, &all)
+    };
+    let out = with_config(&[
+        "brake", "engage", "orders", "--reason", "incident", "--for", "2h",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("brake of orders engaged until"));
+    let out = with_config(&["brake", "engage", "orders", "--reason", "x", "--for", "8d"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("for: "), "{}", text(&out.stderr));
+    let listed: Value =
+        serde_json::from_slice(&with_config(&["brake", "list", "--json"]).stdout).unwrap();
+    let brake = &listed["items"][0];
+    assert_eq!(
+        (&brake["route"], &brake["reason"]),
+        (&"orders".into(), &"incident".into())
+    );
+    assert!(brake["engaged_by"].as_str().unwrap().starts_with("cli:"));
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_brake WHERE engaged_until \
+             BETWEEN now() + interval '119 minutes' AND now() + interval '121 minutes'"
+        )
+        .await,
+        1
+    );
+    // Released without the configuration: the stored brake names the route.
+    ok(
+        &settings,
+        &["brake", "release", "orders", "--reason", "over"],
+    );
+    let audit: Value = serde_json::from_str(&ok(&settings, &["audit", "--json"])).unwrap();
+    let actions: Vec<&str> = (audit["items"].as_array().unwrap().iter())
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["brake_release", "brake_engage"]);
 }

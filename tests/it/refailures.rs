@@ -74,8 +74,8 @@ fn header(headers: &[Header], name: &str) -> String {
 }
 
 async fn ids(store: &Store, filter: TaskFilter) -> Vec<TaskId> {
-    let page = store.list(&filter, None, 100).await.unwrap();
-    page.tasks.iter().map(|t| t.id).collect()
+    let tasks = store.list(&filter, None, 100).await.unwrap();
+    tasks.iter().map(|t| t.id).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -191,8 +191,8 @@ async fn a_message_failing_again_links_generations_and_past_the_limit_is_parked_
         String::from_utf8_lossy(&out.stderr)
     );
     let page: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(page["tasks"][0]["id"], stopped.id.0);
-    assert_eq!(page["tasks"].as_array().unwrap().len(), 1);
+    assert_eq!(page["items"][0]["id"], stopped.id.0);
+    assert_eq!(page["items"].as_array().unwrap().len(), 1);
     let out = run(&settings, &["tasks", "show", &stopped.id.to_string()]);
     let shown = String::from_utf8(out.stdout).unwrap();
     assert!(shown.contains("generation             3"), "{shown}");

@@ -190,6 +190,7 @@ async fn a_replay_killed_mid_batch_resumes_without_producing_twice() {
 
     let list: Value =
         serde_json::from_slice(&run(&settings, &["replays", "list", "--json"]).stdout).unwrap();
+    let list = &list["items"];
     assert_eq!(list[0]["status"], "done");
     assert_eq!(
         (list[0]["produced"].as_i64(), list[0]["total"].as_i64()),
@@ -198,7 +199,7 @@ async fn a_replay_killed_mid_batch_resumes_without_producing_twice() {
     let audit: Value =
         serde_json::from_slice(&run(&settings, &["audit", "--json", "--action", "replay"]).stdout)
             .unwrap();
-    assert_eq!(audit[0]["count"], 1_500, "{audit}");
+    assert_eq!(audit["items"][0]["count"], 1_500, "{audit}");
     // The tasks themselves are untouched.
     assert_eq!(
         scalar(
@@ -568,7 +569,7 @@ async fn a_replay_into_a_consumed_topic_is_refused_on_resume_and_on_pickup() {
     assert!(stderr.contains("endless loop"), "{stderr}");
     let list: Value =
         serde_json::from_slice(&run(&settings, &["replays", "list", "--json"]).stdout).unwrap();
-    assert!(refused(&list[0]), "{list}");
+    assert!(refused(&list["items"][0]), "{list}");
 
     // Picked up by a member whose configuration consumes the topic.
     let job = store

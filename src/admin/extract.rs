@@ -1,0 +1,60 @@
+//! Reading requests: query strings, JSON bodies and path ids, each refusal a 400 that
+//! says what is wrong.
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{Path, Query};
+use axum::Json;
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+use crate::operations::PageRequest;
+
+/// A query string read into `T`.
+pub(super) fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    query
+        .map(|Query(q)| q)
+        .map_err(|e| ApiError::bad_request(format!("bad query: {}", e.body_text())))
+}
+
+/// A list's query string: its page (`limit`, `after`) and the rest read into `T` (a
+/// filter), each refusing what it does not know.
+pub(super) fn paged<T: DeserializeOwned>(raw: Option<&str>) -> Result<(PageRequest, T), ApiError> {
+    let pairs: Vec<(String, String)> =
+        serde_urlencoded::from_str(raw.unwrap_or("")).map_err(bad_query)?;
+    let (page, rest): (Vec<_>, Vec<_>) =
+        (pairs.into_iter()).partition(|(name, _)| name == "limit" || name == "after");
+    Ok((read_pairs(page)?, read_pairs(rest)?))
+}
+
+/// `pairs` of a query string read into `T`.
+fn read_pairs<T: DeserializeOwned>(pairs: Vec<(String, String)>) -> Result<T, ApiError> {
+    let text = serde_urlencoded::to_string(pairs).expect("pairs of texts encode");
+    serde_urlencoded::from_str(&text).map_err(bad_query)
+}
+
+fn bad_query(error: serde_urlencoded::de::Error) -> ApiError {
+    ApiError::bad_request(format!("bad query: {error}"))
+}
+
+/// A JSON body read into `T`.
+pub(super) fn body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    body.map(|Json(b)| b)
+        .map_err(|e| ApiError::bad_request(format!("bad body: {}", e.body_text())))
+}
+
+/// The id in the path: a positive integer naming a `what` ("task", "replay job").
+pub(super) fn id(path: Result<Path<String>, PathRejection>, what: &str) -> Result<i64, ApiError> {
+    let Path(text) = path.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    text.parse::<i64>()
+        .ok()
+        .filter(|id| *id > 0)
+        .ok_or_else(|| {
+            ApiError::bad_request(format!("{text:?} is not a {what} id (a positive integer)"))
+        })
+}
+
+/// The name in the path (a handler, a route).
+pub(super) fn name(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    path.map(|Path(name)| name)
+        .map_err(|e| ApiError::bad_request(e.body_text()))
+}

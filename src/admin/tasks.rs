@@ -1,0 +1,99 @@
+//! The task endpoints: list, show, retry, discard, resolve, stats, check.
+
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::{Path, RawQuery, State};
+use axum::{Extension, Json};
+
+use super::error::{ApiError, ErrorBody};
+use super::extract::{body, id, paged};
+use super::Shared;
+use crate::operations::{
+    ActAnswer, ActRequest, Actor, FilterParams, Operations, Page, PageRequest, Verb,
+};
+use crate::store::{CheckReport, Stats, TaskDetail, TaskSummary};
+
+/// Lists the tasks a filter selects, newest first, a page at a time.
+#[utoipa::path(get, path = "/api/v1/tasks", params(FilterParams, PageRequest), security(("bearer" = [])),
+    responses((status = 200, body = Page<TaskSummary>), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+pub async fn list_tasks(
+    State(operations): Shared,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Page<TaskSummary>>, ApiError> {
+    let (page, filter) = paged::<FilterParams>(raw.as_deref())?;
+    Ok(Json(operations.list(&filter, &page).await?))
+}
+
+/// One task: every field, its payload readable, its attempt history.
+#[utoipa::path(get, path = "/api/v1/tasks/{id}", params(("id" = i64, Path, description = "Task id")),
+    security(("bearer" = [])),
+    responses((status = 200, body = TaskDetail), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn get_task(
+    State(operations): Shared,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<TaskDetail>, ApiError> {
+    Ok(Json(operations.show(id(path, "task")?).await?))
+}
+
+async fn act(
+    operations: &Operations,
+    actor: &Actor,
+    verb: Verb,
+    request: Result<Json<ActRequest>, JsonRejection>,
+) -> Result<Json<ActAnswer>, ApiError> {
+    let request = body(request)?;
+    Ok(Json(operations.act(actor, verb, &request, |_| {}).await?))
+}
+
+/// Makes tasks due again with a new attempt budget (failed, permanent_failure and
+/// discarded ones); a task whose compensation has started only with `force` (then from
+/// no checkpoint). A dry run answers the counts and a sample.
+#[utoipa::path(post, path = "/api/v1/tasks/retry", request_body = ActRequest, security(("bearer" = [])),
+    responses((status = 200, body = ActAnswer), (status = 400, body = ErrorBody),
+              (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn retry(
+    State(operations): Shared,
+    Extension(actor): Extension<Actor>,
+    request: Result<Json<ActRequest>, JsonRejection>,
+) -> Result<Json<ActAnswer>, ApiError> {
+    act(&operations, &actor, Verb::Retry, request).await
+}
+
+/// Gives up on tasks (failed and permanent_failure ones): they become discarded.
+#[utoipa::path(post, path = "/api/v1/tasks/discard", request_body = ActRequest, security(("bearer" = [])),
+    responses((status = 200, body = ActAnswer), (status = 400, body = ErrorBody),
+              (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn discard(
+    State(operations): Shared,
+    Extension(actor): Extension<Actor>,
+    request: Result<Json<ActRequest>, JsonRejection>,
+) -> Result<Json<ActAnswer>, ApiError> {
+    act(&operations, &actor, Verb::Discard, request).await
+}
+
+/// Declares tasks handled (failed and permanent_failure ones): they become resolved; a
+/// task whose compensation has started only with `force`.
+#[utoipa::path(post, path = "/api/v1/tasks/resolve", request_body = ActRequest, security(("bearer" = [])),
+    responses((status = 200, body = ActAnswer), (status = 400, body = ErrorBody),
+              (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn resolve(
+    State(operations): Shared,
+    Extension(actor): Extension<Actor>,
+    request: Result<Json<ActRequest>, JsonRejection>,
+) -> Result<Json<ActAnswer>, ApiError> {
+    act(&operations, &actor, Verb::Resolve, request).await
+}
+
+/// Counts by status and handler, due work per handler, the last hour's outcomes, live
+/// members.
+#[utoipa::path(get, path = "/api/v1/stats", security(("bearer" = [])),
+    responses((status = 200, body = Stats), (status = 429, body = ErrorBody), (status = 504, body = ErrorBody)))]
+pub async fn stats(State(operations): Shared) -> Result<Json<Stats>, ApiError> {
+    Ok(Json(operations.stats().await?))
+}
+
+/// Checks the store's invariants (reads every task: use sparingly).
+#[utoipa::path(get, path = "/api/v1/check", security(("bearer" = [])),
+    responses((status = 200, body = CheckReport), (status = 429, body = ErrorBody), (status = 504, body = ErrorBody)))]
+pub async fn check(State(operations): Shared) -> Result<Json<CheckReport>, ApiError> {
+    Ok(Json(operations.check().await?))
+}

@@ -1,0 +1,218 @@
+//! `redrive tasks retry|discard|resolve`: a dry run first (the count, and a sample),
+//! confirmation, then the action with a progress bar on a terminal.
+
+use anyhow::bail;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
+
+use super::operator::confirm;
+use super::output::{errln, outln};
+use super::selection::SelectionArgs;
+use crate::operations::{ActAnswer, ActRequest, Actor, Operations, Verb};
+
+/// Confirmation and output options of the bulk verbs.
+#[derive(Debug, Args)]
+pub struct BulkArgs {
+    /// Do not ask for confirmation.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+    /// Print how many tasks it would change and a sample; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `tasks retry`.
+#[derive(Debug, Args)]
+pub struct RetryArgs {
+    /// Which tasks.
+    #[command(flatten)]
+    pub selection: SelectionArgs,
+    /// When the next attempt is due: a duration from now ("1h": in an hour) or an RFC 3339
+    /// time, at most a year ahead (default: now; never before the handler's breaker hold).
+    #[arg(long)]
+    pub at: Option<String>,
+    /// Give N attempts more than the tasks have left (a task that used its budget up gets
+    /// exactly N calls) instead of a whole budget again (1 to 1000000).
+    #[arg(long)]
+    pub more_attempts: Option<i32>,
+    /// Why (written to the audit log).
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Also retry tasks whose compensation has started: they start over from the first
+    /// step (their checkpoint cleared), and a compensation still running is cancelled.
+    #[arg(long)]
+    pub force: bool,
+    /// Confirmation and output.
+    #[command(flatten)]
+    pub bulk: BulkArgs,
+}
+
+/// Options of `tasks resolve`.
+#[derive(Debug, Args)]
+pub struct ResolveArgs {
+    /// Which tasks, why, confirmation and output.
+    #[command(flatten)]
+    pub decide: DecideArgs,
+    /// Also resolve tasks whose compensation has started (a compensation still running
+    /// is cancelled).
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Options of `tasks discard` and `tasks resolve`.
+#[derive(Debug, Args)]
+pub struct DecideArgs {
+    /// Which tasks.
+    #[command(flatten)]
+    pub selection: SelectionArgs,
+    /// Why (written to the audit log).
+    #[arg(long)]
+    pub reason: String,
+    /// Confirmation and output.
+    #[command(flatten)]
+    pub bulk: BulkArgs,
+}
+
+/// The request of `selection`, `reason` and `force` (a retry sets its own options).
+pub fn request(selection: &SelectionArgs, reason: Option<String>, force: bool) -> ActRequest {
+    ActRequest {
+        ids: selection.ids.clone(),
+        filter: selection.filter.given(),
+        all: selection.all,
+        reason,
+        force,
+        ..ActRequest::default()
+    }
+}
+
+/// Runs `verb` on `request`: counts first, then asks, then acts.
+pub async fn bulk(
+    operations: &Operations,
+    verb: Verb,
+    request: ActRequest,
+    options: &BulkArgs,
+) -> anyhow::Result<()> {
+    let actor = Actor::shell();
+    let dry_run = ActRequest {
+        dry_run: true,
+        ..request.clone()
+    };
+    let preview = operations.act(&actor, verb, &dry_run, |_| {}).await?;
+    let name = preview.action;
+    let count = preview.matched;
+    if options.dry_run {
+        return print_dry_run(&preview, verb, options.json);
+    }
+    if count == 0 {
+        let what = match request.ids.is_empty() {
+            true => "no task matching the filter",
+            false => "none of these tasks",
+        };
+        if options.json {
+            let nothing = ActAnswer {
+                dry_run: false,
+                sample: None,
+                ..preview.clone()
+            };
+            outln!("{}", serde_json::to_string(&nothing)?);
+        }
+        if preview.refused > 0 {
+            bail!("{}; nothing changed", left_alone(verb, preview.refused));
+        }
+        errln!(
+            "{what} is in a status {name} applies to ({}); nothing changed",
+            applies(verb)
+        );
+        return Ok(());
+    }
+    errln!("{name}: {count} task(s) selected");
+    if !confirm(&format!("{name} {count} task(s)?"), options.yes)? {
+        bail!("not confirmed; nothing changed");
+    }
+    let bar = progress_bar(count);
+    let done = operations
+        .act(&actor, verb, &request, |report| {
+            bar.set_position((report.changed + report.refused).max(0) as u64)
+        })
+        .await;
+    bar.finish_and_clear();
+    let answer = done?;
+    if options.json {
+        outln!("{}", serde_json::to_string(&answer)?);
+    } else {
+        outln!(
+            "{name}: {} task(s) changed (audit entry {})",
+            answer.changed,
+            answer.audit_id.unwrap_or_default()
+        );
+    }
+    if answer.refused > 0 {
+        bail!("{}", left_alone(verb, answer.refused));
+    }
+    Ok(())
+}
+
+fn print_dry_run(preview: &ActAnswer, verb: Verb, json: bool) -> anyhow::Result<()> {
+    if json {
+        outln!("{}", serde_json::to_string_pretty(preview)?);
+        return Ok(());
+    }
+    outln!(
+        "{} would change {} task(s); nothing changed (dry run)",
+        preview.action,
+        preview.matched
+    );
+    for task in preview.sample.iter().flatten() {
+        let error = task.last_error.as_deref().unwrap_or_default();
+        outln!(
+            "  {} {} {} key={} {}",
+            task.id,
+            task.status,
+            task.handler,
+            task.key.as_deref().unwrap_or("(none)"),
+            error.replace('\n', " ")
+        );
+    }
+    if preview.refused > 0 {
+        outln!("{}", left_alone(verb, preview.refused));
+    }
+    Ok(())
+}
+
+/// A bar of `total` tasks on a terminal's standard error; hidden elsewhere.
+fn progress_bar(total: i64) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar =
+        ProgressBar::with_draw_target(Some(total.max(0) as u64), ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} ({per_sec}, {eta} left)")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+/// The statuses `verb` applies to, in words.
+fn applies(verb: Verb) -> String {
+    let names: Vec<&str> = verb.applies_to().iter().map(|s| s.as_str()).collect();
+    names.join(", ")
+}
+
+/// Why `verb` left `count` tasks alone, and how to act on them anyway.
+fn left_alone(verb: Verb, count: i64) -> String {
+    let forced = match verb {
+        Verb::Retry => "--force retries them from the first step (their checkpoint cleared)",
+        Verb::Discard | Verb::Resolve => "--force resolves them",
+    };
+    format!(
+        "{count} task(s) left alone: their compensation has started (running, waiting to \
+         retry, compensated or failed: see `tasks show ID`), so it may have undone work; \
+         {forced} and cancels a compensation still running"
+    )
+}

@@ -1,0 +1,195 @@
+//! Retry, discard and resolve: by ids or by filter, with a dry run that counts and
+//! samples, in the store's fenced, audited batches.
+
+use serde::{Deserialize, Serialize};
+
+use super::actor::{required_reason, Actor};
+use super::error::{OperationError, Result};
+use super::selection::{select, FilterParams};
+use super::Operations;
+use crate::store::{Action, ActionReport, Budget, Due, Selection, TaskSummary};
+use crate::task::Status;
+
+/// Tasks a dry run shows at most.
+pub const SAMPLE: i64 = 5;
+
+/// Most attempts a retry may add with `more_attempts`.
+pub const MAX_MORE_ATTEMPTS: i32 = 1_000_000;
+
+/// The verbs that decide what becomes of tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    /// Due again, with a new attempt budget (failed, permanent_failure and discarded
+    /// tasks).
+    Retry,
+    /// Given up: discarded (failed and permanent_failure tasks).
+    Discard,
+    /// Declared handled: resolved (failed and permanent_failure tasks).
+    Resolve,
+}
+
+impl Verb {
+    /// The statuses it changes; tasks in other statuses are left alone.
+    pub fn applies_to(self) -> &'static [Status] {
+        match self {
+            Verb::Retry => Action::Retry {
+                at: None,
+                budget: Budget::Fresh,
+                force: false,
+            }
+            .applies_to(),
+            Verb::Discard => Action::Discard.applies_to(),
+            Verb::Resolve => Action::Resolve { force: false }.applies_to(),
+        }
+    }
+}
+
+/// Which tasks, why, and a retry's options: the body of `POST
+/// /api/v1/tasks/{retry,discard,resolve}`, and what `redrive tasks VERB` reads.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct ActRequest {
+    /// These tasks (at most 10,000); or give `filter`.
+    pub ids: Vec<i64>,
+    /// The tasks this filter selects; or give `ids`.
+    pub filter: Option<FilterParams>,
+    /// Required with no ids and an empty filter: act on every task.
+    pub all: bool,
+    /// Why (written to the audit log): required to discard or resolve.
+    pub reason: Option<String>,
+    /// Count and sample only; change nothing.
+    pub dry_run: bool,
+    /// Retry: when the next attempt is due: a duration from now ("1h": in an hour) or
+    /// an RFC 3339 time, at most a year ahead (default now; never before the handler's
+    /// breaker hold).
+    pub at: Option<String>,
+    /// Retry: this many attempts more than the tasks have left (a task that used its
+    /// budget up gets exactly this many calls) instead of a whole new budget; 1 to
+    /// 1,000,000.
+    pub more_attempts: Option<i32>,
+    /// Retry and resolve: also act on tasks whose compensation has started (running,
+    /// waiting to retry, compensated or failed). A forced retry starts them over from no
+    /// checkpoint; a compensation still pending is cancelled. Without it they are left
+    /// alone and counted in `refused`.
+    pub force: bool,
+}
+
+/// What an action did, or with `dry_run` would do.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct ActAnswer {
+    /// `retry`, `discard` or `resolve`.
+    pub action: &'static str,
+    /// Tasks selected in a status the action applies to, less those it leaves alone.
+    pub matched: i64,
+    /// Tasks changed (0 on a dry run).
+    pub changed: i64,
+    /// Tasks left alone because their compensation has started (retry and resolve
+    /// without `force`).
+    pub refused: i64,
+    /// Its audit log entry (absent when nothing changed).
+    pub audit_id: Option<i64>,
+    /// Whether this was a dry run.
+    pub dry_run: bool,
+    /// On a dry run: the first tasks (up to 5, in the order it would change them) it
+    /// would change.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sample: Option<Vec<TaskSummary>>,
+}
+
+impl Operations {
+    /// Applies `verb` to the tasks `request` selects, for `actor` (who must be allowed to
+    /// operate), telling `progress` after every committed batch; with `dry_run`, counts
+    /// and samples what it would change instead. Listed ids that do not exist are an
+    /// error before anything changes.
+    pub async fn act(
+        &self,
+        actor: &Actor,
+        verb: Verb,
+        request: &ActRequest,
+        progress: impl FnMut(ActionReport) + Send,
+    ) -> Result<ActAnswer> {
+        actor.must_operate()?;
+        let action = self.action(verb, request)?;
+        let reason = match verb {
+            Verb::Retry => request
+                .reason
+                .as_deref()
+                .map(str::trim)
+                .filter(|r| !r.is_empty())
+                .map(str::to_owned),
+            Verb::Discard | Verb::Resolve => Some(required_reason(request.reason.as_deref())?),
+        };
+        let selection = select(&request.ids, request.filter.as_ref(), request.all)?;
+        if let Selection::Ids(ids) = &selection {
+            self.store.ensure_exist(ids).await?;
+        }
+        let applicable = self.store.count_applicable(&action, &selection).await?;
+        let mut answer = ActAnswer {
+            action: action.name(),
+            matched: applicable.changes,
+            changed: 0,
+            refused: applicable.refused,
+            audit_id: None,
+            dry_run: request.dry_run,
+            sample: None,
+        };
+        if request.dry_run {
+            let sample = self.store.action_sample(&action, &selection, SAMPLE).await;
+            answer.sample = Some(sample?);
+            return Ok(answer);
+        }
+        if applicable.changes == 0 {
+            return Ok(answer);
+        }
+        let operator = actor.operator(reason);
+        let report = (self.store)
+            .act_reporting(&operator, &action, &selection, progress)
+            .await?;
+        answer.changed = report.changed;
+        answer.refused = report.refused;
+        answer.audit_id = Some(report.audit_id);
+        Ok(answer)
+    }
+
+    /// The store's action for `verb`, its options checked.
+    fn action(&self, verb: Verb, request: &ActRequest) -> Result<Action> {
+        if verb != Verb::Retry && (request.at.is_some() || request.more_attempts.is_some()) {
+            return Err(OperationError::bad_request(
+                "at and more_attempts belong to retry",
+            ));
+        }
+        Ok(match verb {
+            Verb::Retry => Action::Retry {
+                at: request
+                    .at
+                    .as_deref()
+                    .map(|at| at.parse::<Due>().map_err(|e| format!("at: {e}")))
+                    .transpose()
+                    .map_err(OperationError::BadRequest)?,
+                budget: match request.more_attempts {
+                    None => Budget::Fresh,
+                    Some(attempts) if (1..=MAX_MORE_ATTEMPTS).contains(&attempts) => Budget::More {
+                        attempts,
+                        budgets: self.budgets.clone(),
+                    },
+                    Some(n) => {
+                        return Err(OperationError::bad_request(format!(
+                            "more_attempts must be between 1 and {MAX_MORE_ATTEMPTS} (got {n})"
+                        )))
+                    }
+                },
+                force: request.force,
+            },
+            Verb::Discard if request.force => {
+                return Err(OperationError::bad_request(
+                    "force belongs to retry and resolve (a discard leaves the compensation \
+                     owed)",
+                ))
+            }
+            Verb::Discard => Action::Discard,
+            Verb::Resolve => Action::Resolve {
+                force: request.force,
+            },
+        })
+    }
+}

@@ -1,0 +1,66 @@
+//! Why an operation was refused or failed, in kinds every face can render: the admin
+//! API maps each to an HTTP status, the CLI prints its text.
+
+use crate::replay::ReplayError;
+use crate::store::{ReplayRowError, StoreError};
+
+/// Result alias of the operations.
+pub type Result<T, E = OperationError> = std::result::Result<T, E>;
+
+/// Why an operation did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum OperationError {
+    /// The request is wrong (a bad filter, a value out of bounds, a missing reason);
+    /// the text names the field.
+    #[error("{0}")]
+    BadRequest(String),
+    /// What it names does not exist (a task, a replay job, a breaker, a route).
+    #[error("{0}")]
+    NotFound(String),
+    /// The actor may not do this (a read-only actor asking for a change).
+    #[error("{0}")]
+    Forbidden(String),
+    /// What it names is not in a state for this (a replay job that ended, a brake that
+    /// is not engaged).
+    #[error("{0}")]
+    Conflict(String),
+    /// Kafka could not be reached or refused (checking a replay's topics).
+    #[error("kafka: {0}")]
+    Kafka(String),
+    /// The database failed.
+    #[error(transparent)]
+    Store(StoreError),
+}
+
+impl OperationError {
+    /// A [`OperationError::BadRequest`] saying `message`.
+    pub fn bad_request(message: impl Into<String>) -> OperationError {
+        OperationError::BadRequest(message.into())
+    }
+}
+
+impl From<StoreError> for OperationError {
+    fn from(error: StoreError) -> OperationError {
+        match error {
+            StoreError::UnknownTasks(_) | StoreError::Replay(ReplayRowError::Unknown(_)) => {
+                OperationError::NotFound(error.to_string())
+            }
+            StoreError::Replay(ReplayRowError::NotYours { .. }) | StoreError::NotEngaged(_) => {
+                OperationError::Conflict(error.to_string())
+            }
+            other => OperationError::Store(other),
+        }
+    }
+}
+
+impl From<ReplayError> for OperationError {
+    fn from(error: ReplayError) -> OperationError {
+        match error {
+            ReplayError::Store(error) => error.into(),
+            ReplayError::UnknownTopic(_) | ReplayError::Invalid(_) => {
+                OperationError::BadRequest(error.to_string())
+            }
+            ReplayError::Kafka(reason) => OperationError::Kafka(reason),
+        }
+    }
+}

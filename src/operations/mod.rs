@@ -1,0 +1,89 @@
+//! Every operator verb, written once: which tasks it means, its bounds, its dry run, who
+//! may do it and its audit row. The CLI (`src/cli/`), the admin HTTP API (`src/admin/`)
+//! and the console are thin faces over [`Operations`]: each reads its input into a
+//! plain request type, calls one method, and renders the plain answer (the API as JSON
+//! as it is, the CLI as a table or the same JSON). None builds SQL or checks a rule of
+//! its own, and none but the replay verbs that check topics creates a Kafka client.
+//!
+//! Its pieces:
+//!
+//! - [`actor`]: who asks ([`Actor`]), refused a write when it may only read.
+//! - [`error`]: [`OperationError`], in kinds every face renders (bad request, not found,
+//!   forbidden, conflict, Kafka, store).
+//! - [`page`]: the one list envelope [`Page`] (`items` + `next_cursor`) and page bounds.
+//! - [`selection`]: filters as written ([`FilterParams`]: statuses by name, times as
+//!   RFC 3339 or a duration ago), ids, and the rules that join them.
+//! - [`tasks`]: list, show, stats, check, members (read-only).
+//! - [`act`]: retry, discard, resolve, with a dry run that counts and samples, and
+//!   progress after every committed batch.
+//! - [`replays`]: start (or a dry run counting what would be produced and skipped, and
+//!   why), list, cancel, resume.
+//! - [`breakers`]: list, open, close, release.
+//! - [`brakes`]: list, engage on purpose (any route), release.
+//! - [`audit`]: the audit log.
+
+pub mod act;
+pub mod actor;
+pub mod audit;
+pub mod brakes;
+pub mod breakers;
+pub mod error;
+pub mod page;
+pub mod replays;
+pub mod selection;
+pub mod tasks;
+
+use std::collections::BTreeMap;
+
+pub use act::{ActAnswer, ActRequest, Verb};
+pub use actor::Actor;
+pub use audit::AuditRequest;
+pub use brakes::EngageRequest;
+pub use breakers::ReasonRequest;
+pub use error::{OperationError, Result};
+pub use page::{Page, PageRequest};
+pub use replays::{ReplayPreview, ReplayRequest, Runner, Skipped};
+pub use selection::{FilterParams, StatusNames, MAX_IDS};
+
+use crate::config::{BreakerSettings, KafkaSettings, RouteSettings, Settings, Targets};
+use crate::store::{Budgets, Store};
+
+/// What the verbs work with: the store, and what the configuration they run with says
+/// (routes, targets, budgets, breakers). Built once per face: by a member for its admin
+/// API, by the CLI per command ([`crate::Fleet::operations`]).
+pub struct Operations {
+    store: Store,
+    /// The cluster a replay's topics are checked on.
+    kafka: KafkaSettings,
+    /// The routes: a replay may not produce to a topic one of them captures, and each has
+    /// a brake an operator may engage.
+    routes: Vec<RouteSettings>,
+    /// Where a task is republished and parked, for `show`.
+    targets: Targets,
+    /// The attempt budgets, for `retry --more-attempts` and `check`.
+    budgets: Budgets,
+    /// The configured breakers, by handler.
+    breakers: BTreeMap<String, BreakerSettings>,
+}
+
+impl Operations {
+    /// The verbs over `store`, with validated `settings` (routes resolved) and the
+    /// fleet's attempt `budgets`.
+    pub fn new(store: Store, settings: &Settings, budgets: Budgets) -> Operations {
+        Operations {
+            store,
+            kafka: settings.kafka.clone(),
+            routes: settings.routes.clone(),
+            targets: Targets::new(settings),
+            budgets,
+            breakers: (settings.handlers.iter())
+                .filter_map(|(name, h)| Some((name.clone(), h.breaker.clone()?)))
+                .collect(),
+        }
+    }
+
+    /// The store the verbs work on.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+}

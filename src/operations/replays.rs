@@ -1,0 +1,178 @@
+//! Replay jobs: start (or a dry run that counts what would be produced and skipped, and
+//! why), list, cancel, resume. Running a job is the runner's business
+//! ([`crate::replay::Replayer`]): a fleet member, or the CLI in the foreground.
+
+use serde::{Deserialize, Serialize};
+
+use super::act::SAMPLE;
+use super::actor::Actor;
+use super::error::Result;
+use super::page::{Page, PageRequest};
+use super::selection::{select_filter, FilterParams};
+use super::Operations;
+use crate::replay::{check_replay, replay_topics};
+use crate::store::{NewReplay, ReplayJob, TaskSummary};
+
+/// What to replay: the body of `POST /api/v1/tasks/replay`, and what `redrive tasks
+/// replay` reads.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReplayRequest {
+    /// The tasks to replay.
+    pub filter: Option<FilterParams>,
+    /// Required with an empty filter: replay every task.
+    pub all: bool,
+    /// Target topic; absent: each task's original topic.
+    pub to: Option<String>,
+    /// Mark each replayed task resolved.
+    pub mark_resolved: bool,
+    /// Messages per second at most.
+    pub rate: Option<f64>,
+    /// Why (written to the audit log).
+    pub reason: Option<String>,
+    /// Count what it would produce and skip, with a sample; record and produce nothing
+    /// (and ask Kafka nothing).
+    pub dry_run: bool,
+}
+
+/// Who runs a replay job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runner<'a> {
+    /// The fleet's members: the job waits for one (detached).
+    Fleet,
+    /// This process, by this name (the CLI in the foreground).
+    Here(&'a str),
+}
+
+/// Tasks a replay would skip for one reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Skipped {
+    /// `payload_not_stored` or `no_original_topic`.
+    pub reason: &'static str,
+    /// How many.
+    pub count: i64,
+    /// The reason in words.
+    pub why: &'static str,
+}
+
+/// What a replay would do now (a dry run).
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct ReplayPreview {
+    /// Always true: nothing was recorded or produced.
+    pub dry_run: bool,
+    /// Tasks the filter selects.
+    pub matched: i64,
+    /// Messages it would produce.
+    pub produced: i64,
+    /// Tasks it would skip, by reason (every reason, with its count).
+    pub skipped: Vec<Skipped>,
+    /// The topics it would produce to (not checked with Kafka on a dry run).
+    pub topics: Vec<String>,
+    /// The first tasks (up to 5, in the order it would produce them) it would produce.
+    pub sample: Vec<TaskSummary>,
+}
+
+impl Operations {
+    /// What replaying `request` would do now, checked as far as it can be without
+    /// Kafka (filter, rate, target name, no capture loop). For an actor allowed to
+    /// operate, as the replay itself.
+    pub async fn preview_replay(
+        &self,
+        actor: &Actor,
+        request: &ReplayRequest,
+    ) -> Result<ReplayPreview> {
+        actor.must_operate()?;
+        let replay = new_replay(request, Runner::Fleet)?;
+        let topics = replay_topics(&self.store, &self.routes, &replay).await?;
+        let target = replay.target_topic.as_deref();
+        let counts = self.store.replay_counts(&replay.filter, target).await?;
+        let sample = (self.store)
+            .replay_sample(&replay.filter, target, SAMPLE)
+            .await?;
+        Ok(ReplayPreview {
+            dry_run: true,
+            matched: counts.selected,
+            produced: counts.produced,
+            skipped: vec![
+                Skipped {
+                    reason: "payload_not_stored",
+                    count: counts.payload_not_stored,
+                    why: "its payload was not stored (too large at ingest): producing it \
+                          would write an empty record",
+                },
+                Skipped {
+                    reason: "no_original_topic",
+                    count: counts.no_original_topic,
+                    why: "no target topic was given and it has no original topic",
+                },
+            ],
+            topics,
+            sample,
+        })
+    }
+
+    /// Records a replay job of `request` for `actor`, audited, after checking every
+    /// topic it would produce to (a Kafka client): run by `runner`.
+    pub async fn start_replay(
+        &self,
+        actor: &Actor,
+        request: &ReplayRequest,
+        runner: Runner<'_>,
+    ) -> Result<ReplayJob> {
+        actor.must_operate()?;
+        let replay = new_replay(request, runner)?;
+        check_replay(&self.store, &self.kafka, &self.routes, &replay).await?;
+        let operator = actor.operator(request.reason.clone());
+        let name = match runner {
+            Runner::Fleet => "",
+            Runner::Here(name) => name,
+        };
+        Ok(self.store.create_replay(&operator, &replay, name).await?)
+    }
+
+    /// A page of replay jobs with their progress, newest first.
+    pub async fn replays(&self, page: &PageRequest) -> Result<Page<ReplayJob>> {
+        let limit = page.limit()?;
+        let jobs = self.store.replays(limit, page.after()?).await?;
+        Ok(Page::after(jobs, limit, |job| job.id))
+    }
+
+    /// Cancels replay job `id` for `actor`, audited; its runner stops after its current
+    /// batch.
+    pub async fn cancel_replay(&self, actor: &Actor, id: i64) -> Result<ReplayJob> {
+        actor.must_operate()?;
+        Ok(self.store.cancel_replay(&actor.operator(None), id).await?)
+    }
+
+    /// Resumes replay job `id` (not ended, its runner stopped, or is `dead_runner`,
+    /// known dead) for `actor`, audited: `runner` takes it.
+    pub async fn resume_replay(
+        &self,
+        actor: &Actor,
+        id: i64,
+        runner: Runner<'_>,
+        dead_runner: Option<&str>,
+    ) -> Result<ReplayJob> {
+        actor.must_operate()?;
+        let operator = actor.operator(None);
+        let (name, detach) = match runner {
+            Runner::Fleet => ("", true),
+            Runner::Here(name) => (name, false),
+        };
+        let job = (self.store)
+            .resume_replay(&operator, id, name, detach, dead_runner)
+            .await?;
+        Ok(job)
+    }
+}
+
+/// The job `request` describes, its selection checked.
+fn new_replay(request: &ReplayRequest, runner: Runner<'_>) -> Result<NewReplay> {
+    Ok(NewReplay {
+        filter: select_filter(request.filter.as_ref(), request.all)?,
+        target_topic: request.to.clone(),
+        mark_resolved: request.mark_resolved,
+        rate: request.rate,
+        detached: runner == Runner::Fleet,
+    })
+}

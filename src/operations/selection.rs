@@ -1,0 +1,275 @@
+//! Which tasks an operator means, read the same way from every face: a filter as written
+//! (statuses by name, times as RFC 3339 or a duration ago), ids, and the rules that
+//! join them (ids or a filter, not both; every task only when asked for with `all`).
+
+use chrono::{DateTime, Utc};
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+use super::error::{OperationError, Result};
+use crate::config::parse_duration;
+use crate::store::{Selection, TaskFilter};
+use crate::task::{Status, TaskId};
+
+/// Most task ids one request may name (a filter selects more).
+pub const MAX_IDS: usize = 10_000;
+
+/// Statuses by their stored names: a list, or one comma-separated text (as a query
+/// string or the command line carries them).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct StatusNames(pub Vec<String>);
+
+impl<'de> Deserialize<'de> for StatusNames {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StatusNamesVisitor)
+    }
+}
+
+struct StatusNamesVisitor;
+
+impl<'de> Visitor<'de> for StatusNamesVisitor {
+    type Value = StatusNames;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("status names: a list, or a comma-separated text")
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<StatusNames, E> {
+        Ok(StatusNames(text.split(',').map(str::to_owned).collect()))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<StatusNames, A::Error> {
+        let mut names = Vec::new();
+        while let Some(name) = seq.next_element::<String>()? {
+            names.push(name);
+        }
+        Ok(StatusNames(names))
+    }
+}
+
+/// A filter as an operator writes it; every field left out matches every task.
+/// [`FilterParams::filter`] reads it into the store's [`TaskFilter`], times resolved.
+#[derive(
+    Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema, utoipa::IntoParams,
+)]
+#[serde(default, deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct FilterParams {
+    /// Statuses: failed, resolved, permanent_failure, discarded (a list, or
+    /// comma-separated).
+    #[schema(value_type = Option<Vec<String>>)]
+    #[param(value_type = Option<String>)]
+    pub status: Option<StatusNames>,
+    /// Handler name.
+    pub handler: Option<String>,
+    /// Ingest route name.
+    pub route: Option<String>,
+    /// Topic the failure was consumed from.
+    pub topic: Option<String>,
+    /// Message key, exactly.
+    pub key: Option<String>,
+    /// Message key prefix.
+    pub key_prefix: Option<String>,
+    /// Text in the error, case-insensitive.
+    pub error: Option<String>,
+    /// Created at or after: an RFC 3339 time, or a duration meaning that long ago ("2h").
+    pub created_after: Option<String>,
+    /// Created before: an RFC 3339 time, or a duration ago.
+    pub created_before: Option<String>,
+    /// Last changed at or after: an RFC 3339 time, or a duration ago.
+    pub updated_after: Option<String>,
+    /// Last changed before: an RFC 3339 time, or a duration ago.
+    pub updated_before: Option<String>,
+    /// Generation exactly: 1 for first failures, 2 and up for re-failures.
+    pub generation: Option<i32>,
+    /// Generation at least (2: every re-failure).
+    pub min_generation: Option<i32>,
+    /// The re-failures of this task (the tasks that came from it).
+    pub previous_task: Option<i64>,
+}
+
+impl FilterParams {
+    /// Whether it selects every task.
+    pub fn is_empty(&self) -> bool {
+        *self == FilterParams::default()
+    }
+
+    /// The store's filter: statuses known, times resolved against now, checked.
+    pub fn filter(&self) -> Result<TaskFilter> {
+        let status = match &self.status {
+            None => Vec::new(),
+            Some(StatusNames(names)) => names
+                .iter()
+                .map(|name| parse_status(name.trim()))
+                .collect::<std::result::Result<_, _>>()
+                .map_err(OperationError::BadRequest)?,
+        };
+        let time = |name: &str, text: &Option<String>| {
+            text.as_deref()
+                .map(|text| parse_time(text).map_err(|e| format!("{name}: {e}")))
+                .transpose()
+                .map_err(OperationError::BadRequest)
+        };
+        let filter = TaskFilter {
+            status,
+            handler: self.handler.clone(),
+            route: self.route.clone(),
+            topic: self.topic.clone(),
+            key: self.key.clone(),
+            key_prefix: self.key_prefix.clone(),
+            error: self.error.clone(),
+            created_after: time("created_after", &self.created_after)?,
+            created_before: time("created_before", &self.created_before)?,
+            updated_after: time("updated_after", &self.updated_after)?,
+            updated_before: time("updated_before", &self.updated_before)?,
+            generation: self.generation,
+            min_generation: self.min_generation,
+            previous_task: self.previous_task.map(TaskId),
+        };
+        filter.validate().map_err(OperationError::BadRequest)?;
+        Ok(filter)
+    }
+}
+
+/// A status by its stored name.
+pub fn parse_status(text: &str) -> std::result::Result<Status, String> {
+    text.parse().map_err(|_| {
+        format!("unknown status {text:?} (failed, resolved, permanent_failure, discarded)")
+    })
+}
+
+/// An RFC 3339 time, or a duration meaning that long before now ("1h": an hour ago).
+pub fn parse_time(text: &str) -> std::result::Result<DateTime<Utc>, String> {
+    if let Ok(time) = DateTime::parse_from_rfc3339(text) {
+        return Ok(time.with_timezone(&Utc));
+    }
+    let ago = parse_duration(text).map_err(|_| {
+        format!("{text:?} is neither an RFC 3339 time nor a duration like \"2h\" (that long ago)")
+    })?;
+    chrono::TimeDelta::from_std(ago)
+        .ok()
+        .and_then(|ago| Utc::now().checked_sub_signed(ago))
+        .ok_or_else(|| format!("{text:?} is too long ago"))
+}
+
+/// What a bulk verb acts on: `ids`, or the tasks `filter` selects (a filter given, even
+/// an empty one, and ids are refused together); a filter of every task only with `all`.
+pub fn select(ids: &[i64], filter: Option<&FilterParams>, all: bool) -> Result<Selection> {
+    if ids.is_empty() {
+        return Ok(Selection::Filter(select_filter(filter, all)?));
+    }
+    if filter.is_some() || all {
+        return Err(OperationError::bad_request(
+            "give task ids or a filter (or all), not both",
+        ));
+    }
+    if ids.len() > MAX_IDS {
+        return Err(OperationError::bad_request(format!(
+            "at most {MAX_IDS} task ids at once (got {}); use a filter for more",
+            ids.len()
+        )));
+    }
+    if let Some(bad) = ids.iter().find(|&&id| id < 1) {
+        return Err(OperationError::bad_request(format!(
+            "task ids are positive integers (got {bad})"
+        )));
+    }
+    Ok(Selection::Ids(ids.iter().copied().map(TaskId).collect()))
+}
+
+/// The tasks `filter` selects; every task only with `all`.
+pub fn select_filter(filter: Option<&FilterParams>, all: bool) -> Result<TaskFilter> {
+    let filter = match filter {
+        Some(filter) => filter.filter()?,
+        None => TaskFilter::default(),
+    };
+    if filter.is_everything() && !all {
+        return Err(OperationError::bad_request(
+            "no task ids and no filter: this would select every task; pass --all \
+             (\"all\": true over HTTP) if that is what you mean",
+        ));
+    }
+    Ok(filter)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(outcome: Result<impl fmt::Debug>) -> String {
+        outcome.unwrap_err().to_string()
+    }
+
+    #[test]
+    fn times_are_rfc3339_or_durations_ago() {
+        let at = parse_time("2026-01-02T03:04:05Z").unwrap();
+        assert_eq!(at.to_rfc3339(), "2026-01-02T03:04:05+00:00");
+        let ago = Utc::now() - parse_time("2h").unwrap();
+        assert!((ago.num_seconds() - 7200).abs() < 5, "{ago}");
+        assert!(parse_time("yesterday").unwrap_err().contains("RFC 3339"));
+        assert!(parse_time("100000000years").is_err());
+    }
+
+    #[test]
+    fn statuses_are_named_as_stored_in_a_list_or_one_text() {
+        assert_eq!(
+            parse_status("permanent_failure"),
+            Ok(Status::PermanentFailure)
+        );
+        assert!(parse_status("done").unwrap_err().contains("unknown status"));
+        let listed: FilterParams =
+            serde_json::from_value(serde_json::json!({"status": ["failed", "resolved"]})).unwrap();
+        let written: FilterParams =
+            serde_json::from_value(serde_json::json!({"status": "failed, resolved"})).unwrap();
+        assert_eq!(listed.filter().unwrap(), written.filter().unwrap());
+        assert_eq!(
+            listed.filter().unwrap().status,
+            [Status::Failed, Status::Resolved]
+        );
+    }
+
+    #[test]
+    fn a_filter_names_the_field_it_refuses() {
+        let filter = |json| serde_json::from_value::<FilterParams>(json).unwrap();
+        let bad = filter(serde_json::json!({"created_after": "yesterday"}));
+        assert!(error(bad.filter()).starts_with("created_after: "));
+        let both = filter(serde_json::json!({"key": "a", "key_prefix": "b"}));
+        assert!(error(both.filter()).contains("not both"));
+        let hour = filter(serde_json::json!({"updated_before": "1h"}))
+            .filter()
+            .unwrap();
+        assert!(hour.updated_before.unwrap() < Utc::now());
+    }
+
+    #[test]
+    fn ids_or_a_filter_and_every_task_only_with_all() {
+        let handler = FilterParams {
+            handler: Some("billing".into()),
+            ..FilterParams::default()
+        };
+        assert_eq!(
+            select(&[3, 4], None, false).unwrap(),
+            Selection::Ids(vec![TaskId(3), TaskId(4)])
+        );
+        assert!(matches!(
+            select(&[], Some(&handler), false).unwrap(),
+            Selection::Filter(f) if f.handler.as_deref() == Some("billing")
+        ));
+        assert!(error(select(&[3], Some(&handler), false)).contains("not both"));
+        assert!(error(select(&[3], None, true)).contains("not both"));
+        let empty = FilterParams::default();
+        assert!(error(select(&[3], Some(&empty), false)).contains("not both"));
+        for nothing in [None, Some(&FilterParams::default())] {
+            let refused = error(select(&[], nothing, false));
+            assert!(refused.contains("every task") && refused.contains("--all"));
+            assert_eq!(
+                select(&[], nothing, true).unwrap(),
+                Selection::Filter(TaskFilter::default())
+            );
+        }
+        assert!(error(select(&[0], None, false)).contains("positive"));
+        let many: Vec<i64> = (1..=MAX_IDS as i64 + 1).collect();
+        assert!(error(select(&many, None, false)).contains("at most"));
+    }
+}

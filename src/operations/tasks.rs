@@ -1,0 +1,50 @@
+//! The read-only verbs on tasks and the fleet: list, show, stats, check, members.
+
+use super::error::{OperationError, Result};
+use super::page::{Page, PageRequest};
+use super::selection::FilterParams;
+use super::Operations;
+use crate::store::{CheckReport, Member, Stats, TaskDetail, TaskSummary};
+use crate::task::TaskId;
+
+impl Operations {
+    /// A page of the tasks `filter` selects, newest first.
+    pub async fn list(
+        &self,
+        filter: &FilterParams,
+        page: &PageRequest,
+    ) -> Result<Page<TaskSummary>> {
+        let filter = filter.filter()?;
+        let limit = page.limit()?;
+        let after = page.after()?.map(TaskId);
+        let tasks = self.store.list(&filter, after, limit).await?;
+        Ok(Page::after(tasks, limit, |task| task.id.0))
+    }
+
+    /// Every field of task `id`, its payload readable, its attempt history, and where
+    /// this configuration republishes and parks it.
+    pub async fn show(&self, id: i64) -> Result<TaskDetail> {
+        match self.store.detail(TaskId(id)).await? {
+            Some(detail) => Ok(detail
+                .with_targets(&self.targets)
+                .with_budgets(&self.budgets)),
+            None => Err(OperationError::NotFound(format!("no such task: {id}"))),
+        }
+    }
+
+    /// Counts by status and handler, due work, the last hour's outcomes, live members.
+    pub async fn stats(&self) -> Result<Stats> {
+        Ok(self.store.stats().await?)
+    }
+
+    /// The store's invariants, checked against this configuration's budgets (reads
+    /// every task).
+    pub async fn check(&self) -> Result<CheckReport> {
+        Ok(self.store.check(&self.budgets).await?)
+    }
+
+    /// The fleet's members seen recently, by id.
+    pub async fn members(&self) -> Result<Page<Member>> {
+        Ok(Page::whole(self.store.live_members().await?))
+    }
+}
