@@ -1,9 +1,13 @@
 //! `redrive bench`: enqueue and drain throughput, and pick-up latency, on the configured
 //! PostgreSQL; `redrive bench ingest`: Kafka to PostgreSQL; `redrive bench rebalance`:
 //! the ingest pause when a fleet member dies; `redrive bench ops`: operator bulk actions;
-//! `redrive bench webhook`: the webhook handler and breaker isolation. Each run uses a fresh schema
+//! `redrive bench webhook`: the webhook handler and breaker isolation; `redrive bench console`:
+//! the console's list latency on a large store, and a bulk action by filter beside a
+//! drain. Each run uses a fresh schema
 //! (`<schema>_bench`), dropped afterwards.
 
+pub mod bulk;
+pub mod console;
 pub mod ingest;
 pub mod ops;
 pub mod rebalance;
@@ -48,6 +52,10 @@ pub enum BenchKind {
     /// The webhook handler against a local server at several concurrencies, as a share
     /// of the no-op drain; a healthy handler's drain beside an open breaker's backlog.
     Webhook(webhook::WebhookBenchOptions),
+    /// The console's figures: task list latency (console page and API, several filters)
+    /// on a large store, and a bulk action by filter with its progress beside a fleet's
+    /// drain, against the drain alone.
+    Console(console::ConsoleBenchOptions),
 }
 
 /// A count of at least one.
@@ -113,6 +121,7 @@ pub async fn run(settings: &Settings, args: &BenchArgs) -> anyhow::Result<()> {
         Some(BenchKind::Rebalance(options)) => rebalance::run(&settings, options).await,
         Some(BenchKind::Ops(options)) => ops::run(&settings, options).await,
         Some(BenchKind::Webhook(options)) => webhook::run(&settings, options).await,
+        Some(BenchKind::Console(options)) => console::run(&settings, options).await,
         None => run_queue(&settings, &args.queue).await,
     }
 }

@@ -121,14 +121,21 @@ pub enum Selection {
 
 /// The condition over `recovery_task` (no alias) for parameters `$1` to `$15`, bound by
 /// [`bind_selection`]; a statement's own parameters start at `$16`. Each part is off
-/// when its parameter is NULL.
+/// when its parameter is NULL. The key filters also name the range of the key's first 64
+/// bytes they select, which the index `recovery_task_key_head` finds (every key that
+/// starts with a prefix `p` of at most 64 bytes has a head between `p` and `p` padded to
+/// 64 bytes with 0xff); the exact test after it decides.
 pub(crate) const CONDITION: &str = "\
     ($1::text[] IS NULL OR status = ANY($1)) \
     AND ($2::text IS NULL OR handler = $2) \
     AND ($3::text IS NULL OR route = $3) \
     AND ($4::text IS NULL OR source_topic = $4) \
-    AND ($5::bytea IS NULL OR msg_key = $5) \
-    AND ($6::bytea IS NULL OR substring(msg_key FROM 1 FOR length($6)) = $6) \
+    AND ($5::bytea IS NULL OR (substring(msg_key FROM 1 FOR 64) = substring($5 FROM 1 FOR 64) \
+         AND msg_key = $5)) \
+    AND ($6::bytea IS NULL OR (substring(msg_key FROM 1 FOR 64) \
+             BETWEEN substring($6 FROM 1 FOR 64) AND substring($6 FROM 1 FOR 64) \
+                 || decode(repeat('ff', 64 - length(substring($6 FROM 1 FOR 64))), 'hex') \
+         AND substring(msg_key FROM 1 FOR length($6)) = $6)) \
     AND ($7::text IS NULL OR strpos(lower(coalesce(last_error, '') || ' ' || \
          coalesce(error_message, '')), lower($7)) > 0) \
     AND ($8::timestamptz IS NULL OR created_at >= $8) \

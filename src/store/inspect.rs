@@ -5,7 +5,7 @@ use serde::Serialize;
 use sqlx::Row;
 
 use super::filter::{bind_selection, Selection, TaskFilter, CONDITION};
-use super::{Result, Store, ORDERED_WALK};
+use super::{Result, Store};
 use crate::readable::Readable;
 use crate::task::{Status, TaskId};
 
@@ -105,6 +105,27 @@ const LIST: &str = "\
     SELECT {SUMMARY} FROM recovery_task WHERE {CONDITION} AND ($16::bigint IS NULL OR id < $16) \
     ORDER BY id DESC LIMIT $17";
 
+/// How every list runs: planned for its own filter each time (a prepared statement's
+/// generic plan would serve every filter with one plan, and none with the key index).
+/// Lists then walk newest first along the primary key, never sorting (a sort of every
+/// match would follow a stale estimate), except by a narrow key filter.
+const CUSTOM_PLANS: &str = "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan";
+
+/// Most tasks a key filter's range of key heads may hold for a list to find them through
+/// the key index and sort them; a wider one (a short prefix most keys share) is walked
+/// newest first like any other filter. Counted, not estimated: the choice must not
+/// depend on the planner's statistics.
+const KEYED_SORT_MAX: i64 = 5_000;
+
+/// Tasks in the key index's range for key `$1` or prefix `$2`, counted up to `$3`.
+const KEY_RANGE: &str = "\
+    SELECT count(*) FROM (SELECT 1 FROM recovery_task \
+        WHERE ($1::bytea IS NULL OR substring(msg_key FROM 1 FOR 64) = substring($1 FROM 1 FOR 64)) \
+          AND ($2::bytea IS NULL OR substring(msg_key FROM 1 FOR 64) \
+                BETWEEN substring($2 FROM 1 FOR 64) AND substring($2 FROM 1 FOR 64) \
+                    || decode(repeat('ff', 64 - length(substring($2 FROM 1 FOR 64))), 'hex')) \
+        LIMIT $3) s";
+
 /// `statement` with its summary columns and selection condition filled in.
 pub(super) fn summary_statement(statement: &str) -> String {
     statement
@@ -149,7 +170,22 @@ impl Store {
     ) -> Result<Vec<TaskSummary>> {
         let selection = Selection::Filter(filter.clone());
         let statement = summary_statement(LIST);
-        let mut tx = self.pool.begin_with(ORDERED_WALK).await?;
+        let mut tx = self.pool.begin_with(CUSTOM_PLANS).await?;
+        let keyed = filter.key.is_some() || filter.key_prefix.is_some();
+        let narrow_key = keyed && {
+            let in_range: i64 = sqlx::query_scalar(KEY_RANGE)
+                .bind(filter.key.as_ref().map(|k| k.as_bytes().to_vec()))
+                .bind(filter.key_prefix.as_ref().map(|k| k.as_bytes().to_vec()))
+                .bind(KEYED_SORT_MAX + 1)
+                .fetch_one(&mut *tx)
+                .await?;
+            in_range <= KEYED_SORT_MAX
+        };
+        if !narrow_key {
+            sqlx::query("SET LOCAL enable_sort = off")
+                .execute(&mut *tx)
+                .await?;
+        }
         let rows = bind_selection(sqlx::query(&statement), &selection)
             .bind(after.map(|id| id.0))
             .bind(limit.clamp(1, MAX_PAGE))

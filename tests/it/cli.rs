@@ -407,3 +407,39 @@ fn bench_refuses_sizes_out_of_range_before_it_starts() {
         );
     }
 }
+
+/// `redrive bench console` at tiny sizes: its code path (seeding, the admin router over
+/// HTTP with a console sign-in, every timed query, the bulk action beside a drain and
+/// both final checks) keeps working. No figure is asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_console_runs_at_tiny_sizes_and_checks_its_tasks() {
+    let (_store, settings) = fresh_store().await;
+    let output = redrive(&settings)
+        .args(["bench", "console", "--tasks", "2000", "--requests", "5"])
+        .args([
+            "--warmup",
+            "1",
+            "--bulk-tasks",
+            "60000",
+            "--drain-tasks",
+            "100",
+        ])
+        .args(["--rounds", "2"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    for line in [
+        "console  unfiltered",
+        "api      key_prefix=customer-4242:",
+        "after ANALYZE",
+        "checked: the 2000 seeded tasks",
+        "discard progress:",
+        "ratio",
+        "checked: 400 drained tasks resolved exactly once; 60000 bulk tasks failed",
+    ] {
+        assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
+    }
+}
