@@ -562,3 +562,54 @@ async fn connections_run_without_jit() {
         .unwrap();
     assert_eq!(jit, "off");
 }
+
+/// The key filters find their tasks through the index of the key's first 64 bytes: keys
+/// that share those 64 bytes, a prefix longer than 64 bytes, and bytes 0xff after a prefix
+/// are each matched exactly as the full key says.
+#[tokio::test]
+async fn key_filters_match_whole_keys_beyond_the_indexed_head() {
+    let (store, _) = fresh_store().await;
+    let head = "a".repeat(64);
+    let keys: Vec<Vec<u8>> = vec![
+        format!("{head}x").into_bytes(),
+        format!("{head}y").into_bytes(),
+        b"ab".to_vec(),
+        vec![b'a', 0xff, 0xff],
+        b"b".to_vec(),
+        head.clone().into_bytes(),
+    ];
+    for key in &keys {
+        sqlx::query("INSERT INTO recovery_task (handler, msg_key) VALUES ('h', $1)")
+            .bind(key)
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+    let listed = |filter: redrive::store::TaskFilter| {
+        let store = store.clone();
+        async move {
+            let mut ids: Vec<i64> = (store.list(&filter, None, 100).await.unwrap())
+                .iter()
+                .map(|t| t.id.0)
+                .collect();
+            ids.sort();
+            ids
+        }
+    };
+    let prefix = |p: &str| redrive::store::TaskFilter {
+        key_prefix: Some(p.into()),
+        ..Default::default()
+    };
+    let exact = |k: &str| redrive::store::TaskFilter {
+        key: Some(k.into()),
+        ..Default::default()
+    };
+    assert_eq!(listed(prefix(&format!("{head}x"))).await, vec![1]);
+    assert_eq!(listed(prefix(&head)).await, vec![1, 2, 6]);
+    assert_eq!(listed(prefix("a")).await, vec![1, 2, 3, 4, 6]);
+    assert_eq!(listed(prefix("ab")).await, vec![3]);
+    assert_eq!(listed(prefix("")).await, vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(listed(exact(&format!("{head}y"))).await, vec![2]);
+    assert_eq!(listed(exact(&head)).await, vec![6]);
+    assert_eq!(listed(exact("a")).await, Vec::<i64>::new());
+}
