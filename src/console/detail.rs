@@ -17,7 +17,7 @@ use super::filter;
 use super::layout::{self, Nav};
 use super::Shared;
 use crate::config::Target;
-use crate::operations::Actor as Caller;
+use crate::operations::Actor;
 use crate::store::{Attempt, CompensationView, HeaderView, TaskDetail, TaskFilter};
 use crate::task::{Status, TaskId};
 
@@ -37,7 +37,7 @@ const SHOWN_ABOVE: [&str; 9] = [
 /// `GET /console/tasks/{id}`.
 pub(crate) async fn page(
     State(console): Shared,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<Actor>,
     Path(id): Path<String>,
 ) -> Result<Html<String>, PageError> {
     let id = id

@@ -14,14 +14,14 @@ use maud::{html, Markup};
 use super::error::PageError;
 use super::layout::{self, Nav};
 use super::Shared;
-use crate::operations::Actor as Caller;
+use crate::operations::Actor;
 use crate::resilience::breaker::{Breaker, BreakerState};
 use crate::store::{Brake, Member};
 
 /// `GET /console/fleet`.
 pub(crate) async fn page(
     State(console): Shared,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<Actor>,
 ) -> Result<Html<String>, PageError> {
     let store = &console.app.store();
     let members = store.live_members().await?;

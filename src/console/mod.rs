@@ -26,13 +26,16 @@
 //! are rendered for an operate caller only (a read token sees none, and the API refuses
 //! its writes anyway).
 
+mod actions;
 mod assets;
 mod audit;
 mod chart;
+mod confirm;
 mod detail;
 mod error;
 mod filter;
 mod fleet;
+mod jobs;
 mod layout;
 mod login;
 mod overview;
@@ -64,6 +67,8 @@ pub(crate) struct Console {
     logins: login::Attempts,
     /// The overview's figures, read at most once per refresh period per member.
     overview: overview::Cache,
+    /// The bulk actions this member runs in the background.
+    jobs: Arc<jobs::Jobs>,
 }
 
 /// Shared console state.
@@ -78,12 +83,17 @@ pub(crate) fn router(app: Arc<Operations>, tokens: Arc<Tokens>, heavy: Arc<Semap
         heavy,
         logins: login::Attempts::new(),
         overview: overview::Cache::default(),
+        jobs: Arc::default(),
     });
     let pages = Router::new()
         .route("/console/", get(overview::page))
         .route("/console/live/overview", get(overview::live))
         .route("/console/tasks", get(tasks::page))
         .route("/console/tasks/{id}", get(detail::page))
+        .route("/console/actions/preview", post(actions::preview))
+        .route("/console/actions/run", post(actions::run))
+        .route("/console/jobs/{id}", get(jobs::page))
+        .route("/console/live/jobs/{id}", get(jobs::live))
         .route("/console/replays", get(replays::page))
         .route("/console/live/replays", get(replays::live))
         .route("/console/audit", get(audit::page))

@@ -21,7 +21,7 @@ use super::filter::list_url;
 use super::fleet::{brakes_table, breakers_table, members_table};
 use super::layout::{self, Nav};
 use super::{chart, Console, Shared};
-use crate::operations::Actor as Caller;
+use crate::operations::Actor;
 use crate::resilience::breaker::{Breaker, BreakerState};
 use crate::store::{Brake, OutcomeMinute, Stats, TaskFilter};
 use crate::task::Status;
@@ -75,7 +75,7 @@ async fn snapshot(console: &Console) -> Result<Arc<Snapshot>, PageError> {
 /// `GET /console/`.
 pub(crate) async fn page(
     State(console): Shared,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<Actor>,
 ) -> Result<Html<String>, PageError> {
     let snapshot = snapshot(&console).await?;
     let body = html! {

@@ -14,7 +14,7 @@ use super::error::PageError;
 use super::filter::{describe, list_url};
 use super::layout::{self, Nav};
 use super::Shared;
-use crate::operations::Actor as Caller;
+use crate::operations::Actor;
 use crate::store::ReplayJob;
 
 /// Jobs listed.
@@ -26,7 +26,7 @@ const REFRESH_SECONDS: u64 = 3;
 /// `GET /console/replays`.
 pub(crate) async fn page(
     State(console): Shared,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<Actor>,
 ) -> Result<Html<String>, PageError> {
     let jobs = console.app.store().replays(JOBS, None).await?;
     let body = html! {

@@ -23,15 +23,15 @@ const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
 
 /// A member serving the console, with an operate token (`ops`) and a read token
 /// (`viewer`).
-struct Console {
-    base: String,
+pub(crate) struct Console {
+    pub(crate) base: String,
     _member: MemberProcess,
 }
 
 impl Console {
     /// Starts `redrive run` on `settings`' schema with the admin listener on a free
     /// port; its worker (serving `log`) runs when `worker` is set.
-    async fn start(settings: &Settings, worker: bool) -> Console {
+    pub(crate) async fn start(settings: &Settings, worker: bool) -> Console {
         let listen = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -65,12 +65,12 @@ impl Console {
         }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
 
     /// Signs `browser` in with `token` from the page `path` asks for.
-    async fn sign_in(&self, browser: &Browser, token: &str, path: &str) {
+    pub(crate) async fn sign_in(&self, browser: &Browser, token: &str, path: &str) {
         browser.open(&self.url(path)).await;
         assert!(
             browser.path().await.starts_with("/console/login?next="),
@@ -82,7 +82,7 @@ impl Console {
     }
 }
 
-fn task(handler: &str, key: &[u8], value: &[u8]) -> NewTask {
+pub(crate) fn task(handler: &str, key: &[u8], value: &[u8]) -> NewTask {
     NewTask {
         handler: handler.into(),
         failure: Failure {
@@ -94,7 +94,7 @@ fn task(handler: &str, key: &[u8], value: &[u8]) -> NewTask {
     }
 }
 
-async fn enqueue(store: &Store, tasks: Vec<NewTask>) -> Vec<TaskId> {
+pub(crate) async fn enqueue(store: &Store, tasks: Vec<NewTask>) -> Vec<TaskId> {
     let stored = store.enqueue_many(&tasks).await.unwrap();
     stored.iter().map(|e| e.id()).collect()
 }
@@ -110,7 +110,7 @@ fn hostile() -> NewTask {
 }
 
 /// The texts of each row of the table `css` selects.
-async fn rows(browser: &Browser, css: &str) -> Vec<Vec<String>> {
+pub(crate) async fn rows(browser: &Browser, css: &str) -> Vec<Vec<String>> {
     let mut rows = Vec::new();
     let found = browser
         .client
@@ -431,7 +431,7 @@ async fn a_wrong_token_is_refused_and_the_sixth_rapid_attempt_waits() {
 }
 
 /// Checks the security headers of an answer.
-fn assert_secured(what: &str, headers: &HeaderMap) {
+pub(crate) fn assert_secured(what: &str, headers: &HeaderMap) {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     assert_eq!(header("content-security-policy"), Some(POLICY), "{what}");
     assert_eq!(header("x-content-type-options"), Some("nosniff"), "{what}");
