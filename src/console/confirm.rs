@@ -75,12 +75,15 @@ pub(crate) fn replay_page(
         section.confirm aria-labelledby="what" {
             h2 #what { "Replay " (form.describe().unwrap_or_default()) }
             p.count {
-                "This would produce " strong.exact-count data-count=(preview.produced) { (preview.produced) }
-                " messages of the " (preview.matched) " tasks that match."
+                "This would replay the " strong.exact-count data-count=(preview.matched) { (preview.matched) }
+                " tasks that match: to each task's original topic it would produce "
+                (preview.produced) " messages."
             }
             ul.left-alone {
-                @for skipped in &preview.skipped {
-                    li { (skipped.count) " skipped: " (skipped.why) "." }
+                @for skipped in preview.skipped.iter().filter(|s| s.count > 0) {
+                    li { (skipped.count) " skipped: " (skipped.why)
+                        @if skipped.reason == "no_original_topic" { " (give a target topic below to produce them)" }
+                        "." }
                 }
             }
             @if !preview.topics.is_empty() {

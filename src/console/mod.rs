@@ -30,6 +30,7 @@ mod actions;
 mod assets;
 mod audit;
 mod chart;
+mod commands;
 mod confirm;
 mod detail;
 mod error;
@@ -96,6 +97,23 @@ pub(crate) fn router(app: Arc<Operations>, tokens: Arc<Tokens>, heavy: Arc<Semap
         .route("/console/live/jobs/{id}", get(jobs::live))
         .route("/console/replays", get(replays::page))
         .route("/console/live/replays", get(replays::live))
+        .route(
+            "/console/replays/{id}/cancel",
+            post(commands::cancel_replay),
+        )
+        .route(
+            "/console/replays/{id}/resume",
+            post(commands::resume_replay),
+        )
+        .route(
+            "/console/breakers/{handler}/{command}",
+            post(commands::breaker),
+        )
+        .route("/console/brakes/engage", post(commands::engage_brake))
+        .route(
+            "/console/brakes/{route}/release",
+            post(commands::release_brake),
+        )
         .route("/console/audit", get(audit::page))
         .route("/console/fleet", get(fleet::page))
         .route("/console/logout", post(login::logout))

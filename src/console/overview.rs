@@ -224,11 +224,11 @@ fn figures(s: &Snapshot) -> Markup {
         }
         section aria-labelledby="breakers-now" {
             h2 #breakers-now { "Breakers" }
-            (breakers_table(&s.breakers))
+            (breakers_table(&s.breakers, false))
         }
         section aria-labelledby="brakes-now" {
             h2 #brakes-now { "Brakes" }
-            (brakes_table(&s.brakes, s.read_at))
+            (brakes_table(&s.brakes, s.read_at, false))
         }
     }
 }

@@ -32,25 +32,42 @@ impl Console {
     /// Starts `redrive run` on `settings`' schema with the admin listener on a free
     /// port; its worker (serving `log`) runs when `worker` is set.
     pub(crate) async fn start(settings: &Settings, worker: bool) -> Console {
+        Console::start_configured(settings, worker, None).await
+    }
+
+    /// [`Console::start`], with `settings`' Kafka cluster and the configuration file
+    /// `config` (routes, say).
+    pub(crate) async fn start_configured(
+        settings: &Settings,
+        worker: bool,
+        config: Option<&std::path::Path>,
+    ) -> Console {
         let listen = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .to_string();
-        let member = Spawn::binary(settings)
-            .envs(&[
-                ("REDRIVE__ADMIN__LISTEN", &listen),
-                (
-                    "REDRIVE__WORKER__ENABLED",
-                    if worker { "true" } else { "false" },
-                ),
-                ("REDRIVE__WORKER__POLL_INTERVAL", "100ms"),
-                ("REDRIVE__ADMIN__TOKENS__OPS__ROLE", "operate"),
-                ("REDRIVE__ADMIN__TOKENS__OPS__TOKEN", OPERATE),
-                ("REDRIVE__ADMIN__TOKENS__VIEWER__ROLE", "read"),
-                ("REDRIVE__ADMIN__TOKENS__VIEWER__TOKEN", READ),
-            ])
-            .start();
+        let member = Spawn::binary(settings).envs(&[
+            ("REDRIVE__ADMIN__LISTEN", &listen),
+            (
+                "REDRIVE__WORKER__ENABLED",
+                if worker { "true" } else { "false" },
+            ),
+            ("REDRIVE__WORKER__POLL_INTERVAL", "100ms"),
+            ("REDRIVE__ADMIN__TOKENS__OPS__ROLE", "operate"),
+            ("REDRIVE__ADMIN__TOKENS__OPS__TOKEN", OPERATE),
+            ("REDRIVE__ADMIN__TOKENS__VIEWER__ROLE", "read"),
+            ("REDRIVE__ADMIN__TOKENS__VIEWER__TOKEN", READ),
+            (
+                "REDRIVE__KAFKA__BOOTSTRAP_SERVERS",
+                &settings.kafka.bootstrap_servers,
+            ),
+        ]);
+        let member = match config {
+            Some(config) => member.config(config),
+            None => member,
+        }
+        .start();
         let base = format!("http://{listen}");
         let login = format!("{base}/console/login");
         eventually(Duration::from_secs(60), "the console answers", || async {

@@ -6,15 +6,17 @@
 
 use fantoccini::key::Key;
 use fantoccini::Locator;
-use redrive::store::{Action, Operator, Selection};
+use redrive::store::{Action, NewReplay, Operator, Selection, TaskFilter};
 use redrive::Store;
 use reqwest::header::SET_COOKIE;
 use reqwest::StatusCode;
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use crate::admin_api::{OPERATE, READ};
+use crate::broker::cluster;
 use crate::console::{assert_secured, enqueue, task, Console};
-use crate::support::{fresh_store, scalar, Browser};
+use crate::support::{eventually, fresh_store, scalar, Browser};
 
 /// Presses Enter on the focused control and waits until the browser left the page.
 async fn enter_and_leave(browser: &Browser) {
@@ -172,9 +174,21 @@ fn writes(task: i64) -> Vec<(&'static str, Vec<(&'static str, String)>)> {
         ("id", task.to_string()),
         ("reason", "forged".to_owned()),
     ];
+    let reason = vec![("reason", "forged".to_owned())];
     vec![
         ("/console/actions/preview", discard.clone()),
         ("/console/actions/run", discard),
+        ("/console/replays/1/cancel", Vec::new()),
+        ("/console/replays/1/resume", Vec::new()),
+        ("/console/breakers/log/open", reason.clone()),
+        ("/console/brakes/incoming/release", reason.clone()),
+        (
+            "/console/brakes/engage",
+            vec![
+                ("route", "incoming".to_owned()),
+                ("reason", "forged".into()),
+            ],
+        ),
     ]
 }
 
@@ -182,6 +196,22 @@ fn writes(task: i64) -> Vec<(&'static str, Vec<(&'static str, String)>)> {
 async fn a_read_only_session_and_a_cross_site_request_change_nothing() {
     let (store, settings) = fresh_store().await;
     let task = enqueue(&store, vec![task("orders", b"k", b"v")]).await[0].0;
+    let replay = NewReplay {
+        filter: TaskFilter::default(),
+        target_topic: Some("elsewhere".into()),
+        mark_resolved: false,
+        rate: None,
+        detached: false,
+    };
+    let operator = Operator {
+        actor: "test".into(),
+        reason: None,
+    };
+    let job = store
+        .create_replay(&operator, &replay, "gone")
+        .await
+        .unwrap();
+    assert_eq!(job.id, 1);
     let console = Console::start(&settings, false).await;
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -215,9 +245,165 @@ async fn a_read_only_session_and_a_cross_site_request_change_nothing() {
         }
     }
     assert_eq!(status_count(&store, "orders", "failed").await, 1);
+    assert_eq!(replay_status(&store, 1).await, "running");
     assert_eq!(
         scalar(&store, "SELECT count(*) FROM recovery_audit").await,
-        0,
-        "nothing was audited"
+        1,
+        "nothing but the replay's start was audited"
     );
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_brake").await,
+        0
+    );
+}
+
+async fn replay_status(store: &Store, id: i64) -> String {
+    sqlx::query_scalar("SELECT status FROM recovery_replay WHERE id = $1")
+        .bind(id)
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_starts_cancels_and_resumes_replays_and_engages_and_releases_a_brake() {
+    let kafka = cluster(&[("incoming.dlt", 1), ("replayed", 1)]);
+    let bootstrap = kafka.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    settings.kafka.bootstrap_servers = bootstrap.clone();
+    let mut config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    write!(
+        config,
+        "[[routes]]\nname = \"incoming\"\ntopics = [\"incoming.dlt\"]\n\
+         mode = \"capture\"\nhandler = \"log\"\n"
+    )
+    .unwrap();
+    enqueue(
+        &store,
+        (1..=30)
+            .map(|i| task("orders", format!("order-{i}").as_bytes(), b"{}"))
+            .collect(),
+    )
+    .await;
+    enqueue(
+        &store,
+        (1..=3)
+            .map(|i| task("billing", format!("invoice-{i}").as_bytes(), b"{}"))
+            .collect(),
+    )
+    .await;
+    // A job whose runner died an hour ago: the console offers to resume it.
+    let operator = Operator {
+        actor: "test".into(),
+        reason: None,
+    };
+    let stalled = NewReplay {
+        filter: TaskFilter {
+            handler: Some("billing".into()),
+            ..TaskFilter::default()
+        },
+        target_topic: Some("replayed".into()),
+        mark_resolved: false,
+        rate: None,
+        detached: false,
+    };
+    let stalled = store
+        .create_replay(&operator, &stalled, "a-runner-that-died")
+        .await
+        .unwrap()
+        .id;
+    sqlx::query("UPDATE recovery_replay SET heartbeat_at = now() - interval '1 hour'")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let console = Console::start_configured(&settings, false, Some(config.path())).await;
+    let browser = Browser::start().await;
+    console
+        .sign_in(&browser, OPERATE, "/console/tasks?handler=orders")
+        .await;
+
+    // A slow replay of every orders task, started from the list, then cancelled.
+    browser.click("#select-filter").await;
+    browser.follow("#act button[value=replay]").await;
+    assert_eq!(browser.text(".exact-count").await, "30");
+    browser.fill("#c-reason", "consumer fixed").await;
+    browser.fill("#c-to", "replayed").await;
+    browser.fill("#c-rate", "1").await;
+    browser.screenshot("confirm-replay").await;
+    browser.follow("#confirm").await;
+    let main = browser.text("main").await;
+    assert!(
+        browser.path().await.starts_with("/console/replays"),
+        "{main}"
+    );
+    let started: i64 = sqlx::query_scalar("SELECT id FROM recovery_replay WHERE actor = 'ops'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "a member runs the replay",
+        || async { replay_status(&store, started).await == "running" },
+    )
+    .await;
+    browser.open(&console.url("/console/replays")).await;
+    browser.screenshot("replays-with-actions").await;
+    browser
+        .follow(&format!("#job-{started} button.cancel"))
+        .await;
+    assert_eq!(replay_status(&store, started).await, "cancelled");
+    assert_eq!(browser.count(&format!("#job-{started} button")).await, 0);
+
+    // The stalled job resumed: the fleet takes it and ends it.
+    browser
+        .follow(&format!("#job-{stalled} button.resume"))
+        .await;
+    eventually(
+        Duration::from_secs(30),
+        "the resumed replay ends",
+        || async { replay_status(&store, stalled).await == "done" },
+    )
+    .await;
+    browser.open(&console.url("/console/replays")).await;
+    browser.screenshot("replays-after-actions").await;
+    let produced: i64 = sqlx::query_scalar("SELECT produced FROM recovery_replay WHERE id = $1")
+        .bind(started)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert!(produced < 30, "cancelled before the end: {produced}");
+
+    // A brake engaged on the route, shown, then released.
+    browser.open(&console.url("/console/fleet")).await;
+    let route_name = browser
+        .client
+        .find(Locator::Css("#engage-route option"))
+        .await
+        .unwrap()
+        .attr("value")
+        .await
+        .unwrap()
+        .unwrap();
+    browser.fill("#engage-reason", "downstream incident").await;
+    browser.fill("#engage-for", "30m").await;
+    browser.follow("#engage").await;
+    let engaged = format!(
+        "SELECT count(*) FROM recovery_brake WHERE route = '{route_name}' \
+         AND engaged_until > now() + interval '25 minutes' AND reason = 'downstream incident'"
+    );
+    assert_eq!(scalar(&store, &engaged).await, 1);
+    assert!(browser.text("table.brakes").await.contains("engaged"));
+    browser.screenshot("brakes-engaged").await;
+    browser
+        .fill(&format!("#brake-release-{route_name}"), "incident over")
+        .await;
+    browser
+        .follow(&format!("#brake-release-{route_name} + button"))
+        .await;
+    let released = format!(
+        "SELECT count(*) FROM recovery_brake WHERE route = '{route_name}' \
+         AND released_at IS NOT NULL AND released_by = 'ops'"
+    );
+    assert_eq!(scalar(&store, &released).await, 1);
+    assert!(!browser.text("table.brakes").await.contains("engaged\n"));
 }
