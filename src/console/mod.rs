@@ -1,7 +1,7 @@
 //! The operator console: server-rendered HTML pages under `/console/` on the admin
 //! listener, with the API's tokens and roles.
 //!
-//! - **Pages** (read-only in this round): the fleet overview, live-updating
+//! - **Pages**: the fleet overview, live-updating
 //!   ([`overview`], with the outcome chart of [`chart`]); the task list with every filter
 //!   of [`TaskFilter`](crate::store::TaskFilter) and keyset paging ([`tasks`], the form in
 //!   [`filter`]); a task's detail ([`detail`]); replay jobs with their progress
@@ -18,13 +18,11 @@
 //! - **Assets** ([`assets`]): one stylesheet and one small script, embedded in the
 //!   binary; no build step.
 //!
-//! **The write flows come next**, over the operations layer (`src/operations/`): bulk
-//! retry / discard / resolve / replay by selection or filter (count and sample shown
-//! before confirming, a required reason, progress while it runs) on the task list and
-//! the detail page, replay cancel and resume on the replays page, breaker and brake
-//! actions on the fleet page. Each page's module doc says where its controls go; they
-//! are rendered for an operate caller only (a read token sees none, and the API refuses
-//! its writes anyway).
+//! - **Actions** (operate callers only; a read caller sees no control and the layer
+//!   refuses its writes): bulk retry / discard / resolve / replay by selection or filter
+//!   ([`actions`], the confirm page in [`confirm`], background progress in [`jobs`]);
+//!   replay cancel and resume, breaker and brake commands ([`commands`]). Every write
+//!   is one `Operations` verb.
 
 mod actions;
 mod assets;

@@ -144,6 +144,19 @@ async fn an_operator_discards_by_filter_after_confirming_the_count_and_retries_t
     enter_and_leave(&browser).await;
     assert_eq!(wait_for_the_end(&browser).await, "done");
     assert_eq!(status_count(&store, "billing", "failed").await, 3);
+
+    // One task resolved from its own page.
+    browser
+        .open(&console.url(&format!("/console/tasks/{}", billing[2])))
+        .await;
+    browser
+        .follow("form.task-actions button[value=resolve]")
+        .await;
+    assert_eq!(browser.text(".exact-count").await, "1");
+    browser.fill("#c-reason", "handled by hand").await;
+    browser.follow("#confirm").await;
+    assert_eq!(wait_for_the_end(&browser).await, "done");
+    assert_eq!(status_count(&store, "billing", "resolved").await, 1);
     assert_eq!(
         scalar(
             &store,
