@@ -12,7 +12,7 @@ use super::error::PageError;
 use super::filter::{describe, list_url, time};
 use super::layout::{self, Nav};
 use super::Shared;
-use crate::operations::Actor as Caller;
+use crate::operations::Actor;
 use crate::store::{AuditEntry, AuditQuery, TaskFilter};
 
 /// Entries per page.
@@ -38,7 +38,7 @@ fn given(value: &Option<String>) -> Option<&str> {
 /// `GET /console/audit`.
 pub(crate) async fn page(
     State(console): Shared,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<Actor>,
     query: Result<Query<AuditParams>, QueryRejection>,
 ) -> Result<Html<String>, PageError> {
     let Query(params) = query.map_err(|e| PageError::bad_request(e.body_text()))?;

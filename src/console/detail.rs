@@ -3,8 +3,8 @@
 //! other field, where it is republished and parked, its attempt history and its
 //! compensation. Every byte of the payload is escaped; nothing of it is markup.
 //!
-//! **Actions, next round**: for an operate caller, retry / discard / resolve / replay of
-//! this task (with a required reason) go under the headline, over the operations layer.
+//! For an operate caller, Retry / Discard / Resolve of this task go under the headline,
+//! leading to the same confirm page as the list's ([`super::actions`]).
 
 use axum::extract::{Path, State};
 use axum::response::Html;
@@ -17,7 +17,7 @@ use super::filter;
 use super::layout::{self, Nav};
 use super::Shared;
 use crate::config::Target;
-use crate::operations::Actor as Caller;
+use crate::operations::Actor;
 use crate::store::{Attempt, CompensationView, HeaderView, TaskDetail, TaskFilter};
 use crate::task::{Status, TaskId};
 
@@ -37,7 +37,7 @@ const SHOWN_ABOVE: [&str; 9] = [
 /// `GET /console/tasks/{id}`.
 pub(crate) async fn page(
     State(console): Shared,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<Actor>,
     Path(id): Path<String>,
 ) -> Result<Html<String>, PageError> {
     let id = id
@@ -50,7 +50,23 @@ pub(crate) async fn page(
         })?;
     let detail = console.app.show(id.0).await?;
     let title = format!("Task {id}");
-    Ok(layout::page(&caller, Nav::Tasks, &title, body(id, &detail)))
+    let body = html! {
+        @if caller.role == crate::config::Role::Operate { (actions(id)) }
+        (body(id, &detail))
+    };
+    Ok(layout::page(&caller, Nav::Tasks, &title, body))
+}
+
+/// This task's action form (a replay selects by filter: the list offers it).
+fn actions(id: TaskId) -> Markup {
+    html! {
+        form.task-actions method="post" action="/console/actions/preview" {
+            input type="hidden" name="id" value=(id);
+            @for (verb, label) in super::tasks::VERBS.iter().filter(|(v, _)| *v != "replay") {
+                button type="submit" name="verb" value=(verb) { (label) "…" }
+            }
+        }
+    }
 }
 
 fn field<'a>(detail: &'a TaskDetail, name: &str) -> Option<&'a Value> {

@@ -9,6 +9,7 @@
 use chrono::{DateTime, NaiveDate, NaiveDateTime, SecondsFormat, Utc};
 use maud::{html, Markup};
 
+use crate::operations::{FilterParams, StatusNames};
 use crate::store::{TaskFilter, MAX_PAGE};
 use crate::task::{Status, TaskId};
 
@@ -179,6 +180,40 @@ pub(crate) fn to_pairs(filter: &TaskFilter) -> Vec<(&'static str, String)> {
             .filter_map(|(n, v)| Some((n, v?.to_string()))),
     );
     pairs
+}
+
+/// `filter` as the operations layer reads it (times as RFC 3339), for a bulk verb.
+pub(crate) fn params(filter: &TaskFilter) -> FilterParams {
+    let time = |at: Option<DateTime<Utc>>| at.map(rfc3339);
+    FilterParams {
+        status: (!filter.status.is_empty()).then(|| {
+            StatusNames(
+                filter
+                    .status
+                    .iter()
+                    .map(|s| s.as_str().to_owned())
+                    .collect(),
+            )
+        }),
+        handler: filter.handler.clone(),
+        route: filter.route.clone(),
+        topic: filter.topic.clone(),
+        key: filter.key.clone(),
+        key_prefix: filter.key_prefix.clone(),
+        error: filter.error.clone(),
+        created_after: time(filter.created_after),
+        created_before: time(filter.created_before),
+        updated_after: time(filter.updated_after),
+        updated_before: time(filter.updated_before),
+        generation: filter.generation,
+        min_generation: filter.min_generation,
+        previous_task: filter.previous_task.map(|id| id.0),
+    }
+}
+
+/// The query string that selects `filter` (empty for every task).
+pub(crate) fn query(filter: &TaskFilter) -> String {
+    serde_urlencoded::to_string(to_pairs(filter)).unwrap_or_default()
 }
 
 /// The task list's address for `filter` (and more parameters, such as a cursor).
@@ -358,6 +393,11 @@ mod tests {
             .map(|(k, v)| (k.to_owned(), v))
             .collect();
         assert_eq!(parse(&again, now()).unwrap().filter, *f);
+        assert_eq!(
+            super::params(f).filter().unwrap(),
+            *f,
+            "the layer reads the same filter"
+        );
     }
 
     #[test]

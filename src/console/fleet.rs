@@ -1,9 +1,10 @@
 //! Members, breakers and brakes: the tables the overview shows live, and the page that
 //! shows them whole.
 //!
-//! **Actions, next round**: for an operate caller, force open / force closed / release
-//! on each breaker and release on each engaged brake (with a reason), over the
-//! operations layer, go in these tables' last column.
+//! For an operate caller (on this page, not the overview): force open / force closed /
+//! release on each breaker and release on each engaged brake, each with a reason, in
+//! the tables' last column, and a form that engages the brake of any route (reason,
+//! optional duration); see [`super::commands`].
 
 use axum::extract::State;
 use axum::response::Html;
@@ -11,23 +12,25 @@ use axum::Extension;
 use chrono::{DateTime, Utc};
 use maud::{html, Markup};
 
+use super::commands::reason_form;
 use super::error::PageError;
 use super::layout::{self, Nav};
 use super::Shared;
-use crate::operations::Actor as Caller;
+use crate::config::Role;
+use crate::operations::Actor;
 use crate::resilience::breaker::{Breaker, BreakerState};
 use crate::store::{Brake, Member};
 
 /// `GET /console/fleet`.
 pub(crate) async fn page(
     State(console): Shared,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<Actor>,
 ) -> Result<Html<String>, PageError> {
-    let store = &console.app.store();
-    let members = store.live_members().await?;
-    let breakers = store.breakers(None).await?;
-    let brakes = store.brakes().await?;
+    let members = console.app.members().await?.items;
+    let breakers = console.app.breakers().await?.items;
+    let brakes = console.app.brakes().await?.items;
     let now = Utc::now();
+    let operate = caller.role == Role::Operate;
     let body = html! {
         section aria-labelledby="members" {
             h2 #members { "Live members" }
@@ -35,11 +38,12 @@ pub(crate) async fn page(
         }
         section aria-labelledby="breakers" {
             h2 #breakers { "Circuit breakers" }
-            (breakers_table(&breakers))
+            (breakers_table(&breakers, operate))
         }
         section aria-labelledby="brakes" {
             h2 #brakes { "Brakes" }
-            (brakes_table(&brakes, now))
+            (brakes_table(&brakes, now, operate))
+            @if operate { (engage_form(&brakes)) }
         }
     };
     Ok(layout::page(
@@ -85,7 +89,7 @@ pub(crate) fn members_table(members: &[Member]) -> Markup {
 }
 
 /// Every stored breaker, the ones not closed first.
-pub(crate) fn breakers_table(breakers: &[Breaker]) -> Markup {
+pub(crate) fn breakers_table(breakers: &[Breaker], operate: bool) -> Markup {
     if breakers.is_empty() {
         return html! { p.empty { "No breaker has been recorded (no handler with [handlers.NAME.breaker] has been called)." } };
     }
@@ -99,6 +103,7 @@ pub(crate) fn breakers_table(breakers: &[Breaker]) -> Markup {
                                      "Held until", "Changed", "Why"] {
                         th scope="col" { (heading) }
                     }
+                    @if operate { th scope="col" { "Actions" } }
                 }
             }
             tbody {
@@ -112,6 +117,18 @@ pub(crate) fn breakers_table(breakers: &[Breaker]) -> Markup {
                         td { (layout::when_opt(b.hold_until)) }
                         td { (layout::when(b.changed_at)) }
                         td { (layout::text_opt(b.reason.as_deref())) }
+                        @if operate {
+                            td.actions {
+                                @for (command, button) in [("open", "Force open"), ("close", "Force closed"), ("release", "Release")] {
+                                    (reason_form(
+                                        &format!("/console/breakers/{}/{command}", b.handler),
+                                        &format!("breaker-{command}-{}", b.handler),
+                                        button,
+                                        &format!("{} breaker {}", button.to_lowercase(), b.handler),
+                                    ))
+                                }
+                            }
+                        }
                     }
                 }
             }
@@ -120,7 +137,7 @@ pub(crate) fn breakers_table(breakers: &[Breaker]) -> Markup {
 }
 
 /// Every brake that ever engaged; "engaged" as of `now` (this member's clock).
-pub(crate) fn brakes_table(brakes: &[Brake], now: DateTime<Utc>) -> Markup {
+pub(crate) fn brakes_table(brakes: &[Brake], now: DateTime<Utc>, operate: bool) -> Markup {
     if brakes.is_empty() {
         return html! { p.empty { "No brake has ever engaged." } };
     }
@@ -131,6 +148,7 @@ pub(crate) fn brakes_table(brakes: &[Brake], now: DateTime<Utc>) -> Markup {
                     @for heading in ["Route", "Now", "Engaged until", "Engaged", "By", "Why", "Trips", "Released", "By"] {
                         th scope="col" { (heading) }
                     }
+                    @if operate { th scope="col" { "Actions" } }
                 }
             }
             tbody {
@@ -148,9 +166,50 @@ pub(crate) fn brakes_table(brakes: &[Brake], now: DateTime<Utc>) -> Markup {
                         td.number { (b.trips) }
                         td { (layout::when_opt(b.released_at)) }
                         td { (layout::text_opt(b.released_by.as_deref())) }
+                        @if operate {
+                            td.actions {
+                                @if b.engaged(now) {
+                                    (reason_form(
+                                        &format!("/console/brakes/{}/release", b.route),
+                                        &format!("brake-release-{}", b.route),
+                                        "Release",
+                                        &format!("release the brake of {}", b.route),
+                                    ))
+                                }
+                            }
+                        }
                     }
                 }
             }
+        }
+    }
+}
+
+/// The form that engages a route's brake: any route the brakes table lists (every
+/// configured route is there).
+fn engage_form(brakes: &[Brake]) -> Markup {
+    if brakes.is_empty() {
+        return html! {};
+    }
+    html! {
+        form.engage method="post" action="/console/brakes/engage" {
+            h3 { "Engage a brake" }
+            div.field {
+                label for="engage-route" { "Route" }
+                select #engage-route name="route" {
+                    @for b in brakes { option value=(b.route) { (b.route) } }
+                }
+            }
+            div.field {
+                label for="engage-reason" { "Reason (required)" }
+                input #engage-reason type="text" name="reason" required autocomplete="off";
+            }
+            div.field {
+                label for="engage-for" { "For (optional)" }
+                input #engage-for type="text" name="for" autocomplete="off" aria-describedby="h-engage-for";
+                small #h-engage-for { "a duration up to 7 days, e.g. 30m; empty: 1h" }
+            }
+            button #engage type="submit" { "Engage the brake" }
         }
     }
 }

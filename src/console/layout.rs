@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use maud::{html, Markup, DOCTYPE};
 
 use crate::config::Role;
-use crate::operations::Actor as Caller;
+use crate::operations::Actor;
 use crate::readable::Readable;
 use crate::task::Status;
 
@@ -66,7 +66,7 @@ pub(crate) fn bare(title: &str, body: Markup) -> Html<String> {
 }
 
 /// A console page for `caller`, with `current` marked in the navigation.
-pub(crate) fn page(caller: &Caller, current: Nav, title: &str, body: Markup) -> Html<String> {
+pub(crate) fn page(caller: &Actor, current: Nav, title: &str, body: Markup) -> Html<String> {
     let role = match caller.role {
         Role::Operate => "operate",
         Role::Read => "read only",

@@ -26,7 +26,7 @@ use super::error::PageError;
 use super::layout;
 use super::session::{self, LIFETIME};
 use super::Shared;
-use crate::operations::Actor as Caller;
+use crate::operations::Actor;
 
 /// Sign-in attempts a client may make at once.
 pub(crate) const ATTEMPTS_PER_MINUTE: u32 = 5;
@@ -200,7 +200,7 @@ pub(crate) async fn submit(
 }
 
 /// `POST /console/logout`: ends the session in this browser.
-pub(crate) async fn logout(Extension(caller): Extension<Caller>) -> Response {
+pub(crate) async fn logout(Extension(caller): Extension<Actor>) -> Response {
     tracing::info!(actor = %caller.name, "console: signed out");
     let mut response = see_other("/console/login");
     response

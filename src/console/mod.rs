@@ -1,7 +1,7 @@
 //! The operator console: server-rendered HTML pages under `/console/` on the admin
 //! listener, with the API's tokens and roles.
 //!
-//! - **Pages** (read-only in this round): the fleet overview, live-updating
+//! - **Pages**: the fleet overview, live-updating
 //!   ([`overview`], with the outcome chart of [`chart`]); the task list with every filter
 //!   of [`TaskFilter`](crate::store::TaskFilter) and keyset paging ([`tasks`], the form in
 //!   [`filter`]); a task's detail ([`detail`]); replay jobs with their progress
@@ -18,21 +18,23 @@
 //! - **Assets** ([`assets`]): one stylesheet and one small script, embedded in the
 //!   binary; no build step.
 //!
-//! **The write flows come next**, over the operations layer (`src/operations/`): bulk
-//! retry / discard / resolve / replay by selection or filter (count and sample shown
-//! before confirming, a required reason, progress while it runs) on the task list and
-//! the detail page, replay cancel and resume on the replays page, breaker and brake
-//! actions on the fleet page. Each page's module doc says where its controls go; they
-//! are rendered for an operate caller only (a read token sees none, and the API refuses
-//! its writes anyway).
+//! - **Actions** (operate callers only; a read caller sees no control and the layer
+//!   refuses its writes): bulk retry / discard / resolve / replay by selection or filter
+//!   ([`actions`], the confirm page in [`confirm`], background progress in [`jobs`]);
+//!   replay cancel and resume, breaker and brake commands ([`commands`]). Every write
+//!   is one `Operations` verb.
 
+mod actions;
 mod assets;
 mod audit;
 mod chart;
+mod commands;
+mod confirm;
 mod detail;
 mod error;
 mod filter;
 mod fleet;
+mod jobs;
 mod layout;
 mod login;
 mod overview;
@@ -64,6 +66,8 @@ pub(crate) struct Console {
     logins: login::Attempts,
     /// The overview's figures, read at most once per refresh period per member.
     overview: overview::Cache,
+    /// The bulk actions this member runs in the background.
+    jobs: Arc<jobs::Jobs>,
 }
 
 /// Shared console state.
@@ -78,14 +82,36 @@ pub(crate) fn router(app: Arc<Operations>, tokens: Arc<Tokens>, heavy: Arc<Semap
         heavy,
         logins: login::Attempts::new(),
         overview: overview::Cache::default(),
+        jobs: Arc::default(),
     });
     let pages = Router::new()
         .route("/console/", get(overview::page))
         .route("/console/live/overview", get(overview::live))
         .route("/console/tasks", get(tasks::page))
         .route("/console/tasks/{id}", get(detail::page))
+        .route("/console/actions/preview", post(actions::preview))
+        .route("/console/actions/run", post(actions::run))
+        .route("/console/jobs/{id}", get(jobs::page))
+        .route("/console/live/jobs/{id}", get(jobs::live))
         .route("/console/replays", get(replays::page))
         .route("/console/live/replays", get(replays::live))
+        .route(
+            "/console/replays/{id}/cancel",
+            post(commands::cancel_replay),
+        )
+        .route(
+            "/console/replays/{id}/resume",
+            post(commands::resume_replay),
+        )
+        .route(
+            "/console/breakers/{handler}/{command}",
+            post(commands::breaker),
+        )
+        .route("/console/brakes/engage", post(commands::engage_brake))
+        .route(
+            "/console/brakes/{route}/release",
+            post(commands::release_brake),
+        )
         .route("/console/audit", get(audit::page))
         .route("/console/fleet", get(fleet::page))
         .route("/console/logout", post(login::logout))

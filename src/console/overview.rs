@@ -21,7 +21,7 @@ use super::filter::list_url;
 use super::fleet::{brakes_table, breakers_table, members_table};
 use super::layout::{self, Nav};
 use super::{chart, Console, Shared};
-use crate::operations::Actor as Caller;
+use crate::operations::Actor;
 use crate::resilience::breaker::{Breaker, BreakerState};
 use crate::store::{Brake, OutcomeMinute, Stats, TaskFilter};
 use crate::task::Status;
@@ -75,7 +75,7 @@ async fn snapshot(console: &Console) -> Result<Arc<Snapshot>, PageError> {
 /// `GET /console/`.
 pub(crate) async fn page(
     State(console): Shared,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<Actor>,
 ) -> Result<Html<String>, PageError> {
     let snapshot = snapshot(&console).await?;
     let body = html! {
@@ -224,11 +224,11 @@ fn figures(s: &Snapshot) -> Markup {
         }
         section aria-labelledby="breakers-now" {
             h2 #breakers-now { "Breakers" }
-            (breakers_table(&s.breakers))
+            (breakers_table(&s.breakers, false))
         }
         section aria-labelledby="brakes-now" {
             h2 #brakes-now { "Brakes" }
-            (brakes_table(&s.brakes, s.read_at))
+            (brakes_table(&s.brakes, s.read_at, false))
         }
     }
 }

@@ -1,9 +1,9 @@
 //! Replay jobs, newest first, with their progress; the table reloads every few seconds
 //! while the tab is visible.
 //!
-//! **Actions, next round**: for an operate caller, cancel (a job pending or running)
-//! and resume (a job whose runner stopped) in the last column, and "start a replay"
-//! from the task list's selection, over the operations layer.
+//! For an operate caller, the last column holds Cancel (a job not ended) and Resume (a
+//! job whose runner stopped or that failed: the fleet's members take it), see
+//! [`super::commands`]; a replay starts from the task list's selection.
 
 use axum::extract::State;
 use axum::response::Html;
@@ -14,8 +14,9 @@ use super::error::PageError;
 use super::filter::{describe, list_url};
 use super::layout::{self, Nav};
 use super::Shared;
-use crate::operations::Actor as Caller;
-use crate::store::ReplayJob;
+use crate::config::Role;
+use crate::operations::{Actor, PageRequest};
+use crate::store::{ReplayJob, REPLAY_STALE_AFTER};
 
 /// Jobs listed.
 const JOBS: i64 = 100;
@@ -26,9 +27,10 @@ const REFRESH_SECONDS: u64 = 3;
 /// `GET /console/replays`.
 pub(crate) async fn page(
     State(console): Shared,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<Actor>,
 ) -> Result<Html<String>, PageError> {
-    let jobs = console.app.store().replays(JOBS, None).await?;
+    let jobs = read(&console).await?;
+    let operate = caller.role == Role::Operate;
     let body = html! {
         div.live-bar {
             p.live-status data-live-status aria-live="polite" { "Updates every " (REFRESH_SECONDS) " s." }
@@ -36,7 +38,7 @@ pub(crate) async fn page(
         }
         section aria-label="Jobs" {
             div data-live="/console/live/replays" data-every=(REFRESH_SECONDS) {
-                (table(&jobs))
+                (table(&jobs, operate))
             }
         }
     };
@@ -44,12 +46,25 @@ pub(crate) async fn page(
 }
 
 /// `GET /console/live/replays`: the table alone, for the page's script.
-pub(crate) async fn live(State(console): Shared) -> Result<Html<String>, PageError> {
-    let jobs = console.app.store().replays(JOBS, None).await?;
-    Ok(Html(table(&jobs).into_string()))
+pub(crate) async fn live(
+    State(console): Shared,
+    Extension(caller): Extension<Actor>,
+) -> Result<Html<String>, PageError> {
+    let jobs = read(&console).await?;
+    Ok(Html(
+        table(&jobs, caller.role == Role::Operate).into_string(),
+    ))
 }
 
-fn table(jobs: &[ReplayJob]) -> Markup {
+async fn read(console: &super::Console) -> Result<Vec<ReplayJob>, PageError> {
+    let page = PageRequest {
+        limit: Some(JOBS),
+        after: None,
+    };
+    Ok(console.app.replays(&page).await?.items)
+}
+
+fn table(jobs: &[ReplayJob], operate: bool) -> Markup {
     if jobs.is_empty() {
         return html! { p.empty { "No replay job has been started." } };
     }
@@ -62,20 +77,30 @@ fn table(jobs: &[ReplayJob]) -> Markup {
                                      "Runner", "Finished", "Error"] {
                         th scope="col" { (heading) }
                     }
+                    @if operate { th scope="col" { "Actions" } }
                 }
             }
             tbody {
-                @for job in jobs { (row(job)) }
+                @for job in jobs { (row(job, operate)) }
             }
         }
     }
 }
 
-fn row(job: &ReplayJob) -> Markup {
+/// Whether the layer would let an operator resume `job` now: it failed, or it runs
+/// with no runner beating.
+fn resumable(job: &ReplayJob) -> bool {
+    let stale =
+        chrono::Utc::now() - chrono::TimeDelta::from_std(REPLAY_STALE_AFTER).unwrap_or_default();
+    job.status == "failed"
+        || job.status == "running" && !job.heartbeat_at.is_some_and(|beat| beat >= stale)
+}
+
+fn row(job: &ReplayJob, operate: bool) -> Markup {
     let done = job.produced + job.skipped;
     let label = format!("progress of replay {}", job.id);
     html! {
-        tr {
+        tr id=(format!("job-{}", job.id)) {
             th scope="row" { (job.id) }
             td { span class={ "badge replay-" (job.status) } { (job.status) } }
             td.progress {
@@ -107,6 +132,20 @@ fn row(job: &ReplayJob) -> Markup {
             }
             td { (layout::when_opt(job.finished_at)) }
             td.error { (layout::text_opt(job.error.as_deref())) }
+            @if operate {
+                td.actions {
+                    @if matches!(job.status.as_str(), "pending" | "running" | "failed") {
+                        form method="post" action=(format!("/console/replays/{}/cancel", job.id)) {
+                            button.cancel type="submit" aria-label=(format!("Cancel replay {}", job.id)) { "Cancel" }
+                        }
+                    }
+                    @if resumable(job) {
+                        form method="post" action=(format!("/console/replays/{}/resume", job.id)) {
+                            button.resume type="submit" aria-label=(format!("Resume replay {}", job.id)) { "Resume" }
+                        }
+                    }
+                }
+            }
         }
     }
 }

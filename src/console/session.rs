@@ -30,7 +30,7 @@ use super::error::PageError;
 use super::Console;
 use crate::admin::Tokens;
 use crate::config::Role;
-use crate::operations::Actor as Caller;
+use crate::operations::Actor;
 use crate::readable::hex;
 
 /// The session cookie's name.
@@ -40,8 +40,8 @@ const COOKIE_NAME: &str = "redrive_session";
 pub(crate) const LIFETIME: Duration = Duration::from_secs(8 * 3600);
 
 /// The caller of an open API (no tokens, loopback only): it needs no session.
-fn anonymous() -> Caller {
-    Caller {
+fn anonymous() -> Actor {
+    Actor {
         name: "anonymous".into(),
         role: Role::Operate,
     }
@@ -68,7 +68,7 @@ pub(crate) fn sign(name: &str, token: &[u8], expires: i64) -> String {
 
 /// The caller a cookie value names, if its signature holds under that caller's current
 /// token and it has not expired by `now` (Unix seconds).
-fn verify(tokens: &Tokens, value: &str, now: i64) -> Option<Caller> {
+fn verify(tokens: &Tokens, value: &str, now: i64) -> Option<Actor> {
     let mut parts = value.split('.');
     let (name, expires, tag) = (parts.next()?, parts.next()?, parts.next()?);
     if parts.next().is_some() {
@@ -127,7 +127,7 @@ pub(crate) fn clear_cookie() -> HeaderValue {
 }
 
 /// The caller of a request: the open API's anonymous operator, or the session's.
-pub(crate) fn caller(console: &Console, headers: &HeaderMap) -> Option<Caller> {
+pub(crate) fn caller(console: &Console, headers: &HeaderMap) -> Option<Actor> {
     if console.tokens.is_open() {
         return Some(anonymous());
     }
@@ -135,7 +135,7 @@ pub(crate) fn caller(console: &Console, headers: &HeaderMap) -> Option<Caller> {
     verify(&console.tokens, presented(headers)?, now)
 }
 
-/// Middleware: sets the [`Caller`] of a page request. Without a session a page is
+/// Middleware: sets the [`Actor`] of a page request. Without a session a page is
 /// redirected to the sign-in page (which comes back to it); a live fragment or a form
 /// post is answered 401.
 pub(crate) async fn require(

@@ -1,10 +1,10 @@
 //! The task list: the filter form, one page of the tasks it selects (newest first), and
 //! keyset paging (`after` = the last id of the page before).
 //!
-//! **Actions, next round**: for an operate caller, a checkbox per row, "select all that
-//! match the filter" (with the exact count), and the bulk retry / discard / resolve /
-//! replay form (count and sample before confirming, a required reason) go above the
-//! table, over the operations layer. A read caller gets the same page without them.
+//! For an operate caller the table is a form ([`super::actions`]): a checkbox per row,
+//! "select all on this page" (the script ticks them), "select all N that match this
+//! filter" (N exact), and Retry / Discard / Resolve / Replay, each leading to its
+//! confirm page. A read caller gets the same page without any of them.
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -16,30 +16,83 @@ use super::error::PageError;
 use super::filter::{self, ListParams, DEFAULT_LIMIT};
 use super::layout::{self, Nav};
 use super::Shared;
-use crate::operations::Actor as Caller;
-use crate::operations::Page;
+use crate::config::Role;
+use crate::operations::{Actor, Page, PageRequest};
 use crate::store::TaskSummary;
+
+/// The verbs offered on the list and a task's page: value and label.
+pub(crate) const VERBS: [(&str, &str); 4] = [
+    ("retry", "Retry"),
+    ("discard", "Discard"),
+    ("resolve", "Resolve"),
+    ("replay", "Replay"),
+];
 
 /// `GET /console/tasks`: the list.
 pub(crate) async fn page(
     State(console): Shared,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<Actor>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<Html<String>, PageError> {
     let Query(pairs) = query.map_err(|e| PageError::bad_request(e.body_text()))?;
     let params = filter::parse(&pairs, chrono::Utc::now()).map_err(PageError::bad_request)?;
-    let tasks = (console.app.store())
-        .list(&params.filter, params.after, params.limit)
-        .await?;
-    let page = Page::after(tasks, params.limit, |task| task.id.0);
+    let filter = filter::params(&params.filter);
+    let page_request = PageRequest {
+        limit: Some(params.limit),
+        after: params.after.map(|id| id.0),
+    };
+    let page = console.app.list(&filter, &page_request).await?;
+    let matching = match caller.role {
+        Role::Operate => Some(
+            console
+                .app
+                .count(&[], Some(&filter), filter.is_empty())
+                .await?,
+        ),
+        Role::Read => None,
+    };
     let body = html! {
         (filter::form(&params))
-        (results(&params, &page))
+        @match matching {
+            Some(matching) => {
+                form #act method="post" action="/console/actions/preview" {
+                    (actions(&params, matching))
+                    (results(&params, &page, true))
+                }
+            }
+            None => (results(&params, &page, false)),
+        }
     };
     Ok(layout::page(&caller, Nav::Tasks, "Tasks", body))
 }
 
-fn results(params: &ListParams, page: &Page<TaskSummary>) -> Markup {
+/// The action bar of an operate caller: what to select, and the verbs.
+fn actions(params: &ListParams, matching: i64) -> Markup {
+    html! {
+        input type="hidden" name="filter" value=(filter::query(&params.filter));
+        fieldset.actions {
+            legend { "Act on tasks" }
+            span.check {
+                input #select-page type="checkbox" data-select-page;
+                label for="select-page" { "Select all on this page" }
+            }
+            span.check {
+                input #select-filter type="checkbox" name="scope" value="filter";
+                label for="select-filter" {
+                    "Select all " span.matching { (matching) } " that match this filter"
+                    @if params.filter.is_everything() { " (every task)" }
+                }
+            }
+            span.buttons {
+                @for (verb, label) in VERBS {
+                    button type="submit" name="verb" value=(verb) { (label) "…" }
+                }
+            }
+        }
+    }
+}
+
+fn results(params: &ListParams, page: &Page<TaskSummary>, selectable: bool) -> Markup {
     let mut more = Vec::new();
     if params.limit != DEFAULT_LIMIT {
         more.push(("limit", params.limit.to_string()));
@@ -67,10 +120,11 @@ fn results(params: &ListParams, page: &Page<TaskSummary>) -> Markup {
                                              "Attempts", "Next attempt", "Last error", "Changed"] {
                                 th scope="col" { (heading) }
                             }
+                            @if selectable { th scope="col" { "Select" } }
                         }
                     }
                     tbody {
-                        @for task in &page.items { (row(task)) }
+                        @for task in &page.items { (row(task, selectable)) }
                     }
                 }
             }
@@ -82,7 +136,7 @@ fn results(params: &ListParams, page: &Page<TaskSummary>) -> Markup {
     }
 }
 
-fn row(task: &TaskSummary) -> Markup {
+fn row(task: &TaskSummary, selectable: bool) -> Markup {
     let source = task.topic.as_ref().map(|topic| {
         let at = |n: Option<i64>| n.map_or("?".to_owned(), |n| n.to_string());
         format!(
@@ -106,6 +160,12 @@ fn row(task: &TaskSummary) -> Markup {
             }
             td.error { (layout::text_opt(task.last_error.as_deref())) }
             td { (layout::when(task.updated_at)) }
+            @if selectable {
+                td.select {
+                    input type="checkbox" name="id" value=(task.id)
+                        id=(format!("select-{}", task.id)) aria-label=(format!("Select task {}", task.id));
+                }
+            }
         }
     }
 }

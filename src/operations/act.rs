@@ -55,7 +55,8 @@ pub struct ActRequest {
     pub filter: Option<FilterParams>,
     /// Required with no ids and an empty filter: act on every task.
     pub all: bool,
-    /// Why (written to the audit log): required to discard or resolve.
+    /// Why (written to the audit log): required to discard or resolve (but not to count
+    /// and sample with `dry_run`, which writes nothing).
     pub reason: Option<String>,
     /// Count and sample only; change nothing.
     pub dry_run: bool,
@@ -111,13 +112,13 @@ impl Operations {
         actor.must_operate()?;
         let action = self.action(verb, request)?;
         let reason = match verb {
-            Verb::Retry => request
-                .reason
-                .as_deref()
+            Verb::Discard | Verb::Resolve if !request.dry_run => {
+                Some(required_reason(request.reason.as_deref())?)
+            }
+            _ => (request.reason.as_deref())
                 .map(str::trim)
                 .filter(|r| !r.is_empty())
                 .map(str::to_owned),
-            Verb::Discard | Verb::Resolve => Some(required_reason(request.reason.as_deref())?),
         };
         let selection = select(&request.ids, request.filter.as_ref(), request.all)?;
         if let Selection::Ids(ids) = &selection {

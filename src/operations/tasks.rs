@@ -2,7 +2,7 @@
 
 use super::error::{OperationError, Result};
 use super::page::{Page, PageRequest};
-use super::selection::FilterParams;
+use super::selection::{select, FilterParams};
 use super::Operations;
 use crate::store::{CheckReport, Member, Stats, TaskDetail, TaskSummary};
 use crate::task::TaskId;
@@ -30,6 +30,18 @@ impl Operations {
                 .with_budgets(&self.budgets)),
             None => Err(OperationError::NotFound(format!("no such task: {id}"))),
         }
+    }
+
+    /// How many tasks `ids`, or `filter` (every task only with `all`), select, in any
+    /// status: what a bulk verb's dry run compares its `matched` with.
+    pub async fn count(
+        &self,
+        ids: &[i64],
+        filter: Option<&FilterParams>,
+        all: bool,
+    ) -> Result<i64> {
+        let selection = select(ids, filter, all)?;
+        Ok(self.store.count_selected(&selection).await?)
     }
 
     /// Counts by status and handler, due work, the last hour's outcomes, live members.

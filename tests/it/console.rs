@@ -23,34 +23,51 @@ const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
 
 /// A member serving the console, with an operate token (`ops`) and a read token
 /// (`viewer`).
-struct Console {
-    base: String,
+pub(crate) struct Console {
+    pub(crate) base: String,
     _member: MemberProcess,
 }
 
 impl Console {
     /// Starts `redrive run` on `settings`' schema with the admin listener on a free
     /// port; its worker (serving `log`) runs when `worker` is set.
-    async fn start(settings: &Settings, worker: bool) -> Console {
+    pub(crate) async fn start(settings: &Settings, worker: bool) -> Console {
+        Console::start_configured(settings, worker, None).await
+    }
+
+    /// [`Console::start`], with `settings`' Kafka cluster and the configuration file
+    /// `config` (routes, say).
+    pub(crate) async fn start_configured(
+        settings: &Settings,
+        worker: bool,
+        config: Option<&std::path::Path>,
+    ) -> Console {
         let listen = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .to_string();
-        let member = Spawn::binary(settings)
-            .envs(&[
-                ("REDRIVE__ADMIN__LISTEN", &listen),
-                (
-                    "REDRIVE__WORKER__ENABLED",
-                    if worker { "true" } else { "false" },
-                ),
-                ("REDRIVE__WORKER__POLL_INTERVAL", "100ms"),
-                ("REDRIVE__ADMIN__TOKENS__OPS__ROLE", "operate"),
-                ("REDRIVE__ADMIN__TOKENS__OPS__TOKEN", OPERATE),
-                ("REDRIVE__ADMIN__TOKENS__VIEWER__ROLE", "read"),
-                ("REDRIVE__ADMIN__TOKENS__VIEWER__TOKEN", READ),
-            ])
-            .start();
+        let member = Spawn::binary(settings).envs(&[
+            ("REDRIVE__ADMIN__LISTEN", &listen),
+            (
+                "REDRIVE__WORKER__ENABLED",
+                if worker { "true" } else { "false" },
+            ),
+            ("REDRIVE__WORKER__POLL_INTERVAL", "100ms"),
+            ("REDRIVE__ADMIN__TOKENS__OPS__ROLE", "operate"),
+            ("REDRIVE__ADMIN__TOKENS__OPS__TOKEN", OPERATE),
+            ("REDRIVE__ADMIN__TOKENS__VIEWER__ROLE", "read"),
+            ("REDRIVE__ADMIN__TOKENS__VIEWER__TOKEN", READ),
+            (
+                "REDRIVE__KAFKA__BOOTSTRAP_SERVERS",
+                &settings.kafka.bootstrap_servers,
+            ),
+        ]);
+        let member = match config {
+            Some(config) => member.config(config),
+            None => member,
+        }
+        .start();
         let base = format!("http://{listen}");
         let login = format!("{base}/console/login");
         eventually(Duration::from_secs(60), "the console answers", || async {
@@ -65,12 +82,12 @@ impl Console {
         }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
 
     /// Signs `browser` in with `token` from the page `path` asks for.
-    async fn sign_in(&self, browser: &Browser, token: &str, path: &str) {
+    pub(crate) async fn sign_in(&self, browser: &Browser, token: &str, path: &str) {
         browser.open(&self.url(path)).await;
         assert!(
             browser.path().await.starts_with("/console/login?next="),
@@ -82,7 +99,7 @@ impl Console {
     }
 }
 
-fn task(handler: &str, key: &[u8], value: &[u8]) -> NewTask {
+pub(crate) fn task(handler: &str, key: &[u8], value: &[u8]) -> NewTask {
     NewTask {
         handler: handler.into(),
         failure: Failure {
@@ -94,7 +111,7 @@ fn task(handler: &str, key: &[u8], value: &[u8]) -> NewTask {
     }
 }
 
-async fn enqueue(store: &Store, tasks: Vec<NewTask>) -> Vec<TaskId> {
+pub(crate) async fn enqueue(store: &Store, tasks: Vec<NewTask>) -> Vec<TaskId> {
     let stored = store.enqueue_many(&tasks).await.unwrap();
     stored.iter().map(|e| e.id()).collect()
 }
@@ -110,7 +127,7 @@ fn hostile() -> NewTask {
 }
 
 /// The texts of each row of the table `css` selects.
-async fn rows(browser: &Browser, css: &str) -> Vec<Vec<String>> {
+pub(crate) async fn rows(browser: &Browser, css: &str) -> Vec<Vec<String>> {
     let mut rows = Vec::new();
     let found = browser
         .client
@@ -431,7 +448,7 @@ async fn a_wrong_token_is_refused_and_the_sixth_rapid_attempt_waits() {
 }
 
 /// Checks the security headers of an answer.
-fn assert_secured(what: &str, headers: &HeaderMap) {
+pub(crate) fn assert_secured(what: &str, headers: &HeaderMap) {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     assert_eq!(header("content-security-policy"), Some(POLICY), "{what}");
     assert_eq!(header("x-content-type-options"), Some("nosniff"), "{what}");

@@ -12,6 +12,7 @@ mod cli;
 mod compensation;
 mod config;
 mod console;
+mod console_actions;
 mod dead_letters;
 mod guarantees;
 mod hardening;

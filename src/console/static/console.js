@@ -5,6 +5,9 @@
 // the tab is visible: the server renders the fragment (escaped HTML), this script puts
 // it in place. A [data-live-status] element says how the last reload went, and a
 // [data-live-toggle] button pauses and resumes the reloads.
+//
+// A [data-select-page] checkbox ticks or clears every task checkbox (name="id") of its
+// form.
 (function () {
   'use strict';
 
@@ -61,6 +64,15 @@
         }
       }, seconds * 1000);
     });
+    var selectPage = document.querySelector('[data-select-page]');
+    if (selectPage) {
+      selectPage.addEventListener('change', function () {
+        var boxes = selectPage.form.querySelectorAll('input[type=checkbox][name=id]');
+        Array.prototype.forEach.call(boxes, function (box) {
+          box.checked = selectPage.checked;
+        });
+      });
+    }
     var toggle = document.querySelector('[data-live-toggle]');
     if (toggle) {
       toggle.addEventListener('click', function () {

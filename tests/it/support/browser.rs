@@ -143,14 +143,32 @@ impl Browser {
 
     /// Presses Tab once.
     pub async fn tab(&self) {
-        let tab = KeyActions::new("keyboard".into())
-            .then(KeyAction::Down {
-                value: Key::Tab.into(),
-            })
-            .then(KeyAction::Up {
-                value: Key::Tab.into(),
-            });
-        self.client.perform_actions(tab).await.unwrap();
+        self.press(Key::Tab).await;
+    }
+
+    /// Presses `key` once.
+    pub async fn press(&self, key: Key) {
+        let press = KeyActions::new("keyboard".into())
+            .then(KeyAction::Down { value: key.into() })
+            .then(KeyAction::Up { value: key.into() });
+        self.client.perform_actions(press).await.unwrap();
+    }
+
+    /// Presses Tab until the element with id `id` has the focus (at most 60 times).
+    pub async fn tab_to(&self, id: &str) {
+        for _ in 0..60 {
+            self.tab().await;
+            if self.focused_id().await == id {
+                return;
+            }
+        }
+        panic!("Tab never reached #{id}");
+    }
+
+    /// Types `text` into the element that has the focus.
+    pub async fn type_here(&self, text: &str) {
+        let element = self.client.active_element().await.unwrap();
+        element.send_keys(text).await.unwrap();
     }
 
     /// The `id` of the element that has the keyboard focus (empty if it has none).

@@ -1,0 +1,256 @@
+//! Bulk retry / discard / resolve / replay from the task list and a task's page: the
+//! confirm page (the layer's dry run: the exact count, what it leaves alone and why, a
+//! sample, the reason and the verb's options) and the confirmed action (a retry,
+//! discard or resolve runs in the background, see [`super::jobs`]; a replay is handed
+//! to the fleet and shown on the replays page).
+//!
+//! Every form here posts the same fields: `verb`, the selection (`id` per ticked task,
+//! or `scope=filter` for every task the list's filter selects, the filter itself in
+//! `filter` as the list's query string), and on confirming the reason and options. The
+//! selection may change between the preview and the confirmation: the action acts on
+//! the tasks selected when it runs, and its result says what really changed.
+
+use axum::extract::rejection::FormRejection;
+use axum::extract::State;
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::{Extension, Form};
+
+use super::confirm;
+use super::error::PageError;
+use super::filter;
+use super::Shared;
+use crate::operations::{ActRequest, Actor, FilterParams, ReplayRequest, Runner, Verb};
+
+/// What the operator asks for: a verb, or a replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Asked {
+    /// Retry, discard or resolve.
+    Act(Verb),
+    /// Replay (by filter only: the layer replays what a filter selects).
+    Replay,
+}
+
+/// An action form, read.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ActionForm {
+    /// The verb, as posted (`retry`, `discard`, `resolve`, `replay`).
+    pub verb: String,
+    /// The ticked tasks.
+    pub ids: Vec<i64>,
+    /// Every task the filter selects, rather than the ticked ones.
+    pub by_filter: bool,
+    /// The list's filter, as its query string.
+    pub filter: String,
+    /// Why.
+    pub reason: Option<String>,
+    /// Retry: when.
+    pub at: Option<String>,
+    /// Retry: more attempts.
+    pub more_attempts: Option<String>,
+    /// Replay: the target topic (empty: each task's original one).
+    pub to: Option<String>,
+    /// Replay: messages per second at most.
+    pub rate: Option<String>,
+    /// Replay: mark each replayed task resolved.
+    pub mark_resolved: bool,
+}
+
+impl ActionForm {
+    /// Reads the posted fields; an unknown or repeated field is refused.
+    fn read(pairs: Vec<(String, String)>) -> Result<ActionForm, PageError> {
+        let mut form = ActionForm::default();
+        let mut seen = std::collections::HashSet::new();
+        for (name, value) in pairs {
+            if name != "id" && !seen.insert(name.clone()) {
+                return Err(PageError::bad_request(format!("give {name} once")));
+            }
+            let given = (!value.trim().is_empty()).then(|| value.trim().to_owned());
+            match name.as_str() {
+                "verb" => form.verb = value,
+                "id" => {
+                    form.ids.push(value.trim().parse().map_err(|_| {
+                        PageError::bad_request(format!("{value:?} is not a task id"))
+                    })?)
+                }
+                "scope" => form.by_filter = value == "filter",
+                "filter" => form.filter = value,
+                "reason" => form.reason = given,
+                "at" => form.at = given,
+                "more_attempts" => form.more_attempts = given,
+                "to" => form.to = given,
+                "rate" => form.rate = given,
+                "mark_resolved" => form.mark_resolved = true,
+                other => return Err(PageError::bad_request(format!("unknown field {other:?}"))),
+            }
+        }
+        Ok(form)
+    }
+
+    /// The verb asked for.
+    pub(crate) fn asked(&self) -> Result<Asked, PageError> {
+        Ok(match self.verb.as_str() {
+            "retry" => Asked::Act(Verb::Retry),
+            "discard" => Asked::Act(Verb::Discard),
+            "resolve" => Asked::Act(Verb::Resolve),
+            "replay" => Asked::Replay,
+            other => return Err(PageError::bad_request(format!("no action {other:?}"))),
+        })
+    }
+
+    /// The list's filter, read as the list reads it, for the layer.
+    pub(crate) fn filter(&self) -> Result<FilterParams, PageError> {
+        let pairs: Vec<(String, String)> = serde_urlencoded::from_str(&self.filter)
+            .map_err(|e| PageError::bad_request(format!("filter: {e}")))?;
+        let pairs: Vec<_> = (pairs.into_iter())
+            .filter(|(name, _)| name != "limit" && name != "after")
+            .collect();
+        let list = filter::parse(&pairs, chrono::Utc::now()).map_err(PageError::bad_request)?;
+        Ok(filter::params(&list.filter))
+    }
+
+    /// The selection in words.
+    pub(crate) fn describe(&self) -> Result<String, PageError> {
+        Ok(match self.by_filter {
+            true => {
+                let list = filter::parse(
+                    &serde_urlencoded::from_str::<Vec<(String, String)>>(&self.filter)
+                        .unwrap_or_default(),
+                    chrono::Utc::now(),
+                );
+                let words =
+                    list.map_or_else(|_| "the filter".into(), |l| filter::describe(&l.filter));
+                format!("the tasks that match: {words}")
+            }
+            false if self.ids.len() == 1 => format!("task {}", self.ids[0]),
+            false => format!("{} ticked tasks", self.ids.len()),
+        })
+    }
+
+    /// The layer's request for a retry, discard or resolve.
+    pub(crate) fn act_request(&self, dry_run: bool) -> Result<ActRequest, PageError> {
+        let (ids, filter, all) = self.selection()?;
+        let more_attempts = (self.more_attempts.as_deref())
+            .map(|n| n.parse::<i32>())
+            .transpose()
+            .map_err(|_| PageError::bad_request("more attempts must be a whole number"))?;
+        Ok(ActRequest {
+            ids,
+            filter,
+            all,
+            reason: self.reason.clone(),
+            dry_run,
+            at: self.at.clone(),
+            more_attempts,
+            force: false,
+        })
+    }
+
+    /// The layer's request for a replay.
+    pub(crate) fn replay_request(&self, dry_run: bool) -> Result<ReplayRequest, PageError> {
+        if !self.by_filter {
+            return Err(PageError::bad_request(
+                "a replay selects tasks by filter: tick \"select all that match this \
+                 filter\" on the task list",
+            ));
+        }
+        let (_, filter, all) = self.selection()?;
+        let rate = (self.rate.as_deref())
+            .map(|r| r.parse::<f64>())
+            .transpose()
+            .map_err(|_| PageError::bad_request("rate must be a number of messages a second"))?;
+        Ok(ReplayRequest {
+            filter,
+            all,
+            to: self.to.clone(),
+            mark_resolved: self.mark_resolved,
+            rate,
+            reason: self.reason.clone(),
+            dry_run,
+        })
+    }
+
+    /// The ids, or the filter (every task only when the filter is empty).
+    fn selection(&self) -> Result<(Vec<i64>, Option<FilterParams>, bool), PageError> {
+        match self.by_filter {
+            true => {
+                let filter = self.filter()?;
+                let all = filter.is_empty();
+                Ok((Vec::new(), Some(filter), all))
+            }
+            false if self.ids.is_empty() => Err(PageError::bad_request(
+                "no task selected: tick some, or \"select all that match this filter\"",
+            )),
+            false => Ok((self.ids.clone(), None, false)),
+        }
+    }
+}
+
+fn read_form(
+    form: Result<Form<Vec<(String, String)>>, FormRejection>,
+) -> Result<ActionForm, PageError> {
+    let Form(pairs) = form.map_err(|e| PageError::bad_request(e.body_text()))?;
+    ActionForm::read(pairs)
+}
+
+/// `POST /console/actions/preview`: the confirm page.
+pub(crate) async fn preview(
+    State(console): Shared,
+    Extension(actor): Extension<Actor>,
+    form: Result<Form<Vec<(String, String)>>, FormRejection>,
+) -> Result<Html<String>, PageError> {
+    let form = read_form(form)?;
+    match form.asked()? {
+        Asked::Act(verb) => {
+            let request = form.act_request(true)?;
+            let answer = (console.app).act(&actor, verb, &request, |_| {}).await?;
+            let selected = (console.app)
+                .count(&request.ids, request.filter.as_ref(), request.all)
+                .await?;
+            Ok(confirm::act_page(&actor, &form, verb, &answer, selected))
+        }
+        Asked::Replay => {
+            let request = form.replay_request(true)?;
+            let preview = console.app.preview_replay(&actor, &request).await?;
+            Ok(confirm::replay_page(&actor, &form, &preview))
+        }
+    }
+}
+
+/// `POST /console/actions/run`: the confirmed action. A retry, discard or resolve
+/// starts in the background and leads to its progress page; a replay is recorded for
+/// the fleet and leads to the replays page.
+pub(crate) async fn run(
+    State(console): Shared,
+    Extension(actor): Extension<Actor>,
+    form: Result<Form<Vec<(String, String)>>, FormRejection>,
+) -> Result<Response, PageError> {
+    let form = read_form(form)?;
+    match form.asked()? {
+        Asked::Act(verb) => {
+            // The dry run checks everything (role, reason, options) before the job
+            // starts, so that a refusal is this page's answer, not the job's.
+            let mut request = form.act_request(true)?;
+            if matches!(verb, Verb::Discard | Verb::Resolve) {
+                crate::operations::actor::required_reason(request.reason.as_deref())?;
+            }
+            let answer = (console.app).act(&actor, verb, &request, |_| {}).await?;
+            request.dry_run = false;
+            let id = console.jobs.start(
+                console.app.clone(),
+                actor,
+                verb,
+                request,
+                form.describe()?,
+                answer.matched,
+            );
+            Ok(Redirect::to(&format!("/console/jobs/{id}")).into_response())
+        }
+        Asked::Replay => {
+            let request = form.replay_request(false)?;
+            let job = (console.app)
+                .start_replay(&actor, &request, Runner::Fleet)
+                .await?;
+            Ok(Redirect::to(&format!("/console/replays#job-{}", job.id)).into_response())
+        }
+    }
+}

@@ -1,0 +1,422 @@
+//! The console's action flows in a real browser against a real member process: a bulk
+//! discard by filter with its count confirmed and its progress followed to the end,
+//! two ticked tasks retried from the keyboard alone; and over plain HTTP, the refusal of
+//! a read-only session's and a cross-site request's writes. Screenshots of each new page
+//! are saved under `target/console-screenshots/`.
+
+use fantoccini::key::Key;
+use fantoccini::Locator;
+use redrive::store::{Action, NewReplay, Operator, Selection, TaskFilter};
+use redrive::Store;
+use reqwest::header::SET_COOKIE;
+use reqwest::StatusCode;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use crate::admin_api::{OPERATE, READ};
+use crate::broker::cluster;
+use crate::console::{assert_secured, enqueue, task, Console};
+use crate::support::{eventually, fresh_store, scalar, Browser};
+
+/// Presses Enter on the focused control and waits until the browser left the page.
+async fn enter_and_leave(browser: &Browser) {
+    let page = browser.client.find(Locator::Css("html")).await.unwrap();
+    browser.press(Key::Enter).await;
+    let start = Instant::now();
+    while page.attr("lang").await.is_ok() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "Enter left no page"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the progress page says its action ended.
+async fn wait_for_the_end(browser: &Browser) -> String {
+    let mut state = String::new();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        let job = browser.client.find(Locator::Css("[data-job-state]")).await;
+        // The live region may replace the element between finding and reading it.
+        if let Ok(job) = job {
+            if let Ok(Some(now)) = job.attr("data-job-state").await {
+                state = now;
+                if state != "running" {
+                    return state;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let main = browser.text("main").await;
+    panic!(
+        "{}: the bulk action's page says {state:?}: {main}",
+        browser.path().await
+    );
+}
+
+async fn status_count(store: &Store, handler: &str, status: &str) -> i64 {
+    scalar(
+        store,
+        &format!(
+            "SELECT count(*) FROM recovery_task WHERE handler = '{handler}' AND status = '{status}'"
+        ),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_discards_by_filter_after_confirming_the_count_and_retries_two_ticked_tasks() {
+    let (store, settings) = fresh_store().await;
+    enqueue(
+        &store,
+        (1..=7)
+            .map(|i| task("orders", format!("order-{i}").as_bytes(), b"{}"))
+            .collect(),
+    )
+    .await;
+    let billing = enqueue(
+        &store,
+        (1..=3)
+            .map(|i| task("billing", format!("invoice-{i}").as_bytes(), b"{}"))
+            .collect(),
+    )
+    .await;
+    let console = Console::start(&settings, false).await;
+    let browser = Browser::start().await;
+    console
+        .sign_in(&browser, OPERATE, "/console/tasks?handler=orders")
+        .await;
+
+    // Every task the filter selects: the list says how many, the confirm page too.
+    assert_eq!(browser.text("#act .matching").await, "7");
+    browser.screenshot("tasks-with-actions").await;
+    browser.click("#select-filter").await;
+    browser.follow("#act button[value=discard]").await;
+    assert_eq!(browser.path().await, "/console/actions/preview");
+    assert_eq!(browser.text(".exact-count").await, "7");
+    assert!(browser.text("table.sample").await.contains("order-1"));
+    browser.screenshot("confirm-discard").await;
+    // Without a reason the browser does not send the form.
+    browser.click("#confirm").await;
+    assert_eq!(browser.path().await, "/console/actions/preview");
+    browser.fill("#c-reason", "orders replayed upstream").await;
+    browser.follow("#confirm").await;
+    assert!(browser.path().await.starts_with("/console/jobs/"));
+    assert_eq!(wait_for_the_end(&browser).await, "done");
+    assert_eq!(browser.text(".final-changed").await, "7");
+    browser.screenshot("progress-done").await;
+    assert_eq!(status_count(&store, "orders", "discarded").await, 7);
+    assert_eq!(status_count(&store, "billing", "failed").await, 3);
+    let audit_id = browser.text(".audit-id").await;
+    assert_eq!(
+        scalar(
+            &store,
+            &format!(
+                "SELECT count(*) FROM recovery_audit WHERE id = {audit_id} AND action = 'discard' \
+                 AND actor = 'ops' AND reason = 'orders replayed upstream'"
+            ),
+        )
+        .await,
+        1
+    );
+
+    // Two tasks ticked on the list, retried, the confirmation typed from the keyboard.
+    let operator = Operator {
+        actor: "test".into(),
+        reason: Some("set up".into()),
+    };
+    let two = Selection::Ids(vec![billing[0], billing[1]]);
+    store.act(&operator, &Action::Discard, &two).await.unwrap();
+    browser
+        .open(&console.url("/console/tasks?handler=billing"))
+        .await;
+    for id in [billing[0], billing[1]] {
+        browser.click(&format!("#select-{id}")).await;
+    }
+    browser.follow("#act button[value=retry]").await;
+    assert_eq!(browser.text(".exact-count").await, "2");
+    browser.screenshot("confirm-retry").await;
+    browser.tab_to("c-reason").await;
+    browser.type_here("downstream fixed").await;
+    browser.tab_to("confirm").await;
+    enter_and_leave(&browser).await;
+    assert_eq!(wait_for_the_end(&browser).await, "done");
+    assert_eq!(status_count(&store, "billing", "failed").await, 3);
+
+    // One task resolved from its own page.
+    browser
+        .open(&console.url(&format!("/console/tasks/{}", billing[2])))
+        .await;
+    browser
+        .follow("form.task-actions button[value=resolve]")
+        .await;
+    assert_eq!(browser.text(".exact-count").await, "1");
+    browser.fill("#c-reason", "handled by hand").await;
+    browser.follow("#confirm").await;
+    assert_eq!(wait_for_the_end(&browser).await, "done");
+    assert_eq!(status_count(&store, "billing", "resolved").await, 1);
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_audit WHERE action = 'retry' AND reason = 'downstream fixed'",
+        )
+        .await,
+        1
+    );
+}
+
+/// Signs in over HTTP with `token`: the session cookie.
+async fn session(client: &reqwest::Client, console: &Console, token: &str) -> String {
+    let signed_in = client
+        .post(console.url("/console/login"))
+        .form(&[("token", token)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signed_in.status(), StatusCode::SEE_OTHER);
+    let cookie = signed_in.headers()[SET_COOKIE].to_str().unwrap();
+    cookie.split(';').next().unwrap().to_owned()
+}
+
+/// The console's write endpoints, each with a form that would change something.
+fn writes(task: i64) -> Vec<(&'static str, Vec<(&'static str, String)>)> {
+    let discard = vec![
+        ("verb", "discard".to_owned()),
+        ("id", task.to_string()),
+        ("reason", "forged".to_owned()),
+    ];
+    let reason = vec![("reason", "forged".to_owned())];
+    vec![
+        ("/console/actions/preview", discard.clone()),
+        ("/console/actions/run", discard),
+        ("/console/replays/1/cancel", Vec::new()),
+        ("/console/replays/1/resume", Vec::new()),
+        ("/console/breakers/log/open", reason.clone()),
+        ("/console/brakes/incoming/release", reason.clone()),
+        (
+            "/console/brakes/engage",
+            vec![
+                ("route", "incoming".to_owned()),
+                ("reason", "forged".into()),
+            ],
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_session_and_a_cross_site_request_change_nothing() {
+    let (store, settings) = fresh_store().await;
+    let task = enqueue(&store, vec![task("orders", b"k", b"v")]).await[0].0;
+    let replay = NewReplay {
+        filter: TaskFilter::default(),
+        target_topic: Some("elsewhere".into()),
+        mark_resolved: false,
+        rate: None,
+        detached: false,
+    };
+    let operator = Operator {
+        actor: "test".into(),
+        reason: None,
+    };
+    let job = store
+        .create_replay(&operator, &replay, "gone")
+        .await
+        .unwrap();
+    assert_eq!(job.id, 1);
+    let console = Console::start(&settings, false).await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let reader = session(&client, &console, READ).await;
+    let operator = session(&client, &console, OPERATE).await;
+    for (path, form) in writes(task) {
+        let forged = client
+            .post(console.url(path))
+            .header("cookie", &reader)
+            .form(&form)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(forged.status(), StatusCode::FORBIDDEN, "read-only {path}");
+        for (name, value) in [
+            ("sec-fetch-site", "cross-site"),
+            ("origin", "http://evil.example"),
+        ] {
+            let answer = client
+                .post(console.url(path))
+                .header("cookie", &operator)
+                .header(name, value)
+                .form(&form)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), StatusCode::FORBIDDEN, "{path} {name}");
+            assert_secured(path, answer.headers());
+        }
+    }
+    assert_eq!(status_count(&store, "orders", "failed").await, 1);
+    assert_eq!(replay_status(&store, 1).await, "running");
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_audit").await,
+        1,
+        "nothing but the replay's start was audited"
+    );
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_brake").await,
+        0
+    );
+}
+
+async fn replay_status(store: &Store, id: i64) -> String {
+    sqlx::query_scalar("SELECT status FROM recovery_replay WHERE id = $1")
+        .bind(id)
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_starts_cancels_and_resumes_replays_and_engages_and_releases_a_brake() {
+    let kafka = cluster(&[("incoming.dlt", 1), ("replayed", 1)]);
+    let bootstrap = kafka.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    settings.kafka.bootstrap_servers = bootstrap.clone();
+    let mut config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    write!(
+        config,
+        "[[routes]]\nname = \"incoming\"\ntopics = [\"incoming.dlt\"]\n\
+         mode = \"capture\"\nhandler = \"log\"\n"
+    )
+    .unwrap();
+    enqueue(
+        &store,
+        (1..=30)
+            .map(|i| task("orders", format!("order-{i}").as_bytes(), b"{}"))
+            .collect(),
+    )
+    .await;
+    enqueue(
+        &store,
+        (1..=3)
+            .map(|i| task("billing", format!("invoice-{i}").as_bytes(), b"{}"))
+            .collect(),
+    )
+    .await;
+    // A job whose runner died an hour ago: the console offers to resume it.
+    let operator = Operator {
+        actor: "test".into(),
+        reason: None,
+    };
+    let stalled = NewReplay {
+        filter: TaskFilter {
+            handler: Some("billing".into()),
+            ..TaskFilter::default()
+        },
+        target_topic: Some("replayed".into()),
+        mark_resolved: false,
+        rate: None,
+        detached: false,
+    };
+    let stalled = store
+        .create_replay(&operator, &stalled, "a-runner-that-died")
+        .await
+        .unwrap()
+        .id;
+    sqlx::query("UPDATE recovery_replay SET heartbeat_at = now() - interval '1 hour'")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let console = Console::start_configured(&settings, false, Some(config.path())).await;
+    let browser = Browser::start().await;
+    console
+        .sign_in(&browser, OPERATE, "/console/tasks?handler=orders")
+        .await;
+
+    // A slow replay of every orders task, started from the list, then cancelled.
+    browser.click("#select-filter").await;
+    browser.follow("#act button[value=replay]").await;
+    assert_eq!(browser.text(".exact-count").await, "30");
+    browser.fill("#c-reason", "consumer fixed").await;
+    browser.fill("#c-to", "replayed").await;
+    browser.fill("#c-rate", "1").await;
+    browser.screenshot("confirm-replay").await;
+    browser.follow("#confirm").await;
+    let main = browser.text("main").await;
+    assert!(
+        browser.path().await.starts_with("/console/replays"),
+        "{main}"
+    );
+    let started: i64 = sqlx::query_scalar("SELECT id FROM recovery_replay WHERE actor = 'ops'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "a member runs the replay",
+        || async { replay_status(&store, started).await == "running" },
+    )
+    .await;
+    browser.open(&console.url("/console/replays")).await;
+    browser.screenshot("replays-with-actions").await;
+    browser
+        .follow(&format!("#job-{started} button.cancel"))
+        .await;
+    assert_eq!(replay_status(&store, started).await, "cancelled");
+    assert_eq!(browser.count(&format!("#job-{started} button")).await, 0);
+
+    // The stalled job resumed: the fleet takes it and ends it.
+    browser
+        .follow(&format!("#job-{stalled} button.resume"))
+        .await;
+    eventually(
+        Duration::from_secs(30),
+        "the resumed replay ends",
+        || async { replay_status(&store, stalled).await == "done" },
+    )
+    .await;
+    browser.open(&console.url("/console/replays")).await;
+    browser.screenshot("replays-after-actions").await;
+    let produced: i64 = sqlx::query_scalar("SELECT produced FROM recovery_replay WHERE id = $1")
+        .bind(started)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert!(produced < 30, "cancelled before the end: {produced}");
+
+    // A brake engaged on the route, shown, then released.
+    browser.open(&console.url("/console/fleet")).await;
+    let route_name = browser
+        .client
+        .find(Locator::Css("#engage-route option"))
+        .await
+        .unwrap()
+        .attr("value")
+        .await
+        .unwrap()
+        .unwrap();
+    browser.fill("#engage-reason", "downstream incident").await;
+    browser.fill("#engage-for", "30m").await;
+    browser.follow("#engage").await;
+    let engaged = format!(
+        "SELECT count(*) FROM recovery_brake WHERE route = '{route_name}' \
+         AND engaged_until > now() + interval '25 minutes' AND reason = 'downstream incident'"
+    );
+    assert_eq!(scalar(&store, &engaged).await, 1);
+    assert!(browser.text("table.brakes").await.contains("engaged"));
+    browser.screenshot("brakes-engaged").await;
+    browser
+        .fill(&format!("#brake-release-{route_name}"), "incident over")
+        .await;
+    browser
+        .follow(&format!("#brake-release-{route_name} + button"))
+        .await;
+    let released = format!(
+        "SELECT count(*) FROM recovery_brake WHERE route = '{route_name}' \
+         AND released_at IS NOT NULL AND released_by = 'ops'"
+    );
+    assert_eq!(scalar(&store, &released).await, 1);
+    assert!(!browser.text("table.brakes").await.contains("engaged\n"));
+}
