@@ -1,7 +1,8 @@
-//! A task's detail: what an operator needs first (status, handler, route, the last
-//! error), then the message (key, value, headers: text, or hex with the size), every
-//! other field, where it is republished and parked, its attempt history and its
-//! compensation. Every byte of the payload is escaped; nothing of it is markup.
+//! A task's detail: what an operator needs first (status, handler, route, attempts of
+//! those allowed, why it waits or how it ended, the last error), then the message (key,
+//! value, headers: text, or hex with the size), every other stored field (folded),
+//! where it is republished and parked, its attempt history and its compensation. Every
+//! byte of the payload is escaped; nothing of it is markup.
 //!
 //! For an operate caller, Retry / Discard / Resolve of this task go under the headline,
 //! leading to the same confirm page as the list's ([`super::actions`]).
@@ -79,10 +80,10 @@ fn field_text<'a>(detail: &'a TaskDetail, name: &str) -> Option<&'a str> {
 
 fn body(id: TaskId, detail: &TaskDetail) -> Markup {
     let status = field_text(detail, "status").and_then(|s| s.parse::<Status>().ok());
-    let attempts = match (field(detail, "attempts"), field(detail, "max_attempts")) {
-        (Some(done), Some(max)) => format!("{done} of at most {max}"),
-        (Some(done), None) => format!("{done} (the handler's budget applies)"),
-        _ => "0".to_owned(),
+    let done = field(detail, "attempts").map_or("0".to_owned(), Value::to_string);
+    let attempts = match detail.attempts_allowed {
+        Some(allowed) => format!("{done} of {allowed}"),
+        None => done,
     };
     let refailures = filter::list_url(
         &TaskFilter {
@@ -99,10 +100,8 @@ fn body(id: TaskId, detail: &TaskDetail) -> Markup {
                 dt { "Handler" } dd { (layout::text_opt(field_text(detail, "handler"))) }
                 dt { "Route" } dd { (layout::text_opt(field_text(detail, "route"))) }
                 dt { "Attempts" } dd { (attempts) }
-                @if status == Some(Status::Failed) {
-                    dt { "Next attempt" } dd { (json(field(detail, "next_attempt_at").unwrap_or(&Value::Null))) }
-                    dt { "Leased by" } dd { (layout::text_opt(field_text(detail, "lease_owner"))) }
-                }
+                dt { @if status.is_some_and(Status::is_final) { "Ended" } @else { "Now" } }
+                dd.waiting { (detail.waiting.words) }
             }
             h2 { "Last error" }
             @match field_text(detail, "last_error") {
@@ -124,11 +123,14 @@ fn body(id: TaskId, detail: &TaskDetail) -> Markup {
         }
         section aria-labelledby="fields" {
             h2 #fields { "Every other field" }
-            dl {
-                @if let Some(object) = detail.task.as_object() {
-                    @for (name, value) in object.iter().filter(|(n, _)| !SHOWN_ABOVE.contains(&n.as_str())) {
-                        dt { (name) }
-                        dd { (json(value)) }
+            details {
+                summary { "The task's stored fields" }
+                dl {
+                    @if let Some(object) = detail.task.as_object() {
+                        @for (name, value) in object.iter().filter(|(n, _)| !SHOWN_ABOVE.contains(&n.as_str())) {
+                            dt { (name) }
+                            dd { (json(value)) }
+                        }
                     }
                 }
             }

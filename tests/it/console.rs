@@ -295,6 +295,10 @@ async fn an_operator_reads_the_fleet_its_tasks_and_their_payloads_in_a_browser()
     let main = browser.text("main").await;
     assert!(main.contains("3 bytes, not UTF-8: shown as hex"), "{main}");
     assert!(main.contains("ff 00 76"), "{main}");
+    // Why it waits, in the store's words, in the headline; no far-future time anywhere.
+    let waiting = browser.text("dd.waiting").await;
+    assert!(waiting.starts_with("due"), "{waiting}");
+    assert!(!main.contains("9999"), "{main}");
     browser.screenshot("task-binary").await;
 
     // A script in the key, the value and a header is text: shown as typed, never run.
