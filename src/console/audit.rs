@@ -9,11 +9,11 @@ use maud::{html, Markup};
 use serde::Deserialize;
 
 use super::error::PageError;
-use super::filter::{describe, list_url, time};
+use super::filter::{describe, list_url};
 use super::layout::{self, Nav};
 use super::Shared;
-use crate::operations::Actor;
-use crate::store::{AuditEntry, AuditQuery, TaskFilter};
+use crate::operations::{Actor, AuditRequest};
+use crate::store::{AuditEntry, TaskFilter};
 
 /// Entries per page.
 const PAGE: i64 = 50;
@@ -42,40 +42,36 @@ pub(crate) async fn page(
     query: Result<Query<AuditParams>, QueryRejection>,
 ) -> Result<Html<String>, PageError> {
     let Query(params) = query.map_err(|e| PageError::bad_request(e.body_text()))?;
-    let since = given(&params.since)
-        .map(|s| time("since", s, chrono::Utc::now()))
-        .transpose()
-        .map_err(PageError::bad_request)?;
-    let before = given(&params.before)
-        .map(|b| b.parse::<i64>().ok().filter(|b| *b > 0))
-        .map(|b| b.ok_or_else(|| PageError::bad_request("before must be an entry id")))
-        .transpose()?;
     let actor = given(&params.actor).map(str::to_owned);
     let action = given(&params.action).map(str::to_owned);
-    let entries = console
+    let since = given(&params.since).map(str::to_owned);
+    let before = given(&params.before)
+        .map(|b| {
+            b.parse::<i64>()
+                .map_err(|_| PageError::bad_request("before must be an entry id"))
+        })
+        .transpose()?;
+    let page = console
         .app
-        .store()
-        .audit(&AuditQuery {
+        .audit(&AuditRequest {
             actor: actor.clone(),
             action: action.clone(),
-            since,
-            before,
+            since: since.clone(),
             limit: Some(PAGE),
+            after: before,
         })
         .await?;
-    let older = (entries.len() as i64 == PAGE)
-        .then(|| entries.last().map(|e| e.id))
-        .flatten()
-        .map(|last| {
-            let mut pairs = vec![("before", last.to_string())];
-            pairs.extend(actor.clone().map(|a| ("actor", a)));
-            pairs.extend(action.clone().map(|a| ("action", a)));
-            pairs.extend(since.map(|s| ("since", s.to_rfc3339())));
-            format!(
-                "/console/audit?{}",
-                serde_urlencoded::to_string(&pairs).unwrap_or_default()
-            )
-        });
+    let entries = page.items;
+    let older = page.next_cursor.map(|last| {
+        let mut pairs = vec![("before", last.to_string())];
+        pairs.extend(actor.clone().map(|a| ("actor", a)));
+        pairs.extend(action.clone().map(|a| ("action", a)));
+        pairs.extend(since.clone().map(|s| ("since", s)));
+        format!(
+            "/console/audit?{}",
+            serde_urlencoded::to_string(&pairs).unwrap_or_default()
+        )
+    });
     let body = html! {
         form.filter method="get" action="/console/audit" {
             div.fields {
@@ -91,7 +87,7 @@ pub(crate) async fn page(
                 }
                 div.field {
                     label for="a-since" { "Since" }
-                    input type="text" id="a-since" name="since" value=[since.map(|s| s.to_rfc3339())]
+                    input type="text" id="a-since" name="since" value=[since.as_deref()]
                         autocomplete="off" aria-describedby="h-since";
                     small id="h-since" { "UTC time, or 2h for 2 hours ago" }
                 }

@@ -59,12 +59,12 @@ async fn snapshot(console: &Console) -> Result<Arc<Snapshot>, PageError> {
             )
         });
     };
-    let store = &console.app.store();
+    let operations = &console.app;
     let snapshot = Arc::new(Snapshot {
-        stats: store.stats().await?,
-        minutes: store.outcome_minutes().await?,
-        breakers: store.breakers(None).await?,
-        brakes: store.brakes().await?,
+        stats: operations.stats().await?,
+        minutes: operations.outcome_minutes().await?,
+        breakers: operations.breakers().await?.items,
+        brakes: operations.brakes().await?.items,
         read_at: Utc::now(),
         read: Instant::now(),
     });

@@ -4,7 +4,7 @@ use super::error::{OperationError, Result};
 use super::page::{Page, PageRequest};
 use super::selection::{select, FilterParams};
 use super::Operations;
-use crate::store::{CheckReport, Member, Stats, TaskDetail, TaskSummary};
+use crate::store::{CheckReport, Member, OutcomeMinute, Stats, TaskDetail, TaskSummary};
 use crate::task::TaskId;
 
 impl Operations {
@@ -47,6 +47,11 @@ impl Operations {
     /// Counts by status and handler, due work, the last hour's outcomes, live members.
     pub async fn stats(&self) -> Result<Stats> {
         Ok(self.store.stats().await?)
+    }
+
+    /// The last hour's attempt outcomes counted per minute, newest minute first.
+    pub async fn outcome_minutes(&self) -> Result<Vec<OutcomeMinute>> {
+        Ok(self.store.outcome_minutes().await?)
     }
 
     /// The store's invariants, checked against this configuration's budgets (reads

@@ -350,6 +350,12 @@ async fn an_operator_reads_the_fleet_its_tasks_and_their_payloads_in_a_browser()
         "{audit:?}"
     );
     browser.screenshot("audit").await;
+    // The audit filter is the operations layer's: durations ago, action names.
+    browser
+        .open(&console.url("/console/audit?since=1h&action=discard"))
+        .await;
+    let discards = rows(&browser, "table.audit").await;
+    assert_eq!(discards.len(), 1, "{discards:?}");
     browser.open(&console.url("/console/fleet")).await;
     assert_eq!(rows(&browser, "table.members").await.len(), 1);
     browser.screenshot("fleet").await;
@@ -510,6 +516,12 @@ async fn every_console_answer_carries_the_policy_and_cross_site_posts_are_refuse
         ("/console/replays", true, StatusCode::OK),
         ("/console/live/replays", true, StatusCode::OK),
         ("/console/audit", true, StatusCode::OK),
+        (
+            "/console/audit?since=yesterday",
+            true,
+            StatusCode::BAD_REQUEST,
+        ),
+        ("/console/audit?before=0", true, StatusCode::BAD_REQUEST),
         ("/console/fleet", true, StatusCode::OK),
     ] {
         let mut request = client.get(console.url(path));
