@@ -29,16 +29,17 @@ pub struct FilterArgs {
     /// Text in the error (case-insensitive).
     #[arg(long)]
     pub error: Option<String>,
-    /// Created at or after: RFC 3339 time, or a duration meaning that long ago ("2h").
+    /// Created at or after: a time (RFC 3339, or `2026-12-03 10:15` / `2026-12-03` as
+    /// UTC), or a duration meaning that long ago ("2h").
     #[arg(long)]
     pub created_after: Option<String>,
-    /// Created before: RFC 3339 time or a duration ago.
+    /// Created before: a time or a duration ago, as for `--created-after`.
     #[arg(long)]
     pub created_before: Option<String>,
-    /// Last changed at or after: RFC 3339 time or a duration ago.
+    /// Last changed at or after: a time or a duration ago, as for `--created-after`.
     #[arg(long)]
     pub updated_after: Option<String>,
-    /// Last changed before: RFC 3339 time or a duration ago.
+    /// Last changed before: a time or a duration ago, as for `--created-after`.
     #[arg(long)]
     pub updated_before: Option<String>,
     /// Generation exactly: 1 for first failures, N for a message redrive produced that

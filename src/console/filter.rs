@@ -6,7 +6,7 @@
 //! parameter is refused rather than ignored: a mistyped filter must not silently
 //! select more tasks than meant (the selection a bulk action will act on).
 
-use chrono::{DateTime, NaiveDate, NaiveDateTime, SecondsFormat, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
 use maud::{html, Markup};
 
 use crate::operations::{FilterParams, StatusNames};
@@ -34,13 +34,13 @@ pub(crate) struct ListParams {
     pub after: Option<TaskId>,
 }
 
-/// Reads the query parameters of a list request; times are read against `now`.
+/// Reads the query parameters of a list request into the operations layer's
+/// [`FilterParams`], which reads the filter as every face does; times are read against
+/// `now`.
 pub(crate) fn parse(pairs: &[(String, String)], now: DateTime<Utc>) -> Result<ListParams, String> {
-    let mut params = ListParams {
-        filter: TaskFilter::default(),
-        limit: DEFAULT_LIMIT,
-        after: None,
-    };
+    let mut written = FilterParams::default();
+    let mut statuses = Vec::new();
+    let (mut limit, mut after) = (DEFAULT_LIMIT, None);
     let mut seen = std::collections::HashSet::new();
     for (name, raw) in pairs {
         let value = raw.trim();
@@ -51,46 +51,42 @@ pub(crate) fn parse(pairs: &[(String, String)], now: DateTime<Utc>) -> Result<Li
         if name != "status" && !seen.insert(name.as_str()) {
             return Err(format!("give {name} once"));
         }
-        let filter = &mut params.filter;
         let text = || Some(value.to_owned());
         match name.as_str() {
-            "status" => {
-                for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-                    let status = part.parse::<Status>().map_err(|e| e.to_string())?;
-                    if !filter.status.contains(&status) {
-                        filter.status.push(status);
-                    }
-                }
-            }
-            "handler" => filter.handler = text(),
-            "route" => filter.route = text(),
-            "topic" => filter.topic = text(),
+            "status" => statuses.extend(value.split(',').map(str::to_owned)),
+            "handler" => written.handler = text(),
+            "route" => written.route = text(),
+            "topic" => written.topic = text(),
             // A key is matched byte for byte: as typed, spaces and all.
-            "key" => filter.key = Some(raw.clone()),
-            "key_prefix" => filter.key_prefix = Some(raw.clone()),
-            "error" => filter.error = text(),
-            "created_after" => filter.created_after = Some(time(name, value, now)?),
-            "created_before" => filter.created_before = Some(time(name, value, now)?),
-            "updated_after" => filter.updated_after = Some(time(name, value, now)?),
-            "updated_before" => filter.updated_before = Some(time(name, value, now)?),
-            "generation" => filter.generation = Some(number(name, value)?),
-            "min_generation" => filter.min_generation = Some(number(name, value)?),
-            "previous_task" => filter.previous_task = Some(TaskId(positive(name, value)?)),
-            "after" => params.after = Some(TaskId(positive(name, value)?)),
+            "key" => written.key = Some(raw.clone()),
+            "key_prefix" => written.key_prefix = Some(raw.clone()),
+            "error" => written.error = text(),
+            "created_after" => written.created_after = text(),
+            "created_before" => written.created_before = text(),
+            "updated_after" => written.updated_after = text(),
+            "updated_before" => written.updated_before = text(),
+            "generation" => written.generation = Some(number(name, value)?),
+            "min_generation" => written.min_generation = Some(number(name, value)?),
+            "previous_task" => written.previous_task = Some(number(name, value)?),
+            "after" => after = Some(TaskId(positive(name, value)?)),
             "limit" => {
-                let limit: i64 = number(name, value)?;
+                limit = number(name, value)?;
                 if !(1..=MAX_PAGE).contains(&limit) {
                     return Err(format!(
                         "limit must be between 1 and {MAX_PAGE} (got {limit})"
                     ));
                 }
-                params.limit = limit;
             }
             other => return Err(format!("unknown filter {other:?}")),
         }
     }
-    params.filter.validate()?;
-    Ok(params)
+    written.status = (!statuses.is_empty()).then_some(StatusNames(statuses));
+    let filter = written.filter_at(now).map_err(|e| e.to_string())?;
+    Ok(ListParams {
+        filter,
+        limit,
+        after,
+    })
 }
 
 fn number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T, String> {
@@ -104,38 +100,6 @@ fn positive(name: &str, value: &str) -> Result<i64, String> {
         id if id > 0 => Ok(id),
         _ => Err(format!("{name} must be a task id (a positive integer)")),
     }
-}
-
-/// A time as an operator types it: RFC 3339; a date and time (`2026-12-03 10:15`,
-/// taken as UTC); a date (midnight UTC); or a duration (`90m`, `2h`), meaning that long
-/// before `now`.
-pub(crate) fn time(name: &str, value: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
-    if let Ok(at) = DateTime::parse_from_rfc3339(value) {
-        return Ok(at.with_timezone(&Utc));
-    }
-    for format in [
-        "%Y-%m-%d %H:%M:%S",
-        "%Y-%m-%dT%H:%M:%S",
-        "%Y-%m-%d %H:%M",
-        "%Y-%m-%dT%H:%M",
-    ] {
-        if let Ok(at) = NaiveDateTime::parse_from_str(value, format) {
-            return Ok(at.and_utc());
-        }
-    }
-    if let Ok(day) = NaiveDate::parse_from_str(value, "%Y-%m-%d") {
-        return Ok(day.and_time(chrono::NaiveTime::MIN).and_utc());
-    }
-    humantime::parse_duration(value)
-        .ok()
-        .and_then(|ago| chrono::Duration::from_std(ago).ok())
-        .and_then(|ago| now.checked_sub_signed(ago))
-        .ok_or_else(|| {
-            format!(
-                "{name} must be a time (2026-12-03T10:15:00Z, 2026-12-03 10:15 as UTC, \
-                 2026-12-03) or a duration ago (90m, 2h); got {value:?}"
-            )
-        })
 }
 
 fn rfc3339(at: DateTime<Utc>) -> String {

@@ -107,7 +107,7 @@ pub(crate) fn breakers_table(breakers: &[Breaker], operate: bool) -> Markup {
                 }
             }
             tbody {
-                @for b in sorted {
+                @for (row, b) in sorted.into_iter().enumerate() {
                     tr {
                         th scope="row" { (b.handler) }
                         td { span class={ "badge breaker-" (b.state.as_str()) } { (b.state.as_str()) } }
@@ -121,8 +121,8 @@ pub(crate) fn breakers_table(breakers: &[Breaker], operate: bool) -> Markup {
                             td.actions {
                                 @for (command, button) in [("open", "Force open"), ("close", "Force closed"), ("release", "Release")] {
                                     (reason_form(
-                                        &format!("/console/breakers/{}/{command}", b.handler),
-                                        &format!("breaker-{command}-{}", b.handler),
+                                        &format!("/console/breakers/{}/{command}", layout::segment(&b.handler)),
+                                        &format!("breaker-{command}-{row}"),
                                         button,
                                         &format!("{} breaker {}", button.to_lowercase(), b.handler),
                                     ))
@@ -152,7 +152,7 @@ pub(crate) fn brakes_table(brakes: &[Brake], now: DateTime<Utc>, operate: bool) 
                 }
             }
             tbody {
-                @for b in brakes {
+                @for (row, b) in brakes.iter().enumerate() {
                     tr {
                         th scope="row" { (b.route) }
                         td {
@@ -170,8 +170,8 @@ pub(crate) fn brakes_table(brakes: &[Brake], now: DateTime<Utc>, operate: bool) 
                             td.actions {
                                 @if b.engaged(now) {
                                     (reason_form(
-                                        &format!("/console/brakes/{}/release", b.route),
-                                        &format!("brake-release-{}", b.route),
+                                        &format!("/console/brakes/{}/release", layout::segment(&b.route)),
+                                        &format!("brake-release-{row}"),
                                         "Release",
                                         &format!("release the brake of {}", b.route),
                                     ))

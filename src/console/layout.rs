@@ -113,6 +113,19 @@ pub(crate) fn page(caller: &Actor, current: Nav, title: &str, body: Markup) -> H
     )
 }
 
+/// Characters left as they are in a path segment (RFC 3986's unreserved ones).
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// `name` as one segment of a console address: a handler or route named `a/b?c` is
+/// `a%2Fb%3Fc`, which the router reads back as the name.
+pub(crate) fn segment(name: &str) -> String {
+    percent_encoding::utf8_percent_encode(name, SEGMENT).to_string()
+}
+
 /// A time, in UTC, machine-readable too.
 pub(crate) fn when(at: DateTime<Utc>) -> Markup {
     html! {

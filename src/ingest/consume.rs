@@ -203,7 +203,8 @@ pub(crate) async fn consume(
 }
 
 /// At shutdown: persist what was consumed, committing in order until the first batch
-/// that is not stored within the deadline.
+/// that is not stored within the deadline. Nothing here waits on the brokers: the
+/// commits are sent as the consumer closes, which [`super::close`] bounds.
 async fn finish(
     consumer: &StreamConsumer<IngestContext>,
     flusher: &Flusher,
@@ -222,7 +223,9 @@ async fn finish(
         }
         let flush = flushes.pop_front().expect("one flush at least");
         match tokio::time::timeout_at(deadline, flush).await {
-            Ok(Ok(Ok(offsets))) => commit(consumer, offsets, CommitMode::Sync),
+            // Asynchronous: with the brokers gone a synchronous commit waits for a
+            // coordinator for ever. The bounded close sends what is outstanding.
+            Ok(Ok(Ok(offsets))) => commit(consumer, offsets, CommitMode::Async),
             outcome => {
                 let reason = match outcome {
                     Err(_) => "not stored before the shutdown deadline".to_owned(),

@@ -165,7 +165,6 @@ impl Ingest {
             (Ok(()), Some(died)) => Err(IngestError::PartDied(died)),
             (outcome, _) => outcome,
         };
-        consumer.unsubscribe();
         close(consumer).await;
         match &outcome {
             Ok(()) => tracing::info!("ingest stopped"),
@@ -179,7 +178,8 @@ impl Ingest {
 
 /// How long a stopping member waits for its consumer to leave the group (the revoke
 /// commits what was stored, then the member leaves). Brokers that cannot be reached
-/// would hold it forever: librdkafka's synchronous commit has no timeout.
+/// would hold it forever: librdkafka's synchronous commit and its unsubscribe have no
+/// timeout.
 const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
 /// Closes `consumer` on a thread of its own, waiting at most [`CLOSE_WAIT`]. Past it the
@@ -191,6 +191,7 @@ async fn close(consumer: StreamConsumer<IngestContext>) {
     let closer = std::thread::Builder::new()
         .name("consumer-close".into())
         .spawn(move || {
+            consumer.unsubscribe();
             drop(consumer);
             let _ = closed.send(());
         });

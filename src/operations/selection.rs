@@ -2,7 +2,7 @@
 //! (statuses by name, times as RFC 3339 or a duration ago), ids, and the rules that
 //! join them (ids or a filter, not both; every task only when asked for with `all`).
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Utc};
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -73,13 +73,14 @@ pub struct FilterParams {
     pub key_prefix: Option<String>,
     /// Text in the error, case-insensitive.
     pub error: Option<String>,
-    /// Created at or after: an RFC 3339 time, or a duration meaning that long ago ("2h").
+    /// Created at or after: a time (RFC 3339, or `2026-12-03 10:15` / `2026-12-03` as
+    /// UTC), or a duration meaning that long ago ("2h").
     pub created_after: Option<String>,
-    /// Created before: an RFC 3339 time, or a duration ago.
+    /// Created before: a time or a duration ago, as for created_after.
     pub created_before: Option<String>,
-    /// Last changed at or after: an RFC 3339 time, or a duration ago.
+    /// Last changed at or after: a time or a duration ago, as for created_after.
     pub updated_after: Option<String>,
-    /// Last changed before: an RFC 3339 time, or a duration ago.
+    /// Last changed before: a time or a duration ago, as for created_after.
     pub updated_before: Option<String>,
     /// Generation exactly: 1 for first failures, 2 and up for re-failures.
     pub generation: Option<i32>,
@@ -97,17 +98,27 @@ impl FilterParams {
 
     /// The store's filter: statuses known, times resolved against now, checked.
     pub fn filter(&self) -> Result<TaskFilter> {
+        self.filter_at(Utc::now())
+    }
+
+    /// [`FilterParams::filter`], durations ago counted back from `now`.
+    pub fn filter_at(&self, now: DateTime<Utc>) -> Result<TaskFilter> {
         let status = match &self.status {
             None => Vec::new(),
-            Some(StatusNames(names)) => names
-                .iter()
-                .map(|name| parse_status(name.trim()))
-                .collect::<std::result::Result<_, _>>()
-                .map_err(OperationError::BadRequest)?,
+            Some(StatusNames(names)) => {
+                let mut statuses = Vec::new();
+                for name in names {
+                    let status = parse_status(name.trim()).map_err(OperationError::BadRequest)?;
+                    if !statuses.contains(&status) {
+                        statuses.push(status);
+                    }
+                }
+                statuses
+            }
         };
         let time = |name: &str, text: &Option<String>| {
             text.as_deref()
-                .map(|text| parse_time(text).map_err(|e| format!("{name}: {e}")))
+                .map(|text| parse_time_at(text, now).map_err(|e| format!("{name}: {e}")))
                 .transpose()
                 .map_err(OperationError::BadRequest)
         };
@@ -139,17 +150,40 @@ pub fn parse_status(text: &str) -> std::result::Result<Status, String> {
     })
 }
 
-/// An RFC 3339 time, or a duration meaning that long before now ("1h": an hour ago).
+/// A time as an operator writes it: RFC 3339; a date and time without a zone
+/// (`2026-12-03 10:15`, taken as UTC); a date (midnight UTC); or a duration meaning
+/// that long before now (`1h`: an hour ago).
 pub fn parse_time(text: &str) -> std::result::Result<DateTime<Utc>, String> {
+    parse_time_at(text, Utc::now())
+}
+
+/// [`parse_time`], durations counted back from `now`.
+pub fn parse_time_at(text: &str, now: DateTime<Utc>) -> std::result::Result<DateTime<Utc>, String> {
     if let Ok(time) = DateTime::parse_from_rfc3339(text) {
         return Ok(time.with_timezone(&Utc));
     }
+    for format in [
+        "%Y-%m-%d %H:%M:%S",
+        "%Y-%m-%dT%H:%M:%S",
+        "%Y-%m-%d %H:%M",
+        "%Y-%m-%dT%H:%M",
+    ] {
+        if let Ok(time) = NaiveDateTime::parse_from_str(text, format) {
+            return Ok(time.and_utc());
+        }
+    }
+    if let Ok(day) = NaiveDate::parse_from_str(text, "%Y-%m-%d") {
+        return Ok(day.and_time(NaiveTime::MIN).and_utc());
+    }
     let ago = parse_duration(text).map_err(|_| {
-        format!("{text:?} is neither an RFC 3339 time nor a duration like \"2h\" (that long ago)")
+        format!(
+            "{text:?} is neither a time (2026-12-03T10:15:00Z; 2026-12-03 10:15 or \
+             2026-12-03, as UTC) nor a duration like \"2h\" (that long ago)"
+        )
     })?;
     chrono::TimeDelta::from_std(ago)
         .ok()
-        .and_then(|ago| Utc::now().checked_sub_signed(ago))
+        .and_then(|ago| now.checked_sub_signed(ago))
         .ok_or_else(|| format!("{text:?} is too long ago"))
 }
 
@@ -202,12 +236,39 @@ mod tests {
     }
 
     #[test]
-    fn times_are_rfc3339_or_durations_ago() {
-        let at = parse_time("2026-01-02T03:04:05Z").unwrap();
-        assert_eq!(at.to_rfc3339(), "2026-01-02T03:04:05+00:00");
+    fn times_are_utc_times_dates_or_durations_ago() {
+        let now = DateTime::parse_from_rfc3339("2026-12-03T12:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        for (written, meant) in [
+            ("2026-01-02T03:04:05Z", "2026-01-02T03:04:05+00:00"),
+            ("2026-01-02T05:04:05+02:00", "2026-01-02T03:04:05+00:00"),
+            ("2026-01-02 03:04:05", "2026-01-02T03:04:05+00:00"),
+            ("2026-01-02T03:04", "2026-01-02T03:04:00+00:00"),
+            ("2026-01-02 03:04", "2026-01-02T03:04:00+00:00"),
+            ("2026-01-02", "2026-01-02T00:00:00+00:00"),
+            ("2h", "2026-12-03T10:00:00+00:00"),
+            ("90m", "2026-12-03T10:30:00+00:00"),
+        ] {
+            assert_eq!(
+                parse_time_at(written, now).unwrap().to_rfc3339(),
+                meant,
+                "{written}"
+            );
+        }
         let ago = Utc::now() - parse_time("2h").unwrap();
         assert!((ago.num_seconds() - 7200).abs() < 5, "{ago}");
-        assert!(parse_time("yesterday").unwrap_err().contains("RFC 3339"));
+        for wrong in [
+            "yesterday",
+            "2026-13-01",
+            "2026-01-02 25:00",
+            "-1h",
+            "1e-20s",
+            "",
+        ] {
+            let refused = parse_time_at(wrong, now).unwrap_err();
+            assert!(refused.contains("neither a time"), "{wrong}: {refused}");
+        }
         assert!(parse_time("100000000years").is_err());
     }
 
@@ -227,6 +288,10 @@ mod tests {
             listed.filter().unwrap().status,
             [Status::Failed, Status::Resolved]
         );
+        let twice: FilterParams =
+            serde_json::from_value(serde_json::json!({"status": "failed,resolved,failed"}))
+                .unwrap();
+        assert_eq!(twice.filter().unwrap(), listed.filter().unwrap());
     }
 
     #[test]

@@ -287,8 +287,10 @@ async fn an_operator_starts_cancels_and_resumes_replays_and_engages_and_releases
     let mut config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
     write!(
         config,
-        "[[routes]]\nname = \"incoming\"\ntopics = [\"incoming.dlt\"]\n\
-         mode = \"capture\"\nhandler = \"log\"\n"
+        // A route name that is not a path segment as it stands: its release address
+        // must carry it percent-encoded.
+        "[[routes]]\nname = \"in coming/eu?1\"\ntopics = [\"incoming.dlt\"]\n\
+         mode = \"capture\"\nhandler = \"log\"\n[handlers.log.breaker]\n"
     )
     .unwrap();
     enqueue(
@@ -407,16 +409,37 @@ async fn an_operator_starts_cancels_and_resumes_replays_and_engages_and_releases
     assert_eq!(scalar(&store, &engaged).await, 1);
     assert!(browser.text("table.brakes").await.contains("engaged"));
     browser.screenshot("brakes-engaged").await;
-    browser
-        .fill(&format!("#brake-release-{route_name}"), "incident over")
-        .await;
-    browser
-        .follow(&format!("#brake-release-{route_name} + button"))
-        .await;
+    assert_eq!(route_name, "in coming/eu?1");
+    browser.fill("#brake-release-0", "incident over").await;
+    browser.follow("#brake-release-0 + button").await;
     let released = format!(
         "SELECT count(*) FROM recovery_brake WHERE route = '{route_name}' \
          AND released_at IS NOT NULL AND released_by = 'ops'"
     );
     assert_eq!(scalar(&store, &released).await, 1);
     assert!(!browser.text("table.brakes").await.contains("engaged\n"));
+
+    // The log handler's breaker (its row as a member leaves it after a first call)
+    // forced open, then released, each with a reason.
+    sqlx::query("INSERT INTO recovery_breaker (handler) VALUES ('log')")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    browser.open(&console.url("/console/fleet")).await;
+    browser.fill("#breaker-open-0", "billing is down").await;
+    browser.follow("#breaker-open-0 + button").await;
+    let forced = "SELECT count(*) FROM recovery_breaker WHERE handler = 'log' \
+        AND forced = 'open' AND reason = 'breaker open by ops: billing is down'";
+    assert_eq!(scalar(&store, forced).await, 1);
+    assert!(browser.text("table.breakers").await.contains("open"));
+    browser.screenshot("breaker-forced-open").await;
+    browser.fill("#breaker-release-0", "billing is back").await;
+    browser.follow("#breaker-release-0 + button").await;
+    let released = "SELECT count(*) FROM recovery_breaker WHERE handler = 'log' \
+        AND forced IS NULL";
+    assert_eq!(scalar(&store, released).await, 1);
+    let audit = "SELECT count(*) FROM recovery_audit WHERE actor = 'ops' \
+        AND action IN ('breaker_open', 'breaker_release') \
+        AND reason IN ('billing is down', 'billing is back')";
+    assert_eq!(scalar(&store, audit).await, 2);
 }
