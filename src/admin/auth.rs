@@ -100,26 +100,32 @@ pub async fn authenticate(
     Ok(next.run(request).await)
 }
 
+/// Two tokens for unit tests: `ops` (operate) with the token `operate`, and `viewer`
+/// (read) with `read-token-0123456789ab`.
+#[cfg(test)]
+pub(crate) fn test_tokens(operate: &str) -> Tokens {
+    let mut settings = AdminSettings::default();
+    for (name, role, token) in [
+        ("ops", Role::Operate, operate),
+        ("viewer", Role::Read, "read-token-0123456789ab"),
+    ] {
+        settings.tokens.insert(
+            name.into(),
+            crate::config::AdminToken {
+                role,
+                token: token.to_owned().into(),
+            },
+        );
+    }
+    Tokens::new(&settings)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::AdminToken;
 
     fn tokens() -> Tokens {
-        let mut settings = AdminSettings::default();
-        for (name, role, token) in [
-            ("ops", Role::Operate, "operate-token-0123456789"),
-            ("viewer", Role::Read, "read-token-0123456789ab"),
-        ] {
-            settings.tokens.insert(
-                name.into(),
-                AdminToken {
-                    role,
-                    token: token.to_owned().into(),
-                },
-            );
-        }
-        Tokens::new(&settings)
+        test_tokens("operate-token-0123456789")
     }
 
     #[test]

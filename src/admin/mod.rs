@@ -30,6 +30,8 @@ use crate::config::{AdminSettings, DatabaseSettings};
 use crate::operations::Operations;
 use crate::store::{Store, StoreError};
 
+#[cfg(test)]
+pub(crate) use auth::test_tokens;
 pub use auth::Tokens;
 pub use error::{ApiError, ErrorBody};
 pub use limit::HEAVY_READS;

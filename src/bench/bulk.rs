@@ -7,7 +7,6 @@ use clap::Args;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
 
 use super::{bench_fleet, drop_schema, fresh_store, median};
 use crate::admin;
@@ -125,25 +124,7 @@ async fn drain(
     options: &BulkBenchOptions,
 ) -> anyhow::Result<f64> {
     seed(store, "noop", options.drain_tasks, 0).await?;
-    let fleet = bench_fleet(settings, 100, 400)?;
-    let resolved = fleet
-        .metrics()
-        .attempts
-        .with_label_values(&["noop", "resolved"]);
-    let shutdown = CancellationToken::new();
-    let started = Instant::now();
-    let running = tokio::spawn(fleet.run_with_store(store.clone(), shutdown.clone()));
-    while resolved.get() < options.drain_tasks as u64 {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(600),
-            "drain took over 10 minutes"
-        );
-    }
-    let rate = options.drain_tasks as f64 / started.elapsed().as_secs_f64();
-    shutdown.cancel();
-    running.await??;
-    Ok(rate)
+    super::drain_noop(settings, store, options.drain_tasks, 100, 400).await
 }
 
 /// Starts `verb` on every task of [`BULK_HANDLER`] through `operations`, printing its

@@ -198,6 +198,37 @@ fn bench_fleet(settings: &Settings, batch: u32, concurrency: u32) -> anyhow::Res
         .build()?)
 }
 
+/// Drains `tasks` noop tasks, due in `store`, with a fresh fleet claiming `batch` at a
+/// time and running `concurrency` at once, then stops it; answers tasks per second from
+/// the fleet's start to the last one resolved.
+async fn drain_noop(
+    settings: &Settings,
+    store: &Store,
+    tasks: usize,
+    batch: u32,
+    concurrency: u32,
+) -> anyhow::Result<f64> {
+    let fleet = bench_fleet(settings, batch, concurrency)?;
+    let resolved = fleet
+        .metrics()
+        .attempts
+        .with_label_values(&["noop", "resolved"]);
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let running = tokio::spawn(fleet.run_with_store(store.clone(), shutdown.clone()));
+    while resolved.get() < tasks as u64 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(600),
+            "drain took over 10 minutes"
+        );
+    }
+    let rate = tasks as f64 / started.elapsed().as_secs_f64();
+    shutdown.cancel();
+    running.await??;
+    Ok(rate)
+}
+
 async fn one_run(
     settings: &Settings,
     options: &BenchOptions,
@@ -234,23 +265,8 @@ async fn one_run(
     // No ANALYZE here: the drain starts on a burst the planner has no statistics for,
     // as a fleet does after an outage.
 
-    let fleet = bench_fleet(settings, batch, concurrency)?;
-    let metrics = fleet.metrics().clone();
-    let resolved = metrics.attempts.with_label_values(&["noop", "resolved"]);
-    let shutdown = CancellationToken::new();
     let drain_start = chrono::Utc::now();
-    let started = Instant::now();
-    let running = tokio::spawn(fleet.run_with_store(store.clone(), shutdown.clone()));
-    while resolved.get() < options.tasks as u64 {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(600),
-            "drain took over 10 minutes"
-        );
-    }
-    let drain_per_s = options.tasks as f64 / started.elapsed().as_secs_f64();
-    shutdown.cancel();
-    running.await??;
+    let drain_per_s = drain_noop(settings, &store, options.tasks, batch, concurrency).await?;
 
     let (p50_ms, p99_ms): (f64, f64) = sqlx::query_as(
         "SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY ms), percentile_disc(0.99) WITHIN GROUP (ORDER BY ms) \

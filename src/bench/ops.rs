@@ -6,7 +6,7 @@ use clap::Args;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::{bench_fleet, drop_schema, fresh_store, median};
+use super::{drop_schema, fresh_store, median};
 use crate::cli::output::outln;
 use crate::config::Settings;
 use crate::store::{Action, Budget, Due, Operator, Selection, Store, TaskFilter};
@@ -159,25 +159,8 @@ async fn drain(settings: &Settings, options: &OpsBenchOptions, bulk: bool) -> an
             Ok::<_, crate::store::StoreError>(())
         })
     };
-    let fleet = bench_fleet(settings, 100, 400)?;
-    let resolved = fleet
-        .metrics()
-        .attempts
-        .with_label_values(&["noop", "resolved"]);
-    let shutdown = CancellationToken::new();
-    let started = Instant::now();
-    let running = tokio::spawn(fleet.run_with_store(store.clone(), shutdown.clone()));
-    while resolved.get() < options.drain_tasks as u64 {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(600),
-            "drain took over 10 minutes"
-        );
-    }
-    let rate = options.drain_tasks as f64 / started.elapsed().as_secs_f64();
-    shutdown.cancel();
+    let rate = super::drain_noop(settings, &store, options.drain_tasks, 100, 400).await?;
     stop_bulk.cancel();
-    running.await??;
     bulk_loop.await??;
     drop_schema(&store).await?;
     Ok(rate)

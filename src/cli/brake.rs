@@ -79,46 +79,34 @@ pub async fn run(command: BrakeCommand, operations: &Operations) -> anyhow::Resu
 
 async fn list(operations: &Operations, json: bool) -> anyhow::Result<()> {
     let page = operations.brakes().await?;
-    if json {
-        outln!("{}", serde_json::to_string_pretty(&page)?);
-        return Ok(());
-    }
     let now = chrono::Utc::now();
     let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
         t.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
             .unwrap_or_default()
     };
-    let rows: Vec<Vec<String>> = page
-        .items
-        .iter()
-        .map(|b| {
-            let engaged = b.engaged(now);
-            vec![
-                b.route.clone(),
-                if engaged { "engaged" } else { "off" }.to_owned(),
-                if engaged {
-                    time(b.engaged_until)
-                } else {
-                    String::new()
-                },
-                b.trips.to_string(),
-                time(b.engaged_at),
-                b.engaged_by.clone().unwrap_or_default(),
-                b.reason.clone().unwrap_or_default(),
-            ]
-        })
-        .collect();
-    table::print(
-        &[
-            "ROUTE",
-            "BRAKE",
-            "UNTIL",
-            "TRIPS",
-            "LAST ENGAGED",
-            "BY",
-            "REASON",
-        ],
-        &rows,
-    );
-    Ok(())
+    let header = [
+        "ROUTE",
+        "BRAKE",
+        "UNTIL",
+        "TRIPS",
+        "LAST ENGAGED",
+        "BY",
+        "REASON",
+    ];
+    table::print_page(&page, json, &header, "no brake has ever engaged", |b| {
+        let engaged = b.engaged(now);
+        vec![
+            b.route.clone(),
+            if engaged { "engaged" } else { "off" }.to_owned(),
+            if engaged {
+                time(b.engaged_until)
+            } else {
+                String::new()
+            },
+            b.trips.to_string(),
+            time(b.engaged_at),
+            b.engaged_by.clone().unwrap_or_default(),
+            b.reason.clone().unwrap_or_default(),
+        ]
+    })
 }

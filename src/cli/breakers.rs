@@ -69,40 +69,29 @@ pub async fn run(command: BreakersCommand, operations: &Operations) -> anyhow::R
 
 async fn list(operations: &Operations, json: bool) -> anyhow::Result<()> {
     let page = operations.breakers().await?;
-    if json {
-        outln!("{}", serde_json::to_string_pretty(&page)?);
-        return Ok(());
-    }
-    let rows: Vec<Vec<String>> = page
-        .items
-        .iter()
-        .map(|b| {
-            vec![
-                b.handler.clone(),
-                b.state.to_string(),
-                b.forced.map(|f| f.to_string()).unwrap_or_default(),
-                b.consecutive_failures.to_string(),
-                format!("{}/{}", b.window_failures, b.window_calls),
-                b.hold_until
-                    .map(|h| h.format("%Y-%m-%d %H:%M:%S").to_string())
-                    .unwrap_or_default(),
-                b.changed_at.format("%Y-%m-%d %H:%M:%S").to_string(),
-                b.reason.clone().unwrap_or_default(),
-            ]
-        })
-        .collect();
-    table::print(
-        &[
-            "HANDLER",
-            "STATE",
-            "FORCED",
-            "IN A ROW",
-            "FAILED/CALLS",
-            "HELD UNTIL",
-            "CHANGED",
-            "REASON",
-        ],
-        &rows,
-    );
-    Ok(())
+    let header = [
+        "HANDLER",
+        "STATE",
+        "FORCED",
+        "IN A ROW",
+        "FAILED/CALLS",
+        "HELD UNTIL",
+        "CHANGED",
+        "REASON",
+    ];
+    let nothing = "no breaker yet (a handler's breaker appears with its first call)";
+    table::print_page(&page, json, &header, nothing, |b| {
+        vec![
+            b.handler.clone(),
+            b.state.to_string(),
+            b.forced.map(|f| f.to_string()).unwrap_or_default(),
+            b.consecutive_failures.to_string(),
+            format!("{}/{}", b.window_failures, b.window_calls),
+            b.hold_until
+                .map(|h| h.format("%Y-%m-%d %H:%M:%S").to_string())
+                .unwrap_or_default(),
+            b.changed_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+            b.reason.clone().unwrap_or_default(),
+        ]
+    })
 }

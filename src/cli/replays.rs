@@ -279,39 +279,24 @@ pub async fn run(
     match command {
         ReplaysCommand::List { limit, after, json } => {
             let page = operations.replays(&PageRequest { limit, after }).await?;
-            if json {
-                outln!("{}", serde_json::to_string_pretty(&page)?);
-                return Ok(());
-            }
-            let rows: Vec<Vec<String>> = page
-                .items
-                .iter()
-                .map(|j| {
-                    vec![
-                        j.id.to_string(),
-                        j.status.clone(),
-                        format!("{}/{}", j.produced + j.skipped, j.total.unwrap_or(0)),
-                        j.produced.to_string(),
-                        j.target_topic
-                            .clone()
-                            .unwrap_or_else(|| "(original)".into()),
-                        j.runner.clone().unwrap_or_default(),
-                        j.actor.clone(),
-                        j.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
-                        j.error.clone().unwrap_or_default(),
-                    ]
-                })
-                .collect();
-            table::print(
-                &[
-                    "ID", "STATUS", "DONE", "PRODUCED", "TO", "RUNNER", "BY", "STARTED", "ERROR",
-                ],
-                &rows,
-            );
-            if let Some(cursor) = page.next_cursor {
-                errln!("more: --after {cursor}");
-            }
-            Ok(())
+            let header = [
+                "ID", "STATUS", "DONE", "PRODUCED", "TO", "RUNNER", "BY", "STARTED", "ERROR",
+            ];
+            table::print_page(&page, json, &header, "no replay job", |j| {
+                vec![
+                    j.id.to_string(),
+                    j.status.clone(),
+                    format!("{}/{}", j.produced + j.skipped, j.total.unwrap_or(0)),
+                    j.produced.to_string(),
+                    j.target_topic
+                        .clone()
+                        .unwrap_or_else(|| "(original)".into()),
+                    j.runner.clone().unwrap_or_default(),
+                    j.actor.clone(),
+                    j.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                    j.error.clone().unwrap_or_default(),
+                ]
+            })
         }
         ReplaysCommand::Cancel { id } => {
             let job = operations.cancel_replay(&Actor::shell(), id).await?;

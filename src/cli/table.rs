@@ -1,6 +1,35 @@
 //! Plain text tables for the operator verbs.
 
-use super::output::out;
+use serde::Serialize;
+
+use super::output::{errln, out, outln};
+use crate::operations::Page;
+
+/// Prints a list verb's `page`: with `json`, the list envelope as the API answers it;
+/// else one `row` per item under `header` (or `nothing` when it is empty), then the
+/// option that shows the next page, if there is one.
+pub fn print_page<T: Serialize>(
+    page: &Page<T>,
+    json: bool,
+    header: &[&str],
+    nothing: &str,
+    row: impl Fn(&T) -> Vec<String>,
+) -> anyhow::Result<()> {
+    if json {
+        outln!("{}", serde_json::to_string_pretty(page)?);
+        return Ok(());
+    }
+    if page.items.is_empty() {
+        errln!("{nothing}");
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = page.items.iter().map(row).collect();
+    print(header, &rows);
+    if let Some(cursor) = page.next_cursor {
+        errln!("more: --after {cursor}");
+    }
+    Ok(())
+}
 
 /// Prints `rows` under `header`, each column as wide as its widest cell (cells are cut
 /// to `MAX_CELL` characters).

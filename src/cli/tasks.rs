@@ -108,44 +108,25 @@ async fn list(operations: &Operations, args: &ListArgs) -> anyhow::Result<()> {
         after: args.after,
     };
     let page = operations.list(&args.filter.params(), &page).await?;
-    if args.json {
-        outln!("{}", serde_json::to_string_pretty(&page)?);
-        return Ok(());
-    }
-    if page.items.is_empty() {
-        errln!("no task matches");
-        return Ok(());
-    }
-    let rows: Vec<Vec<String>> = page
-        .items
-        .iter()
-        .map(|t| {
-            vec![
-                t.id.to_string(),
-                t.status.to_string(),
-                t.handler.clone(),
-                t.route.clone().unwrap_or_default(),
-                match (&t.topic, t.partition, t.offset) {
-                    (Some(topic), Some(p), Some(o)) => format!("{topic}/{p}/{o}"),
-                    _ => String::new(),
-                },
-                t.key.clone().unwrap_or_default(),
-                t.attempts.to_string(),
-                show::next_attempt(t),
-                t.last_error.clone().unwrap_or_default().replace('\n', " "),
-            ]
-        })
-        .collect();
-    table::print(
-        &[
-            "ID", "STATUS", "HANDLER", "ROUTE", "SOURCE", "KEY", "ATTEMPTS", "NEXT", "ERROR",
-        ],
-        &rows,
-    );
-    if let Some(cursor) = page.next_cursor {
-        errln!("more: --after {cursor}");
-    }
-    Ok(())
+    let header = [
+        "ID", "STATUS", "HANDLER", "ROUTE", "SOURCE", "KEY", "ATTEMPTS", "NEXT", "ERROR",
+    ];
+    table::print_page(&page, args.json, &header, "no task matches", |t| {
+        vec![
+            t.id.to_string(),
+            t.status.to_string(),
+            t.handler.clone(),
+            t.route.clone().unwrap_or_default(),
+            match (&t.topic, t.partition, t.offset) {
+                (Some(topic), Some(p), Some(o)) => format!("{topic}/{p}/{o}"),
+                _ => String::new(),
+            },
+            t.key.clone().unwrap_or_default(),
+            t.attempts.to_string(),
+            show::next_attempt(t),
+            t.last_error.clone().unwrap_or_default().replace('\n', " "),
+        ]
+    })
 }
 
 async fn stats(operations: &Operations, json: bool) -> anyhow::Result<()> {

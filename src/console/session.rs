@@ -171,23 +171,9 @@ pub(crate) async fn require(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{AdminSettings, AdminToken};
 
     fn tokens(operate: &str) -> Tokens {
-        let mut settings = AdminSettings::default();
-        for (name, role, token) in [
-            ("ops", Role::Operate, operate),
-            ("viewer", Role::Read, "read-token-0123456789ab"),
-        ] {
-            settings.tokens.insert(
-                name.into(),
-                AdminToken {
-                    role,
-                    token: token.to_owned().into(),
-                },
-            );
-        }
-        Tokens::new(&settings)
+        crate::admin::test_tokens(operate)
     }
 
     #[test]
