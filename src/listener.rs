@@ -1,18 +1,30 @@
 //! The serve loop of the HTTP listeners (the admin API, metrics and health): HTTP/1.1
-//! with a bound on every wait a client decides, so that no client can keep a member
-//! from stopping.
+//! with a bound on every wait a client decides and on what one client may hold, so
+//! that no client can keep a member from stopping or from serving others.
 //!
 //! - A request's head must arrive within [`HEADER_READ_TIMEOUT`] (a kept-alive
 //!   connection waiting for its next request counts), else the connection is closed.
+//! - Its whole body, at most [`MAX_BODY`], within [`BODY_READ_TIMEOUT`]: else the answer
+//!   is 408 (or 413 for a larger body) and the connection closes. Every body the
+//!   handlers read is small, so it is read before the handler runs.
+//! - One client address holds at most [`MAX_CONNECTIONS_PER_PEER`] connections (one more
+//!   is closed at once), and the listener [`MAX_CONNECTIONS`] (past them it accepts no
+//!   more until one closes; the kernel queues the rest): slow clients cannot use up the
+//!   member's file handles, nor one client every connection.
 //! - On shutdown the listener closes, idle connections close at once, and requests in
 //!   progress get the drain time given to finish; then every connection is dropped.
 
-use axum::extract::ConnectInfo;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::{Extension, Router};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
@@ -21,21 +33,91 @@ use tokio_util::sync::CancellationToken;
 /// Longest a client may take to send a request's head.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Longest a client may take to send a request's body, once its head arrived.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Largest request body read.
+pub const MAX_BODY: usize = 2 * 1024 * 1024;
+
+/// Most connections one client address may hold open at once.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 64;
+
+/// Most connections a listener holds open at once.
+pub const MAX_CONNECTIONS: usize = 512;
+
 /// Pause after a failed accept (out of file descriptors, say) before the next one.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+
+/// How long a listener waits for clients, and how many it holds.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// [`HEADER_READ_TIMEOUT`].
+    pub header_read: Duration,
+    /// [`BODY_READ_TIMEOUT`].
+    pub body_read: Duration,
+    /// [`MAX_CONNECTIONS_PER_PEER`].
+    pub per_peer: usize,
+    /// [`MAX_CONNECTIONS`].
+    pub total: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            header_read: HEADER_READ_TIMEOUT,
+            body_read: BODY_READ_TIMEOUT,
+            per_peer: MAX_CONNECTIONS_PER_PEER,
+            total: MAX_CONNECTIONS,
+        }
+    }
+}
 
 /// Serves `app` on `listener` until `stop` fires, then lets requests in progress finish
 /// for up to `drain` and drops the connections still open.
 pub async fn serve(listener: TcpListener, app: Router, stop: CancellationToken, drain: Duration) {
+    serve_within(listener, app, stop, drain, Limits::default()).await
+}
+
+/// [`serve`] with `limits` of its own.
+pub async fn serve_within(
+    listener: TcpListener,
+    app: Router,
+    stop: CancellationToken,
+    drain: Duration,
+    limits: Limits,
+) {
+    let body_read = limits.body_read;
+    let app = app.layer(axum::middleware::from_fn(move |request, next| {
+        whole_body_within(body_read, request, next)
+    }));
     let mut connections = JoinSet::new();
+    let mut held: HashMap<IpAddr, usize> = HashMap::new();
     loop {
+        let may_accept = connections.len() < limits.total;
         tokio::select! {
             biased;
             _ = stop.cancelled() => break,
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            accepted = listener.accept() => match accepted {
+            Some(ended) = connections.join_next(), if !connections.is_empty() => {
+                if let Ok(ip) = ended {
+                    if let Some(count) = held.get_mut(&ip) {
+                        *count -= 1;
+                        if *count == 0 {
+                            held.remove(&ip);
+                        }
+                    }
+                }
+            }
+            accepted = listener.accept(), if may_accept => match accepted {
                 Ok((stream, peer)) => {
-                    connections.spawn(connection(stream, peer, app.clone(), stop.clone()));
+                    let count = held.entry(peer.ip()).or_default();
+                    if *count >= limits.per_peer {
+                        tracing::debug!(%peer, "closing a connection over the client's limit");
+                        drop(stream);
+                        continue;
+                    }
+                    *count += 1;
+                    let (app, stop) = (app.clone(), stop.clone());
+                    connections.spawn(connection(stream, peer, app, stop, limits));
                 }
                 Err(error) => {
                     tracing::debug!(%error, "accepting an HTTP connection failed");
@@ -58,15 +140,77 @@ pub async fn serve(listener: TcpListener, app: Router, stop: CancellationToken, 
     }
 }
 
+/// Reads the request's whole body (at most [`MAX_BODY`]) within `wait` before the
+/// handler runs: 413 for a larger body, 408 for one that does not arrive in time.
+async fn whole_body_within(wait: Duration, request: Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|length| length.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > MAX_BODY as u64) {
+        return too_large();
+    }
+    match tokio::time::timeout(wait, axum::body::to_bytes(body, MAX_BODY)).await {
+        Ok(Ok(bytes)) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Ok(Err(error)) if is_too_large(&error) => too_large(),
+        Ok(Err(error)) => (
+            StatusCode::BAD_REQUEST,
+            format!("the request body could not be read: {error}"),
+        )
+            .into_response(),
+        Err(_) => {
+            let mut answer = (
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the request body did not arrive within {wait:?}"),
+            )
+                .into_response();
+            answer.headers_mut().insert(
+                header::CONNECTION,
+                header::HeaderValue::from_static("close"),
+            );
+            answer
+        }
+    }
+}
+
+fn is_too_large(error: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(error) = source {
+        if error.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = error.source();
+    }
+    false
+}
+
+fn too_large() -> Response {
+    (
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("the request body is over {MAX_BODY} bytes"),
+    )
+        .into_response()
+}
+
 /// Serves one connection; on `stop`, finishes the request in progress (an idle
 /// connection closes at once). Its requests carry the peer's address
 /// (`ConnectInfo<SocketAddr>`).
-async fn connection(stream: TcpStream, peer: SocketAddr, app: Router, stop: CancellationToken) {
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    app: Router,
+    stop: CancellationToken,
+    limits: Limits,
+) -> IpAddr {
     let app = app.layer(Extension(ConnectInfo(peer)));
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
+        .header_read_timeout(limits.header_read);
     let served = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
     tokio::pin!(served);
     let outcome = tokio::select! {
@@ -79,6 +223,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, app: Router, stop: Canc
     if let Err(error) = outcome {
         tracing::debug!(%error, "HTTP connection ended with an error");
     }
+    peer.ip()
 }
 
 #[cfg(test)]
@@ -115,6 +260,101 @@ mod tests {
             answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok"),
             "{answer}"
         );
+        stop.cancel();
+        server.await.unwrap();
+    }
+
+    /// What the server answers to `request` before it closes the connection (nothing
+    /// when it closed it unanswered).
+    async fn answer(address: SocketAddr, request: &[u8]) -> String {
+        let mut client = TcpStream::connect(address).await.unwrap();
+        // A connection closed at once may refuse the request (a reset): no answer.
+        let _ = client.write_all(request).await;
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut answer));
+        match read.await.expect("answered and closed") {
+            Ok(_) => String::from_utf8_lossy(&answer).into_owned(),
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset => String::new(),
+            Err(error) => panic!("{error}"),
+        }
+    }
+
+    fn echo() -> Router {
+        Router::new().route("/", axum::routing::post(|body: String| async move { body }))
+    }
+
+    /// Found by the issue 16 attack: a client sending a body a byte at a time held its
+    /// connection for ever, and 20,000 of them used up the member's file handles.
+    #[tokio::test]
+    async fn a_body_that_does_not_arrive_in_time_is_answered_408_and_a_large_one_413() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let limits = Limits {
+            body_read: Duration::from_millis(300),
+            ..Limits::default()
+        };
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve_within(
+            listener,
+            echo(),
+            stop.clone(),
+            Duration::ZERO,
+            limits,
+        ));
+        let slow = answer(
+            address,
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\ntoken=",
+        )
+        .await;
+        assert!(slow.starts_with("HTTP/1.1 408"), "{slow}");
+        let large = answer(
+            address,
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\nx",
+        )
+        .await;
+        assert!(large.starts_with("HTTP/1.1 413"), "{large}");
+        let whole = answer(
+            address,
+            b"POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
+        )
+        .await;
+        assert!(
+            whole.starts_with("HTTP/1.1 200") && whole.ends_with("ok"),
+            "{whole}"
+        );
+        stop.cancel();
+        server.await.unwrap();
+    }
+
+    /// One client holds at most its share of connections: one more is closed at once,
+    /// and once one of its connections closes it is served again.
+    #[tokio::test]
+    async fn a_client_over_its_connection_limit_is_closed_until_one_of_its_own_closes() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let limits = Limits {
+            per_peer: 2,
+            ..Limits::default()
+        };
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve_within(
+            listener,
+            echo(),
+            stop.clone(),
+            Duration::ZERO,
+            limits,
+        ));
+        let first = TcpStream::connect(address).await.unwrap();
+        let _second = TcpStream::connect(address).await.unwrap();
+        let request =
+            b"POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok";
+        // The listener counts a connection once it accepts it: give it the two.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(answer(address, request).await, "", "closed unanswered");
+        drop(first);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let served = answer(address, request).await;
+        assert!(served.starts_with("HTTP/1.1 200"), "{served}");
         stop.cancel();
         server.await.unwrap();
     }

@@ -11,6 +11,7 @@ pub mod console;
 pub mod ingest;
 pub mod ops;
 pub mod rebalance;
+mod server;
 pub mod webhook;
 
 use anyhow::Context;
@@ -110,6 +111,8 @@ struct RunFigures {
     drain_per_s: f64,
     p50_ms: f64,
     p99_ms: f64,
+    /// What the server wrote per task during the drain.
+    drain_server: server::PerTask,
 }
 
 /// Runs the chosen benchmark.
@@ -145,13 +148,15 @@ async fn run_queue(settings: &Settings, options: &BenchOptions) -> anyhow::Resul
         options.tasks, options.value_bytes, options.runs
     );
     outln!(
-        "{:>6} {:>11} {:>12} {:>12} {:>10} {:>10}",
+        "{:>6} {:>11} {:>12} {:>12} {:>10} {:>10} {:>12} {:>13}",
         "batch",
         "concurrency",
         "enqueue/s",
         "drain/s",
         "p50 ms",
-        "p99 ms"
+        "p99 ms",
+        "WAL B/task",
+        "commits/task"
     );
     for &batch in &options.batch_sizes {
         let concurrency = options.concurrency.unwrap_or(batch * 4).max(1);
@@ -161,13 +166,15 @@ async fn run_queue(settings: &Settings, options: &BenchOptions) -> anyhow::Resul
         }
         let median = |f: fn(&RunFigures) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
         outln!(
-            "{:>6} {:>11} {:>12.0} {:>12.0} {:>10.1} {:>10.1}",
+            "{:>6} {:>11} {:>12.0} {:>12.0} {:>10.1} {:>10.1} {:>12.0} {:>13.3}",
             batch,
             concurrency,
             median(|r| r.enqueue_per_s),
             median(|r| r.drain_per_s),
             median(|r| r.p50_ms),
             median(|r| r.p99_ms),
+            median(|r| r.drain_server.wal_bytes),
+            median(|r| r.drain_server.commits),
         );
     }
     if options.pickup_samples > 0 {
@@ -265,8 +272,12 @@ async fn one_run(
     // No ANALYZE here: the drain starts on a burst the planner has no statistics for,
     // as a fleet does after an outage.
 
+    let before = server::ServerCounters::read(&store).await?;
     let drain_start = chrono::Utc::now();
     let drain_per_s = drain_noop(settings, &store, options.tasks, batch, concurrency).await?;
+    let drain_server = server::ServerCounters::read(&store)
+        .await?
+        .per_task_since(&before, options.tasks);
 
     let (p50_ms, p99_ms): (f64, f64) = sqlx::query_as(
         "SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY ms), percentile_disc(0.99) WITHIN GROUP (ORDER BY ms) \
@@ -287,6 +298,7 @@ async fn one_run(
         drain_per_s,
         p50_ms,
         p99_ms,
+        drain_server,
     })
 }
 
