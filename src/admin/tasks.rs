@@ -3,6 +3,7 @@
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, RawQuery, State};
 use axum::{Extension, Json};
+use std::sync::Arc;
 
 use super::error::{ApiError, ErrorBody};
 use super::extract::{body, id, paged};
@@ -34,14 +35,23 @@ pub async fn get_task(
     Ok(Json(operations.show(id(path, "task")?).await?))
 }
 
+/// Runs a bulk verb to its end even if the client goes away meanwhile (a proxy's or a
+/// script's timeout): a bulk action over a million tasks takes minutes, and one
+/// stopped part-way with nobody told is worse than one that finishes. The audit entry
+/// says what it changed.
 async fn act(
-    operations: &Operations,
-    actor: &Actor,
+    operations: &Arc<Operations>,
+    actor: Actor,
     verb: Verb,
     request: Result<Json<ActRequest>, JsonRejection>,
 ) -> Result<Json<ActAnswer>, ApiError> {
     let request = body(request)?;
-    Ok(Json(operations.act(actor, verb, &request, |_| {}).await?))
+    let operations = operations.clone();
+    let running = tokio::spawn(async move { operations.act(&actor, verb, &request, |_| {}).await });
+    let answer = running
+        .await
+        .map_err(|failed| ApiError::internal(format!("the action failed: {failed}")))?;
+    Ok(Json(answer?))
 }
 
 /// Makes tasks due again with a new attempt budget (failed, permanent_failure and
@@ -55,7 +65,7 @@ pub async fn retry(
     Extension(actor): Extension<Actor>,
     request: Result<Json<ActRequest>, JsonRejection>,
 ) -> Result<Json<ActAnswer>, ApiError> {
-    act(&operations, &actor, Verb::Retry, request).await
+    act(&operations, actor, Verb::Retry, request).await
 }
 
 /// Gives up on tasks (failed and permanent_failure ones): they become discarded.
@@ -67,7 +77,7 @@ pub async fn discard(
     Extension(actor): Extension<Actor>,
     request: Result<Json<ActRequest>, JsonRejection>,
 ) -> Result<Json<ActAnswer>, ApiError> {
-    act(&operations, &actor, Verb::Discard, request).await
+    act(&operations, actor, Verb::Discard, request).await
 }
 
 /// Declares tasks handled (failed and permanent_failure ones): they become resolved; a
@@ -80,7 +90,7 @@ pub async fn resolve(
     Extension(actor): Extension<Actor>,
     request: Result<Json<ActRequest>, JsonRejection>,
 ) -> Result<Json<ActAnswer>, ApiError> {
-    act(&operations, &actor, Verb::Resolve, request).await
+    act(&operations, actor, Verb::Resolve, request).await
 }
 
 /// Counts by status and handler, due work per handler, the last hour's outcomes, live

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use std::net::SocketAddr;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{fresh_store, scalar, Member};
+use crate::support::{eventually, fresh_store, scalar, Member};
 
 pub(crate) const OPERATE: &str = "operate-token-0123456789";
 pub(crate) const READ: &str = "read-token-0123456789ab";
@@ -174,6 +174,62 @@ async fn tokens_decide_who_may_read_and_who_may_act() {
     assert_eq!(audit[0]["action"], "discard");
     assert_eq!(audit[0]["reason"], "bad data");
     assert_eq!(audit[0]["ids"], json!([ids[0].0]));
+}
+
+/// Found by the issue 16 attack: a bulk retry whose client hung up (a proxy's or a
+/// script's timeout) stopped after its first batches, and nobody learnt that some tasks
+/// changed. Once started, it runs to its end and its audit entry counts every task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_action_whose_client_hangs_up_still_runs_to_its_end() {
+    let (store, settings) = fresh_store().await;
+    let api = Api::start(&store, &with_tokens(settings)).await;
+    const TASKS: i64 = 30_000;
+    let tasks: Vec<NewTask> = (0..TASKS)
+        .map(|i| NewTask::new("log", format!("v{i}").into_bytes()))
+        .collect();
+    for chunk in tasks.chunks(5_000) {
+        store.enqueue_many(chunk).await.unwrap();
+    }
+    let impatient = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let sent = impatient
+        .post(format!("{}/api/v1/tasks/discard", api.base))
+        .bearer_auth(OPERATE)
+        .json(&json!({"filter": {"handler": "log"}, "reason": "hang up"}))
+        .send()
+        .await;
+    assert!(
+        sent.is_err_and(|e| e.is_timeout()),
+        "the client gave up first"
+    );
+    eventually(
+        std::time::Duration::from_secs(120),
+        "every task discarded",
+        || async {
+            scalar(
+                &store,
+                "SELECT count(*) FROM recovery_task WHERE status = 'discarded'",
+            )
+            .await
+                == TASKS
+        },
+    )
+    .await;
+    eventually(
+        std::time::Duration::from_secs(10),
+        "the audit entry counts them all",
+        || async {
+            scalar(
+                &store,
+                "SELECT max(count) FROM recovery_audit WHERE action = 'discard'",
+            )
+            .await
+                == TASKS
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
