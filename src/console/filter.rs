@@ -34,6 +34,26 @@ pub(crate) struct ListParams {
     pub after: Option<TaskId>,
 }
 
+/// The parameters of a list request.
+const KNOWN: [&str; 16] = [
+    "status",
+    "handler",
+    "route",
+    "topic",
+    "key",
+    "key_prefix",
+    "error",
+    "created_after",
+    "created_before",
+    "updated_after",
+    "updated_before",
+    "generation",
+    "min_generation",
+    "previous_task",
+    "after",
+    "limit",
+];
+
 /// Reads the query parameters of a list request into the operations layer's
 /// [`FilterParams`], which reads the filter as every face does; times are read against
 /// `now`.
@@ -43,6 +63,9 @@ pub(crate) fn parse(pairs: &[(String, String)], now: DateTime<Utc>) -> Result<Li
     let (mut limit, mut after) = (DEFAULT_LIMIT, None);
     let mut seen = std::collections::HashSet::new();
     for (name, raw) in pairs {
+        if !KNOWN.contains(&name.as_str()) {
+            return Err(format!("unknown filter {name:?}"));
+        }
         let value = raw.trim();
         let keyed = matches!(name.as_str(), "key" | "key_prefix");
         if raw.is_empty() || (!keyed && value.is_empty()) {
@@ -57,10 +80,11 @@ pub(crate) fn parse(pairs: &[(String, String)], now: DateTime<Utc>) -> Result<Li
             "handler" => written.handler = text(),
             "route" => written.route = text(),
             "topic" => written.topic = text(),
-            // A key is matched byte for byte: as typed, spaces and all.
+            // A key is matched byte for byte, and an error's text as typed, spaces
+            // and all.
             "key" => written.key = Some(raw.clone()),
             "key_prefix" => written.key_prefix = Some(raw.clone()),
-            "error" => written.error = text(),
+            "error" => written.error = Some(raw.clone()),
             "created_after" => written.created_after = text(),
             "created_before" => written.created_before = text(),
             "updated_after" => written.updated_after = text(),
@@ -368,6 +392,7 @@ mod tests {
     fn a_wrong_unknown_or_repeated_parameter_is_refused_by_name() {
         for (query, says) in [
             (vec![("colour", "red")], "colour"),
+            (vec![("colour", "")], "colour"),
             (vec![("status", "done")], "done"),
             (vec![("handler", "a"), ("handler", "b")], "once"),
             (vec![("limit", "0")], "limit"),

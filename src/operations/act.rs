@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::actor::{required_reason, Actor};
+use super::actor::{optional_reason, required_reason, Actor};
 use super::error::{OperationError, Result};
 use super::selection::{select, FilterParams};
 use super::Operations;
@@ -115,10 +115,7 @@ impl Operations {
             Verb::Discard | Verb::Resolve if !request.dry_run => {
                 Some(required_reason(request.reason.as_deref())?)
             }
-            _ => (request.reason.as_deref())
-                .map(str::trim)
-                .filter(|r| !r.is_empty())
-                .map(str::to_owned),
+            _ => optional_reason(request.reason.as_deref())?,
         };
         let selection = select(&request.ids, request.filter.as_ref(), request.all)?;
         if let Selection::Ids(ids) = &selection {

@@ -48,14 +48,35 @@ impl Actor {
     }
 }
 
+/// Longest reason, in characters: a sentence or a ticket, not a document (each is
+/// stored in the audit log and shown on its pages).
+pub const MAX_REASON: usize = 2000;
+
 /// `reason` trimmed, refused when absent or blank: the verbs that need a reason.
 pub(crate) fn required_reason(reason: Option<&str>) -> Result<String> {
-    match reason.map(str::trim) {
-        Some(reason) if !reason.is_empty() => Ok(reason.to_owned()),
-        _ => Err(OperationError::bad_request(
-            "reason is required (it is written to the audit log)",
-        )),
+    optional_reason(reason)?.ok_or_else(|| {
+        OperationError::bad_request("reason is required (it is written to the audit log)")
+    })
+}
+
+/// `reason` trimmed, none when absent or blank; refused when too long or holding a NUL
+/// character (PostgreSQL stores no NUL in text).
+pub(crate) fn optional_reason(reason: Option<&str>) -> Result<Option<String>> {
+    let Some(reason) = reason.map(str::trim).filter(|r| !r.is_empty()) else {
+        return Ok(None);
+    };
+    if reason.contains('\0') {
+        return Err(OperationError::bad_request(
+            "reason must not contain a NUL character",
+        ));
     }
+    let length = reason.chars().count();
+    if length > MAX_REASON {
+        return Err(OperationError::bad_request(format!(
+            "reason is {length} characters long; at most {MAX_REASON}"
+        )));
+    }
+    Ok(Some(reason.to_owned()))
 }
 
 #[cfg(test)]
@@ -80,6 +101,19 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("reason"));
+            assert_eq!(optional_reason(blank).unwrap(), None);
         }
+        let long = "x".repeat(MAX_REASON + 1);
+        for (hostile, says) in [("a\0b", "NUL"), (long.as_str(), "at most 2000")] {
+            for refused in [
+                required_reason(Some(hostile)).map(Some),
+                optional_reason(Some(hostile)),
+            ] {
+                let error = refused.unwrap_err().to_string();
+                assert!(error.contains(says), "{error}");
+            }
+        }
+        let longest = "é".repeat(MAX_REASON);
+        assert_eq!(required_reason(Some(&longest)).unwrap(), longest);
     }
 }

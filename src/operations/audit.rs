@@ -37,6 +37,13 @@ impl Operations {
             after: request.after,
         };
         let limit = page.limit()?;
+        for (name, text) in [("actor", &request.actor), ("action", &request.action)] {
+            if text.as_deref().is_some_and(|t| t.contains('\0')) {
+                return Err(OperationError::bad_request(format!(
+                    "{name} must not contain a NUL character"
+                )));
+            }
+        }
         let since = (request.since.as_deref())
             .map(|text| parse_time(text).map_err(|e| format!("since: {e}")))
             .transpose()

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::act::SAMPLE;
-use super::actor::Actor;
+use super::actor::{optional_reason, Actor};
 use super::error::Result;
 use super::page::{Page, PageRequest};
 use super::selection::{select_filter, FilterParams};
@@ -122,7 +122,7 @@ impl Operations {
         actor.must_operate()?;
         let replay = new_replay(request, runner)?;
         check_replay(&self.store, &self.kafka, &self.routes, &replay).await?;
-        let operator = actor.operator(request.reason.clone());
+        let operator = actor.operator(optional_reason(request.reason.as_deref())?);
         let name = match runner {
             Runner::Fleet => "",
             Runner::Here(name) => name,

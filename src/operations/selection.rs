@@ -2,7 +2,7 @@
 //! (statuses by name, times as RFC 3339 or a duration ago), ids, and the rules that
 //! join them (ids or a filter, not both; every task only when asked for with `all`).
 
-use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Utc};
+use chrono::{DateTime, Datelike, NaiveDate, NaiveDateTime, NaiveTime, Utc};
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -124,12 +124,12 @@ impl FilterParams {
         };
         let filter = TaskFilter {
             status,
-            handler: self.handler.clone(),
-            route: self.route.clone(),
-            topic: self.topic.clone(),
+            handler: name("handler", &self.handler)?,
+            route: name("route", &self.route)?,
+            topic: name("topic", &self.topic)?,
             key: self.key.clone(),
-            key_prefix: self.key_prefix.clone(),
-            error: self.error.clone(),
+            key_prefix: not_empty("key_prefix", &self.key_prefix)?,
+            error: not_empty("error", &self.error)?,
             created_after: time("created_after", &self.created_after)?,
             created_before: time("created_before", &self.created_before)?,
             updated_after: time("updated_after", &self.updated_after)?,
@@ -140,6 +140,23 @@ impl FilterParams {
         };
         filter.validate().map_err(OperationError::BadRequest)?;
         Ok(filter)
+    }
+}
+
+/// A name (handler, route, topic) as written, around spaces trimmed.
+fn name(field: &str, value: &Option<String>) -> Result<Option<String>> {
+    let trimmed = value.as_deref().map(|v| v.trim().to_owned());
+    not_empty(field, &trimmed)
+}
+
+/// `value`, refused when given empty: an empty prefix or text matches every task, and
+/// selecting every task takes `all` (a script's empty variable must not mean all).
+fn not_empty(field: &str, value: &Option<String>) -> Result<Option<String>> {
+    match value.as_deref() {
+        Some("") => Err(OperationError::bad_request(format!(
+            "{field} is empty: leave it out to match any task"
+        ))),
+        _ => Ok(value.clone()),
     }
 }
 
@@ -159,8 +176,10 @@ pub fn parse_time(text: &str) -> std::result::Result<DateTime<Utc>, String> {
 
 /// [`parse_time`], durations counted back from `now`.
 pub fn parse_time_at(text: &str, now: DateTime<Utc>) -> std::result::Result<DateTime<Utc>, String> {
+    let out_of_range = || format!("{text:?} is outside the years 1 to 9999");
     if let Ok(time) = DateTime::parse_from_rfc3339(text) {
-        return Ok(time.with_timezone(&Utc));
+        let time = time.with_timezone(&Utc);
+        return Some(time).filter(storable).ok_or_else(out_of_range);
     }
     for format in [
         "%Y-%m-%d %H:%M:%S",
@@ -169,11 +188,14 @@ pub fn parse_time_at(text: &str, now: DateTime<Utc>) -> std::result::Result<Date
         "%Y-%m-%dT%H:%M",
     ] {
         if let Ok(time) = NaiveDateTime::parse_from_str(text, format) {
-            return Ok(time.and_utc());
+            return Some(time.and_utc())
+                .filter(storable)
+                .ok_or_else(out_of_range);
         }
     }
     if let Ok(day) = NaiveDate::parse_from_str(text, "%Y-%m-%d") {
-        return Ok(day.and_time(NaiveTime::MIN).and_utc());
+        let midnight = day.and_time(NaiveTime::MIN).and_utc();
+        return Some(midnight).filter(storable).ok_or_else(out_of_range);
     }
     let ago = parse_duration(text).map_err(|_| {
         format!(
@@ -184,7 +206,14 @@ pub fn parse_time_at(text: &str, now: DateTime<Utc>) -> std::result::Result<Date
     chrono::TimeDelta::from_std(ago)
         .ok()
         .and_then(|ago| now.checked_sub_signed(ago))
+        .filter(storable)
         .ok_or_else(|| format!("{text:?} is too long ago"))
+}
+
+/// Whether PostgreSQL can compare a task's times with `time`: years 1 to 9999 are
+/// taken, as an operator could mean them.
+fn storable(time: &DateTime<Utc>) -> bool {
+    (1..=9999).contains(&time.year())
 }
 
 /// What a bulk verb acts on: `ids`, or the tasks `filter` selects (a filter given, even
@@ -270,6 +299,33 @@ mod tests {
             assert!(refused.contains("neither a time"), "{wrong}: {refused}");
         }
         assert!(parse_time("100000000years").is_err());
+        // Found by the issue 16 attack: PostgreSQL refused these (a 500).
+        for far in ["10000years", "2100years", "0000-06-01T00:00:00Z"] {
+            assert!(parse_time_at(far, now).is_err(), "{far}");
+        }
+    }
+
+    /// Found by the issue 16 attack: `--key-prefix "$EMPTY"` selected every task with a
+    /// key, past the rule that every task takes `all`.
+    #[test]
+    fn an_empty_text_is_refused_and_names_are_trimmed() {
+        for field in ["handler", "route", "topic", "key_prefix", "error"] {
+            let params: FilterParams =
+                serde_json::from_value(serde_json::json!({ field: "" })).unwrap();
+            let refused = error(params.filter());
+            assert!(
+                refused.starts_with(&format!("{field} is empty")),
+                "{refused}"
+            );
+        }
+        let blank: FilterParams =
+            serde_json::from_value(serde_json::json!({"handler": "  "})).unwrap();
+        assert!(error(blank.filter()).contains("handler is empty"));
+        let spaced: FilterParams =
+            serde_json::from_value(serde_json::json!({"handler": " billing ", "key": ""})).unwrap();
+        let filter = spaced.filter().unwrap();
+        assert_eq!(filter.handler.as_deref(), Some("billing"));
+        assert_eq!(filter.key.as_deref(), Some(""), "an empty key is a key");
     }
 
     #[test]

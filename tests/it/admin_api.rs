@@ -249,6 +249,12 @@ async fn bad_input_is_a_400_that_says_what_is_wrong() {
         ("/api/v1/tasks/0", "not a task id"),
         ("/api/v1/tasks/99999999999999999999", "not a task id"),
         ("/api/v1/audit?limit=-1", "limit"),
+        // Found by the issue 16 attack: these were 500s with PostgreSQL's words.
+        ("/api/v1/tasks?created_after=10000years", "too long ago"),
+        ("/api/v1/audit?since=10000years", "too long ago"),
+        ("/api/v1/audit?actor=%00", "NUL"),
+        ("/api/v1/audit?action=%00", "NUL"),
+        ("/api/v1/tasks?key_prefix=", "key_prefix is empty"),
     ] {
         let (status, body) = api.get(path, Some(READ)).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
@@ -284,6 +290,26 @@ async fn bad_input_is_a_400_that_says_what_is_wrong() {
             "more_attempts",
         ),
         ("/api/v1/tasks/discard", json!({"ids": [1]}), "reason"),
+        (
+            "/api/v1/tasks/discard",
+            json!({"ids": [1], "reason": "a\u{0}b"}),
+            "NUL",
+        ),
+        (
+            "/api/v1/tasks/discard",
+            json!({"ids": [1], "reason": "x".repeat(2001)}),
+            "at most 2000",
+        ),
+        (
+            "/api/v1/tasks/discard",
+            json!({"filter": {"key_prefix": ""}, "reason": "r"}),
+            "key_prefix is empty",
+        ),
+        (
+            "/api/v1/tasks/replay",
+            json!({"all": true, "reason": "a\u{0}b"}),
+            "NUL",
+        ),
         (
             "/api/v1/tasks/resolve",
             json!({"ids": [1], "reason": "  "}),
