@@ -32,8 +32,9 @@ use crate::telemetry::Metrics;
 const REPLAY_BATCH: i64 = 200;
 /// Payload bytes per batch at most (a larger single task goes alone).
 const REPLAY_BATCH_BYTES: i64 = 16 * 1024 * 1024;
-/// How often a runner renews its hold on the job.
-const BEAT_EVERY: Duration = Duration::from_secs(5);
+/// How often a runner renews its hold on the job, and so how soon it learns of a
+/// cancel: within about this long, the messages in flight then aside.
+const BEAT_EVERY: Duration = Duration::from_secs(1);
 /// Longest wait for Kafka metadata, watermarks or a read-back.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -292,10 +293,22 @@ impl Replayer {
                 None => (last, None),
             };
             let mut sent = Vec::new();
-            let mut skipped = page.unreadable;
+            let mut skipped = 0;
             let mut sends = Vec::new();
-            let mut interrupted = false;
+            // The last task of the batch handled (produced, skipped or found produced).
+            let mut handled_upto = None;
             for task in &tasks {
+                if let Some(limiter) = &limiter {
+                    // A slow rate must not hold up a cancel or a shutdown: what was
+                    // produced so far is recorded below.
+                    tokio::select! {
+                        _ = lost.cancelled() => break,
+                        _ = limiter.until_ready() => {}
+                    }
+                } else if lost.is_cancelled() {
+                    break;
+                }
+                handled_upto = Some(task.id.0);
                 let Some(topic) = target_of(&job, task) else {
                     skipped += 1;
                     continue;
@@ -303,17 +316,6 @@ impl Replayer {
                 sent.push(task.id);
                 if already.contains(&task.id.0) {
                     continue;
-                }
-                if let Some(limiter) = &limiter {
-                    // A slow rate must not hold up shutdown: the batch stays pending,
-                    // and a resume reads back what of it was produced.
-                    tokio::select! {
-                        _ = lost.cancelled() => {
-                            interrupted = true;
-                            break;
-                        }
-                        _ = limiter.until_ready() => {}
-                    }
                 }
                 let extra = [
                     (own::TASK_ID, task.id.to_string()),
@@ -342,11 +344,19 @@ impl Replayer {
                     )));
                 }
             }
-            if interrupted {
-                return Ok(());
-            }
+            let whole = handled_upto == tasks.last().map(|task| task.id.0);
+            let (upto, skipped, rest) = match handled_upto {
+                // Every task of the batch handled: past its end (and its unreadable rows).
+                _ if whole => (upto, skipped + page.unreadable, rest),
+                // Cancelled or stopping part-way: up to the last task produced, so that
+                // the job counts (and with mark_resolved resolves) what reached the
+                // topics; the rest of the batch stays pending for a resume to read back.
+                Some(partial) => (partial, skipped, Some((upto, HashSet::new()))),
+                None => return Ok(()),
+            };
             let still_pending = rest.is_some();
-            if !(self.commit(&job, &operator, upto, &sent, skipped, still_pending)).await? {
+            let ours = self.commit(&job, &operator, upto, &sent, skipped, still_pending);
+            if !ours.await? || lost.is_cancelled() {
                 return Ok(());
             }
             progress.inc((sent.len() + skipped as usize) as u64);

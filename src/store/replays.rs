@@ -365,7 +365,8 @@ impl Store {
 
     /// In `conn`'s transaction: the batch up to `upto` is produced. With
     /// `still_pending`, `upto` is a page inside the pending batch, whose end and marks
-    /// are kept. Returns false when the job is no longer `runner`'s (the caller rolls
+    /// are kept. A job cancelled meanwhile still counts what its runner produced before
+    /// it stopped. Returns false when the job is no longer `runner`'s (the caller rolls
     /// back).
     pub(crate) async fn end_replay_batch(
         conn: &mut PgConnection,
@@ -382,7 +383,7 @@ impl Store {
                  pending_upto = CASE WHEN $6 THEN pending_upto END, \
                  pending_marks = CASE WHEN $6 THEN pending_marks END, \
                  heartbeat_at = now() \
-             WHERE id = $1 AND runner = $2 AND status = 'running'",
+             WHERE id = $1 AND runner = $2 AND status IN ('running', 'cancelled')",
         )
         .bind(id)
         .bind(runner)

@@ -696,3 +696,86 @@ async fn a_replay_killed_mid_batch_and_resumed_while_its_selection_grew_produces
     );
     assert_replayed_once(&bootstrap, "replayed", &expected);
 }
+
+/// Found by the issue 16 attack: a replay cancelled mid-batch went on producing until
+/// its next heartbeat (5 s), and the messages of that batch were never counted (nor,
+/// with mark_resolved, resolved), so the job said fewer than the topic held. The runner
+/// now learns of a cancel within about a second and records what it produced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_cancelled_mid_batch_stops_soon_and_counts_every_message_it_produced() {
+    let kafka = cluster(&[("orders", 3)]);
+    let bootstrap = kafka.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    settings.kafka.bootstrap_servers = bootstrap.clone();
+    stored_failures(&store, 1000).await;
+    let operator = redrive::store::Operator {
+        actor: "ops".into(),
+        reason: None,
+    };
+    let replay = redrive::store::NewReplay {
+        filter: redrive::store::TaskFilter::default(),
+        target_topic: None,
+        mark_resolved: true,
+        rate: Some(150.0),
+        detached: false,
+    };
+    let job = store
+        .create_replay(&operator, &replay, "runner")
+        .await
+        .unwrap();
+    let id = job.id;
+    let running = tokio::spawn({
+        let (store, settings) = (store.clone(), settings.clone());
+        async move { run_to_end(&store, &settings, job).await }
+    });
+    // Inside the second batch of 200 (at 150 a second, a batch takes 1.3 s).
+    crate::support::eventually(Duration::from_secs(30), "a batch produced", || async {
+        scalar(
+            &store,
+            &format!("SELECT cursor FROM recovery_replay WHERE id = {id}"),
+        )
+        .await
+            > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    store.cancel_replay(&operator, id).await.unwrap();
+    let cancelled = std::time::Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the runner stops")
+        .unwrap();
+    assert_eq!(ended.status.to_string(), "cancelled");
+    assert!(
+        cancelled.elapsed() < Duration::from_secs(3),
+        "stopped {:?} after the cancel",
+        cancelled.elapsed()
+    );
+    let job = store.replay(id).await.unwrap().unwrap();
+    let on_topic = consume(
+        &bootstrap,
+        "orders",
+        3,
+        job.produced as usize + 1,
+        Duration::from_secs(10),
+    );
+    assert!(
+        job.produced < 1000,
+        "cancelled before the end: {}",
+        job.produced
+    );
+    assert_eq!(
+        on_topic.len() as i64,
+        job.produced,
+        "the job counts what the topic holds"
+    );
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE status = 'resolved'"
+        )
+        .await,
+        job.produced,
+        "mark_resolved resolved what was produced"
+    );
+}
