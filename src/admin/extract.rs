@@ -26,10 +26,23 @@ pub(super) fn paged<T: DeserializeOwned>(raw: Option<&str>) -> Result<(PageReque
     Ok((read_pairs(page)?, read_pairs(rest)?))
 }
 
-/// `pairs` of a query string read into `T`.
+/// `pairs` of a query string read into `T`; a refusal names the parameter it is about
+/// (the decoder's own words do not: "invalid digit found in string").
 fn read_pairs<T: DeserializeOwned>(pairs: Vec<(String, String)>) -> Result<T, ApiError> {
-    let text = serde_urlencoded::to_string(pairs).expect("pairs of texts encode");
-    serde_urlencoded::from_str(&text).map_err(bad_query)
+    let encode = |pairs: &[(String, String)]| {
+        serde_urlencoded::to_string(pairs).expect("pairs of texts encode")
+    };
+    serde_urlencoded::from_str(&encode(&pairs)).map_err(|error| {
+        let alone = |pair: &(String, String)| {
+            serde_urlencoded::from_str::<T>(&encode(std::slice::from_ref(pair))).err()
+        };
+        match pairs.iter().find_map(|pair| Some((pair, alone(pair)?))) {
+            Some(((name, value), error)) => {
+                ApiError::bad_request(format!("bad query: {name}={value:?}: {error}"))
+            }
+            None => bad_query(error),
+        }
+    })
 }
 
 fn bad_query(error: serde_urlencoded::de::Error) -> ApiError {

@@ -255,6 +255,9 @@ async fn bad_input_is_a_400_that_says_what_is_wrong() {
         ("/api/v1/audit?actor=%00", "NUL"),
         ("/api/v1/audit?action=%00", "NUL"),
         ("/api/v1/tasks?key_prefix=", "key_prefix is empty"),
+        ("/api/v1/tasks?limit=1e3", "limit=\"1e3\""),
+        ("/api/v1/tasks?after=abc", "after=\"abc\""),
+        ("/api/v1/tasks?generation=two", "generation=\"two\""),
     ] {
         let (status, body) = api.get(path, Some(READ)).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
