@@ -180,7 +180,7 @@ fn headers(headers: &[HeaderView]) -> Markup {
     }
     let readable = |r: &crate::readable::Readable| -> Markup {
         match r.encoding {
-            "utf8" => html! { code { (r.data) } },
+            "utf8" => html! { code { (layout::visible(&r.data)) } },
             _ => html! { code.hex { "hex " (r.data) } " (" (r.size) " bytes, not UTF-8)" },
         }
     };

@@ -170,6 +170,32 @@ pub(crate) fn age(seconds: f64) -> String {
     }
 }
 
+/// Whether `c` would be invisible or would move the text around it: controls (a line
+/// break and a tab aside), zero-width and direction marks, overrides and isolates, the
+/// byte-order mark.
+fn hidden(c: char) -> bool {
+    (c.is_control() && c != '\n' && c != '\t')
+        || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
+}
+
+/// Text from a message as a person should see it: every [`hidden`] character written
+/// as `\u{…}`, so that a key cannot pass for another (a right-to-left override, a NUL).
+pub(crate) fn visible(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(hidden) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut shown = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if hidden(c) {
+            shown.push_str(&format!("\\u{{{:04X}}}", c as u32));
+        } else {
+            shown.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(shown)
+}
+
 /// A task's status as a badge.
 pub(crate) fn status(status: Status) -> Markup {
     html! { span class={ "badge status-" (status.as_str()) } { (status.as_str()) } }
@@ -189,8 +215,14 @@ pub(crate) fn payload(bytes: &Readable) -> Markup {
     html! {
         div.payload {
             @if bytes.encoding == "utf8" {
-                p.meta { (size) ", UTF-8 text" }
-                pre.text { (shown) }
+                @let seen = visible(shown);
+                p.meta {
+                    (size) ", UTF-8 text"
+                    @if matches!(seen, std::borrow::Cow::Owned(_)) {
+                        "; invisible and control characters are shown as " code { "\\u{…}" }
+                    }
+                }
+                pre.text { (seen) }
             } @else {
                 p.meta { (size) ", not UTF-8: shown as hex" }
                 pre.hex { (spaced_hex(shown)) }
@@ -230,6 +262,27 @@ fn spaced_hex(digits: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the issue 16 attack: a key with a right-to-left override and a NUL was
+    /// written raw into the page, where it could pass for another key.
+    #[test]
+    fn invisible_and_control_characters_are_shown_as_escapes() {
+        assert_eq!(visible("order-1\u{202E}gnp.exe"), "order-1\\u{202E}gnp.exe");
+        assert_eq!(
+            visible("a\0b\u{200B}c\u{FEFF}"),
+            "a\\u{0000}b\\u{200B}c\\u{FEFF}"
+        );
+        assert!(matches!(
+            visible("line\n\tnext é 日本"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        let page = payload(&Readable::new("k\u{202E}1".as_bytes())).into_string();
+        assert!(
+            page.contains("k\\u{202E}1") && !page.contains('\u{202E}'),
+            "{page}"
+        );
+        assert!(page.contains("shown as"), "{page}");
+    }
 
     #[test]
     fn ages_read_as_people_say_them() {

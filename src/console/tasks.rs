@@ -152,7 +152,7 @@ fn row(task: &TaskSummary, selectable: bool) -> Markup {
             td { (task.handler) }
             td { (layout::text_opt(task.route.as_deref())) }
             td { (layout::text_opt(source.as_deref())) }
-            td.key { (layout::text_opt(task.key.as_deref())) }
+            td.key { (layout::text_opt(task.key.as_deref().map(layout::visible).as_deref())) }
             td.number { (task.attempts) }
             td {
                 @if task.status.is_final() { (layout::dash()) }
