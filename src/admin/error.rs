@@ -74,6 +74,11 @@ impl ApiError {
         ApiError::new(StatusCode::NOT_FOUND, message)
     }
 
+    /// 405: the address takes other methods.
+    pub fn method_not_allowed(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::METHOD_NOT_ALLOWED, message)
+    }
+
     /// 500: the server failed.
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message)

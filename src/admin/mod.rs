@@ -116,6 +116,11 @@ pub fn router(operations: Operations, tokens: Tokens) -> Router {
         .merge(api)
         .merge(console)
         .fallback(|| async { ApiError::not_found("no such endpoint; see /api/v1/openapi.json") })
+        .method_not_allowed_fallback(|method: axum::http::Method| async move {
+            ApiError::method_not_allowed(format!(
+                "{method} is not a method of this address; see /api/v1/openapi.json"
+            ))
+        })
         .layer(middleware::from_fn_with_state(
             guard,
             origin::refuse_foreign,

@@ -264,6 +264,12 @@ async fn bad_input_is_a_400_that_says_what_is_wrong() {
         let error = body["error"].as_str().unwrap();
         assert!(error.contains(says), "{path}: {error}");
     }
+    let (status, body) = api.get("/api/v1/tasks/retry", Some(READ)).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{body}");
+    assert!(body["error"]
+        .as_str()
+        .unwrap()
+        .contains("GET is not a method"));
     for (path, request, says) in [
         (
             "/api/v1/tasks/retry",
