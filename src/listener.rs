@@ -279,28 +279,29 @@ mod tests {
         }
     }
 
-    fn echo() -> Router {
-        Router::new().route("/", axum::routing::post(|body: String| async move { body }))
+    /// A server answering a POST with its body, within `limits`: its address, its stop
+    /// and its task.
+    async fn echo_within(
+        limits: Limits,
+    ) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let echo =
+            Router::new().route("/", axum::routing::post(|body: String| async move { body }));
+        let stop = CancellationToken::new();
+        let server = serve_within(listener, echo, stop.clone(), Duration::ZERO, limits);
+        (address, stop, tokio::spawn(server))
     }
 
     /// Found by the issue 16 attack: a client sending a body a byte at a time held its
     /// connection for ever, and 20,000 of them used up the member's file handles.
     #[tokio::test]
     async fn a_body_that_does_not_arrive_in_time_is_answered_408_and_a_large_one_413() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let limits = Limits {
+        let (address, stop, server) = echo_within(Limits {
             body_read: Duration::from_millis(300),
             ..Limits::default()
-        };
-        let stop = CancellationToken::new();
-        let server = tokio::spawn(serve_within(
-            listener,
-            echo(),
-            stop.clone(),
-            Duration::ZERO,
-            limits,
-        ));
+        })
+        .await;
         let slow = answer(
             address,
             b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\ntoken=",
@@ -330,20 +331,11 @@ mod tests {
     /// and once one of its connections closes it is served again.
     #[tokio::test]
     async fn a_client_over_its_connection_limit_is_closed_until_one_of_its_own_closes() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let limits = Limits {
+        let (address, stop, server) = echo_within(Limits {
             per_peer: 2,
             ..Limits::default()
-        };
-        let stop = CancellationToken::new();
-        let server = tokio::spawn(serve_within(
-            listener,
-            echo(),
-            stop.clone(),
-            Duration::ZERO,
-            limits,
-        ));
+        })
+        .await;
         let first = TcpStream::connect(address).await.unwrap();
         let _second = TcpStream::connect(address).await.unwrap();
         let request =
