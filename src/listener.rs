@@ -7,6 +7,8 @@
 //! - Its whole body, at most [`MAX_BODY`], within [`BODY_READ_TIMEOUT`]: else the answer
 //!   is 408 (or 413 for a larger body) and the connection closes. Every body the
 //!   handlers read is small, so it is read before the handler runs.
+//! - A client must take what it is sent: a response that makes no progress for
+//!   [`WRITE_STALL_TIMEOUT`] (a client that stopped reading) closes the connection.
 //! - One client address holds at most [`MAX_CONNECTIONS_PER_PEER`] connections (one more
 //!   is closed at once), and the listener [`MAX_CONNECTIONS`] (past them it accepts no
 //!   more until one closes; the kernel queues the rest): slow clients cannot use up the
@@ -24,8 +26,13 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use std::collections::HashMap;
+use std::future::Future;
+use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -36,8 +43,12 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a client may take to send a request's body, once its head arrived.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Largest request body read.
-pub const MAX_BODY: usize = 2 * 1024 * 1024;
+/// Largest request body read (the largest the API takes, 10,000 task ids, is ~100 KiB):
+/// 512 connections sending their largest bodies hold at most 128 MiB.
+pub const MAX_BODY: usize = 256 * 1024;
+
+/// Longest a response may wait for its client to read it.
+pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Most connections one client address may hold open at once.
 pub const MAX_CONNECTIONS_PER_PEER: usize = 64;
@@ -55,6 +66,8 @@ pub struct Limits {
     pub header_read: Duration,
     /// [`BODY_READ_TIMEOUT`].
     pub body_read: Duration,
+    /// [`WRITE_STALL_TIMEOUT`].
+    pub write_stall: Duration,
     /// [`MAX_CONNECTIONS_PER_PEER`].
     pub per_peer: usize,
     /// [`MAX_CONNECTIONS`].
@@ -66,6 +79,7 @@ impl Default for Limits {
         Limits {
             header_read: HEADER_READ_TIMEOUT,
             body_read: BODY_READ_TIMEOUT,
+            write_stall: WRITE_STALL_TIMEOUT,
             per_peer: MAX_CONNECTIONS_PER_PEER,
             total: MAX_CONNECTIONS,
         }
@@ -211,6 +225,7 @@ async fn connection(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read);
+    let stream = StallGuard::new(stream, limits.write_stall);
     let served = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
     tokio::pin!(served);
     let outcome = tokio::select! {
@@ -224,6 +239,83 @@ async fn connection(
         tracing::debug!(%error, "HTTP connection ended with an error");
     }
     peer.ip()
+}
+
+/// A connection whose writes fail once they made no progress for `limit`: a client
+/// that stops reading would otherwise hold its connection (and the response in the
+/// member's memory) for ever.
+struct StallGuard {
+    stream: TcpStream,
+    limit: Duration,
+    /// When the pending write gives up; armed while writes make no progress.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl StallGuard {
+    fn new(stream: TcpStream, limit: Duration) -> StallGuard {
+        StallGuard {
+            stream,
+            limit,
+            deadline: None,
+        }
+    }
+
+    /// Passes on a write's progress; a write pending past the limit fails.
+    fn watch<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.deadline = None;
+            return polled;
+        }
+        let limit = self.limit;
+        let deadline = self
+            .deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client read nothing of the response in time",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl AsyncRead for StallGuard {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for StallGuard {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write(cx, buf);
+        this.watch(cx, polled)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_flush(cx);
+        this.watch(cx, polled)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_shutdown(cx);
+        this.watch(cx, polled)
+    }
 }
 
 #[cfg(test)]
@@ -279,15 +371,20 @@ mod tests {
         }
     }
 
-    /// A server answering a POST with its body, within `limits`: its address, its stop
+    /// The size of the answer to `GET /big`: more than socket buffers hold.
+    const BIG: usize = 32 * 1024 * 1024;
+
+    /// A server answering a POST with its body and `GET /big` with [`BIG`] bytes, within
+    /// `limits`: its address, its stop
     /// and its task.
     async fn echo_within(
         limits: Limits,
     ) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<()>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
-        let echo =
-            Router::new().route("/", axum::routing::post(|body: String| async move { body }));
+        let echo = Router::new()
+            .route("/", axum::routing::post(|body: String| async move { body }))
+            .route("/big", axum::routing::get(|| async { vec![b'x'; BIG] }));
         let stop = CancellationToken::new();
         let server = serve_within(listener, echo, stop.clone(), Duration::ZERO, limits);
         (address, stop, tokio::spawn(server))
@@ -347,6 +444,36 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let served = answer(address, request).await;
         assert!(served.starts_with("HTTP/1.1 200"), "{served}");
+        stop.cancel();
+        server.await.unwrap();
+    }
+
+    /// Found by the second issue 16 attack: clients that pipelined requests and never
+    /// read the answers held their connections for ever, and 512 of them shut everyone
+    /// else out.
+    #[tokio::test]
+    async fn a_client_that_stops_reading_is_disconnected() {
+        let (address, stop, server) = echo_within(Limits {
+            write_stall: Duration::from_millis(300),
+            ..Limits::default()
+        })
+        .await;
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut reader = socket.connect(address).await.unwrap();
+        reader
+            .write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), reader.read_to_end(&mut answer));
+        let _ = read.await.expect("the server closed the connection");
+        assert!(
+            answer.len() < BIG,
+            "the stalled answer was dropped before it was all written: {} bytes",
+            answer.len()
+        );
         stop.cancel();
         server.await.unwrap();
     }

@@ -38,13 +38,44 @@ impl Readable {
         }
     }
 
-    /// One line for a table: the text with control characters escaped, or `hex:…`.
+    /// One line for a table: the text with line breaks and [`hidden`] characters
+    /// escaped, or `hex:…`.
     pub fn line(&self) -> String {
         match self.encoding {
-            "utf8" => self.data.escape_debug().to_string(),
+            "utf8" => visible(&self.data)
+                .replace('\n', "\\n")
+                .replace('\t', "\\t"),
             _ => format!("hex:{}", self.data),
         }
     }
+}
+
+/// Whether `c` would be invisible or would move the text around it: controls (a line
+/// break and a tab aside), zero-width and direction marks, overrides and isolates, the
+/// byte-order mark.
+pub fn hidden(c: char) -> bool {
+    (c.is_control() && c != '\n' && c != '\t')
+        || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
+}
+
+/// Text from a message, a downstream or an operator as a person should see it, on a
+/// page or a terminal: every [`hidden`] character written as `\u{…}`, so that a key
+/// cannot pass for another (a right-to-left override, a NUL) and a terminal obeys no
+/// escape sequence.
+pub fn visible(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(hidden) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut shown = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if hidden(c) {
+            shown.push_str(&format!("\\u{{{:04X}}}", c as u32));
+        } else {
+            shown.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(shown)
 }
 
 /// Lowercase hex digits of `bytes`.
@@ -126,6 +157,16 @@ mod tests {
     #[test]
     fn text_stays_text_and_other_bytes_become_hex() {
         assert_eq!(Readable::new(b"k\n1").line(), "k\\n1");
+        // Found by the second issue 16 attack: a downstream's error text carried
+        // terminal escapes and a direction override to the operator's terminal.
+        assert_eq!(
+            visible("bad \u{1b}[2J\u{202E}gnp.exe\u{7}"),
+            "bad \\u{001B}[2J\\u{202E}gnp.exe\\u{0007}"
+        );
+        assert!(matches!(
+            visible("line\n\tnext é"),
+            std::borrow::Cow::Borrowed(_)
+        ));
         let binary = Readable::new(&[0xff, 0x00, 0x41]);
         assert_eq!((binary.encoding, binary.data.as_str()), ("hex", "ff0041"));
         assert_eq!(binary.line(), "hex:ff0041");

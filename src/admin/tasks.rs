@@ -46,10 +46,7 @@ async fn act(
     request: Result<Json<ActRequest>, JsonRejection>,
 ) -> Result<Json<ActAnswer>, ApiError> {
     let request = body(request)?;
-    let operations = operations.clone();
-    let running = tokio::spawn(async move { operations.act(&actor, verb, &request, |_| {}).await });
-    let answer = running
-        .await
+    let answer = (operations.act_to_end(actor, verb, request, |_| {}).await)
         .map_err(|failed| ApiError::internal(format!("the action failed: {failed}")))?;
     Ok(Json(answer?))
 }

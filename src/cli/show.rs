@@ -247,19 +247,10 @@ fn payload(out: &mut String, name: &str, bytes: Option<&Readable>, absent: &str)
     }
 }
 
-/// `text` with control characters escaped (a terminal would obey them), lines and
-/// tabs kept.
+/// `text` with its [`crate::readable::hidden`] characters escaped (a terminal would obey
+/// them, or hide them), lines and tabs kept.
 fn printable(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '\n' | '\t' => out.push(c),
-            '\r' => {}
-            c if c.is_control() => out.extend(c.escape_debug()),
-            c => out.push(c),
-        }
-    }
-    out
+    crate::readable::visible(&text.replace("\r\n", "\n")).into_owned()
 }
 
 /// The attempt history as a table, oldest first.
@@ -305,7 +296,7 @@ mod tests {
         );
         assert_eq!(
             lines[6],
-            format!("{:<22} <script>\\u{{1b}} (9 bytes)", "key")
+            format!("{:<22} <script>\\u{{001B}} (9 bytes)", "key")
         );
         assert_eq!(
             lines[7],

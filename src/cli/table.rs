@@ -43,12 +43,14 @@ const MAX_CELL: usize = 60;
 /// The table as text.
 pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
     let cut = |cell: &str| -> String {
+        // Text from messages, downstreams and operators: no terminal escape obeyed.
+        let cell = crate::readable::visible(cell);
         if cell.chars().count() > MAX_CELL {
             let mut short: String = cell.chars().take(MAX_CELL - 1).collect();
             short.push('…');
             short
         } else {
-            cell.to_owned()
+            cell.into_owned()
         }
     };
     let rows: Vec<Vec<String>> = rows

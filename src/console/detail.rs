@@ -105,7 +105,7 @@ fn body(id: TaskId, detail: &TaskDetail) -> Markup {
             }
             h2 { "Last error" }
             @match field_text(detail, "last_error") {
-                Some(error) => pre.error { (error) },
+                Some(error) => pre.error { (layout::visible(error)) },
                 None => p { (layout::dash()) },
             }
         }
@@ -160,10 +160,10 @@ fn json(value: &Value) -> Markup {
         Value::Null => layout::dash(),
         Value::String(text) => match chrono::DateTime::parse_from_rfc3339(text) {
             Ok(at) => layout::when(at.with_timezone(&chrono::Utc)),
-            Err(_) => html! { (text) },
+            Err(_) => html! { (layout::visible(text)) },
         },
         Value::Bool(_) | Value::Number(_) => html! { (value.to_string()) },
-        _ => html! { code { (value.to_string()) } },
+        _ => html! { code { (layout::visible(&value.to_string())) } },
     }
 }
 

@@ -90,15 +90,21 @@ impl Jobs {
             jobs.insert(id.clone(), job);
         });
         let (jobs, key) = (self.clone(), id.clone());
-        tokio::spawn(async move {
-            let progress = |report: ActionReport| {
+        let progress = {
+            let (jobs, key) = (jobs.clone(), key.clone());
+            move |report: ActionReport| {
                 jobs.with(|all| all.get_mut(&key).map(|job| job.done = Some(report)));
+            }
+        };
+        let running = app.act_to_end(actor, verb, request, progress);
+        tokio::spawn(async move {
+            let outcome = match running.await {
+                Ok(answer) => answer.map_err(|e| e.to_string()),
+                Err(failed) => Err(format!("the action failed: {failed}")),
             };
-            let answer = app.act(&actor, verb, &request, progress).await;
-            if let Err(error) = &answer {
+            if let Err(error) = &outcome {
                 tracing::warn!(%error, job = %key, "console: a bulk action failed");
             }
-            let outcome = answer.map_err(|e| e.to_string());
             jobs.with(|all| all.get_mut(&key).map(|job| job.outcome = Some(outcome)));
         });
         id

@@ -149,7 +149,7 @@ pub(crate) fn dash() -> Markup {
 /// Text, or a dash.
 pub(crate) fn text_opt(text: Option<&str>) -> Markup {
     match text {
-        Some(text) => html! { (text) },
+        Some(text) => html! { (visible(text)) },
         None => dash(),
     }
 }
@@ -170,31 +170,9 @@ pub(crate) fn age(seconds: f64) -> String {
     }
 }
 
-/// Whether `c` would be invisible or would move the text around it: controls (a line
-/// break and a tab aside), zero-width and direction marks, overrides and isolates, the
-/// byte-order mark.
-fn hidden(c: char) -> bool {
-    (c.is_control() && c != '\n' && c != '\t')
-        || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
-            | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
-}
-
-/// Text from a message as a person should see it: every [`hidden`] character written
-/// as `\u{…}`, so that a key cannot pass for another (a right-to-left override, a NUL).
-pub(crate) fn visible(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text.chars().any(hidden) {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let mut shown = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if hidden(c) {
-            shown.push_str(&format!("\\u{{{:04X}}}", c as u32));
-        } else {
-            shown.push(c);
-        }
-    }
-    std::borrow::Cow::Owned(shown)
-}
+/// Text from a message or an operator as a person should see it (see
+/// [`crate::readable::visible`]).
+pub(crate) use crate::readable::visible;
 
 /// A task's status as a badge.
 pub(crate) fn status(status: Status) -> Markup {

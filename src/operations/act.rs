@@ -2,6 +2,8 @@
 //! samples, in the store's fenced, audited batches.
 
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use tokio::task::JoinHandle;
 
 use super::actor::{optional_reason, required_reason, Actor};
 use super::error::{OperationError, Result};
@@ -98,6 +100,35 @@ pub struct ActAnswer {
 }
 
 impl Operations {
+    /// [`Operations::act`] as a task of its own, run to its end whatever becomes of who
+    /// asked (a client that hangs up, a page left). A member that stops meanwhile ends
+    /// it after the batch in progress and says so in a warning: the tasks changed so far
+    /// stay changed, its audit entry counts them, and the same selection run again
+    /// finishes the work.
+    pub fn act_to_end(
+        self: &Arc<Self>,
+        actor: Actor,
+        verb: Verb,
+        request: ActRequest,
+        mut progress: impl FnMut(ActionReport) + Send + 'static,
+    ) -> JoinHandle<Result<ActAnswer>> {
+        let operations = self.clone();
+        tokio::spawn(async move {
+            let mut unfinished = Unfinished {
+                verb,
+                changed: 0,
+                ended: false,
+            };
+            let answer = (operations.act(&actor, verb, &request, |report| {
+                unfinished.changed = report.changed;
+                progress(report);
+            }))
+            .await;
+            unfinished.ended = true;
+            answer
+        })
+    }
+
     /// Applies `verb` to the tasks `request` selects, for `actor` (who must be allowed to
     /// operate), telling `progress` after every committed batch; with `dry_run`, counts
     /// and samples what it would change instead. Listed ids that do not exist are an
@@ -189,5 +220,27 @@ impl Operations {
                 force: request.force,
             },
         })
+    }
+}
+/// A bulk action under way; dropped before its end (its member stopping), it says so.
+/// `changed` is as of the last batch it heard of: a batch committing as the member
+/// stops is counted by the audit entry, not here.
+struct Unfinished {
+    verb: Verb,
+    changed: i64,
+    ended: bool,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if !self.ended {
+            tracing::warn!(
+                verb = ?self.verb,
+                changed_at_least = self.changed,
+                "a bulk action was stopped before its end (this member is stopping): the \
+                 tasks changed so far stay changed and its audit entry counts them; run \
+                 the same selection again to finish"
+            );
+        }
     }
 }

@@ -1016,3 +1016,65 @@ async fn retry_and_resolve_over_a_started_compensation_need_force() {
         "cancelled"
     );
 }
+
+/// Found by the second issue 16 attack: a bulk action whose client had hung up was cut
+/// short by the member's SIGTERM with nothing said anywhere. The member still stops
+/// promptly, and now warns what it left: the tasks changed so far (counted by the audit
+/// entry) and that the same selection finishes the work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_stopped_mid_bulk_action_says_what_it_left() {
+    let (store, settings) = fresh_store().await;
+    const TASKS: i64 = 200_000;
+    let tasks: Vec<NewTask> = (0..TASKS)
+        .map(|i| NewTask::new("log", format!("v{i}").into_bytes()))
+        .collect();
+    for chunk in tasks.chunks(10_000) {
+        store.enqueue_many(chunk).await.unwrap();
+    }
+    let mut console = crate::console::Console::start(&settings, false).await;
+    let impatient = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let sent = impatient
+        .post(format!("{}/api/v1/tasks/discard", console.base))
+        .bearer_auth(OPERATE)
+        .json(&json!({"filter": {"handler": "log"}, "reason": "hang up"}))
+        .send()
+        .await;
+    assert!(
+        sent.is_err_and(|e| e.is_timeout()),
+        "the client gave up first"
+    );
+    let discarded = "SELECT count(*) FROM recovery_task WHERE status = 'discarded'";
+    eventually(
+        std::time::Duration::from_secs(30),
+        "a first batch discarded",
+        || async { scalar(&store, discarded).await > 0 },
+    )
+    .await;
+    console.member.signal(libc::SIGTERM);
+    console
+        .member
+        .stopped(std::time::Duration::from_secs(30))
+        .await;
+    let changed = scalar(&store, discarded).await;
+    assert!(changed < TASKS, "stopped before its end: {changed}");
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT max(count) FROM recovery_audit WHERE action = 'discard'"
+        )
+        .await,
+        changed,
+        "the audit entry counts what changed"
+    );
+    let warned = console
+        .member
+        .log_lines("a bulk action was stopped before its end");
+    assert_eq!(warned.len(), 1, "{}", console.member.log_tail());
+    let told: i64 = (warned[0].split("changed_at_least=").nth(1))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .expect("the warning says how many changed");
+    assert!(0 < told && told <= changed, "{}", warned[0]);
+}

@@ -25,7 +25,7 @@ const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
 /// (`viewer`).
 pub(crate) struct Console {
     pub(crate) base: String,
-    _member: MemberProcess,
+    pub(crate) member: MemberProcess,
 }
 
 impl Console {
@@ -76,10 +76,7 @@ impl Console {
                 .is_ok_and(|r| r.status() == StatusCode::OK)
         })
         .await;
-        Console {
-            base,
-            _member: member,
-        }
+        Console { base, member }
     }
 
     pub(crate) fn url(&self, path: &str) -> String {
