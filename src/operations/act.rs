@@ -241,6 +241,8 @@ impl Drop for Unfinished {
                  tasks changed so far stay changed and its audit entry counts them; run \
                  the same selection again to finish"
             );
+            // Dropped as the process ends: the line must reach stderr before it does.
+            crate::telemetry::flush_logs();
         }
     }
 }
