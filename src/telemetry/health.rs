@@ -32,6 +32,10 @@ pub struct Readiness {
     pub ready: bool,
     /// Each check: `ok`, or what is wrong.
     pub checks: BTreeMap<&'static str, String>,
+    /// What threatens the store without making the member unready (autovacuum off on
+    /// the server or on a table of redrive's: the store bloats until its drain stalls).
+    /// Every member would report the same, so it does not take one out of service.
+    pub warnings: Vec<String>,
 }
 
 impl Health {
@@ -81,7 +85,7 @@ impl Health {
     }
 
     /// Checks the database (reachable, migrations current), Kafka (when ingest runs)
-    /// and shutdown.
+    /// and shutdown; warns when PostgreSQL would not vacuum redrive's tables.
     pub async fn readiness(&self, store: &Store) -> Readiness {
         let mut checks = BTreeMap::new();
         let database =
@@ -94,6 +98,14 @@ impl Health {
                 "ok".to_owned(),
                 format!("{pending} migration(s) not applied (run `redrive migrate`)"),
             ),
+        };
+        let warnings = if database == "ok" {
+            match tokio::time::timeout(DATABASE_CHECK_TIMEOUT, store.autovacuum_off()).await {
+                Ok(Ok(reasons)) => reasons,
+                _ => vec!["could not read the autovacuum settings".to_owned()],
+            }
+        } else {
+            Vec::new()
         };
         checks.insert("database", database);
         checks.insert("migrations", migrations);
@@ -114,6 +126,7 @@ impl Health {
         Readiness {
             ready: checks.values().all(|v| v == "ok"),
             checks,
+            warnings,
         }
     }
 }

@@ -320,7 +320,8 @@ async fn check_exits_1_and_names_the_task_when_an_invariant_breaks() {
 
 /// A recovery store without autovacuum bloats until its drain stalls: `tasks check`
 /// warns (without failing: no invariant is broken yet) when a table of redrive's has it
-/// disabled, and when the server has it off; a member says so at start-up.
+/// disabled, and when the server has it off; a member says so at start-up and in
+/// `/readyz`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_and_start_up_warn_when_autovacuum_is_off() {
     let (store, settings) = fresh_store().await;
@@ -362,7 +363,13 @@ async fn check_and_start_up_warn_when_autovacuum_is_off() {
         "{json}"
     );
 
-    let mut member = crate::support::Spawn::binary(&settings).start();
+    let metrics_at = {
+        let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        socket.local_addr().unwrap()
+    };
+    let mut member = crate::support::Spawn::binary(&settings)
+        .env("REDRIVE__METRICS__LISTEN", metrics_at.to_string())
+        .start();
     crate::support::eventually(
         std::time::Duration::from_secs(30),
         "the member warned at start-up",
@@ -373,6 +380,20 @@ async fn check_and_start_up_warn_when_autovacuum_is_off() {
         },
     )
     .await;
+    // `/readyz` says it too, without taking the member out of service.
+    let readyz = format!("http://{metrics_at}/readyz");
+    crate::support::eventually(
+        std::time::Duration::from_secs(30),
+        "ready: a warning does not make a member unready",
+        || async {
+            let answer = reqwest::get(&readyz).await;
+            answer.is_ok_and(|a| a.status() == 200)
+        },
+    )
+    .await;
+    let body: Value = reqwest::get(&readyz).await.unwrap().json().await.unwrap();
+    let expected = format!("autovacuum is disabled on table {schema}.recovery_task");
+    assert!(body["warnings"].to_string().contains(&expected), "{body}");
     member.stop(std::time::Duration::from_secs(30)).await;
 }
 
