@@ -3,11 +3,14 @@
 //! the ingest pause when a fleet member dies; `redrive bench ops`: operator bulk actions;
 //! `redrive bench webhook`: the webhook handler and breaker isolation; `redrive bench console`:
 //! the console's list latency on a large store, and a bulk action by filter beside a
-//! drain. Each run uses a fresh schema
+//! drain; `redrive bench horizon`: the drain while the MVCC horizon is pinned, on a
+//! private server. Each run uses a fresh schema
 //! (`<schema>_bench`), dropped afterwards.
 
 pub mod bulk;
+mod cluster;
 pub mod console;
+pub mod horizon;
 pub mod ingest;
 pub mod ops;
 pub mod rebalance;
@@ -57,6 +60,10 @@ pub enum BenchKind {
     /// on a large store, and a bulk action by filter with its progress beside a fleet's
     /// drain, against the drain alone.
     Console(console::ConsoleBenchOptions),
+    /// The drain while another session pins PostgreSQL's MVCC horizon (a snapshot held),
+    /// before, during and after, on a private server with autovacuum on: throughput,
+    /// backlog, dead row versions and index sizes.
+    Horizon(horizon::HorizonBenchOptions),
 }
 
 /// A count of at least one.
@@ -125,6 +132,7 @@ pub async fn run(settings: &Settings, args: &BenchArgs) -> anyhow::Result<()> {
         Some(BenchKind::Ops(options)) => ops::run(&settings, options).await,
         Some(BenchKind::Webhook(options)) => webhook::run(&settings, options).await,
         Some(BenchKind::Console(options)) => console::run(&settings, options).await,
+        Some(BenchKind::Horizon(options)) => horizon::run(&settings, options).await,
         None => run_queue(&settings, &args.queue).await,
     }
 }

@@ -443,3 +443,54 @@ async fn bench_console_runs_at_tiny_sizes_and_checks_its_tasks() {
         assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
     }
 }
+
+/// `redrive bench horizon` at tiny lengths: a private server started with a setting of
+/// the bench's (`--pg-set`), the stream, the snapshot held and released, the summary,
+/// and the final check that each task was resolved once. No figure is asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_horizon_runs_on_a_private_server_and_checks_its_tasks() {
+    let (_store, settings) = fresh_store().await;
+    let output = redrive(&settings)
+        .args([
+            "bench",
+            "horizon",
+            "--rate",
+            "300",
+            "--pg-set",
+            "autovacuum=off",
+        ])
+        .args([
+            "--before", "2s", "--pin", "2s", "--after", "2s", "--window", "1s",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    for line in [
+        "on a private PostgreSQL server",
+        "autovacuum=off",
+        "-- snapshot taken",
+        "-- snapshot released at 4s",
+        "drain before the pin",
+        "at its peak",
+        "checked: each of the",
+    ] {
+        assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
+    }
+    for refused in [["--window", "0s"], ["--pg-set", "autovacuum"]] {
+        let output = redrive(&settings)
+            .args(["bench", "horizon"])
+            .args(refused)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{refused:?}");
+        assert!(
+            stderr.contains(refused[0]) || stderr.contains("name=value"),
+            "{refused:?}: {stderr}"
+        );
+    }
+}
