@@ -87,12 +87,20 @@ pub fn hex(bytes: &[u8]) -> String {
     out
 }
 
-/// `text` re-indented, two spaces a level, when it is a JSON object or array (nested at
-/// most as deep as serde_json reads); its tokens exactly as written, so nothing is
-/// reordered or rounded.
+/// Deepest nesting re-indented; a deeper document is shown as it came.
+const MAX_DEPTH: usize = 64;
+
+/// Largest re-indented text; a document whose indentation would make it larger is shown
+/// as it came (the work per byte of input is bounded by the depth, the total by this).
+const MAX_OUTPUT: usize = 4 << 20;
+
+/// `text` re-indented, two spaces a level, when it is a JSON object or array nested at
+/// most [`MAX_DEPTH`] deep whose re-indented text stays within [`MAX_OUTPUT`] bytes; its
+/// tokens exactly as written, so nothing is reordered or rounded. A message is hostile
+/// input: without the bounds, 200 KB of nested brackets would take gigabytes.
 pub fn pretty_json(text: &str) -> Option<String> {
     let text = text.trim();
-    if !(text.starts_with('{') || text.starts_with('[')) {
+    if !(text.starts_with('{') || text.starts_with('[')) || text.len() > MAX_OUTPUT {
         return None;
     }
     serde_json::from_str::<serde::de::IgnoredAny>(text).ok()?;
@@ -130,6 +138,9 @@ pub fn pretty_json(text: &str) -> Option<String> {
                     out.push(close);
                 } else {
                     depth += 1;
+                    if depth > MAX_DEPTH {
+                        return None;
+                    }
                     newline(&mut out, depth);
                 }
             }
@@ -145,6 +156,9 @@ pub fn pretty_json(text: &str) -> Option<String> {
             ':' => out.push_str(": "),
             c if c.is_whitespace() => {}
             c => out.push(c),
+        }
+        if out.len() > MAX_OUTPUT {
+            return None;
         }
     }
     Some(out)
@@ -183,6 +197,25 @@ mod tests {
             "{\n  \"z\": 1.50,\n  \"a\": [],\n  \"s\": \"a,b:{\\\"c\\\"}\",\n  \"n\": {\n    \"x\": [\n      1,\n      2\n    ]\n  }\n}"
         );
         assert_eq!(Readable::new(b"[]").pretty_json.as_deref(), Some("[]"));
+    }
+
+    /// Regression (issue 16 attack): a 200 KB value of nested brackets made the
+    /// re-indented text 2·depth² bytes (gigabytes), and showing the task killed the
+    /// member. Past the depth or size bound the text is shown as it came.
+    #[test]
+    fn deep_or_bloated_json_is_not_reindented() {
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let started = std::time::Instant::now();
+        assert_eq!(pretty_json(&deep), None);
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        let deepest = format!("{}1{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        assert!(pretty_json(&deepest).is_some(), "as deep as allowed");
+        let deeper = format!("{}1{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+        assert_eq!(pretty_json(&deeper), None);
+        // Many short values deep down: every one would get its own indented line.
+        let wide = format!("{}{}1{}", "[".repeat(40), "1,".repeat(200_000), "]".repeat(40));
+        let shown = pretty_json(&wide);
+        assert!(shown.is_none_or(|s| s.len() <= MAX_OUTPUT), "bounded");
     }
 
     #[test]
