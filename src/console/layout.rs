@@ -179,11 +179,12 @@ pub(crate) fn status(status: Status) -> Markup {
     html! { span class={ "badge status-" (status.as_str()) } { (status.as_str()) } }
 }
 
-/// Stored bytes: the text when they are UTF-8, else hex in groups of two digits, with
-/// their size; at most [`SHOWN_BYTES`] of them.
+/// Stored bytes: the text when they are UTF-8 (a JSON object or array re-indented),
+/// else hex in groups of two digits, with their size; at most [`SHOWN_BYTES`] of them.
 pub(crate) fn payload(bytes: &Readable) -> Markup {
-    let (shown, cut) = match bytes.encoding {
-        "utf8" => cut_text(&bytes.data, SHOWN_BYTES),
+    let (shown, cut) = match (&bytes.pretty_json, bytes.encoding) {
+        (Some(pretty), _) => cut_text(pretty, SHOWN_BYTES),
+        (None, "utf8") => cut_text(&bytes.data, SHOWN_BYTES),
         _ => cut_text(&bytes.data, SHOWN_BYTES * 2),
     };
     let size = match bytes.size {
@@ -196,6 +197,7 @@ pub(crate) fn payload(bytes: &Readable) -> Markup {
                 @let seen = visible(shown);
                 p.meta {
                     (size) ", UTF-8 text"
+                    @if bytes.pretty_json.is_some() { ", JSON re-indented" }
                     @if matches!(seen, std::borrow::Cow::Owned(_)) {
                         "; invisible and control characters are shown as " code { "\\u{…}" }
                     }
@@ -286,6 +288,17 @@ mod tests {
             "{hostile}"
         );
         assert!(!hostile.contains("<script>"), "{hostile}");
+    }
+
+    /// Found by the third issue 16 attack: the console showed JSON on one line.
+    #[test]
+    fn json_payloads_are_shown_re_indented() {
+        let page = payload(&Readable::new(br#"{"a":[1,"<b>"]}"#)).into_string();
+        assert!(page.contains("JSON re-indented"), "{page}");
+        assert!(
+            page.contains("{\n  &quot;a&quot;: [\n    1,\n    &quot;&lt;b&gt;&quot;\n  ]\n}"),
+            "{page}"
+        );
     }
 
     #[test]
