@@ -6,8 +6,19 @@ use super::{CompensationNow, Ending, WaitingState};
 use crate::when::{at, at_from_now, from_now, span};
 
 /// `state` as a sentence; `handler` and `key` (one line) name what it waits on, `now`
-/// is the database's clock.
+/// is the database's clock. What others wrote into it (an operator's reason, a
+/// downstream's error, a member's name) has its invisible and control characters shown
+/// as escapes, so a reason can neither move the text around it nor drive a terminal.
 pub(super) fn say(
+    state: &WaitingState,
+    handler: &str,
+    key: Option<&str>,
+    now: DateTime<Utc>,
+) -> String {
+    crate::readable::visible(&sentence(state, handler, key, now)).into_owned()
+}
+
+fn sentence(
     state: &WaitingState,
     handler: &str,
     key: Option<&str>,
@@ -193,5 +204,34 @@ fn compensating(compensation: &CompensationNow, now: DateTime<Utc>) -> String {
             error.as_deref().map_or(String::new(), |e| format!(": {e}"))
         ),
         CompensationNow::Cancelled { at } => format!("compensation cancelled{}", when(at)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::task::Status;
+
+    /// Found by the third issue 16 attack: a reason's escape sequence cleared the
+    /// operator's terminal in `tasks show`, and a right-to-left override turned the
+    /// console's "Ended" line around, its time included.
+    #[test]
+    fn an_operators_reason_is_shown_with_its_hidden_characters_escaped() {
+        let now = Utc::now();
+        let state = WaitingState::Finished {
+            status: Status::Discarded,
+            at: Some(now),
+            ending: Some(Ending {
+                outcome: "operator_discard".into(),
+                by: "cli:op\u{7}".into(),
+                attempt: 1,
+                note: Some("evil\u{1b}[2J\u{202E} RTL".into()),
+            }),
+            compensation: None,
+        };
+        let said = say(&state, "billing", None, now);
+        assert!(!said.chars().any(crate::readable::hidden), "{said:?}");
+        assert!(said.contains("evil\\u{001B}[2J\\u{202E} RTL"), "{said}");
+        assert!(said.contains("cli:op\\u{0007}"), "{said}");
     }
 }
