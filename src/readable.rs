@@ -210,10 +210,19 @@ mod tests {
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
         let deepest = format!("{}1{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
         assert!(pretty_json(&deepest).is_some(), "as deep as allowed");
-        let deeper = format!("{}1{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+        let deeper = format!(
+            "{}1{}",
+            "[".repeat(MAX_DEPTH + 1),
+            "]".repeat(MAX_DEPTH + 1)
+        );
         assert_eq!(pretty_json(&deeper), None);
         // Many short values deep down: every one would get its own indented line.
-        let wide = format!("{}{}1{}", "[".repeat(40), "1,".repeat(200_000), "]".repeat(40));
+        let wide = format!(
+            "{}{}1{}",
+            "[".repeat(40),
+            "1,".repeat(200_000),
+            "]".repeat(40)
+        );
         let shown = pretty_json(&wide);
         assert!(shown.is_none_or(|s| s.len() <= MAX_OUTPUT), "bounded");
     }

@@ -5,6 +5,7 @@
 //! compares a hold with is PostgreSQL's: the member's clock plays no part.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -28,6 +29,10 @@ pub(crate) struct BreakerFollower {
     configured: BTreeSet<String>,
     /// Poked when a tally should be reported before the next tick.
     report_now: Notify,
+    /// Whether a round has read the breakers: until then a followed breaker counts as
+    /// open, so that a member starting under a breaker an operator holds open calls
+    /// nothing before it has seen it.
+    read: AtomicBool,
 }
 
 /// One handler's breaker as this member last saw it.
@@ -79,17 +84,21 @@ impl BreakerFollower {
             followed,
             configured,
             report_now: Notify::new(),
+            read: AtomicBool::new(false),
         }
     }
 
-    /// `handler`'s breaker state as last read; closed when it has none.
+    /// `handler`'s breaker state as last read; closed when it has none, open when it
+    /// has one not read yet.
     pub(crate) fn state(&self, handler: &str) -> BreakerState {
-        self.followed
-            .get(handler)
-            .map_or(BreakerState::Closed, |f| {
-                (f.seen.lock().expect("not poisoned").as_ref())
-                    .map_or(BreakerState::Closed, |b| b.state)
-            })
+        let Some(followed) = self.followed.get(handler) else {
+            return BreakerState::Closed;
+        };
+        if !self.read.load(Ordering::Acquire) {
+            return BreakerState::Open;
+        }
+        (followed.seen.lock().expect("not poisoned").as_ref())
+            .map_or(BreakerState::Closed, |b| b.state)
     }
 
     /// Whether `handler` has a breaker configured: its transient failures are the
@@ -206,6 +215,7 @@ impl BreakerFollower {
             }
             *followed.seen.lock().expect("not poisoned") = Some(breaker);
         }
+        self.read.store(true, Ordering::Release);
         Ok(())
     }
 }

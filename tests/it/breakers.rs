@@ -265,6 +265,65 @@ async fn operators_force_a_breaker_open_and_release_it_with_an_audit_row() {
     drop(settings);
 }
 
+/// Found by the third issue 16 attack: a member that starts while an operator holds a
+/// breaker open (its hold lapsed while no member ran, its tasks due) called the handler
+/// until its first read of the breakers: a breaker not read yet counted as closed. A
+/// breaker not read yet now counts as open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_starting_under_a_forced_open_breaker_calls_nothing() {
+    let (store, mut settings) = fresh_store().await;
+    fast_retries(&mut settings);
+    settings
+        .handlers
+        .insert("h".into(), breaker(5, Duration::from_secs(60)));
+    let tasks: Vec<NewTask> = (0..40)
+        .map(|i| NewTask::new("h", format!("t{i}")))
+        .collect();
+    store.enqueue_many(&tasks).await.unwrap();
+    let operator = Operator {
+        actor: "cli:test".into(),
+        reason: Some("protect h".into()),
+    };
+    store
+        .command_breaker(
+            "h",
+            BreakerCommand::Open,
+            &BreakerSettings::default(),
+            &operator,
+        )
+        .await
+        .unwrap();
+    // No member ran while the hold lapsed: the tasks are due again.
+    sqlx::query("UPDATE recovery_breaker SET hold_until = now() - interval '1 second'")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    sqlx::query("UPDATE recovery_task SET next_attempt_at = now() - interval '1 second'")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    for round in 0..3 {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let fleet = Fleet::builder(settings.clone())
+            .handler("h", Counted(calls.clone()))
+            .build()
+            .unwrap();
+        let member = Member::start(fleet, &store);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        member.stop().await;
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            0,
+            "start {round}: calls through a forced-open breaker"
+        );
+        sqlx::query("UPDATE recovery_task SET next_attempt_at = now() - interval '1 second'")
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+    assert_eq!(breaker_state(&store, "h").await, Some(BreakerState::Open));
+}
+
 /// An operator's retry does not call a handler its breaker holds back: the retried
 /// tasks (final or waiting, asked for now or for a time before the hold) are due at
 /// the breaker's hold, as tasks stored or failed meanwhile are.

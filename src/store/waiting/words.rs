@@ -18,12 +18,7 @@ pub(super) fn say(
     crate::readable::visible(&sentence(state, handler, key, now)).into_owned()
 }
 
-fn sentence(
-    state: &WaitingState,
-    handler: &str,
-    key: Option<&str>,
-    now: DateTime<Utc>,
-) -> String {
+fn sentence(state: &WaitingState, handler: &str, key: Option<&str>, now: DateTime<Utc>) -> String {
     let when = |time: DateTime<Utc>| at_from_now(time, now);
     match state {
         WaitingState::Running {
