@@ -45,11 +45,12 @@ pub async fn run(operations: &Operations, args: ShowArgs) -> anyhow::Result<()> 
 /// The NEXT cell of `tasks list`: when a waiting task is due; `running`, `held`, or
 /// nothing (a final task), where a time would mislead.
 pub fn next_attempt(task: &TaskSummary) -> String {
-    match () {
+    match task.next_attempt_at {
         _ if task.status.is_final() => String::new(),
         _ if task.held => "held".to_owned(),
         _ if task.lease_owner.is_some() => "running".to_owned(),
-        _ => at(task.next_attempt_at),
+        Some(due) => at(due),
+        None => String::new(),
     }
 }
 

@@ -155,8 +155,10 @@ fn row(task: &TaskSummary, selectable: bool) -> Markup {
             td.key { (layout::text_opt(task.key.as_deref().map(layout::visible).as_deref())) }
             td.number { (task.attempts) }
             td {
-                @if task.status.is_final() { (layout::dash()) }
-                @else { (layout::when(task.next_attempt_at)) }
+                @if task.held { "held" }
+                @else if task.lease_owner.is_some() { "running" }
+                @else if let Some(due) = task.next_attempt_at { (layout::when(due)) }
+                @else { (layout::dash()) }
             }
             td.error { (layout::text_opt(task.last_error.as_deref())) }
             td { (layout::when(task.updated_at)) }

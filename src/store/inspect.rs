@@ -36,9 +36,9 @@ pub struct TaskSummary {
     pub key: Option<String>,
     /// Attempts started.
     pub attempts: i32,
-    /// When the next attempt is due (the lease deadline while leased; the far future
-    /// while held; of no meaning once final).
-    pub next_attempt_at: DateTime<Utc>,
+    /// When the next attempt is due (the lease deadline while leased); absent while held
+    /// behind its key (the store's far-future mark) and once final (a stale deadline).
+    pub next_attempt_at: Option<DateTime<Utc>>,
     /// Waiting behind an open task of its ordering key.
     pub held: bool,
     /// The last error's first bytes.
@@ -98,7 +98,8 @@ pub struct Stats {
 /// The columns of a [`TaskSummary`], key and error cut to `{PREVIEW}` bytes.
 pub(super) const SUMMARY_COLUMNS: &str = "\
     id, status, handler, route, source_topic, source_partition, source_offset, \
-    substring(msg_key FROM 1 FOR {PREVIEW}) AS key, attempts, next_attempt_at, held, \
+    substring(msg_key FROM 1 FOR {PREVIEW}) AS key, attempts, \
+    CASE WHEN status = 'failed' AND NOT held THEN next_attempt_at END AS next_attempt_at, held, \
     left(last_error, {PREVIEW}) AS last_error, lease_owner, created_at, updated_at";
 
 const LIST: &str = "\

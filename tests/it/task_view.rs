@@ -141,6 +141,18 @@ async fn why_a_task_waits_is_told_in_data_and_in_words() {
     let listed = String::from_utf8(listed.stdout).unwrap();
     let held_rows = listed.lines().filter(|l| l.ends_with(" held")).count();
     assert!(!listed.contains("9999-") && held_rows == 2, "{listed}");
+    // Nor in the lists for scripts (found by the third issue 16 attack: the API, the
+    // CLI's JSON and dry-run samples gave the year 9999).
+    let (_, page) = api.get("/api/v1/tasks?handler=ledger", Some(READ)).await;
+    let json = run(
+        &settings,
+        &["tasks", "list", "--handler", "ledger", "--json"],
+    );
+    for listed in [page.to_string(), String::from_utf8(json.stdout).unwrap()] {
+        assert!(!listed.contains("9999-"), "{listed}");
+    }
+    assert_eq!(page["items"][0]["held"], true, "{page}");
+    assert_eq!(page["items"][0]["next_attempt_at"], Value::Null, "{page}");
 
     // An operator discarded the running first task: its call is still stopping, and
     // the next task of its key waits for that.
@@ -266,6 +278,13 @@ async fn a_final_task_says_how_it_ended_and_what_its_compensation_does() {
     );
     assert_eq!(detail["task"]["next_attempt_at"], Value::Null);
     assert!(!detail.to_string().contains(&stale[11..]), "{detail}");
+    let (_, page) = api.get("/api/v1/tasks?status=resolved", Some(READ)).await;
+    assert_eq!(page["items"][0]["id"], done.0, "{page}");
+    assert_eq!(
+        page["items"][0]["next_attempt_at"],
+        Value::Null,
+        "a listed final task: {page}"
+    );
     no_far_future(&text, &detail);
     assert_eq!(detail["waiting"]["state"], "finished");
     assert_eq!(detail["waiting"]["ending"]["outcome"], "resolved");
