@@ -9,10 +9,17 @@
 //!
 //! Clients that are not browsers (curl, scripts, the CLI) send neither header and a
 //! loopback `Host`, and are not affected.
+//!
+//! One kind of cross-site request passes: a person following a link to a console page
+//! from another site (a chat, a ticket, a runbook): a top-level `GET` navigation
+//! (`Sec-Fetch-Mode: navigate`, `Sec-Fetch-Dest: document`). Console pages change
+//! nothing on `GET`, cannot be framed (`frame-ancestors 'none'`) nor read by the other
+//! site, and the session cookie (`SameSite=Strict`) does not come along: a signed-in
+//! operator is asked to sign in again, then lands on the page.
 
 use axum::extract::{Request, State};
 use axum::http::header::{HOST, ORIGIN};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, Method};
 use axum::middleware::Next;
 use axum::response::Response;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -33,11 +40,28 @@ pub async fn refuse_foreign(
     request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    check(guard, request.headers())?;
+    let navigation =
+        is_console_navigation(request.method(), request.uri().path(), request.headers());
+    check(guard, request.headers(), navigation)?;
     Ok(next.run(request).await)
 }
 
-fn check(guard: Guard, headers: &HeaderMap) -> Result<(), ApiError> {
+/// Whether the request is a browser's top-level `GET` of a console page: a person
+/// following a link.
+fn is_console_navigation(method: &Method, path: &str, headers: &HeaderMap) -> bool {
+    let says = |name: &str, value: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case(value))
+    };
+    (method == Method::GET || method == Method::HEAD)
+        && (path == "/" || path == "/console" || path.starts_with("/console/"))
+        && says("sec-fetch-mode", "navigate")
+        && says("sec-fetch-dest", "document")
+}
+
+fn check(guard: Guard, headers: &HeaderMap, navigation: bool) -> Result<(), ApiError> {
     let host = headers.get(HOST).and_then(|h| h.to_str().ok());
     if guard.open && !host.is_some_and(is_loopback_host) {
         return Err(ApiError::forbidden(format!(
@@ -61,10 +85,10 @@ fn check(guard: Guard, headers: &HeaderMap) -> Result<(), ApiError> {
             _ => true,
         }
     });
-    if site.eq_ignore_ascii_case("cross-site")
+    let cross_site = site.eq_ignore_ascii_case("cross-site")
         || site.eq_ignore_ascii_case("same-site")
-        || foreign_origin
-    {
+        || foreign_origin;
+    if cross_site && !navigation {
         return Err(ApiError::forbidden(
             "cross-site request refused: the admin API answers no other site's web page",
         ));
@@ -98,6 +122,62 @@ fn is_port(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, value.parse().unwrap());
+        }
+        map
+    }
+
+    /// Found by the third issue 16 attack: a link to a console page from a chat or a
+    /// ticket was answered with a JSON 403. A top-level navigation to a console page
+    /// passes; every other cross-site request is refused as before.
+    #[test]
+    fn a_link_to_a_console_page_from_another_site_is_followed_and_nothing_else() {
+        let guard = Guard { open: false };
+        let link = [
+            ("host", "127.0.0.1:9465"),
+            ("sec-fetch-site", "cross-site"),
+            ("sec-fetch-mode", "navigate"),
+            ("sec-fetch-dest", "document"),
+        ];
+        let passes = |method: Method, path: &str, pairs: &[(&'static str, &'static str)]| {
+            let map = headers(pairs);
+            check(guard, &map, is_console_navigation(&method, path, &map)).is_ok()
+        };
+        assert!(passes(Method::GET, "/console/tasks", &link));
+        assert!(passes(Method::GET, "/console/jobs/ab12", &link));
+        assert!(passes(Method::GET, "/", &link));
+        assert!(
+            !passes(Method::POST, "/console/actions/run", &link),
+            "a form post"
+        );
+        assert!(!passes(Method::GET, "/api/v1/tasks", &link), "the API");
+        assert!(!passes(Method::GET, "/consolex", &link));
+        let script = [
+            ("host", "127.0.0.1:9465"),
+            ("sec-fetch-site", "cross-site"),
+            ("sec-fetch-mode", "cors"),
+            ("sec-fetch-dest", "empty"),
+        ];
+        assert!(!passes(Method::GET, "/console/tasks", &script), "a fetch()");
+        let frame = [
+            ("host", "127.0.0.1:9465"),
+            ("sec-fetch-site", "cross-site"),
+            ("sec-fetch-mode", "navigate"),
+            ("sec-fetch-dest", "iframe"),
+        ];
+        assert!(!passes(Method::GET, "/console/tasks", &frame), "a frame");
+        let open = Guard { open: true };
+        let rebound = headers(&[
+            ("host", "evil.example"),
+            ("sec-fetch-mode", "navigate"),
+            ("sec-fetch-dest", "document"),
+        ]);
+        assert!(check(open, &rebound, true).is_err(), "the Host check stays");
+    }
 
     #[test]
     fn loopback_hosts_are_names_and_addresses_of_loopback_only() {

@@ -572,6 +572,35 @@ async fn every_console_answer_carries_the_policy_and_cross_site_posts_are_refuse
             assert_secured(path, answer.headers());
         }
     }
+    // A person following a link from another site (a chat, a ticket) to a console page
+    // reaches it (found by the third issue 16 attack: a JSON 403). Without the session
+    // cookie, which SameSite=Strict keeps back, that is the sign-in page, which leads
+    // back to the link's page; a script's request from that site is still refused.
+    let link = "/console/tasks?handler=billing";
+    let followed = client
+        .get(console.url(link))
+        .header("sec-fetch-site", "cross-site")
+        .header("sec-fetch-mode", "navigate")
+        .header("sec-fetch-dest", "document")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(followed.status(), StatusCode::SEE_OTHER, "{link}");
+    let sign_in = followed.headers()["location"].to_str().unwrap().to_owned();
+    assert!(
+        sign_in.starts_with("/console/login?next=") && sign_in.contains("billing"),
+        "the sign-in page leads back to the link's page: {sign_in}"
+    );
+    let fetched = client
+        .get(console.url(link))
+        .header("cookie", &session)
+        .header("sec-fetch-site", "cross-site")
+        .header("sec-fetch-mode", "cors")
+        .header("sec-fetch-dest", "empty")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fetched.status(), StatusCode::FORBIDDEN, "a script's fetch");
     let own = client
         .post(console.url("/console/logout"))
         .header("cookie", &session)
