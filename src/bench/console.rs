@@ -64,6 +64,16 @@ fn queries(tasks: usize) -> Vec<Query> {
         q("unfiltered", ""),
         q("status=failed", "status=failed"),
         q("handler=payments", "handler=payments"),
+        q("status=permanent_failure", "status=permanent_failure"),
+        q(
+            "old incident: status=permanent_failure&handler=billing",
+            "status=permanent_failure&handler=billing",
+        ),
+        q(
+            "old incident: status=discarded,failed&handler=billing",
+            "status=discarded,failed&handler=billing",
+        ),
+        q("old incident: handler=billing", "handler=billing"),
         q("error=deserialization", "error=deserialization"),
         q("key_prefix=customer-4242:", "key_prefix=customer-4242%3A"),
         q("created_after=1h", "created_after=1h"),
@@ -266,7 +276,9 @@ struct Seeded {
 }
 
 /// What the seeding writes, by SQL: task `i` of `$1`, created `30 days * ($1 - i) / $1`
-/// ago (ids in creation order), of handler `i % 5` and route `i % 3`, keyed
+/// ago (ids in creation order), of handler `i % 5` (but `billing` for the oldest 1%: an
+/// incident of a month ago, found only far down the newest-first order) and route
+/// `i % 3`, keyed
 /// `customer-<c>:order-<i>` (50,000 customers); 80% resolved, 7% discarded, 5%
 /// permanent_failure, 8% failed (half of them due now, the rest within a day). Every
 /// task carries the error its consumer reported (five kinds, from 40% down to 2%, in
@@ -290,7 +302,9 @@ SELECT 'kafka:' || topic || ':' || (i % 12) || ':' || i, handler, route, topic, 
 FROM (
     SELECT i,
            now() - ($1 - i) * interval '30 days' / $1 AS created,
-           (ARRAY['orders', 'payments', 'emails', 'inventory', 'search-index'])[1 + i % 5] AS handler,
+           CASE WHEN i <= $1 / 100 THEN 'billing'
+                ELSE (ARRAY['orders', 'payments', 'emails', 'inventory', 'search-index'])[1 + i % 5]
+           END AS handler,
            (ARRAY['orders-dlt', 'payments-dlt', 'misc-dlt'])[1 + i % 3] AS route,
            (ARRAY['orders', 'payments', 'events'])[1 + i % 3] AS topic,
            CASE WHEN i % 100 < 80 THEN 'resolved' WHEN i % 100 < 87 THEN 'discarded'

@@ -124,9 +124,14 @@ pub enum Selection {
 /// when its parameter is NULL. The key filters also name the range of the key's first 64
 /// bytes they select, which the index `recovery_task_key_head` finds (every key that
 /// starts with a prefix `p` of at most 64 bytes has a head between `p` and `p` padded to
-/// 64 bytes with 0xff); the exact test after it decides.
+/// 64 bytes with 0xff); the exact test after it decides. Statuses (at most four distinct
+/// ones) are compared one by one with `=`, not with `= ANY`: planned for their values,
+/// the comparisons fold to `status = 'a' OR status = 'b'`, whose arms the partial
+/// indexes of each status serve (one status: in id order, no sort needed).
 pub(crate) const CONDITION: &str = "\
-    ($1::text[] IS NULL OR status = ANY($1)) \
+    ($1::text[] IS NULL OR (cardinality($1) >= 1 AND status = $1[1]) \
+        OR (cardinality($1) >= 2 AND status = $1[2]) OR (cardinality($1) >= 3 AND status = $1[3]) \
+        OR (cardinality($1) >= 4 AND status = $1[4]) OR (cardinality($1) > 4 AND status = ANY($1))) \
     AND ($2::text IS NULL OR handler = $2) \
     AND ($3::text IS NULL OR route = $3) \
     AND ($4::text IS NULL OR source_topic = $4) \

@@ -113,9 +113,9 @@ const LIST: &str = "\
 const CUSTOM_PLANS: &str = "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan";
 
 /// Most tasks a key filter's range of key heads may hold for a list to find them through
-/// the key index and sort them; a wider one (a short prefix most keys share) is walked
-/// newest first like any other filter. Counted, not estimated: the choice must not
-/// depend on the planner's statistics.
+/// the key index and sort them; a wider one (a
+/// short prefix most keys share) is walked newest first like any other filter. Counted,
+/// not estimated: the choice must not depend on the planner's statistics.
 const KEYED_SORT_MAX: i64 = 5_000;
 
 /// Tasks in the key index's range for key `$1` or prefix `$2`, counted up to `$3`.
@@ -126,6 +126,14 @@ const KEY_RANGE: &str = "\
                 BETWEEN substring($2 FROM 1 FOR 64) AND substring($2 FROM 1 FOR 64) \
                     || decode(repeat('ff', 64 - length(substring($2 FROM 1 FOR 64))), 'hex')) \
         LIMIT $3) s";
+
+/// Most tasks of unresolved statuses a list finds through their indexes and sorts (a
+/// sort of 20,000 short rows takes milliseconds); with more it walks newest first.
+const STATUS_SORT_MAX: i64 = 20_000;
+
+/// The tasks a selection (`$1`..`$15`) holds, counted up to `$16`.
+const COUNT_UP_TO: &str =
+    "SELECT count(*) FROM (SELECT 1 FROM recovery_task WHERE {CONDITION} LIMIT $16) s";
 
 /// `statement` with its summary columns and selection condition filled in.
 pub(super) fn summary_statement(statement: &str) -> String {
@@ -182,10 +190,32 @@ impl Store {
                 .await?;
             in_range <= KEYED_SORT_MAX
         };
-        if !narrow_key {
-            sqlx::query("SET LOCAL enable_sort = off")
+        // Statuses other than resolved are read through indexes of their own: a few
+        // thousand of them are found there and sorted, rather than looked for among
+        // every task newest first.
+        let unresolved = !filter.status.is_empty() && !filter.status.contains(&Status::Resolved);
+        let narrow_status = !narrow_key && unresolved && {
+            // Counted through the statuses' own indexes, never by reading every task.
+            sqlx::query("SET LOCAL enable_seqscan = off")
                 .execute(&mut *tx)
                 .await?;
+            let counted = bind_selection(sqlx::query(&summary_statement(COUNT_UP_TO)), &selection)
+                .bind(STATUS_SORT_MAX + 1)
+                .fetch_one(&mut *tx)
+                .await?;
+            let in_range: i64 = counted.try_get(0)?;
+            sqlx::query("SET LOCAL enable_seqscan = on")
+                .execute(&mut *tx)
+                .await?;
+            in_range <= STATUS_SORT_MAX
+        };
+        let plan = match (narrow_key, narrow_status) {
+            (true, _) => None,
+            (_, true) => Some("SET LOCAL enable_indexscan = off"),
+            _ => Some("SET LOCAL enable_sort = off"),
+        };
+        if let Some(plan) = plan {
+            sqlx::query(plan).execute(&mut *tx).await?;
         }
         let rows = bind_selection(sqlx::query(&statement), &selection)
             .bind(after.map(|id| id.0))
