@@ -33,7 +33,7 @@ impl Operations {
     }
 
     /// How many tasks `ids`, or `filter` (every task only with `all`), select, in any
-    /// status: what a bulk verb's dry run compares its `matched` with.
+    /// status: what a bulk verb's dry run compares its `matched` with (reads every one).
     pub async fn count(
         &self,
         ids: &[i64],
@@ -42,6 +42,24 @@ impl Operations {
     ) -> Result<i64> {
         let selection = select(ids, filter, all)?;
         Ok(self.store.count_selected(&selection).await?)
+    }
+
+    /// [`Operations::count`] when at most `most` and counted within `within`; `None`
+    /// otherwise (a list page says "all that match" rather than read a million tasks
+    /// on every load; a bulk verb's dry run counts exactly).
+    pub async fn count_up_to(
+        &self,
+        ids: &[i64],
+        filter: Option<&FilterParams>,
+        all: bool,
+        most: i64,
+        within: std::time::Duration,
+    ) -> Result<Option<i64>> {
+        let selection = select(ids, filter, all)?;
+        Ok(self
+            .store
+            .count_selected_up_to(&selection, most, within)
+            .await?)
     }
 
     /// Counts by status and handler, due work, the last hour's outcomes, live members.

@@ -131,6 +131,9 @@ const KEY_RANGE: &str = "\
 /// sort of 20,000 short rows takes milliseconds); with more it walks newest first.
 const STATUS_SORT_MAX: i64 = 20_000;
 
+/// PostgreSQL's SQLSTATE for a statement cancelled by `statement_timeout`.
+const QUERY_CANCELED: &str = "57014";
+
 /// The tasks a selection (`$1`..`$15`) holds, counted up to `$16`.
 const COUNT_UP_TO: &str =
     "SELECT count(*) FROM (SELECT 1 FROM recovery_task WHERE {CONDITION} LIMIT $16) s";
@@ -193,7 +196,15 @@ impl Store {
         // Statuses other than resolved are read through indexes of their own: a few
         // thousand of them are found there and sorted, rather than looked for among
         // every task newest first.
-        let unresolved = !filter.status.is_empty() && !filter.status.contains(&Status::Resolved);
+        // One status of its own index in id order (a permanent failure, a discard) needs
+        // neither: the walk along that index stops at the page.
+        let ordered_by_index = matches!(
+            filter.status.as_slice(),
+            [Status::PermanentFailure] | [Status::Discarded]
+        );
+        let unresolved = !filter.status.is_empty()
+            && !filter.status.contains(&Status::Resolved)
+            && !ordered_by_index;
         let narrow_status = !narrow_key && unresolved && {
             // Counted through the statuses' own indexes, never by reading every task.
             sqlx::query("SET LOCAL enable_seqscan = off")
@@ -224,6 +235,37 @@ impl Store {
             .await?;
         tx.commit().await?;
         rows.iter().map(summary_from_row).collect()
+    }
+
+    /// How many tasks `selection` holds, when at most `most` and counted `within` that
+    /// time; `None` otherwise. Reads at most `most + 1` of them, planned for the
+    /// selection's own values; a filter no index serves (error text, creation time) gives
+    /// up after `within` instead of reading every task.
+    pub async fn count_selected_up_to(
+        &self,
+        selection: &Selection,
+        most: i64,
+        within: std::time::Duration,
+    ) -> Result<Option<i64>> {
+        let mut tx = self.pool.begin_with(CUSTOM_PLANS).await?;
+        let budget = format!(
+            "SET LOCAL statement_timeout = {}",
+            within.as_millis().clamp(1, 60_000)
+        );
+        sqlx::query(&budget).execute(&mut *tx).await?;
+        let counted = bind_selection(sqlx::query(&summary_statement(COUNT_UP_TO)), selection)
+            .bind(most.saturating_add(1))
+            .fetch_one(&mut *tx)
+            .await;
+        let counted = match counted {
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(QUERY_CANCELED) => {
+                return Ok(None)
+            }
+            counted => counted?,
+        };
+        tx.commit().await?;
+        let found: i64 = counted.try_get(0)?;
+        Ok((found <= most).then_some(found))
     }
 
     /// Counts by status and handler, due work per handler, the last hour's outcomes and

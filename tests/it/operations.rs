@@ -673,3 +673,119 @@ async fn a_bulk_action_reports_its_progress_after_every_batch() {
         .unwrap_err();
     assert!(refused.to_string().contains("may only read"), "{refused}");
 }
+
+/// Statuses are compared one by one (so each has its index): every combination selects
+/// exactly its tasks, in lists and in counts; the console's count stops at its bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_combination_of_statuses_selects_exactly_its_tasks_and_counts_stop_at_their_bound() {
+    use redrive::store::{Action, Selection};
+    use redrive::task::Status;
+    use std::time::Duration;
+    let (store, _settings) = fresh_store().await;
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        ids.push(
+            store
+                .enqueue(&NewTask::new("h", format!("t{i}")))
+                .await
+                .unwrap()
+                .id(),
+        );
+    }
+    let operator = Operator {
+        actor: "test".into(),
+        reason: Some("statuses".into()),
+    };
+    for (action, chosen) in [
+        (Action::Discard, &ids[0..2]),
+        (Action::Resolve { force: false }, &ids[2..5]),
+    ] {
+        store
+            .act(&operator, &action, &Selection::Ids(chosen.to_vec()))
+            .await
+            .unwrap();
+    }
+    sqlx::query(
+        "UPDATE recovery_task SET status = 'permanent_failure', finished_at = now() WHERE id = $1",
+    )
+    .bind(ids[5].0)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let all = [
+        Status::Failed,
+        Status::PermanentFailure,
+        Status::Resolved,
+        Status::Discarded,
+    ];
+    let held = |s: Status| match s {
+        Status::Discarded => 2,
+        Status::Resolved => 3,
+        Status::PermanentFailure => 1,
+        Status::Failed => 2,
+    };
+    for mask in 1..16_u32 {
+        let statuses: Vec<Status> = (0..4)
+            .filter(|b| mask & (1 << b) != 0)
+            .map(|b| all[b])
+            .collect();
+        let expected: i64 = statuses.iter().map(|s| held(*s)).sum();
+        let filter = TaskFilter {
+            status: statuses.clone(),
+            ..TaskFilter::default()
+        };
+        let listed = store.list(&filter, None, 100).await.unwrap();
+        assert_eq!(listed.len() as i64, expected, "{statuses:?}");
+        assert!(
+            listed.iter().all(|t| statuses.contains(&t.status)),
+            "{statuses:?}"
+        );
+        let selection = Selection::Filter(filter);
+        assert_eq!(
+            store.count_selected(&selection).await.unwrap(),
+            expected,
+            "{statuses:?}"
+        );
+        assert_eq!(
+            store
+                .count_selected_up_to(&selection, expected, Duration::from_secs(10))
+                .await
+                .unwrap(),
+            Some(expected)
+        );
+        assert_eq!(
+            store
+                .count_selected_up_to(&selection, expected - 1, Duration::from_secs(10))
+                .await
+                .unwrap(),
+            None
+        );
+    }
+    // A count no index serves gives up after its time instead of reading every task.
+    sqlx::query(
+        "INSERT INTO recovery_task (handler, msg_value, next_attempt_at) \
+         SELECT 'bulk', convert_to('x', 'UTF8'), now() FROM generate_series(1, 300000)",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let nowhere = Selection::Filter(TaskFilter {
+        error: Some("no such error".into()),
+        ..TaskFilter::default()
+    });
+    assert_eq!(
+        store
+            .count_selected_up_to(&nowhere, 10_000, Duration::from_millis(1))
+            .await
+            .unwrap(),
+        None,
+        "300,000 tasks read in a millisecond"
+    );
+    assert_eq!(
+        store
+            .count_selected_up_to(&nowhere, 10_000, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        Some(0)
+    );
+}
