@@ -113,9 +113,9 @@ const LIST: &str = "\
 const CUSTOM_PLANS: &str = "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan";
 
 /// Most tasks a key filter's range of key heads may hold for a list to find them through
-/// the key index and sort them; a wider one (a
-/// short prefix most keys share) is walked newest first like any other filter. Counted,
-/// not estimated: the choice must not depend on the planner's statistics.
+/// the key index and sort them; a wider one (a short prefix most keys share) is walked
+/// newest first like any other filter. Counted, not estimated: the choice must not
+/// depend on the planner's statistics.
 const KEYED_SORT_MAX: i64 = 5_000;
 
 /// Tasks in the key index's range for key `$1` or prefix `$2`, counted up to `$3`.
@@ -137,6 +137,19 @@ const QUERY_CANCELED: &str = "57014";
 /// The tasks a selection (`$1`..`$15`) holds, counted up to `$16`.
 const COUNT_UP_TO: &str =
     "SELECT count(*) FROM (SELECT 1 FROM recovery_task WHERE {CONDITION} LIMIT $16) s";
+
+/// The tasks `selection` holds, counted in `tx` up to `most + 1`.
+async fn count_up_to_in(
+    tx: &mut sqlx::PgConnection,
+    selection: &Selection,
+    most: i64,
+) -> Result<i64> {
+    let counted = bind_selection(sqlx::query(&summary_statement(COUNT_UP_TO)), selection)
+        .bind(most.saturating_add(1))
+        .fetch_one(tx)
+        .await?;
+    Ok(counted.try_get(0)?)
+}
 
 /// `statement` with its summary columns and selection condition filled in.
 pub(super) fn summary_statement(statement: &str) -> String {
@@ -195,9 +208,8 @@ impl Store {
         };
         // Statuses other than resolved are read through indexes of their own: a few
         // thousand of them are found there and sorted, rather than looked for among
-        // every task newest first.
-        // One status of its own index in id order (a permanent failure, a discard) needs
-        // neither: the walk along that index stops at the page.
+        // every task newest first. One status whose index gives id order (a permanent
+        // failure, a discard) needs no count: the walk along that index stops at the page.
         let ordered_by_index = matches!(
             filter.status.as_slice(),
             [Status::PermanentFailure] | [Status::Discarded]
@@ -210,11 +222,7 @@ impl Store {
             sqlx::query("SET LOCAL enable_seqscan = off")
                 .execute(&mut *tx)
                 .await?;
-            let counted = bind_selection(sqlx::query(&summary_statement(COUNT_UP_TO)), &selection)
-                .bind(STATUS_SORT_MAX + 1)
-                .fetch_one(&mut *tx)
-                .await?;
-            let in_range: i64 = counted.try_get(0)?;
+            let in_range = count_up_to_in(&mut tx, &selection, STATUS_SORT_MAX).await?;
             sqlx::query("SET LOCAL enable_seqscan = on")
                 .execute(&mut *tx)
                 .await?;
@@ -253,18 +261,15 @@ impl Store {
             within.as_millis().clamp(1, 60_000)
         );
         sqlx::query(&budget).execute(&mut *tx).await?;
-        let counted = bind_selection(sqlx::query(&summary_statement(COUNT_UP_TO)), selection)
-            .bind(most.saturating_add(1))
-            .fetch_one(&mut *tx)
-            .await;
-        let counted = match counted {
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(QUERY_CANCELED) => {
+        let found = match count_up_to_in(&mut tx, selection, most).await {
+            Err(super::StoreError::Database(sqlx::Error::Database(e)))
+                if e.code().as_deref() == Some(QUERY_CANCELED) =>
+            {
                 return Ok(None)
             }
-            counted => counted?,
+            found => found?,
         };
         tx.commit().await?;
-        let found: i64 = counted.try_get(0)?;
         Ok((found <= most).then_some(found))
     }
 
