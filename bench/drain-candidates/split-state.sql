@@ -1,0 +1,7 @@
+-- Candidate: the two-update design on a narrow table of the columns a drain writes (status,
+-- due time, lease, attempts), one row per task beside the wide row that keeps the payload,
+-- headers and source and is never rewritten by the drain. The claim reads the payload by
+-- join. Two batches per client in flight.
+SELECT quote_literal(:ids1::text) AS ids2, quote_literal(:vers1::text) AS vers2, quote_literal(:ids0::text) AS ids1, quote_literal(:vers0::text) AS vers1 \gset
+WITH due AS MATERIALIZED (SELECT id FROM qs WHERE status = 'failed' AND next_attempt_at <= now() AND handler = ANY('{h}') ORDER BY next_attempt_at LIMIT :batch FOR UPDATE SKIP LOCKED), upd AS (UPDATE qs SET lease_version = qs.lease_version + 1, lease_owner = :client_id, next_attempt_at = now() + interval '30 s', attempts = qs.attempts + 1 FROM due WHERE qs.id = due.id RETURNING qs.id, qs.lease_version) SELECT quote_literal(coalesce(array_agg(upd.id), '{}')::text) AS ids0, quote_literal(coalesce(array_agg(upd.lease_version), '{}')::text) AS vers0, sum(length(q.payload)) AS bytes FROM upd JOIN q ON q.id = upd.id \gset
+WITH fin AS (UPDATE qs SET status = 'resolved', lease_owner = NULL FROM unnest(:ids2::bigint[], :vers2::int[]) AS f(id, v) WHERE qs.id = f.id AND qs.lease_version = f.v RETURNING qs.id, qs.attempts) INSERT INTO qa (task_id, attempt, worker, started_at, duration_ms, outcome) SELECT id, attempts, :client_id, now(), 1, 'resolved' FROM fin;
