@@ -4,17 +4,21 @@
 //! `redrive bench webhook`: the webhook handler and breaker isolation; `redrive bench console`:
 //! the console's list latency on a large store, and a bulk action by filter beside a
 //! drain; `redrive bench horizon`: the drain while the MVCC horizon is pinned, on a
-//! private server. Each run uses a fresh schema
+//! private server; `redrive bench scale`: the drain against the store's size and the
+//! number of members. Each run uses a fresh schema
 //! (`<schema>_bench`), dropped afterwards.
 
 pub mod bulk;
 mod cluster;
 pub mod console;
+mod cpu;
 pub mod horizon;
 pub mod ingest;
 pub mod ops;
 pub mod rebalance;
+pub mod scale;
 mod server;
+mod statements;
 pub mod webhook;
 
 use anyhow::Context;
@@ -64,6 +68,9 @@ pub enum BenchKind {
     /// before, during and after, on a private server with autovacuum on: throughput,
     /// backlog, dead row versions and index sizes.
     Horizon(horizon::HorizonBenchOptions),
+    /// The drain against the store's size (10k, 1M, 10M due tasks; 10M final ones) and
+    /// against the number of members on one PostgreSQL, with what limits it.
+    Scale(scale::ScaleBenchOptions),
 }
 
 /// A count of at least one.
@@ -133,6 +140,7 @@ pub async fn run(settings: &Settings, args: &BenchArgs) -> anyhow::Result<()> {
         Some(BenchKind::Webhook(options)) => webhook::run(&settings, options).await,
         Some(BenchKind::Console(options)) => console::run(&settings, options).await,
         Some(BenchKind::Horizon(options)) => horizon::run(&settings, options).await,
+        Some(BenchKind::Scale(options)) => scale::run(&settings, options).await,
         None => run_queue(&settings, &args.queue).await,
     }
 }

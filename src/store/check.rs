@@ -84,7 +84,7 @@ enum Params {
 }
 
 /// The invariants: a name, a query answering `(id, detail)` per violation, its parameters.
-const CHECKS: [(&str, &str, Params); 10] = [
+const CHECKS: [(&str, &str, Params); 11] = [
     (
         "held_with_nothing_ahead",
         "SELECT h.id, 'held, but no unheld open task of its key is ahead of it' \
@@ -153,6 +153,16 @@ const CHECKS: [(&str, &str, Params); 10] = [
         "SELECT unnest(ids[2:]), 'dedup key ' || quote_literal(dedup_key) || ' also held by task ' || ids[1] \
          FROM (SELECT dedup_key, array_agg(id ORDER BY id) AS ids FROM recovery_task \
                WHERE dedup_key IS NOT NULL GROUP BY dedup_key HAVING count(*) > 1) d",
+        Params::None
+    ),
+    (
+        // A keyed task's key is claimed for it in `recovery_task_dedup`: otherwise a
+        // redelivered message would be stored again as a second task.
+        "dedup_key_unclaimed",
+        "SELECT t.id, 'dedup key ' || quote_literal(t.dedup_key) || \
+                coalesce(' is claimed by task ' || d.task_id, ' is not claimed') \
+         FROM recovery_task t LEFT JOIN recovery_task_dedup d ON d.dedup_key = t.dedup_key \
+         WHERE t.dedup_key IS NOT NULL AND d.task_id IS DISTINCT FROM t.id",
         Params::None
     ),
     (

@@ -38,7 +38,33 @@ impl Enqueued {
     }
 }
 
+// A task's dedup key is claimed in `recovery_task_dedup` (the first input of a key wins,
+// as does a task stored before); only tasks without a key or whose key was claimed are
+// stored. The inputs are read once (`i`), their ids drawn there, so the key and the task
+// agree on the id.
 const INSERT: &str = r#"
+WITH i AS MATERIALIZED (
+    SELECT u.*, COALESCE(u.id, nextval(pg_get_serial_sequence('recovery_task', 'id'))) AS task_id
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],
+                $5::text[], $6::int[], $7::bigint[], $8::timestamptz[], $9::text[],
+                $10::bytea[], $11::bytea[], $12::bytea[], $13::text[], $14::text[],
+                $15::int[], $16::int[], $17::timestamptz[],
+                $18::text[], $19::int[], $20::bigint[], $21::text[],
+                $22::text[], $23::text[], $24::int[], $25::bool[], $26::text[], $27::bytea[],
+                $28::int[], $29::bigint[], $30::text[], $31::text[],
+                $32::bigint[], $33::jsonb[])
+        WITH ORDINALITY AS u(dedup_key, handler, event_type, correlation_id,
+                source_topic, source_partition, source_offset, source_timestamp, source_timestamp_type,
+                msg_key, msg_value, msg_headers, error_class, error_message,
+                attempts, max_attempts, next_attempt_at,
+                original_topic, original_partition, original_offset, error_stacktrace,
+                route, ingest_note, value_size, payload_stored, status, order_key,
+                generation, previous_task_id, previous_error, final_error, id, checkpoint, ord)),
+keyed AS (
+    INSERT INTO recovery_task_dedup (dedup_key, task_id)
+    SELECT dedup_key, task_id FROM i WHERE dedup_key IS NOT NULL ORDER BY ord
+    ON CONFLICT (dedup_key) DO NOTHING
+    RETURNING task_id)
 INSERT INTO recovery_task (
     dedup_key, handler, event_type, correlation_id,
     source_topic, source_partition, source_offset, source_timestamp, source_timestamp_type,
@@ -60,25 +86,10 @@ SELECT i.dedup_key, i.handler, i.event_type, i.correlation_id,
        i.route, i.ingest_note, i.value_size, i.payload_stored, i.status,
        CASE WHEN i.status <> 'failed' THEN now() END, i.order_key,
        i.generation, i.previous_task_id, i.previous_error,
-       COALESCE(i.id, nextval(pg_get_serial_sequence('recovery_task', 'id'))), i.checkpoint
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],
-            $5::text[], $6::int[], $7::bigint[], $8::timestamptz[], $9::text[],
-            $10::bytea[], $11::bytea[], $12::bytea[], $13::text[], $14::text[],
-            $15::int[], $16::int[], $17::timestamptz[],
-            $18::text[], $19::int[], $20::bigint[], $21::text[],
-            $22::text[], $23::text[], $24::int[], $25::bool[], $26::text[], $27::bytea[],
-            $28::int[], $29::bigint[], $30::text[], $31::text[],
-            $32::bigint[], $33::jsonb[])
-    WITH ORDINALITY AS i(dedup_key, handler, event_type, correlation_id,
-            source_topic, source_partition, source_offset, source_timestamp, source_timestamp_type,
-            msg_key, msg_value, msg_headers, error_class, error_message,
-            attempts, max_attempts, next_attempt_at,
-            original_topic, original_partition, original_offset, error_stacktrace,
-            route, ingest_note, value_size, payload_stored, status, order_key,
-            generation, previous_task_id, previous_error, final_error, id, checkpoint, ord)
-    CROSS JOIN LATERAL recovery_due_at(i.handler, COALESCE(i.next_attempt_at, now())) d
+       i.task_id, i.checkpoint
+FROM i CROSS JOIN LATERAL recovery_due_at(i.handler, COALESCE(i.next_attempt_at, now())) d
+WHERE i.dedup_key IS NULL OR i.task_id IN (SELECT task_id FROM keyed)
 ORDER BY i.ord
-ON CONFLICT (dedup_key) DO NOTHING
 RETURNING id, dedup_key
 "#;
 
@@ -408,7 +419,13 @@ async fn holders(
     conn: &mut PgConnection,
     keys: &[&str],
 ) -> Result<HashMap<String, (TaskId, Option<Task>)>> {
-    let rows = sqlx::query("SELECT * FROM recovery_task WHERE dedup_key = ANY($1)")
+    // Each key's task by its primary key (`OFFSET 0` keeps the lookup per key, whatever
+    // the statistics say).
+    let rows = sqlx::query(
+        "SELECT t.* FROM recovery_task_dedup d \
+         CROSS JOIN LATERAL (SELECT * FROM recovery_task WHERE id = d.task_id OFFSET 0) t \
+         WHERE d.dedup_key = ANY($1)",
+    )
         .bind(keys)
         .fetch_all(&mut *conn)
         .await?;

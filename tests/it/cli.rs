@@ -444,6 +444,59 @@ async fn bench_console_runs_at_tiny_sizes_and_checks_its_tasks() {
     }
 }
 
+/// `redrive bench scale` on tiny stores: every size figure and member row is printed, and
+/// the final check covers at least every task its drains were asked for. No rate is
+/// asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_scale_prints_each_size_and_member_count_and_checks_its_tasks() {
+    let (_store, settings) = fresh_store().await;
+    let output = redrive(&settings)
+        .args([
+            "bench",
+            "scale",
+            "--backlogs",
+            "200,500",
+            "--final-rows",
+            "300",
+        ])
+        .args([
+            "--drain",
+            "200",
+            "--members",
+            "1,2",
+            "--members-backlog",
+            "300",
+        ])
+        .args(["--batch", "20"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    for line in [
+        "-- 200 due: filled",
+        "-- 500 due: filled",
+        "-- 200 due + 300 final: filled",
+        "spread of the drain over the store sizes",
+        "-- members on one PostgreSQL",
+    ] {
+        assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
+    }
+    let member_rows = stdout
+        .lines()
+        .filter(|line| line.trim_start().starts_with("1 ") || line.trim_start().starts_with("2 "))
+        .count();
+    assert!(member_rows >= 2, "a row per member count:\n{stdout}");
+    let checked: i64 = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("checked: each of the "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no final check in:\n{stdout}"));
+    assert!(checked >= 200 * 3 + 300 * 2, "{checked} checked:\n{stdout}");
+}
+
 /// `redrive bench horizon` at tiny lengths: a private server started with a setting of
 /// the bench's (`--pg-set`), the stream, the snapshot held and released, the summary,
 /// and the final check that each task was resolved once. No figure is asserted.

@@ -429,7 +429,6 @@ async fn check_finds_each_kind_of_planted_corruption() {
             .into(),
     )
     .await;
-    plant("DROP INDEX recovery_task_dedup_key".into()).await;
     let id = |n: usize| ids[n].0;
     plant(format!(
         "UPDATE recovery_task SET next_attempt_at = 'infinity' WHERE id = {}",
@@ -500,6 +499,8 @@ async fn check_finds_each_kind_of_planted_corruption() {
         ("history_mismatch", id(3)),
         ("history_mismatch", id(4)),
         ("duplicate_dedup_key", id(6)),
+        ("dedup_key_unclaimed", id(5)),
+        ("dedup_key_unclaimed", id(6)),
         ("expired_lease_of_live_member", id(7)),
         ("failed_with_finish_time", id(7)),
         ("compensation_owed_by_unfinished_task", id(5)),

@@ -174,6 +174,56 @@ async fn enqueue_is_idempotent_on_the_dedup_key_and_reports_conflicts() {
     );
 }
 
+/// A dedup key is claimed in a table of its own (the drain never rewrites its index): a
+/// task deleted by any statement gives its key back, one left alone keeps it, and a key
+/// claimed in a rolled-back transaction is free again.
+#[tokio::test]
+async fn a_deleted_task_gives_its_dedup_key_back_and_a_rolled_back_claim_leaves_it_free() {
+    let (store, _) = fresh_store().await;
+    let keyed = |key: &str, value: &[u8]| {
+        let mut task = NewTask::new("h", value.to_vec());
+        task.dedup_key = Some(key.into());
+        task
+    };
+    let gone = store.enqueue(&keyed("gone", b"a")).await.unwrap().id();
+    let kept = store.enqueue(&keyed("kept", b"b")).await.unwrap().id();
+    sqlx::query("DELETE FROM recovery_task WHERE id = $1")
+        .bind(gone.0)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let again = store.enqueue(&keyed("gone", b"other content")).await.unwrap();
+    assert!(matches!(again, Enqueued::Created(id) if id != gone), "{again:?}");
+    assert_eq!(
+        store.enqueue(&keyed("kept", b"b")).await.unwrap(),
+        Enqueued::Existing(kept)
+    );
+
+    let mut tx = store.pool().begin().await.unwrap();
+    enqueue_many_in(&mut tx, &[keyed("rolled-back", b"c")])
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(matches!(
+        store.enqueue(&keyed("rolled-back", b"d")).await.unwrap(),
+        Enqueued::Created(_)
+    ));
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task t JOIN recovery_task_dedup d \
+             ON d.dedup_key = t.dedup_key AND d.task_id = t.id"
+        )
+        .await,
+        3,
+        "each stored task holds its key"
+    );
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_task_dedup").await,
+        3
+    );
+}
+
 #[tokio::test]
 async fn enqueue_inside_the_callers_transaction_commits_or_rolls_back_with_it() {
     let (store, _) = fresh_store().await;
