@@ -426,9 +426,9 @@ async fn holders(
          CROSS JOIN LATERAL (SELECT * FROM recovery_task WHERE id = d.task_id OFFSET 0) t \
          WHERE d.dedup_key = ANY($1)",
     )
-        .bind(keys)
-        .fetch_all(&mut *conn)
-        .await?;
+    .bind(keys)
+    .fetch_all(&mut *conn)
+    .await?;
     let mut held = HashMap::new();
     for row in &rows {
         let key: String = row.try_get("dedup_key")?;

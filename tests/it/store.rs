@@ -192,8 +192,14 @@ async fn a_deleted_task_gives_its_dedup_key_back_and_a_rolled_back_claim_leaves_
         .execute(store.pool())
         .await
         .unwrap();
-    let again = store.enqueue(&keyed("gone", b"other content")).await.unwrap();
-    assert!(matches!(again, Enqueued::Created(id) if id != gone), "{again:?}");
+    let again = store
+        .enqueue(&keyed("gone", b"other content"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(again, Enqueued::Created(id) if id != gone),
+        "{again:?}"
+    );
     assert_eq!(
         store.enqueue(&keyed("kept", b"b")).await.unwrap(),
         Enqueued::Existing(kept)
@@ -662,4 +668,64 @@ async fn key_filters_match_whole_keys_beyond_the_indexed_head() {
     assert_eq!(listed(exact(&format!("{head}y"))).await, vec![2]);
     assert_eq!(listed(exact(&head)).await, vec![6]);
     assert_eq!(listed(exact("a")).await, Vec::<i64>::new());
+}
+
+/// The fleet's sample counts unfinished and unsuccessful tasks at every turn, but reuses
+/// its count of resolved tasks (a scan of the bulk of the store) until it is
+/// `RESOLVED_RECOUNT` old on PostgreSQL's clock.
+#[tokio::test]
+async fn the_fleet_sample_recounts_resolved_tasks_only_when_their_count_is_old() {
+    let (store, _) = fresh_store().await;
+    let count = |figures: &redrive::store::FleetFigures, status: &str| -> i64 {
+        (figures.tasks.iter())
+            .filter(|(s, _, _)| s == status)
+            .map(|(_, _, n)| n)
+            .sum()
+    };
+    let add = |status: &'static str, n: i64| {
+        let store = store.clone();
+        async move {
+            sqlx::query(
+                "INSERT INTO recovery_task (handler, status, finished_at) \
+                 SELECT 'h', $1, CASE WHEN $1 <> 'failed' THEN now() END FROM generate_series(1, $2)",
+            )
+            .bind(status)
+            .bind(n)
+            .execute(store.pool())
+            .await
+            .unwrap();
+        }
+    };
+    add("resolved", 3).await;
+    add("failed", 2).await;
+    let first = store.sample_figures(Duration::ZERO).await.unwrap();
+    assert_eq!((count(&first, "resolved"), count(&first, "failed")), (3, 2));
+
+    add("resolved", 4).await;
+    add("failed", 1).await;
+    add("discarded", 5).await;
+    let second = store.sample_figures(Duration::ZERO).await.unwrap();
+    assert_eq!(
+        (
+            count(&second, "resolved"),
+            count(&second, "failed"),
+            count(&second, "discarded")
+        ),
+        (3, 3, 5),
+        "the resolved count is reused, the others are current"
+    );
+    assert_eq!(second.resolved_counted_at, first.resolved_counted_at);
+
+    let recount_age = redrive::store::RESOLVED_RECOUNT.as_secs() as i64 + 1;
+    sqlx::query(
+        "UPDATE recovery_sample SET figures = jsonb_set(figures, '{resolved_counted_at}', \
+         to_jsonb(now() - $1 * interval '1 second'))",
+    )
+    .bind(recount_age)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let third = store.sample_figures(Duration::ZERO).await.unwrap();
+    assert_eq!(count(&third, "resolved"), 7, "an old count is taken again");
+    assert!(third.resolved_counted_at > first.resolved_counted_at);
 }
