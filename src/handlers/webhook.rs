@@ -156,6 +156,7 @@ impl Handler for WebhookHandler {
         let status = response.status();
         self.count(Some(status));
         if status.is_success() {
+            read_to_end(response).await;
             return Ok(());
         }
         let headers = response.headers().clone();
@@ -215,6 +216,23 @@ pub fn retry_after(headers: &HeaderMap, now: DateTime<Utc>) -> Option<Duration> 
             .to_std()
             .unwrap_or(Duration::ZERO),
     )
+}
+
+/// The most of a successful answer's body read so that its connection can serve the
+/// next call; past it the connection is closed instead.
+const SUCCESS_BODY_BYTES: usize = 64 * 1024;
+
+/// Reads a successful answer's body to its end, up to [`SUCCESS_BODY_BYTES`]: a body
+/// left unread closes the connection, and each call would open a new one. The answer
+/// was a success whatever the body does.
+async fn read_to_end(mut response: Response) {
+    let mut read = 0;
+    while read <= SUCCESS_BODY_BYTES {
+        match response.chunk().await {
+            Ok(Some(chunk)) => read += chunk.len(),
+            Ok(None) | Err(_) => return,
+        }
+    }
 }
 
 /// The first [`ERROR_BODY_BYTES`] of a response body as text (lossy), read without

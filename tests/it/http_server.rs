@@ -11,6 +11,8 @@ use std::time::Duration;
 /// One request as the server saw it.
 #[derive(Debug, Clone)]
 pub struct Recorded {
+    /// The client's address: one per connection.
+    pub peer: SocketAddr,
     pub method: Method,
     pub path: String,
     pub headers: HeaderMap,
@@ -77,11 +79,16 @@ impl TestServer {
         let script: Script = Arc::new(script);
         let recorder = requests.clone();
         let app = axum::Router::new().fallback(
-            move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
+            move |axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<SocketAddr>,
+                  method: Method,
+                  uri: Uri,
+                  headers: HeaderMap,
+                  body: Bytes| {
                 let recorder = recorder.clone();
                 let script = script.clone();
                 async move {
                     let recorded = Recorded {
+                        peer,
                         method,
                         path: uri.path().to_owned(),
                         headers,
@@ -102,6 +109,7 @@ impl TestServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
+            let app = app.into_make_service_with_connect_info::<SocketAddr>();
             axum::serve(listener, app).await.unwrap();
         });
         TestServer {

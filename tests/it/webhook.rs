@@ -110,6 +110,31 @@ async fn envelope_calls_carry_one_idempotency_key_per_task_and_the_failure_conte
     assert_eq!((task.status, task.attempts), (Status::Resolved, 2));
 }
 
+/// Calls reuse their connection when the target answers with a body of some size: the
+/// client reads a successful answer's body (it dropped it unread, and each call then
+/// opened a new connection).
+#[tokio::test]
+async fn successful_calls_reuse_one_connection_when_answers_carry_a_body() {
+    let (store, settings) = fresh_store().await;
+    let server = TestServer::start(|_| Reply::status(200).body(vec![b'x'; 32 * 1024])).await;
+    let pool = pool(&store, &settings, webhook(&server.url("/hook")));
+    for i in 0..20 {
+        let id = store
+            .enqueue(&NewTask::new("hook", format!("task {i}")))
+            .await
+            .unwrap()
+            .id();
+        assert_eq!(attempt(&pool, id).await, FinishOutcome::Resolved);
+    }
+    let peers: std::collections::HashSet<_> = server.requests().iter().map(|r| r.peer).collect();
+    assert_eq!(server.requests().len(), 20);
+    assert_eq!(
+        peers.len(),
+        1,
+        "one connection for 20 sequential calls: {peers:?}"
+    );
+}
+
 #[tokio::test]
 async fn answers_are_classified_and_retry_after_is_capped() {
     let (store, settings) = fresh_store().await;
