@@ -84,7 +84,7 @@ enum Params {
 }
 
 /// The invariants: a name, a query answering `(id, detail)` per violation, its parameters.
-const CHECKS: [(&str, &str, Params); 11] = [
+const CHECKS: [(&str, &str, Params); 12] = [
     (
         "held_with_nothing_ahead",
         "SELECT h.id, 'held, but no unheld open task of its key is ahead of it' \
@@ -163,6 +163,17 @@ const CHECKS: [(&str, &str, Params); 11] = [
                 coalesce(' is claimed by task ' || d.task_id, ' is not claimed') \
          FROM recovery_task t LEFT JOIN recovery_task_dedup d ON d.dedup_key = t.dedup_key \
          WHERE t.dedup_key IS NOT NULL AND d.task_id IS DISTINCT FROM t.id",
+        Params::None
+    ),
+    (
+        // A claimed key whose task is gone or holds another key: harmless (the next
+        // message that wants the key takes it back), but a sign of hand-made changes.
+        "dedup_claim_orphaned",
+        "SELECT d.task_id, 'dedup key ' || quote_literal(d.dedup_key) || ' is claimed for task ' || \
+                d.task_id || CASE WHEN t.id IS NULL THEN ', which does not exist' \
+                ELSE ', which holds ' || coalesce('key ' || quote_literal(t.dedup_key), 'no key') END \
+         FROM recovery_task_dedup d LEFT JOIN recovery_task t ON t.id = d.task_id \
+         WHERE t.id IS NULL OR t.dedup_key IS DISTINCT FROM d.dedup_key",
         Params::None
     ),
     (

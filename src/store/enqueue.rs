@@ -250,8 +250,45 @@ pub async fn enqueue_many_in(conn: &mut PgConnection, tasks: &[NewTask]) -> Resu
         return Ok(Vec::new());
     }
     let keys: Vec<Option<String>> = tasks.iter().map(NewTask::effective_dedup_key).collect();
+    let mut results = store_new(conn, tasks, &keys).await?;
+    let repeated: Vec<usize> = (0..tasks.len()).filter(|&i| results[i].is_none()).collect();
+    let unheld = resolve_repeats(conn, tasks, &keys, &repeated, &mut results).await?;
+    if !unheld.is_empty() {
+        // Their keys are claimed for tasks that are gone or hold other keys: the claims
+        // are taken back, and those messages stored once more.
+        release_orphaned_claims(conn, &unheld, &keys).await?;
+        let retried: Vec<NewTask> = unheld.iter().map(|&i| tasks[i].clone()).collect();
+        let retried_keys: Vec<Option<String>> = unheld.iter().map(|&i| keys[i].clone()).collect();
+        let mut again = store_new(conn, &retried, &retried_keys).await?;
+        let repeated: Vec<usize> = (0..retried.len()).filter(|&i| again[i].is_none()).collect();
+        let still = resolve_repeats(conn, &retried, &retried_keys, &repeated, &mut again).await?;
+        if let Some(&i) = still.first() {
+            return Err(StoreError::MalformedRow(format!(
+                "dedup key {:?} conflicted but no task holds it",
+                retried_keys[i].as_deref().unwrap_or_default()
+            )));
+        }
+        for (&i, outcome) in unheld.iter().zip(again) {
+            results[i] = outcome;
+        }
+    }
+    let results: Vec<Enqueued> = results
+        .into_iter()
+        .map(|r| r.expect("every input resolved"))
+        .collect();
+    record_inline_attempts(conn, tasks, &results).await?;
+    Ok(results)
+}
+
+/// Runs the storing statement: each input's task if it was created, `None` where its key
+/// was claimed already.
+async fn store_new(
+    conn: &mut PgConnection,
+    tasks: &[NewTask],
+    keys: &[Option<String>],
+) -> Result<Vec<Option<Enqueued>>> {
     let rows = sqlx::query(INSERT)
-        .bind(&keys)
+        .bind(keys)
         .bind(column(tasks, |t| t.handler.as_str()))
         .bind(column(tasks, |t| t.failure.event_type.as_deref()))
         .bind(column(tasks, |t| t.failure.correlation_id.as_deref()))
@@ -313,30 +350,34 @@ pub async fn enqueue_many_in(conn: &mut PgConnection, tasks: &[NewTask]) -> Resu
             None => created_unkeyed.push_back(id),
         }
     }
-    let mut results = Vec::with_capacity(tasks.len());
-    let mut repeated = Vec::new();
-    for (index, key) in keys.iter().enumerate() {
-        let created = match key {
-            Some(key) => created_by_key.remove(key),
-            None => created_unkeyed.pop_front(),
-        };
-        match created {
-            Some(id) => results.push(Some(Enqueued::Created(id))),
-            None => {
-                results.push(None);
-                repeated.push(index);
+    Ok(keys
+        .iter()
+        .map(|key| {
+            match key {
+                Some(key) => created_by_key.remove(key),
+                None => created_unkeyed.pop_front(),
             }
-        }
-    }
-    if !repeated.is_empty() {
-        resolve_repeats(conn, tasks, &keys, &repeated, &mut results).await?;
-    }
-    let results: Vec<Enqueued> = results
-        .into_iter()
-        .map(|r| r.expect("every input resolved"))
-        .collect();
-    record_inline_attempts(conn, tasks, &results).await?;
-    Ok(results)
+            .map(Enqueued::Created)
+        })
+        .collect())
+}
+
+/// Takes back the claims of the keys of `inputs` whose task is gone or holds another key.
+async fn release_orphaned_claims(
+    conn: &mut PgConnection,
+    inputs: &[usize],
+    keys: &[Option<String>],
+) -> Result<()> {
+    let keys: Vec<&str> = inputs.iter().filter_map(|&i| keys[i].as_deref()).collect();
+    sqlx::query(
+        "DELETE FROM recovery_task_dedup d WHERE d.dedup_key = ANY($1) \
+         AND NOT EXISTS (SELECT 1 FROM recovery_task t \
+                         WHERE t.id = d.task_id AND t.dedup_key = d.dedup_key)",
+    )
+    .bind(&keys)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }
 
 /// Writes the history row of every created task that carries an inline attempt.
@@ -385,31 +426,37 @@ async fn record_inline_attempts(
     Ok(())
 }
 
-/// Compares inputs whose key was taken with the stored tasks holding those keys.
+/// Compares inputs whose key was taken with the stored tasks holding those keys; answers
+/// the inputs whose key no task holds (left `None`).
 async fn resolve_repeats(
     conn: &mut PgConnection,
     tasks: &[NewTask],
     keys: &[Option<String>],
     repeated: &[usize],
     results: &mut [Option<Enqueued>],
-) -> Result<()> {
+) -> Result<Vec<usize>> {
+    if repeated.is_empty() {
+        return Ok(Vec::new());
+    }
     let wanted: Vec<&str> = repeated
         .iter()
         .filter_map(|&i| keys[i].as_deref())
         .collect();
     let existing = holders(conn, &wanted).await?;
+    let mut unheld = Vec::new();
     for &index in repeated {
         let key = keys[index].as_deref().expect("only keyed inputs repeat");
-        let (id, task) = existing.get(key).ok_or_else(|| {
-            StoreError::MalformedRow(format!("dedup key {key:?} conflicted but no task holds it"))
-        })?;
+        let Some((id, task)) = existing.get(key) else {
+            unheld.push(index);
+            continue;
+        };
         results[index] = Some(match task {
             Some(task) if !tasks[index].same_content_as(task) => Enqueued::Conflict(*id),
             // Unreadable: what is stored cannot be compared, and is what was recorded.
             _ => Enqueued::Existing(*id),
         });
     }
-    Ok(())
+    Ok(unheld)
 }
 
 /// The tasks holding `keys` as their dedup key, by key: each with its id, and the task
@@ -424,7 +471,7 @@ async fn holders(
     let rows = sqlx::query(
         "SELECT t.* FROM recovery_task_dedup d \
          CROSS JOIN LATERAL (SELECT * FROM recovery_task WHERE id = d.task_id OFFSET 0) t \
-         WHERE d.dedup_key = ANY($1)",
+         WHERE d.dedup_key = ANY($1) AND t.dedup_key = d.dedup_key",
     )
     .bind(keys)
     .fetch_all(&mut *conn)

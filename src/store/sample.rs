@@ -82,12 +82,14 @@ impl Store {
             .fetch_all(&self.pool)
             .await?,
         );
-        let recount = previous.resolved_counted_at.is_none_or(|at| {
-            now.signed_duration_since(at)
+        let recount = match previous.resolved_counted_at {
+            // A clock that went back recounts too.
+            Some(at) => now
+                .signed_duration_since(at)
                 .to_std()
-                .unwrap_or(Duration::MAX)
-                >= RESOLVED_RECOUNT
-        });
+                .map_or(true, |age| age >= RESOLVED_RECOUNT),
+            None => true,
+        };
         let resolved_counted_at = if recount {
             tasks.extend(
                 sqlx::query_as::<_, (String, String, i64)>(

@@ -3,7 +3,7 @@
 use chrono::Utc;
 use redrive::store::{enqueue_many_in, Finish};
 use redrive::task::{Failure, FinishOutcome};
-use redrive::{Enqueued, Header, NewTask, SourceCoordinates, Status, StoreError};
+use redrive::{Enqueued, Header, NewTask, SourceCoordinates, Status, Store, StoreError};
 use std::time::Duration;
 
 use crate::support::{fresh_store, scalar};
@@ -728,4 +728,59 @@ async fn the_fleet_sample_recounts_resolved_tasks_only_when_their_count_is_old()
     let third = store.sample_figures(Duration::ZERO).await.unwrap();
     assert_eq!(count(&third, "resolved"), 7, "an old count is taken again");
     assert!(third.resolved_counted_at > first.resolved_counted_at);
+}
+
+/// A key left claimed for a task that is gone or holds another key (a TRUNCATE, a delete
+/// with triggers off as during a restore, a key changed by hand) does not wedge storing:
+/// the message is stored, its key taken back; `tasks check` reports such a claim.
+#[tokio::test]
+async fn a_key_claimed_for_a_vanished_task_is_taken_back_and_check_reports_it() {
+    let (store, _) = fresh_store().await;
+    let keyed = |key: &str| {
+        let mut task = NewTask::new("h", format!("value of {key}").into_bytes());
+        task.dedup_key = Some(key.into());
+        task
+    };
+    let raw = |sql: &'static str| {
+        let store = store.clone();
+        async move {
+            sqlx::raw_sql(sql).execute(store.pool()).await.unwrap();
+        }
+    };
+    let orphaned = |store: Store| async move {
+        let report = store
+            .check(&redrive::store::Budgets::default())
+            .await
+            .unwrap();
+        report
+            .violations
+            .iter()
+            .filter(|v| v.kind == "dedup_claim_orphaned")
+            .count()
+    };
+
+    store.enqueue(&keyed("truncated")).await.unwrap();
+    raw("TRUNCATE recovery_task").await;
+    assert!(matches!(
+        store.enqueue(&keyed("truncated")).await.unwrap(),
+        Enqueued::Created(_)
+    ));
+
+    store.enqueue(&keyed("restored")).await.unwrap();
+    raw("BEGIN; SET LOCAL session_replication_role = replica; \
+         DELETE FROM recovery_task WHERE dedup_key = 'restored'; COMMIT")
+    .await;
+    store.enqueue(&keyed("renamed")).await.unwrap();
+    raw("UPDATE recovery_task SET dedup_key = 'renamed by hand' WHERE dedup_key = 'renamed'").await;
+    assert_eq!(orphaned(store.clone()).await, 2, "both claims reported");
+
+    for key in ["restored", "renamed"] {
+        let again = store.enqueue(&keyed(key)).await.unwrap();
+        assert!(matches!(again, Enqueued::Created(_)), "{key}: {again:?}");
+        assert_eq!(
+            store.enqueue(&keyed(key)).await.unwrap(),
+            Enqueued::Existing(again.id())
+        );
+    }
+    assert_eq!(orphaned(store.clone()).await, 0);
 }
