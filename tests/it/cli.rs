@@ -408,29 +408,45 @@ fn bench_refuses_sizes_out_of_range_before_it_starts() {
     }
 }
 
+/// Runs `redrive bench ARGS...` to its end and answers what it printed; fails the test
+/// with both outputs when it fails.
+fn bench_stdout(settings: &redrive::Settings, args: &[&str]) -> String {
+    let output = redrive(settings)
+        .arg("bench")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    stdout
+}
+
 /// `redrive bench console` at tiny sizes: its code path (seeding, the admin router over
 /// HTTP with a console sign-in, every timed query, the bulk action beside a drain and
 /// both final checks) keeps working. No figure is asserted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_console_runs_at_tiny_sizes_and_checks_its_tasks() {
     let (_store, settings) = fresh_store().await;
-    let output = redrive(&settings)
-        .args(["bench", "console", "--tasks", "2000", "--requests", "5"])
-        .args([
+    let stdout = bench_stdout(
+        &settings,
+        &[
+            "console",
+            "--tasks",
+            "2000",
+            "--requests",
+            "5",
             "--warmup",
             "1",
             "--bulk-tasks",
             "60000",
             "--drain-tasks",
             "100",
-        ])
-        .args(["--rounds", "2"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
+            "--rounds",
+            "2",
+        ],
+    );
     for line in [
         "console  unfiltered",
         "api      key_prefix=customer-4242:",
@@ -450,30 +466,24 @@ async fn bench_console_runs_at_tiny_sizes_and_checks_its_tasks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_scale_prints_each_size_and_member_count_and_checks_its_tasks() {
     let (_store, settings) = fresh_store().await;
-    let output = redrive(&settings)
-        .args([
-            "bench",
+    let stdout = bench_stdout(
+        &settings,
+        &[
             "scale",
             "--backlogs",
             "200,500",
             "--final-rows",
             "300",
-        ])
-        .args([
             "--drain",
             "200",
             "--members",
             "1,2",
             "--members-backlog",
             "300",
-        ])
-        .args(["--batch", "20"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
+            "--batch",
+            "20",
+        ],
+    );
     for line in [
         "-- 200 due: filled",
         "-- 500 due: filled",
