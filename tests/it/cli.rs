@@ -513,24 +513,24 @@ async fn bench_scale_prints_each_size_and_member_count_and_checks_its_tasks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_horizon_runs_on_a_private_server_and_checks_its_tasks() {
     let (_store, settings) = fresh_store().await;
-    let output = redrive(&settings)
-        .args([
-            "bench",
+    let stdout = bench_stdout(
+        &settings,
+        &[
             "horizon",
             "--rate",
             "300",
             "--pg-set",
             "autovacuum=off",
-        ])
-        .args([
-            "--before", "2s", "--pin", "2s", "--after", "2s", "--window", "1s",
-        ])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
+            "--before",
+            "2s",
+            "--pin",
+            "2s",
+            "--after",
+            "2s",
+            "--window",
+            "1s",
+        ],
+    );
     for line in [
         "on a private PostgreSQL server",
         "autovacuum=off",
