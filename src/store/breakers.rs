@@ -152,6 +152,7 @@ impl Store {
                 owner,
                 lease,
                 breaker.hold_until,
+                None,
             )
             .await?;
         breaker.probes_granted += i32::try_from(rows.len()).unwrap_or(i32::MAX);

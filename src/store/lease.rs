@@ -24,7 +24,9 @@ pub(crate) use super::ORDERED_WALK as DUE_ORDER;
 
 // `$5`, when set, claims tasks due by then rather than now (a breaker's probes, whose
 // tasks are held until the breaker's `hold_until`); a leased task is only ever taken
-// over once its lease has lapsed.
+// over once its lease has lapsed. `$7`, when set, is where the walk of the due index
+// starts (see `worker::due_floor`): tasks due before it are left to a later claim.
+// Each claimed row answers the due time it was claimed at (`was_due`).
 //
 // A task an operator fenced mid-call waits until that call has stopped (see
 // [`NOT_STOPPING`]).
@@ -38,6 +40,7 @@ WITH due AS MATERIALIZED (
     FROM recovery_task
     WHERE status = 'failed' AND handler = ANY($1)
       AND next_attempt_at <= coalesce($5::timestamptz, now())
+      AND next_attempt_at >= coalesce($7::timestamptz, '-infinity')
       AND (lease_owner IS NULL OR next_attempt_at <= now())
       {NOT_STOPPING}
     ORDER BY next_attempt_at
@@ -60,7 +63,7 @@ SET lease_version = t.lease_version + 1,
     updated_at = now()
 FROM due
 WHERE t.id = due.id
-RETURNING t.*, due.lease_owner IS NOT NULL AS recovered
+RETURNING t.*, due.lease_owner IS NOT NULL AS recovered, due.next_attempt_at AS was_due
 "#;
 
 static CLAIM: LazyLock<String> =
@@ -77,12 +80,14 @@ const NOT_STOPPING: &str =
                AND (order_key IS NULL OR NOT EXISTS (SELECT 1 FROM recovery_stopping_call s
                            WHERE s.order_key = recovery_task.order_key AND s.ends_by > now()))))";
 
-// When the next task the claim would take is due. Tasks waiting for a stopping call are
-// passed over: the member that stops the call tells the idle claimers (`<schema>_due`).
+// When the next task the claim would take is due, looking from `$2` on when set. Tasks
+// waiting for a stopping call are passed over: the member that stops the call tells the
+// idle claimers (`<schema>_due`).
 static NEXT_DUE: LazyLock<String> = LazyLock::new(|| {
     "SELECT greatest(extract(epoch FROM next_attempt_at - clock_timestamp()) * 1000, 0)::float8 \
      FROM recovery_task \
-     WHERE status = 'failed' AND handler = ANY($1) {NOT_STOPPING} \
+     WHERE status = 'failed' AND handler = ANY($1) \
+       AND next_attempt_at >= coalesce($2::timestamptz, '-infinity') {NOT_STOPPING} \
      ORDER BY next_attempt_at LIMIT 1"
         .replace("{NOT_STOPPING}", NOT_STOPPING)
 });
@@ -150,28 +155,44 @@ impl Store {
         owner: &str,
         lease: Duration,
     ) -> Result<Vec<Task>> {
-        Ok(self.claim_counted(handlers, limit, owner, lease).await?.0)
+        Ok(self
+            .claim_from(handlers, limit, owner, lease, None)
+            .await?
+            .tasks)
     }
 
-    /// [`Store::claim`], also answering how many of the claimed tasks were taken over
-    /// from a lease that had expired (recovered from a dead or stalled worker).
-    pub async fn claim_counted(
+    /// [`Store::claim`] walking the due index from `from` on (from its start when
+    /// `None`): tasks due before `from` are left to a later claim. Also answers how many
+    /// tasks were taken over from lapsed leases and the earliest due time claimed.
+    pub async fn claim_from(
         &self,
         handlers: &[String],
         limit: u32,
         owner: &str,
         lease: Duration,
-    ) -> Result<(Vec<Task>, usize)> {
+        from: Option<DateTime<Utc>>,
+    ) -> Result<Claimed> {
         let mut tx = self.pool.begin_with(DUE_ORDER).await?;
-        let claimed = self
-            .claim_in(&mut tx, handlers, limit, owner, lease, None)
+        let rows = self
+            .claim_in(&mut tx, handlers, limit, owner, lease, None, from)
             .await?;
         tx.commit().await?;
-        self.decode_claimed(owner, &claimed).await
+        let first_due = rows
+            .iter()
+            .filter_map(|r| r.try_get::<DateTime<Utc>, _>("was_due").ok())
+            .min();
+        let (tasks, recovered) = self.decode_claimed(owner, &rows).await?;
+        Ok(Claimed {
+            tasks,
+            recovered,
+            first_due,
+        })
     }
 
     /// Runs the claim statement in `tx` (begun with [`DUE_ORDER`]): tasks due by
-    /// `due_by` (now when `None`).
+    /// `due_by` (now when `None`), from `from` on (every one when `None`).
+    // One statement's parameters, each its own meaning: a struct would only rename them.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn claim_in(
         &self,
         tx: &mut PgConnection,
@@ -180,6 +201,7 @@ impl Store {
         owner: &str,
         lease: Duration,
         due_by: Option<DateTime<Utc>>,
+        from: Option<DateTime<Utc>>,
     ) -> Result<Vec<PgRow>> {
         Ok(sqlx::query(&CLAIM)
             .bind(handlers)
@@ -188,6 +210,7 @@ impl Store {
             .bind(millis(lease))
             .bind(due_by)
             .bind(AttemptOutcome::LeaseExpired.as_str())
+            .bind(from)
             .fetch_all(tx)
             .await?)
     }
@@ -287,13 +310,18 @@ impl Store {
         rows.iter().map(|r| Ok(TaskId(r.try_get("id")?))).collect()
     }
 
-    /// How long until the earliest unfinished task of `handlers` is due (leased tasks
-    /// count with their lease deadline; zero when one is due now), by PostgreSQL's
-    /// clock, or `None` when there is none.
-    pub async fn next_due(&self, handlers: &[String]) -> Result<Option<Duration>> {
+    /// How long until the earliest unfinished task of `handlers` due at or after `from`
+    /// (every one when `None`) is due (leased tasks count with their lease deadline; zero
+    /// when one is due now), by PostgreSQL's clock, or `None` when there is none.
+    pub async fn next_due(
+        &self,
+        handlers: &[String],
+        from: Option<DateTime<Utc>>,
+    ) -> Result<Option<Duration>> {
         let mut tx = self.pool.begin_with(DUE_ORDER).await?;
         let millis: Option<f64> = sqlx::query_scalar(&NEXT_DUE)
             .bind(handlers)
+            .bind(from)
             .fetch_optional(&mut *tx)
             .await?;
         tx.commit().await?;
@@ -312,6 +340,18 @@ impl Store {
             .await?;
         Ok(())
     }
+}
+
+/// What one claim took.
+#[derive(Debug)]
+pub struct Claimed {
+    /// The claimed tasks that could be read (the others ended PERMANENT_FAILURE).
+    pub tasks: Vec<Task>,
+    /// How many were taken over from a lapsed lease (a dead or stalled worker's).
+    pub recovered: usize,
+    /// The earliest due time among the claimed tasks (before the claim moved it to the
+    /// lease deadline), read or not; `None` when nothing was claimed.
+    pub first_due: Option<DateTime<Utc>>,
 }
 
 /// Ids and versions in id order: every multi-row write locks rows in that order, so a

@@ -38,6 +38,7 @@ pub use enqueue::{enqueue_many_in, Enqueued, Recorded};
 pub use filter::{Selection, TaskFilter};
 pub use finish::Finish;
 pub use inspect::{OldestDue, OutcomeCount, Stats, StatusCount, TaskSummary, MAX_PAGE};
+pub use lease::Claimed;
 pub use lineage::Ancestor;
 pub use members::{Member, MEMBER_BEAT, MEMBER_LIVE_WITHIN};
 pub(crate) use operate::apply_batch;

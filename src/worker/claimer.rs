@@ -9,11 +9,12 @@ use tracing::Instrument;
 
 use super::admission::{Admission, Permits, BLOCKED_RECHECK};
 use super::attempt;
+use super::due_floor::DueFloors;
 use super::finisher::{AttemptContext, Completion};
 use super::inflight::{say_calls_stopped, InFlight};
 use super::served::Served;
 use crate::config::WorkerSettings;
-use crate::store::Store;
+use crate::store::{Claimed, Store};
 use crate::task::{Status, Task};
 use crate::telemetry::Metrics;
 
@@ -51,6 +52,8 @@ pub(crate) struct Claimer {
     pub(crate) attempts: TaskTracker,
     /// Fired when the shutdown deadline passes: running attempts are dropped.
     pub(crate) interrupt: CancellationToken,
+    /// Where each claim lane's walk of the due index starts.
+    pub(crate) floors: DueFloors,
 }
 
 impl Claimer {
@@ -131,27 +134,22 @@ impl Claimer {
         let (lease, owner) = (self.settings.lease, &*self.worker_id);
         let plan = self.admission.plan(self.served.names());
         if !plan.shared.is_empty() {
-            let (tasks, lapsed) = self
-                .store
-                .claim_counted(&plan.shared, wanted, owner, lease)
-                .await?;
-            round.recovered += lapsed;
-            (round.claimed).extend(tasks.into_iter().map(|t| (t, Permits::default())));
+            let tasks = self.claim_lane(&plan.shared, wanted).await?;
+            round.recovered += tasks.recovered;
+            (round.claimed).extend(tasks.tasks.into_iter().map(|t| (t, Permits::default())));
         }
         for handler in &plan.limited {
             let room = wanted.saturating_sub(round.claimed.len() as u32);
             let Some(mut grant) = self.admission.grant(handler, room) else {
                 continue;
             };
-            let handlers = std::slice::from_ref(handler);
-            let (tasks, lapsed) = self
-                .store
-                .claim_counted(handlers, grant.count, owner, lease)
-                .await?;
-            round.recovered += lapsed;
+            let lane = std::slice::from_ref(handler);
+            let tasks = self.claim_lane(lane, grant.count).await?;
+            round.recovered += tasks.recovered;
             let limiter = self.admission.limiter(handler);
             (round.claimed).extend(
                 tasks
+                    .tasks
                     .into_iter()
                     .map(|t| (t, grant.take_one(limiter.clone()))),
             );
@@ -168,6 +166,18 @@ impl Claimer {
             (round.claimed).extend(probes.into_iter().map(|t| (t, Permits::default())));
         }
         Ok(())
+    }
+
+    /// Claims up to `wanted` due tasks of the handlers of `lane`, walking the due index
+    /// from the lane's floor.
+    async fn claim_lane(&self, lane: &[String], wanted: u32) -> crate::store::Result<Claimed> {
+        let (lease, owner) = (self.settings.lease, &*self.worker_id);
+        let from = self.floors.start(lane);
+        let claimed = (self.store)
+            .claim_from(lane, wanted, owner, lease, from)
+            .await?;
+        self.floors.claimed(lane, from, claimed.first_due);
+        Ok(claimed)
     }
 
     /// Starts one attempt; its result goes to the finisher with the slot.
@@ -248,7 +258,12 @@ impl Claimer {
             // A bulkhead slot or rate ticket frees up without a notification.
             poll = poll.min(BLOCKED_RECHECK);
         }
-        let wait = match self.store.next_due(self.served.names()).await {
+        // A floor in force hides what is due before it until the next full walk.
+        if let Some(full_walk) = self.floors.until_full_walk() {
+            poll = poll.min(full_walk);
+        }
+        let from = self.floors.lowest();
+        let wait = match self.store.next_due(self.served.names(), from).await {
             Ok(Some(due_in)) => due_in.min(poll),
             Ok(None) => poll,
             Err(error) => {

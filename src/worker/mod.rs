@@ -5,6 +5,8 @@ mod admission;
 mod attempt;
 mod claimer;
 mod compensator;
+mod due_floor;
+use due_floor::DueFloors;
 mod finisher;
 mod inflight;
 mod served;
@@ -239,6 +241,7 @@ impl WorkerPool {
             completions: completions_tx,
             attempts: TaskTracker::new(),
             interrupt: CancellationToken::new(),
+            floors: DueFloors::default(),
         });
         let compensator = watch.spawn(
             "compensator",

@@ -238,7 +238,11 @@ async fn a_fenced_call_holds_its_task_until_its_member_says_it_stopped_or_its_le
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].id, told.id);
     // The idle claimers' wait passes over the task held back (it is not due for them).
-    let next = store.next_due(&handlers).await.unwrap().expect("a task");
+    let next = store
+        .next_due(&handlers, None)
+        .await
+        .unwrap()
+        .expect("a task");
     assert!(next > Duration::from_secs(30), "next due in {next:?}");
     tokio::time::sleep(lease + Duration::from_millis(200)).await;
     let silent = store

@@ -277,6 +277,81 @@ async fn a_claim_leases_due_tasks_once_and_bumps_the_fencing_token() {
         .is_empty());
 }
 
+/// A claim walking the due index from a due time (the member's floor) leaves what is due
+/// before it, says the earliest due time it took, and a walk from the start finds the
+/// rest; the look for the next due task honours the same start.
+#[tokio::test]
+async fn a_claim_from_a_due_time_leaves_what_is_due_before_it_to_a_walk_from_the_start() {
+    let (store, _) = fresh_store().await;
+    let at = |seconds_ago: i64| Utc::now() - chrono::Duration::seconds(seconds_ago);
+    let tasks: Vec<NewTask> = [100, 10, 5]
+        .into_iter()
+        .map(|ago| {
+            let mut task = NewTask::new("h", ago.to_string().into_bytes());
+            task.next_attempt_at = Some(at(ago));
+            task
+        })
+        .collect();
+    let ids: Vec<_> = store
+        .enqueue_many(&tasks)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.id())
+        .collect();
+    let due = |i: usize| tasks[i].next_attempt_at.unwrap();
+    let from = at(50);
+    assert_eq!(
+        store.next_due(&handlers(), Some(from)).await.unwrap(),
+        Some(Duration::ZERO)
+    );
+
+    let claimed = store
+        .claim_from(&handlers(), 10, "w", LEASE, Some(from))
+        .await
+        .unwrap();
+    let mut got: Vec<_> = claimed.tasks.iter().map(|t| t.id).collect();
+    got.sort();
+    assert_eq!(
+        got,
+        ids[1..],
+        "the tasks due after the start, not the one before"
+    );
+    let first_due = claimed.first_due.expect("a due time");
+    assert!(
+        (first_due - due(1)).num_milliseconds().abs() < 2,
+        "{first_due}: the 10 s old task's"
+    );
+
+    // Those two are leased now: from the start the old one is due, from `from` nothing
+    // comes before their lease deadlines.
+    assert_eq!(
+        store.next_due(&handlers(), None).await.unwrap(),
+        Some(Duration::ZERO)
+    );
+    let leased = store
+        .next_due(&handlers(), Some(from))
+        .await
+        .unwrap()
+        .expect("the leases");
+    assert!(leased > LEASE / 2, "{leased:?}");
+    let none = store
+        .claim_from(&handlers(), 10, "w", LEASE, Some(from))
+        .await
+        .unwrap();
+    assert!(none.tasks.is_empty() && none.first_due.is_none());
+
+    let rest = store
+        .claim_from(&handlers(), 10, "w", LEASE, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        rest.tasks.iter().map(|t| t.id).collect::<Vec<_>>(),
+        ids[..1]
+    );
+    assert!((rest.first_due.unwrap() - due(0)).num_milliseconds().abs() < 2);
+}
+
 #[tokio::test]
 async fn a_late_worker_cannot_finish_or_heartbeat_a_task_taken_over() {
     let (store, _) = fresh_store().await;

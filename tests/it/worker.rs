@@ -225,6 +225,48 @@ async fn an_idle_pool_is_woken_by_new_tasks_not_by_polling() {
     member.stop().await;
 }
 
+/// A member's claims start their walk of the due index near where the last one found
+/// work (see `worker::due_floor`). A task set due before that point while tasks keep
+/// arriving (here: stored by a transaction that set it due an hour ago) is still
+/// claimed, by the walk from the start each lane makes every second.
+#[tokio::test]
+async fn a_task_due_before_the_claims_floor_is_claimed_while_work_keeps_arriving() {
+    let (store, settings) = fresh_store().await;
+    let member = Member::start(
+        fleet(&settings, Scripted(Duration::from_millis(20))),
+        &store,
+    );
+    let feeding = tokio_util::sync::CancellationToken::new();
+    let feeder = tokio::spawn({
+        let (store, feeding) = (store.clone(), feeding.clone());
+        async move {
+            while !feeding.is_cancelled() {
+                store
+                    .enqueue(&NewTask::new("h", b"ok".to_vec()))
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    });
+    eventually(Duration::from_secs(10), "the stream drained", || async {
+        store.status_counts().await.unwrap().resolved >= 20
+    })
+    .await;
+    let mut late = NewTask::new("h", b"ok".to_vec());
+    late.next_attempt_at = Some(chrono::Utc::now() - chrono::Duration::hours(1));
+    let late = store.enqueue(&late).await.unwrap().id();
+    eventually(
+        Duration::from_secs(10),
+        "the late task resolved",
+        || async { status(&store, late).await.status == Status::Resolved },
+    )
+    .await;
+    feeding.cancel();
+    feeder.await.unwrap();
+    member.stop().await;
+}
+
 /// Waits until it is cancelled (its lease lost) or forever.
 struct Hang {
     cancelled: Arc<AtomicUsize>,
