@@ -22,6 +22,8 @@ use super::{bench_fleet, drop_schema, fresh_store, server, statements};
 use crate::cli::output::outln;
 use crate::config::Settings;
 use crate::store::Store;
+use crate::store::SAMPLE_COST_SHARE;
+use crate::upkeep::SAMPLE_EVERY;
 
 /// Rows written by one filling statement.
 const FILL_CHUNK: u64 = 1_000_000;
@@ -30,7 +32,7 @@ const FILL_CHUNK: u64 = 1_000_000;
 const DRAIN_LIMIT: Duration = Duration::from_secs(900);
 
 /// How often `pg_stat_activity` is sampled during a drain.
-const SAMPLE_EVERY: Duration = Duration::from_millis(50);
+const ACTIVITY_SAMPLE_EVERY: Duration = Duration::from_millis(50);
 
 /// Options of `redrive bench scale`.
 #[derive(Debug, Clone, Args)]
@@ -170,9 +172,15 @@ async fn size_figure(
     let filling = Instant::now();
     fill(&store, finals, true, options.value_bytes).await?;
     fill(&store, due, false, options.value_bytes).await?;
+    // The member joins a fleet whose sample of the store is current, as in a running
+    // fleet; the sample's own cost is printed apart.
+    let sampling = Instant::now();
+    let figures = store.sample_figures(Duration::ZERO).await?;
     outln!(
-        "\n-- {label}: filled in {:.0} s; one member drains {}",
+        "\n-- {label}: filled in {:.0} s; a fleet sample took {:.2} s (the next waits {:.0} s); one member drains {}",
         filling.elapsed().as_secs_f64(),
+        sampling.elapsed().as_secs_f64(),
+        (figures.count_ms / 1000.0 * SAMPLE_COST_SHARE).max(SAMPLE_EVERY.as_secs_f64()),
         count(drain)
     );
     let drained = drain_with(settings, &store, options, 1, drain).await?;
@@ -349,13 +357,13 @@ impl Activity {
     }
 }
 
-/// Samples `pg_stat_activity` every [`SAMPLE_EVERY`] until `stop`.
+/// Samples `pg_stat_activity` every [`ACTIVITY_SAMPLE_EVERY`] until `stop`.
 async fn sample_activity(store: Store, stop: CancellationToken) -> anyhow::Result<Activity> {
     let mut activity = Activity::default();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return Ok(activity),
-            _ = tokio::time::sleep(SAMPLE_EVERY) => {}
+            _ = tokio::time::sleep(ACTIVITY_SAMPLE_EVERY) => {}
         }
         let (connections, lock, lwlock, io): (i64, i64, i64, i64) = sqlx::query_as(
             "SELECT count(*), count(*) FILTER (WHERE wait_event_type = 'Lock'), \

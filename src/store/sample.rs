@@ -6,6 +6,12 @@
 //! hold those tasks: its cost follows the backlog, not the store. Resolved tasks, the
 //! bulk of a store, are recounted only every [`RESOLVED_RECOUNT`]: counting them reads
 //! every one (ten million took a core 4 s), and the alerts never look at them.
+//!
+//! Counting a huge backlog exactly still takes seconds (ten million unfinished tasks:
+//! 3.6 s). A turn that took `t` therefore makes the next one wait at least
+//! [`SAMPLE_COST_SHARE`] times `t` (`t` read as a minute at most): the counting keeps to
+//! a tenth of one backend's time whatever the size of the store, and the figures are
+//! then that old at most (ten minutes at the very most).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -16,6 +22,9 @@ use super::{Result, Store};
 
 /// How long the count of resolved tasks is reused by later samples.
 pub const RESOLVED_RECOUNT: Duration = Duration::from_secs(300);
+
+/// The next turn waits at least this many times as long as the last one's counting took.
+pub const SAMPLE_COST_SHARE: f64 = 10.0;
 
 /// The figures of one sample.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -29,36 +38,47 @@ pub struct FleetFigures {
     pub due: Vec<(String, i64, f64)>,
     /// Members seen recently.
     pub members_live: i64,
+    /// How long this sample's counting took, in milliseconds.
+    #[serde(default)]
+    pub count_ms: f64,
 }
 
 impl Store {
-    /// Takes the turn to sample if the last sample is older than `interval` (one member
-    /// wins each turn), computes and stores the figures; then answers the latest figures.
+    /// Takes the turn to sample if the last sample is older than `interval` and than
+    /// [`SAMPLE_COST_SHARE`] times its counting (one member wins each turn), computes and
+    /// stores the figures; then answers the latest figures.
     pub async fn sample_figures(&self, interval: Duration) -> Result<FleetFigures> {
         // The turn answers the previous figures (the upsert leaves them) and the time.
-        let turn: Option<(serde_json::Value, DateTime<Utc>)> = sqlx::query_as(
+        // A count time that is not a number (a hand-edited row) counts as none.
+        let turn: Option<(String, DateTime<Utc>)> = sqlx::query_as(
             "INSERT INTO recovery_sample (id, sampled_at, figures) VALUES (1, now(), '{}') \
              ON CONFLICT (id) DO UPDATE SET sampled_at = now() \
-             WHERE recovery_sample.sampled_at < now() - $1 * interval '1 millisecond' \
-             RETURNING figures, now()",
+             WHERE recovery_sample.sampled_at < now() - greatest($1, $2 * CASE \
+                 WHEN jsonb_typeof(recovery_sample.figures->'count_ms') = 'number' \
+                 THEN least((recovery_sample.figures->>'count_ms')::numeric, 60000)::float8 \
+                 ELSE 0 END) * interval '1 millisecond' \
+             RETURNING figures::text, now()",
         )
         .bind(interval.as_millis() as f64 * 0.9)
+        .bind(SAMPLE_COST_SHARE)
         .fetch_optional(&self.pool)
         .await?;
         if let Some((previous, now)) = turn {
-            let previous: FleetFigures = serde_json::from_value(previous).unwrap_or_default();
-            let figures = self.count_figures(&previous, now).await?;
+            let previous = readable_figures(&previous);
+            let counting = std::time::Instant::now();
+            let mut figures = self.count_figures(&previous, now).await?;
+            figures.count_ms = counting.elapsed().as_secs_f64() * 1000.0;
             sqlx::query("UPDATE recovery_sample SET figures = $1 WHERE id = 1")
                 .bind(serde_json::to_value(&figures).expect("figures serialize"))
                 .execute(&self.pool)
                 .await?;
             return Ok(figures);
         }
-        let stored: serde_json::Value =
-            sqlx::query_scalar("SELECT figures FROM recovery_sample WHERE id = 1")
+        let stored: String =
+            sqlx::query_scalar("SELECT figures::text FROM recovery_sample WHERE id = 1")
                 .fetch_one(&self.pool)
                 .await?;
-        Ok(serde_json::from_value(stored).unwrap_or_default())
+        Ok(readable_figures(&stored))
     }
 
     async fn count_figures(
@@ -127,6 +147,13 @@ impl Store {
             resolved_counted_at,
             due,
             members_live,
+            count_ms: 0.0,
         })
     }
+}
+
+/// The stored figures, or none when they cannot be read (a row edited by hand, a number
+/// no `f64` holds): the next turn writes them whole again.
+fn readable_figures(stored: &str) -> FleetFigures {
+    serde_json::from_str(stored).unwrap_or_default()
 }

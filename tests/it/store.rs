@@ -776,9 +776,20 @@ async fn the_fleet_sample_recounts_resolved_tasks_only_when_their_count_is_old()
     let first = store.sample_figures(Duration::ZERO).await.unwrap();
     assert_eq!((count(&first, "resolved"), count(&first, "failed")), (3, 2));
 
+    // Each turn below comes after the last one's wait (see the next test).
+    let age_last_turn = || {
+        let store = store.clone();
+        async move {
+            sqlx::query("UPDATE recovery_sample SET sampled_at = now() - interval '1 hour'")
+                .execute(store.pool())
+                .await
+                .unwrap();
+        }
+    };
     add("resolved", 4).await;
     add("failed", 1).await;
     add("discarded", 5).await;
+    age_last_turn().await;
     let second = store.sample_figures(Duration::ZERO).await.unwrap();
     assert_eq!(
         (
@@ -800,9 +811,55 @@ async fn the_fleet_sample_recounts_resolved_tasks_only_when_their_count_is_old()
     .execute(store.pool())
     .await
     .unwrap();
+    age_last_turn().await;
     let third = store.sample_figures(Duration::ZERO).await.unwrap();
     assert_eq!(count(&third, "resolved"), 7, "an old count is taken again");
     assert!(third.resolved_counted_at > first.resolved_counted_at);
+}
+
+/// A sample turn that took long to count makes the next turn wait ten times as long
+/// (the counting keeps to a tenth of one backend's time on a huge backlog); a count time
+/// that is not a sane number in the stored row (edited by hand) is read as none.
+#[tokio::test]
+async fn a_slow_sample_turn_makes_the_next_wait_ten_times_as_long() {
+    let (store, _) = fresh_store().await;
+    store.sample_figures(Duration::ZERO).await.unwrap();
+    let plant = |count_ms: &'static str| {
+        let store = store.clone();
+        async move {
+            sqlx::query(
+                "UPDATE recovery_sample SET sampled_at = now() - interval '20 seconds', \
+                 figures = jsonb_set(figures, '{count_ms}', $1::jsonb)",
+            )
+            .bind(count_ms)
+            .execute(store.pool())
+            .await
+            .unwrap();
+        }
+    };
+    let took_turn = || {
+        let store = store.clone();
+        async move {
+            store.sample_figures(Duration::from_secs(15)).await.unwrap();
+            scalar(&store, "SELECT count(*) FROM recovery_sample WHERE sampled_at > now() - interval '5 seconds'").await == 1
+        }
+    };
+    plant("2500").await;
+    assert!(
+        !took_turn().await,
+        "a 2.5 s count: the next turn after 25 s, not 15"
+    );
+    plant("1500").await;
+    assert!(took_turn().await, "a 1.5 s count: after 15 s");
+    for hostile in ["\"x\"", "-5", "null", "[1]"] {
+        plant(hostile).await;
+        assert!(took_turn().await, "count_ms {hostile} read as none");
+    }
+    plant("1e400").await;
+    assert!(
+        !took_turn().await,
+        "a huge count time waits (ten minutes at most), no error"
+    );
 }
 
 /// A key left claimed for a task that is gone or holds another key (a TRUNCATE, a delete
