@@ -9,9 +9,10 @@
 //!
 //! Counting a huge backlog exactly still takes seconds (ten million unfinished tasks:
 //! 3.6 s). A turn that took `t` therefore makes the next one wait at least
-//! [`SAMPLE_COST_SHARE`] times `t` (`t` read as a minute at most): the counting keeps to
-//! a tenth of one backend's time whatever the size of the store, and the figures are
-//! then that old at most (ten minutes at the very most).
+//! [`SAMPLE_COST_SHARE`] times `t` (`t` read as 12 s at most): the counting keeps to a
+//! tenth of one backend's time up to a backlog whose count takes 12 s, and the figures
+//! are two minutes old at the very most. `t` is the wall time of the counting, lock
+//! waits included: a count held up by a lock waits longer, within those two minutes.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -55,7 +56,7 @@ impl Store {
              ON CONFLICT (id) DO UPDATE SET sampled_at = now() \
              WHERE recovery_sample.sampled_at < now() - greatest($1, $2 * CASE \
                  WHEN jsonb_typeof(recovery_sample.figures->'count_ms') = 'number' \
-                 THEN least((recovery_sample.figures->>'count_ms')::numeric, 60000)::float8 \
+                 THEN round(least(greatest((recovery_sample.figures->>'count_ms')::numeric, 0), 12000), 3)::float8 \
                  ELSE 0 END) * interval '1 millisecond' \
              RETURNING figures::text, now()",
         )

@@ -253,8 +253,9 @@ impl Claimer {
     /// Waits for a notification, the next due task or the poll interval, whichever comes
     /// first. Returns true if shutdown was asked for meanwhile.
     async fn idle(&self, shutdown: &CancellationToken) -> bool {
+        let plan = self.admission.plan(self.served.names());
         let mut poll = self.settings.poll_interval;
-        if self.admission.plan(self.served.names()).blocked {
+        if plan.blocked {
             // A bulkhead slot or rate ticket frees up without a notification.
             poll = poll.min(BLOCKED_RECHECK);
         }
@@ -262,8 +263,16 @@ impl Claimer {
         if let Some(full_walk) = self.floors.until_full_walk() {
             poll = poll.min(full_walk);
         }
-        let from = self.floors.lowest();
-        let wait = match self.store.next_due(self.served.names(), from).await {
+        // Only the handlers claimed without limits are asked about: a limited or
+        // breaker-held handler's tasks may be due now with no room for them, and
+        // waking at once for those would spin; they are looked at every `poll`.
+        let next_due = if plan.shared.is_empty() {
+            Ok(None)
+        } else {
+            let from = self.floors.start(&plan.shared);
+            self.store.next_due(&plan.shared, from).await
+        };
+        let wait = match next_due {
             Ok(Some(due_in)) => due_in.min(poll),
             Ok(None) => poll,
             Err(error) => {

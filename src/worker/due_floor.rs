@@ -94,17 +94,6 @@ impl DueFloors {
         }
     }
 
-    /// Where a look for the next due task of every lane starts: the lowest floor in
-    /// force, or `None` (from the start) when no lane has one.
-    pub(crate) fn lowest(&self) -> Option<DateTime<Utc>> {
-        let lanes = self.lanes.lock().expect("floors lock");
-        lanes
-            .values()
-            .filter(|f| f.walked_at.elapsed() < FULL_WALK_EVERY)
-            .map(|f| f.from)
-            .min()
-    }
-
     /// How long until some lane's floor lapses and its next claim walks the whole
     /// index; `None` when no floor is in force.
     pub(crate) fn until_full_walk(&self) -> Option<Duration> {
@@ -137,12 +126,10 @@ mod tests {
         floors.claimed(&shared, None, Some(at(100)));
         let from = at(100) - FLOOR_MARGIN;
         assert_eq!(floors.start(&shared), Some(from));
-        assert_eq!(floors.lowest(), Some(from));
         assert_eq!(floors.until_full_walk(), Some(FULL_WALK_EVERY));
 
         tokio::time::advance(FULL_WALK_EVERY).await;
         assert_eq!(floors.start(&shared), None, "the full walk is due again");
-        assert_eq!(floors.lowest(), None);
         assert_eq!(floors.until_full_walk(), None);
     }
 
@@ -173,10 +160,10 @@ mod tests {
         floors.claimed(&a, None, Some(at(100)));
         floors.claimed(&b, None, Some(at(50)));
         assert_eq!(floors.start(&a), Some(at(100) - FLOOR_MARGIN));
-        assert_eq!(floors.lowest(), Some(at(50) - FLOOR_MARGIN));
+        assert_eq!(floors.start(&b), Some(at(50) - FLOOR_MARGIN));
         floors.claimed(&b, None, None);
         assert_eq!(floors.start(&b), None);
-        assert_eq!(floors.lowest(), Some(at(100) - FLOOR_MARGIN));
+        assert_eq!(floors.start(&a), Some(at(100) - FLOOR_MARGIN));
     }
 
     #[tokio::test(start_paused = true)]

@@ -851,14 +851,14 @@ async fn a_slow_sample_turn_makes_the_next_wait_ten_times_as_long() {
     );
     plant("1500").await;
     assert!(took_turn().await, "a 1.5 s count: after 15 s");
-    for hostile in ["\"x\"", "-5", "null", "[1]"] {
+    for hostile in ["\"x\"", "-5", "null", "[1]", "1e-400", "-1e400"] {
         plant(hostile).await;
         assert!(took_turn().await, "count_ms {hostile} read as none");
     }
     plant("1e400").await;
     assert!(
         !took_turn().await,
-        "a huge count time waits (ten minutes at most), no error"
+        "a huge count time waits (two minutes at most), no error"
     );
 }
 
