@@ -48,9 +48,9 @@ pub struct ScaleBenchOptions {
     /// Tasks drained for each size figure (at most the backlog).
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub drain: u64,
-    /// Member counts to compare on one PostgreSQL, comma-separated; empty leaves the
-    /// member figures out.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,3",
+    /// Member counts to compare on one PostgreSQL, comma-separated; `--members` with no
+    /// count leaves the member figures out.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3", num_args = 0..,
           value_parser = clap::value_parser!(u32).range(1..=16))]
     pub members: Vec<u32>,
     /// Due tasks the members drain together, for each member count.

@@ -507,6 +507,28 @@ async fn bench_scale_prints_each_size_and_member_count_and_checks_its_tasks() {
     assert!(checked >= 200 * 3 + 300 * 2, "{checked} checked:\n{stdout}");
 }
 
+/// `redrive bench scale --members` with no count leaves the member figures out, as its
+/// help says (an empty list used to be refused as "cannot parse integer").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_scale_without_member_counts_prints_only_the_sizes() {
+    let (_store, settings) = fresh_store().await;
+    let stdout = bench_stdout(
+        &settings,
+        &[
+            "scale",
+            "--backlogs",
+            "200",
+            "--final-rows",
+            "0",
+            "--drain",
+            "200",
+            "--members",
+        ],
+    );
+    assert!(stdout.contains("-- 200 due: filled"), "{stdout}");
+    assert!(!stdout.contains("-- members on one PostgreSQL"), "{stdout}");
+}
+
 /// `redrive bench horizon` at tiny lengths: a private server started with a setting of
 /// the bench's (`--pg-set`), the stream, the snapshot held and released, the summary,
 /// and the final check that each task was resolved once. No figure is asserted.
