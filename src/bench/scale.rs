@@ -23,8 +23,7 @@ use super::cpu::CpuTimes;
 use super::{bench_fleet, drop_schema, fresh_store, server, statements};
 use crate::cli::output::outln;
 use crate::config::Settings;
-use crate::store::Store;
-use crate::store::SAMPLE_COST_SHARE;
+use crate::store::{next_turn_after, Store};
 use crate::upkeep::SAMPLE_EVERY;
 
 /// Rows written by one filling statement.
@@ -182,7 +181,7 @@ async fn size_figure(
         "\n-- {label}: filled in {:.0} s; a fleet sample took {:.2} s (the next waits {:.0} s); one member drains {}",
         filling.elapsed().as_secs_f64(),
         sampling.elapsed().as_secs_f64(),
-        (figures.count_ms / 1000.0 * SAMPLE_COST_SHARE).max(SAMPLE_EVERY.as_secs_f64()),
+        next_turn_after(SAMPLE_EVERY, figures.count_ms).as_secs_f64(),
         count(drain)
     );
     let drained = drain_with(settings, &store, options, 1, drain).await?;

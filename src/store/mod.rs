@@ -47,7 +47,7 @@ pub use preview::ReplayCounts;
 pub use query::{Attempt, StatusCounts};
 pub use replays::{Marks, NewReplay, ReplayJob, ReplayPage, ReplayRowError, REPLAY_STALE_AFTER};
 pub use retention::RETENTION_BATCH;
-pub use sample::{FleetFigures, RESOLVED_RECOUNT, SAMPLE_COST_SHARE};
+pub use sample::{next_turn_after, FleetFigures, RESOLVED_RECOUNT};
 pub use timeline::OutcomeMinute;
 pub use view::{HeaderView, TaskDetail};
 pub use waiting::{CompensationNow, Ending, Waiting, WaitingState};

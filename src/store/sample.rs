@@ -27,6 +27,22 @@ pub const RESOLVED_RECOUNT: Duration = Duration::from_secs(300);
 /// The next turn waits at least this many times as long as the last one's counting took.
 pub const SAMPLE_COST_SHARE: f64 = 10.0;
 
+/// Longest count time that rule reads: the next turn waits two minutes at most.
+const COUNT_READ_AT_MOST: Duration = Duration::from_secs(12);
+
+/// How long after a turn whose counting took `count_ms` the next one may start, for a
+/// sampling `interval`: the rule the turn's statement applies to the stored count.
+pub fn next_turn_after(interval: Duration, count_ms: f64) -> Duration {
+    // NaN reads as no time at all, as a count time the statement cannot read does.
+    let read = if count_ms.is_nan() {
+        0.0
+    } else {
+        count_ms.clamp(0.0, COUNT_READ_AT_MOST.as_millis() as f64)
+    };
+    let waited = Duration::from_secs_f64(read * SAMPLE_COST_SHARE / 1000.0);
+    waited.max(interval.mul_f64(0.9))
+}
+
 /// The figures of one sample.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct FleetFigures {
@@ -56,12 +72,13 @@ impl Store {
              ON CONFLICT (id) DO UPDATE SET sampled_at = now() \
              WHERE recovery_sample.sampled_at < now() - greatest($1, $2 * CASE \
                  WHEN jsonb_typeof(recovery_sample.figures->'count_ms') = 'number' \
-                 THEN round(least(greatest((recovery_sample.figures->>'count_ms')::numeric, 0), 12000), 3)::float8 \
+                 THEN round(least(greatest((recovery_sample.figures->>'count_ms')::numeric, 0), $3::float8::numeric), 3)::float8 \
                  ELSE 0 END) * interval '1 millisecond' \
              RETURNING figures::text, now()",
         )
         .bind(interval.as_millis() as f64 * 0.9)
         .bind(SAMPLE_COST_SHARE)
+        .bind(COUNT_READ_AT_MOST.as_millis() as f64)
         .fetch_optional(&self.pool)
         .await?;
         if let Some((previous, now)) = turn {
@@ -157,4 +174,27 @@ impl Store {
 /// no `f64` holds): the next turn writes them whole again.
 fn readable_figures(stored: &str) -> FleetFigures {
     serde_json::from_str(stored).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_next_turn_waits_ten_counts_within_the_interval_and_two_minutes() {
+        let interval = Duration::from_secs(15);
+        let after = |ms| next_turn_after(interval, ms).as_secs_f64();
+        assert_eq!(
+            after(20.0),
+            13.5,
+            "a quick count: the interval (less a tenth)"
+        );
+        assert_eq!(after(11_450.0), 114.5);
+        for huge in [60_000.0, f64::INFINITY, f64::MAX] {
+            assert_eq!(after(huge), 120.0, "{huge}: two minutes at most");
+        }
+        for odd in [-5.0, f64::NEG_INFINITY, f64::NAN, 1e-300] {
+            assert_eq!(after(odd), 13.5, "{odd}: read as no time");
+        }
+    }
 }
