@@ -41,10 +41,12 @@ impl Enqueued {
 // A task's dedup key is claimed in `recovery_task_dedup` (the first input of a key wins,
 // as does a task stored before); only tasks without a key or whose key was claimed are
 // stored. The inputs are read once (`i`), their ids drawn there, so the key and the task
-// agree on the id.
+// agree on the id. The id sequence is looked up once per statement (`s`): looked up for
+// each row it cost the statement a seventh of its rate.
 const INSERT: &str = r#"
-WITH i AS MATERIALIZED (
-    SELECT u.*, COALESCE(u.id, nextval(pg_get_serial_sequence('recovery_task', 'id'))) AS task_id
+WITH s AS MATERIALIZED (SELECT pg_get_serial_sequence('recovery_task', 'id')::regclass AS seq),
+i AS MATERIALIZED (
+    SELECT u.*, COALESCE(u.id, nextval((SELECT seq FROM s))) AS task_id
     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],
                 $5::text[], $6::int[], $7::bigint[], $8::timestamptz[], $9::text[],
                 $10::bytea[], $11::bytea[], $12::bytea[], $13::text[], $14::text[],
@@ -126,7 +128,9 @@ impl Store {
             return Ok(Vec::new());
         }
         let ids: Vec<i64> = sqlx::query_scalar(
-            "SELECT nextval(pg_get_serial_sequence('recovery_task', 'id')) AS id \
+            "WITH s AS MATERIALIZED \
+                 (SELECT pg_get_serial_sequence('recovery_task', 'id')::regclass AS seq) \
+             SELECT nextval((SELECT seq FROM s)) AS id \
              FROM generate_series(1, $1) ORDER BY id",
         )
         .bind(i32::try_from(count).unwrap_or(i32::MAX))
