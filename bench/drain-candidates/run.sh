@@ -8,6 +8,8 @@
 # The advisory candidates hold a session lock per task in flight in the server's shared
 # lock table (max_locks_per_transaction x max_connections slots, 6,400 by default): with
 # more tasks in flight than that, every session of the server fails "out of shared memory".
+# The finish-move candidate finishes a task by moving it into `qf`, a table of final tasks
+# partitioned by day of finished_at (schema.sql), and is checked there.
 # The toasted candidate runs two-update.sql on a table whose payload is kept out of line
 # (schema.sql: toast_tuple_target = 128, storage EXTERNAL).
 # It creates and drops its own database `redrive_candidates`.
@@ -16,7 +18,7 @@ P=${1:-5432}; N=${2:-1000000}; R=${3:-3}; FF=${4:-100}; B=500; H=127.0.0.1
 d=$(cd "$(dirname "$0")" && pwd)
 PSQL="psql -h $H -p $P -U postgres -q -X"
 $PSQL -c 'DROP DATABASE IF EXISTS redrive_candidates' -c 'CREATE DATABASE redrive_candidates' >/dev/null 2>&1
-candidates=${CANDIDATES:-two-update hot-lease batch-lease split-state toasted advisory-append advisory-batch}
+candidates=${CANDIDATES:-two-update hot-lease batch-lease split-state toasted advisory-append advisory-batch finish-move}
 declare -A figures
 for round in $(seq 1 "$R"); do
   for c in $candidates; do
@@ -31,7 +33,7 @@ for round in $(seq 1 "$R"); do
     if echo "$out" | grep -qi 'error\|aborted'; then echo "$c: pgbench failed:" >&2; echo "$out" | grep -i 'error\|aborted' | head -3 >&2; figures[$c]="${figures[$c]:-} 0"; continue; fi
     tps=$(echo "$out" | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
     # Every claimed task must have been resolved once, with one history row.
-    state=q; [ "$c" != split-state ] || state=qs
+    state=q; [ "$c" != split-state ] || state=qs; [ "$c" != finish-move ] || state=qf
     check=$($PSQL -d redrive_candidates -Atc "SELECT (SELECT count(*) FROM $state WHERE status = 'resolved') || ' ' || (SELECT count(*) FROM qa WHERE outcome = 'resolved') || ' ' || (SELECT count(*) FROM $state WHERE status = 'resolved' AND attempts <> 1)")
     set -- $check
     if [ "$1" != "$2" ] || [ "$3" != 0 ] || [ "$1" = 0 ]; then echo "$c: resolved $1, history $2, attempts<>1: $3: FAILED" >&2; exit 1; fi

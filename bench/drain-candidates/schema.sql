@@ -38,3 +38,21 @@ CREATE TABLE qs (
 INSERT INTO qs (id, next_attempt_at) SELECT id, next_attempt_at FROM q;
 CREATE INDEX qs_due ON qs (next_attempt_at) WHERE status = 'failed';
 VACUUM ANALYZE qs;
+-- The finish-move candidate: final tasks in a table partitioned by day of finished_at,
+-- with yesterday's, today's and tomorrow's partitions, found by id through an index.
+DROP TABLE IF EXISTS qf;
+CREATE TABLE qf (
+  id bigint NOT NULL,
+  status text NOT NULL,
+  handler text NOT NULL,
+  lease_version int NOT NULL,
+  attempts int NOT NULL,
+  src_topic text NOT NULL, src_partition int NOT NULL, src_offset bigint NOT NULL,
+  payload bytea,
+  finished_at timestamptz NOT NULL
+) PARTITION BY RANGE (finished_at);
+SELECT format('CREATE TABLE qf_%s PARTITION OF qf FOR VALUES FROM (%L) TO (%L)',
+              to_char(d, 'YYYYMMDD'), d, d + interval '1 day')
+FROM generate_series(date_trunc('day', now()) - interval '1 day',
+                     date_trunc('day', now()) + interval '1 day', interval '1 day') d \gexec
+CREATE INDEX qf_id ON qf (id);
