@@ -84,7 +84,7 @@ enum Params {
 }
 
 /// The invariants: a name, a query answering `(id, detail)` per violation, its parameters.
-const CHECKS: [(&str, &str, Params); 12] = [
+const CHECKS: [(&str, &str, Params); 13] = [
     (
         "held_with_nothing_ahead",
         "SELECT h.id, 'held, but no unheld open task of its key is ahead of it' \
@@ -174,6 +174,17 @@ const CHECKS: [(&str, &str, Params); 12] = [
                 ELSE ', which holds ' || coalesce('key ' || quote_literal(t.dedup_key), 'no key') END \
          FROM recovery_task_dedup d LEFT JOIN recovery_task t ON t.id = d.task_id \
          WHERE t.id IS NULL OR t.dedup_key IS DISTINCT FROM d.dedup_key",
+        Params::None
+    ),
+    (
+        // A keyed task's key head is recorded (`recovery_task_key_head`): otherwise the
+        // key filters of the console, the API and the CLI do not find it.
+        "key_head_unrecorded",
+        "SELECT t.id, 'key head of ' || octet_length(t.msg_key) || '-byte key not recorded' \
+         FROM recovery_task t \
+         WHERE t.msg_key IS NOT NULL AND NOT EXISTS ( \
+             SELECT 1 FROM recovery_task_key_head k \
+             WHERE k.key_head = substring(t.msg_key FROM 1 FOR 64) AND k.task_id = t.id)",
         Params::None
     ),
     (

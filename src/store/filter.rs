@@ -121,10 +121,8 @@ pub enum Selection {
 
 /// The condition over `recovery_task` (no alias) for parameters `$1` to `$15`, bound by
 /// [`bind_selection`]; a statement's own parameters start at `$16`. Each part is off
-/// when its parameter is NULL. The key filters also name the range of the key's first 64
-/// bytes they select, which the index `recovery_task_key_head` finds (every key that
-/// starts with a prefix `p` of at most 64 bytes has a head between `p` and `p` padded to
-/// 64 bytes with 0xff); the exact test after it decides. Statuses (at most four distinct
+/// when its parameter is NULL. The key filters test each task's own key: a list by a
+/// narrow key finds its tasks first through the key heads ([`KEY_HEADS`]). Statuses (at most four distinct
 /// ones) are compared one by one with `=`, not with `= ANY`: planned for their values,
 /// the comparisons fold to `status = 'a' OR status = 'b'`, whose arms the partial
 /// indexes of each status serve (one status: in id order, no sort needed).
@@ -135,12 +133,8 @@ pub(crate) const CONDITION: &str = "\
     AND ($2::text IS NULL OR handler = $2) \
     AND ($3::text IS NULL OR route = $3) \
     AND ($4::text IS NULL OR source_topic = $4) \
-    AND ($5::bytea IS NULL OR (substring(msg_key FROM 1 FOR 64) = substring($5 FROM 1 FOR 64) \
-         AND msg_key = $5)) \
-    AND ($6::bytea IS NULL OR (substring(msg_key FROM 1 FOR 64) \
-             BETWEEN substring($6 FROM 1 FOR 64) AND substring($6 FROM 1 FOR 64) \
-                 || decode(repeat('ff', 64 - length(substring($6 FROM 1 FOR 64))), 'hex') \
-         AND substring(msg_key FROM 1 FOR length($6)) = $6)) \
+    AND ($5::bytea IS NULL OR msg_key = $5) \
+    AND ($6::bytea IS NULL OR substring(msg_key FROM 1 FOR length($6)) = $6) \
     AND ($7::text IS NULL OR strpos(lower(coalesce(last_error, '') || ' ' || \
          coalesce(error_message, '')), lower($7)) > 0) \
     AND ($8::timestamptz IS NULL OR created_at >= $8) \
@@ -151,6 +145,17 @@ pub(crate) const CONDITION: &str = "\
     AND ($13::int IS NULL OR generation = $13) \
     AND ($14::int IS NULL OR generation >= $14) \
     AND ($15::bigint IS NULL OR previous_task_id = $15)";
+
+/// The key heads (`recovery_task_key_head`, the first 64 bytes of each stored task's key,
+/// recorded once when it is stored) that the key `$5` or the prefix `$6` of [`CONDITION`]
+/// selects: every key that starts with a prefix `p` of at most 64 bytes has a head between
+/// `p` and `p` padded to 64 bytes with 0xff. The exact test of [`CONDITION`] decides.
+pub(crate) const KEY_HEADS: &str = "\
+    recovery_task_key_head \
+    WHERE ($5::bytea IS NULL OR key_head = substring($5 FROM 1 FOR 64)) \
+      AND ($6::bytea IS NULL OR key_head \
+            BETWEEN substring($6 FROM 1 FOR 64) AND substring($6 FROM 1 FOR 64) \
+                || decode(repeat('ff', 64 - length(substring($6 FROM 1 FOR 64))), 'hex'))";
 
 /// Binds `$1`..`$15` of [`CONDITION`] for `selection`.
 pub(crate) fn bind_selection<'q>(

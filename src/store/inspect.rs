@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::Row;
 
-use super::filter::{bind_selection, Selection, TaskFilter, CONDITION};
+use super::filter::{bind_selection, Selection, TaskFilter, CONDITION, KEY_HEADS};
 use super::{Result, Store};
 use crate::readable::Readable;
 use crate::task::{Status, TaskId};
@@ -106,26 +106,27 @@ const LIST: &str = "\
     SELECT {SUMMARY} FROM recovery_task WHERE {CONDITION} AND ($16::bigint IS NULL OR id < $16) \
     ORDER BY id DESC LIMIT $17";
 
+/// [`LIST`] by a narrow key filter: its tasks (at most [`KEYED_SORT_MAX`]) are found by id
+/// from their key heads, then sorted.
+const LIST_BY_KEY_HEADS: &str = "\
+    SELECT {SUMMARY} FROM recovery_task WHERE {CONDITION} AND ($16::bigint IS NULL OR id < $16) \
+        AND id = ANY(ARRAY(SELECT task_id FROM {KEY_HEADS})) \
+    ORDER BY id DESC LIMIT $17";
+
 /// How every list runs: planned for its own filter each time (a prepared statement's
-/// generic plan would serve every filter with one plan, and none with the key index).
+/// generic plan would serve every filter with one plan).
 /// Lists then walk newest first along the primary key, never sorting (a sort of every
 /// match would follow a stale estimate), except by a narrow key filter.
 const CUSTOM_PLANS: &str = "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan";
 
 /// Most tasks a key filter's range of key heads may hold for a list to find them through
-/// the key index and sort them; a wider one (a short prefix most keys share) is walked
+/// the key heads and sort them; a wider one (a short prefix most keys share) is walked
 /// newest first like any other filter. Counted, not estimated: the choice must not
 /// depend on the planner's statistics.
 const KEYED_SORT_MAX: i64 = 5_000;
 
-/// Tasks in the key index's range for key `$1` or prefix `$2`, counted up to `$3`.
-const KEY_RANGE: &str = "\
-    SELECT count(*) FROM (SELECT 1 FROM recovery_task \
-        WHERE ($1::bytea IS NULL OR substring(msg_key FROM 1 FOR 64) = substring($1 FROM 1 FOR 64)) \
-          AND ($2::bytea IS NULL OR substring(msg_key FROM 1 FOR 64) \
-                BETWEEN substring($2 FROM 1 FOR 64) AND substring($2 FROM 1 FOR 64) \
-                    || decode(repeat('ff', 64 - length(substring($2 FROM 1 FOR 64))), 'hex')) \
-        LIMIT $3) s";
+/// The key heads a selection's key filter selects (`$1`..`$15`), counted up to `$16`.
+const KEY_RANGE: &str = "SELECT count(*) FROM (SELECT 1 FROM {KEY_HEADS} LIMIT $16) s";
 
 /// Most tasks of unresolved statuses a list finds through their indexes and sorts (a
 /// sort of 20,000 short rows takes milliseconds); with more it walks newest first.
@@ -157,6 +158,7 @@ pub(super) fn summary_statement(statement: &str) -> String {
         .replace("{SUMMARY}", SUMMARY_COLUMNS)
         .replace("{PREVIEW}", &PREVIEW_BYTES.to_string())
         .replace("{CONDITION}", CONDITION)
+        .replace("{KEY_HEADS}", KEY_HEADS)
 }
 
 /// A row of [`SUMMARY_COLUMNS`] as a [`TaskSummary`].
@@ -194,18 +196,21 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<TaskSummary>> {
         let selection = Selection::Filter(filter.clone());
-        let statement = summary_statement(LIST);
         let mut tx = self.pool.begin_with(CUSTOM_PLANS).await?;
         let keyed = filter.key.is_some() || filter.key_prefix.is_some();
         let narrow_key = keyed && {
-            let in_range: i64 = sqlx::query_scalar(KEY_RANGE)
-                .bind(filter.key.as_ref().map(|k| k.as_bytes().to_vec()))
-                .bind(filter.key_prefix.as_ref().map(|k| k.as_bytes().to_vec()))
+            let range = summary_statement(KEY_RANGE);
+            let in_range: i64 = bind_selection(sqlx::query(&range), &selection)
                 .bind(KEYED_SORT_MAX + 1)
                 .fetch_one(&mut *tx)
-                .await?;
+                .await?
+                .try_get(0)?;
             in_range <= KEYED_SORT_MAX
         };
+        let statement = summary_statement(match narrow_key {
+            true => LIST_BY_KEY_HEADS,
+            false => LIST,
+        });
         // Statuses other than resolved are read through indexes of their own: a few
         // thousand of them are found there and sorted, rather than looked for among
         // every task newest first. One status whose index gives id order (a permanent

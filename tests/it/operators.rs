@@ -484,6 +484,12 @@ async fn check_finds_each_kind_of_planted_corruption() {
         id(6)
     ))
     .await;
+    plant(format!(
+        "UPDATE recovery_task SET msg_key = 'k' WHERE id = {0}; \
+         DELETE FROM recovery_task_key_head WHERE task_id = {0}",
+        id(4)
+    ))
+    .await;
 
     let report = store.check(&budgets).await.unwrap();
     let found: Vec<(String, i64)> = report
@@ -505,6 +511,7 @@ async fn check_finds_each_kind_of_planted_corruption() {
         ("failed_with_finish_time", id(7)),
         ("compensation_owed_by_unfinished_task", id(5)),
         ("held_with_nothing_ahead", id(6)),
+        ("key_head_unrecorded", id(4)),
     ] {
         assert!(
             found.contains(&(expected.0.to_owned(), expected.1)),

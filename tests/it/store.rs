@@ -745,6 +745,89 @@ async fn key_filters_match_whole_keys_beyond_the_indexed_head() {
     assert_eq!(listed(exact("a")).await, Vec::<i64>::new());
 }
 
+/// The key filters read the key heads recorded beside the tasks (the task table has no
+/// index on the key, so the drain's row versions write none): a head is recorded by
+/// redrive's storing statement and by a plain INSERT, follows a key changed by hand, and
+/// goes with a deleted or truncated task.
+#[tokio::test]
+async fn key_heads_follow_their_tasks_through_stores_key_changes_and_deletes() {
+    let (store, _) = fresh_store().await;
+    let keyed = |key: &[u8]| {
+        let mut task = NewTask::new("h", b"v".to_vec());
+        task.failure.key = Some(key.to_vec());
+        task
+    };
+    let stored = store
+        .enqueue_many(&[keyed(b"a1"), keyed(b"a2"), NewTask::new("h", b"v".to_vec())])
+        .await
+        .unwrap();
+    let [a1, a2, unkeyed] = [stored[0].id().0, stored[1].id().0, stored[2].id().0];
+    let b1: i64 = sqlx::query_scalar(
+        "INSERT INTO recovery_task (handler, msg_key) VALUES ('h', 'b1') RETURNING id",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    let listed = |prefix: &'static str| {
+        let store = store.clone();
+        async move {
+            let filter = redrive::store::TaskFilter {
+                key_prefix: Some(prefix.into()),
+                ..Default::default()
+            };
+            let mut ids: Vec<i64> = (store.list(&filter, None, 100).await.unwrap())
+                .iter()
+                .map(|t| t.id.0)
+                .collect();
+            ids.sort();
+            ids
+        }
+    };
+    let heads = || scalar(&store, "SELECT count(*) FROM recovery_task_key_head");
+    let exec = |sql: String| {
+        let store = store.clone();
+        async move {
+            sqlx::raw_sql(&sql).execute(store.pool()).await.unwrap();
+        }
+    };
+    assert_eq!(listed("a").await, vec![a1, a2]);
+    assert_eq!(listed("b").await, vec![b1]);
+    assert_eq!(
+        listed("").await,
+        vec![a1, a2, b1],
+        "a task without a key has no head"
+    );
+    assert_eq!(heads().await, 3);
+
+    exec(format!(
+        "UPDATE recovery_task SET msg_key = 'b2' WHERE id = {a2}"
+    ))
+    .await;
+    exec(format!(
+        "UPDATE recovery_task SET msg_key = NULL WHERE id = {b1}"
+    ))
+    .await;
+    exec(format!(
+        "UPDATE recovery_task SET msg_key = 'a3' WHERE id = {unkeyed}"
+    ))
+    .await;
+    assert_eq!(listed("a").await, vec![a1, unkeyed]);
+    assert_eq!(listed("b").await, vec![a2]);
+    assert_eq!(heads().await, 3);
+
+    exec(format!("DELETE FROM recovery_task WHERE id = {a1}")).await;
+    assert_eq!(listed("a").await, vec![unkeyed]);
+    assert_eq!(heads().await, 2);
+    let budgets = redrive::store::Budgets {
+        default: 3,
+        ..Default::default()
+    };
+    assert_eq!(store.check(&budgets).await.unwrap().violations, []);
+
+    exec("TRUNCATE recovery_task".into()).await;
+    assert_eq!(heads().await, 0);
+}
+
 /// The fleet's sample counts unfinished and unsuccessful tasks at every turn, but reuses
 /// its count of resolved tasks (a scan of the bulk of the store) until it is
 /// `RESOLVED_RECOUNT` old on PostgreSQL's clock.
