@@ -694,7 +694,17 @@ async fn connections_run_without_jit() {
     assert_eq!(jit, "off");
 }
 
-/// The key filters find their tasks through the index of the key's first 64 bytes: keys
+/// The ids of the tasks `filter` lists (at most 100), in increasing order.
+async fn listed_ids(store: &Store, filter: redrive::store::TaskFilter) -> Vec<i64> {
+    let mut ids: Vec<i64> = (store.list(&filter, None, 100).await.unwrap())
+        .iter()
+        .map(|t| t.id.0)
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// The key filters find their tasks through the key's first 64 bytes (its head): keys
 /// that share those 64 bytes, a prefix longer than 64 bytes, and bytes 0xff after a prefix
 /// are each matched exactly as the full key says.
 #[tokio::test]
@@ -716,17 +726,7 @@ async fn key_filters_match_whole_keys_beyond_the_indexed_head() {
             .await
             .unwrap();
     }
-    let listed = |filter: redrive::store::TaskFilter| {
-        let store = store.clone();
-        async move {
-            let mut ids: Vec<i64> = (store.list(&filter, None, 100).await.unwrap())
-                .iter()
-                .map(|t| t.id.0)
-                .collect();
-            ids.sort();
-            ids
-        }
-    };
+    let listed = |filter: redrive::store::TaskFilter| listed_ids(&store, filter);
     let prefix = |p: &str| redrive::store::TaskFilter {
         key_prefix: Some(p.into()),
         ..Default::default()
@@ -768,20 +768,12 @@ async fn key_heads_follow_their_tasks_through_stores_key_changes_and_deletes() {
     .fetch_one(store.pool())
     .await
     .unwrap();
-    let listed = |prefix: &'static str| {
-        let store = store.clone();
-        async move {
-            let filter = redrive::store::TaskFilter {
-                key_prefix: Some(prefix.into()),
-                ..Default::default()
-            };
-            let mut ids: Vec<i64> = (store.list(&filter, None, 100).await.unwrap())
-                .iter()
-                .map(|t| t.id.0)
-                .collect();
-            ids.sort();
-            ids
-        }
+    let listed = |prefix: &str| {
+        let filter = redrive::store::TaskFilter {
+            key_prefix: Some(prefix.into()),
+            ..Default::default()
+        };
+        listed_ids(&store, filter)
     };
     let heads = || scalar(&store, "SELECT count(*) FROM recovery_task_key_head");
     let exec = |sql: String| {
