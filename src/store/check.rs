@@ -177,8 +177,8 @@ const CHECKS: [(&str, &str, Params); 13] = [
         Params::None
     ),
     (
-        // A keyed task's key head is recorded (`recovery_task_key_head`): otherwise the
-        // key filters of the console, the API and the CLI do not find it.
+        // A keyed task's key head is recorded (`recovery_task_key_head`): otherwise a
+        // list by a narrow key (console, API, CLI) does not find it.
         "key_head_unrecorded",
         "SELECT t.id, 'key head of ' || octet_length(t.msg_key) || '-byte key not recorded' \
          FROM recovery_task t \

@@ -122,10 +122,10 @@ pub enum Selection {
 /// The condition over `recovery_task` (no alias) for parameters `$1` to `$15`, bound by
 /// [`bind_selection`]; a statement's own parameters start at `$16`. Each part is off
 /// when its parameter is NULL. The key filters test each task's own key: a list by a
-/// narrow key finds its tasks first through the key heads ([`KEY_HEADS`]). Statuses (at most four distinct
-/// ones) are compared one by one with `=`, not with `= ANY`: planned for their values,
-/// the comparisons fold to `status = 'a' OR status = 'b'`, whose arms the partial
-/// indexes of each status serve (one status: in id order, no sort needed).
+/// narrow key finds its tasks first through the key heads ([`KEY_HEADS`]). Statuses (at
+/// most four distinct ones) are compared one by one with `=`, not with `= ANY`: planned
+/// for their values, the comparisons fold to `status = 'a' OR status = 'b'`, whose arms
+/// the partial indexes of each status serve (one status: in id order, no sort needed).
 pub(crate) const CONDITION: &str = "\
     ($1::text[] IS NULL OR (cardinality($1) >= 1 AND status = $1[1]) \
         OR (cardinality($1) >= 2 AND status = $1[2]) OR (cardinality($1) >= 3 AND status = $1[3]) \
