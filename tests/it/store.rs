@@ -820,6 +820,38 @@ async fn key_heads_follow_their_tasks_through_stores_key_changes_and_deletes() {
     assert_eq!(heads().await, 0);
 }
 
+/// Upgrading a store of the version before the key heads' table: the migration records
+/// the head of every task stored before it, also when the old index on the task table
+/// was already gone (dropped by hand), and lists by key find those tasks.
+#[tokio::test]
+async fn the_key_heads_migration_records_the_heads_of_tasks_stored_before_it() {
+    const MIGRATION: &str = include_str!("../../migrations/20261206100000_key_head_table.sql");
+    let (store, _) = fresh_store().await;
+    // Back to the version before it, without its index on the task table.
+    sqlx::raw_sql(
+        "DROP FUNCTION recovery_task_key_head_record, recovery_task_key_head_move, \
+             recovery_task_key_head_release, recovery_task_key_head_release_all CASCADE; \
+         DROP TABLE recovery_task_key_head; \
+         INSERT INTO recovery_task (handler, msg_key) VALUES ('h', 'old-1'), ('h', 'old-2'), ('h', NULL)",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    sqlx::raw_sql(MIGRATION)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let prefix = redrive::store::TaskFilter {
+        key_prefix: Some("old-".into()),
+        ..Default::default()
+    };
+    assert_eq!(listed_ids(&store, prefix).await.len(), 2);
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_task_key_head").await,
+        2
+    );
+}
+
 /// The fleet's sample counts unfinished and unsuccessful tasks at every turn, but reuses
 /// its count of resolved tasks (a scan of the bulk of the store) until it is
 /// `RESOLVED_RECOUNT` old on PostgreSQL's clock.
