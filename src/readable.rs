@@ -2,7 +2,6 @@
 //! object or array re-indented.
 
 use serde::Serialize;
-use std::fmt::Write;
 
 /// Stored bytes for a person or a script: the text when they are UTF-8, else hex.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -78,11 +77,13 @@ pub fn visible(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(shown)
 }
 
-/// Lowercase hex digits of `bytes`.
+/// Lowercase hex digits of `bytes` (by table: it runs for every webhook call).
 pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
     for byte in bytes {
-        let _ = write!(out, "{byte:02x}");
+        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
     }
     out
 }
@@ -167,6 +168,14 @@ pub fn pretty_json(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex_spells_every_byte_as_two_lowercase_digits() {
+        let every: Vec<u8> = (0..=255).collect();
+        let expected: String = every.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex(&every), expected);
+        assert_eq!(hex(&[]), "");
+    }
 
     #[test]
     fn text_stays_text_and_other_bytes_become_hex() {

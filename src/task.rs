@@ -279,7 +279,7 @@ impl Failure {
             .map_or(i64::MIN, |t| t.timestamp_millis());
         hasher.update(millis.to_be_bytes());
         let digest = hasher.finalize();
-        digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+        crate::readable::hex(&digest[..16])
     }
 }
 

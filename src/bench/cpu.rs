@@ -39,6 +39,18 @@ impl CpuTimes {
     }
 }
 
+/// CPU seconds (user and system) used so far by thread `tid` of this process.
+pub(crate) fn thread_seconds(tid: i32) -> Option<f64> {
+    let stat = fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    Some(process_ticks(&stat)?.1 as f64 / clock_ticks()?)
+}
+
+/// The kernel's id of the calling thread, for [`thread_seconds`].
+pub(crate) fn this_thread_id() -> i32 {
+    // SAFETY: gettid has no preconditions and cannot fail.
+    unsafe { libc::gettid() }
+}
+
 /// Clock ticks per second of `/proc`'s counters.
 fn clock_ticks() -> Option<f64> {
     // SAFETY: sysconf reads a constant of the system and has no preconditions.

@@ -3,13 +3,20 @@
 //! no-op drain at the same concurrency (the ceiling, measured in the same sitting); and
 //! the drain of a healthy handler while another handler's breaker is open with a large
 //! backlog held, against the same drain without that backlog.
+//!
+//! The answering server runs on a thread of its own, so that the CPU time it takes from
+//! this machine's two cores (a real target would run elsewhere) is printed apart from
+//! the member's.
 
-use axum::http::StatusCode;
 use clap::Args;
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+use super::cpu::{self, CpuTimes};
 use super::{drop_schema, fresh_store, median, NoopHandler};
 use crate::cli::output::outln;
 use crate::config::{BreakerSettings, HandlerSettings, Settings, WebhookSettings};
@@ -31,21 +38,90 @@ pub struct WebhookBenchOptions {
 }
 
 /// Figures of one drain.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Drain {
     per_s: f64,
     p99_call_ms: f64,
+    /// CPU microseconds per task: the member (this process without the answering
+    /// server's thread), the answering server, and PostgreSQL.
+    member_us: f64,
+    target_us: f64,
+    postgres_us: f64,
 }
 
-/// Serves 200 with an empty body to every request, on a free loopback port.
-async fn answering_server() -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let app = axum::Router::new().fallback(|| async { StatusCode::OK });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    Ok((addr, server))
+/// The webhook's target: answers 200 with an empty body to every request, on a free
+/// loopback port, from a thread of its own (HTTP/1.1 by hyper, keep-alive).
+struct AnsweringServer {
+    addr: SocketAddr,
+    /// The kernel's id of its thread, whose CPU time is the target's.
+    thread_id: i32,
+    stop: CancellationToken,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl AnsweringServer {
+    fn start() -> anyhow::Result<AnsweringServer> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let stop = CancellationToken::new();
+        let stopping = stop.clone();
+        let (started, thread_id) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("bench-target".into())
+            .spawn(move || {
+                let _ = started.send(cpu::this_thread_id());
+                runtime.block_on(answer(listener, stopping));
+            })?;
+        Ok(AnsweringServer {
+            addr,
+            thread_id: thread_id.recv()?,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// CPU seconds its thread used so far (0 where `/proc` cannot tell).
+    fn cpu_seconds(&self) -> f64 {
+        cpu::thread_seconds(self.thread_id).unwrap_or(0.0)
+    }
+}
+
+impl Drop for AnsweringServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Accepts connections on `listener` and answers every request 200, until `stop`.
+async fn answer(listener: std::net::TcpListener, stop: CancellationToken) {
+    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+        return;
+    };
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let stream = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => continue,
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let service = hyper::service::service_fn(|_request| async {
+            Ok::<_, Infallible>(hyper::Response::new(http_body_util::Empty::<
+                hyper::body::Bytes,
+            >::new()))
+        });
+        connections.spawn(http1::Builder::new().serve_connection(TokioIo::new(stream), service));
+        while connections.try_join_next().is_some() {}
+    }
 }
 
 /// Inserts `count` unattempted tasks of `handler` by SQL.
@@ -92,7 +168,7 @@ fn fleet(settings: &Settings, addr: SocketAddr, concurrency: u32) -> anyhow::Res
 /// `hook` behind its forced-open breaker when `held > 0`.
 async fn drain(
     settings: &Settings,
-    addr: SocketAddr,
+    target: &AnsweringServer,
     handler: &str,
     count: usize,
     concurrency: u32,
@@ -115,12 +191,14 @@ async fn drain(
             )
             .await?;
     }
-    let fleet = fleet(settings, addr, concurrency)?;
+    let fleet = fleet(settings, target.addr, concurrency)?;
     let resolved = fleet
         .metrics()
         .attempts
         .with_label_values(&[handler, "resolved"]);
     let shutdown = CancellationToken::new();
+    let cpu_before = CpuTimes::now();
+    let target_before = target.cpu_seconds();
     let started = Instant::now();
     let running = tokio::spawn(fleet.run_with_store(store.clone(), shutdown.clone()));
     while resolved.get() < count as u64 {
@@ -131,6 +209,12 @@ async fn drain(
         );
     }
     let per_s = count as f64 / started.elapsed().as_secs_f64();
+    let target_s = target.cpu_seconds() - target_before;
+    let used = CpuTimes::now()
+        .zip(cpu_before)
+        .map(|(after, before)| after.since(before))
+        .unwrap_or_default();
+    let per_task_us = |seconds: f64| seconds * 1e6 / count as f64;
     shutdown.cancel();
     running.await??;
     let p99_call_ms: f64 = sqlx::query_scalar(
@@ -148,31 +232,77 @@ async fn drain(
         held == 0 || attempted == 0,
         "{attempted} tasks were attempted behind an open breaker"
     );
+    let (resolved, resolved_once): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE status = 'resolved'), \
+                count(*) FILTER (WHERE (SELECT count(*) FROM recovery_attempt a \
+                    WHERE a.task_id = t.id AND a.outcome = 'resolved') = 1) \
+         FROM recovery_task t WHERE handler = $1",
+    )
+    .bind(handler)
+    .fetch_one(store.pool())
+    .await?;
+    anyhow::ensure!(
+        resolved == count as i64 && resolved_once == count as i64,
+        "of {count} {handler} tasks {resolved} were resolved and {resolved_once} resolved \
+         exactly once"
+    );
     drop_schema(&store).await?;
-    Ok(Drain { per_s, p99_call_ms })
+    Ok(Drain {
+        per_s,
+        p99_call_ms,
+        member_us: per_task_us(used.this_process - target_s),
+        target_us: per_task_us(target_s),
+        postgres_us: per_task_us(used.postgres),
+    })
 }
 
-/// Runs `what` `runs` times; the medians of its figures.
-async fn medians<F, Fut>(runs: usize, mut what: F) -> anyhow::Result<Drain>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<Drain>>,
-{
-    let mut all = Vec::new();
-    for _ in 0..runs.max(1) {
-        all.push(what().await?);
+/// The medians of the figures of `drains`.
+fn medians(drains: &[Drain]) -> Drain {
+    let median_of =
+        |figure: fn(&Drain) -> f64| median(&drains.iter().map(figure).collect::<Vec<_>>());
+    Drain {
+        per_s: median_of(|d| d.per_s),
+        p99_call_ms: median_of(|d| d.p99_call_ms),
+        member_us: median_of(|d| d.member_us),
+        target_us: median_of(|d| d.target_us),
+        postgres_us: median_of(|d| d.postgres_us),
     }
-    let per_s: Vec<f64> = all.iter().map(|d| d.per_s).collect();
-    let p99: Vec<f64> = all.iter().map(|d| d.p99_call_ms).collect();
-    Ok(Drain {
-        per_s: median(&per_s),
-        p99_call_ms: median(&p99),
-    })
+}
+
+/// `runs` rounds, each draining `handler_a` then `handler_b` at `concurrency` (with
+/// `held` webhook tasks behind an open breaker in `a`'s): the medians of each, and the
+/// median of the rounds' ratios of `a`'s rate to `b`'s. Interleaved, so that a slower
+/// stretch of a shared machine falls on both.
+async fn compare(
+    settings: &Settings,
+    target: &AnsweringServer,
+    options: &WebhookBenchOptions,
+    (handler_a, handler_b): (&str, &str),
+    concurrency: u32,
+    held: usize,
+) -> anyhow::Result<(Drain, Drain, f64)> {
+    let (mut a, mut b, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..options.runs.max(1) {
+        let first = drain(
+            settings,
+            target,
+            handler_a,
+            options.tasks,
+            concurrency,
+            held,
+        )
+        .await?;
+        let second = drain(settings, target, handler_b, options.tasks, concurrency, 0).await?;
+        ratios.push(first.per_s / second.per_s);
+        a.push(first);
+        b.push(second);
+    }
+    Ok((medians(&a), medians(&b), median(&ratios)))
 }
 
 /// Runs the webhook benchmark and prints its figures.
 pub async fn run(settings: &Settings, options: &WebhookBenchOptions) -> anyhow::Result<()> {
-    let (addr, server) = answering_server().await?;
+    let target = AnsweringServer::start()?;
     let n = options.tasks;
     outln!(
         "redrive bench webhook: {n} tasks per drain, local server answering 200 at once, \
@@ -187,40 +317,52 @@ pub async fn run(settings: &Settings, options: &WebhookBenchOptions) -> anyhow::
         "no-op drain/s",
         "share of no-op"
     );
+    let mut cpu_lines = Vec::new();
     for &concurrency in &options.concurrency {
-        let hook = medians(options.runs, || {
-            drain(settings, addr, "hook", n, concurrency, 0)
-        })
-        .await?;
-        let noop = medians(options.runs, || {
-            drain(settings, addr, "noop", n, concurrency, 0)
-        })
-        .await?;
+        let (hook, noop, share) =
+            compare(settings, &target, options, ("hook", "noop"), concurrency, 0).await?;
         outln!(
             "{:>11} {:>16.0} {:>12.1} {:>13.0} {:>13.0}%",
             concurrency,
             hook.per_s,
             hook.p99_call_ms,
             noop.per_s,
-            100.0 * hook.per_s / noop.per_s
+            100.0 * share
         );
+        cpu_lines.push(format!(
+            "{:>11} {:>15.1} {:>13.1} {:>15.1} {:>17.1} {:>15.1}",
+            concurrency,
+            hook.member_us,
+            noop.member_us,
+            hook.target_us,
+            hook.postgres_us,
+            noop.postgres_us
+        ));
+    }
+    outln!("CPU microseconds per task (the member: this process without the answering server's thread):");
+    outln!(
+        "{:>11} {:>15} {:>13} {:>15} {:>17} {:>15}",
+        "concurrency",
+        "member webhook",
+        "member no-op",
+        "answering server",
+        "postgres webhook",
+        "postgres no-op"
+    );
+    for line in cpu_lines {
+        outln!("{line}");
     }
     let concurrency = 256;
-    let alone = medians(options.runs, || {
-        drain(settings, addr, "noop", n, concurrency, 0)
-    })
-    .await?;
-    let beside = medians(options.runs, || {
-        drain(settings, addr, "noop", n, concurrency, n)
-    })
-    .await?;
+    let (beside, alone, share) =
+        compare(settings, &target, options, ("noop", "noop"), concurrency, n).await?;
     outln!(
         "breaker isolation at concurrency {concurrency}: no-op drain {:.0}/s alone, {:.0}/s beside \
          {n} webhook tasks held by its open breaker ({:.0}% of alone; none attempted)",
         alone.per_s,
         beside.per_s,
-        100.0 * beside.per_s / alone.per_s
+        100.0 * share
     );
-    server.abort();
+    drop(target);
+    outln!("checked: each task of every drain was resolved exactly once");
     Ok(())
 }

@@ -3,23 +3,33 @@
 use async_trait::async_trait;
 use base64::Engine;
 use chrono::{DateTime, Utc};
-use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use prometheus::IntCounter;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{Client, Response, StatusCode};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::{Handler, HandlerContext, HandlerError};
 use crate::config::{redact, ConfigError, ResolvedTarget, WebhookBody, WebhookSettings};
 use crate::task::{OriginalCoordinates, SourceCoordinates, Task};
-use crate::telemetry::Metrics;
+use crate::telemetry::{Metrics, WEBHOOK_CLASSES};
 
 /// Most bytes of a response body kept in the recorded error.
 pub const ERROR_BODY_BYTES: usize = 2048;
 
 /// Header carrying the idempotency key, the same on every attempt of a task.
-pub const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+// The other headers a call carries, named once rather than parsed per call.
+const TASK_ID_HEADER: HeaderName = HeaderName::from_static("x-redrive-task-id");
+const ATTEMPT_HEADER: HeaderName = HeaderName::from_static("x-redrive-attempt");
+const CORRELATION_ID_HEADER: HeaderName = HeaderName::from_static("x-correlation-id");
+
+/// Bytes an envelope takes beyond its value, about (the buffer grows if it needs more).
+const ENVELOPE_ROOM: usize = 1024;
 
 /// Version of the idempotency key's recipe, hashed in with its parts.
 const KEY_RECIPE: &[u8] = b"redrive-idempotency-key-v1";
@@ -36,8 +46,9 @@ pub struct WebhookHandler {
     routes: BTreeMap<String, ResolvedTarget>,
     timeout: Duration,
     retry_after_max: Duration,
-    /// Where calls are counted by answer, once [`WebhookHandler::with_metrics`] set it.
-    metrics: Option<Metrics>,
+    /// `redrive_webhook_calls_total` of this handler, one counter per class of
+    /// [`WEBHOOK_CLASSES`], once [`WebhookHandler::with_metrics`] set them.
+    calls: Option<[IntCounter; WEBHOOK_CLASSES.len()]>,
 }
 
 impl WebhookHandler {
@@ -69,23 +80,27 @@ impl WebhookHandler {
             routes,
             timeout: settings.timeout,
             retry_after_max: settings.retry_after_max,
-            metrics: None,
+            calls: None,
         })
     }
 
     /// Counts its calls in `metrics` (`redrive_webhook_calls_total`), by answer.
     pub fn with_metrics(mut self, metrics: Metrics) -> WebhookHandler {
-        metrics.prepare_webhook(&self.name);
-        self.metrics = Some(metrics);
+        self.calls = Some(WEBHOOK_CLASSES.map(|class| {
+            metrics
+                .webhook_calls
+                .with_label_values(&[&self.name, class])
+        }));
         self
     }
 
     /// Counts a call whose answer was `status` (`None`: no answer).
     fn count(&self, status: Option<StatusCode>) {
-        if let Some(metrics) = &self.metrics {
-            (metrics.webhook_calls)
-                .with_label_values(&[&self.name, status_class(status)])
-                .inc();
+        if let Some(calls) = &self.calls {
+            let class = status_class(status);
+            if let Some(counter) = WEBHOOK_CLASSES.iter().position(|c| *c == class) {
+                calls[counter].inc();
+            }
         }
     }
 
@@ -114,6 +129,7 @@ impl WebhookHandler {
 impl Handler for WebhookHandler {
     async fn handle(&self, ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
         let target = self.target(task);
+        let key = idempotency_key(&self.fleet, task);
         let (content_type, body) = match target.body {
             WebhookBody::Raw => {
                 if !task.failure.payload_stored {
@@ -126,8 +142,13 @@ impl Handler for WebhookHandler {
                 ("application/octet-stream", value)
             }
             WebhookBody::Envelope => {
-                let envelope = Envelope::new(&self.name, &self.fleet, ctx, task);
-                let json = serde_json::to_vec(&envelope).map_err(HandlerError::permanent)?;
+                let envelope = Envelope::new(&self.name, key.clone(), ctx, task);
+                // Room for the value and the envelope around it, so that it is written
+                // once rather than grown through several copies.
+                let mut json = Vec::with_capacity(
+                    ENVELOPE_ROOM + task.failure.value.as_ref().map_or(0, Vec::len),
+                );
+                serde_json::to_writer(&mut json, &envelope).map_err(HandlerError::permanent)?;
                 ("application/json", json)
             }
         };
@@ -136,12 +157,12 @@ impl Handler for WebhookHandler {
             .request(target.method.clone(), target.url.clone())
             .header(CONTENT_TYPE, content_type)
             .headers(target.headers.clone())
-            .header(IDEMPOTENCY_KEY, idempotency_key(&self.fleet, task))
-            .header("X-Redrive-Task-Id", task.id.0)
-            .header("X-Redrive-Attempt", ctx.attempt);
+            .header(IDEMPOTENCY_KEY, key)
+            .header(TASK_ID_HEADER, HeaderValue::from(task.id.0))
+            .header(ATTEMPT_HEADER, HeaderValue::from(ctx.attempt));
         if let Some(id) = task.failure.correlation_id.as_deref() {
             if let Ok(value) = HeaderValue::from_str(id) {
-                request = request.header("X-Correlation-Id", value);
+                request = request.header(CORRELATION_ID_HEADER, value);
             }
         }
         let response = request.body(body).send().await.map_err(|error| {
@@ -294,32 +315,32 @@ fn describe(error: &reqwest::Error) -> String {
     text
 }
 
-/// Bytes in the envelope: text when they are UTF-8, base64 otherwise.
+/// Bytes in the envelope: text when they are UTF-8 (borrowed), base64 otherwise.
 #[derive(Serialize)]
-struct Bytes {
+struct Bytes<'a> {
     encoding: &'static str,
-    data: String,
+    data: Cow<'a, str>,
 }
 
-impl Bytes {
-    fn new(bytes: &[u8]) -> Bytes {
+impl<'a> Bytes<'a> {
+    fn new(bytes: &'a [u8]) -> Bytes<'a> {
         match std::str::from_utf8(bytes) {
             Ok(text) => Bytes {
                 encoding: "utf8",
-                data: text.to_owned(),
+                data: Cow::Borrowed(text),
             },
             Err(_) => Bytes {
                 encoding: "base64",
-                data: base64::engine::general_purpose::STANDARD.encode(bytes),
+                data: Cow::Owned(base64::engine::general_purpose::STANDARD.encode(bytes)),
             },
         }
     }
 }
 
 #[derive(Serialize)]
-struct EnvelopeHeader {
-    name: Bytes,
-    value: Option<Bytes>,
+struct EnvelopeHeader<'a> {
+    name: Bytes<'a>,
+    value: Option<Bytes<'a>>,
 }
 
 /// The JSON body of an `envelope` call.
@@ -333,9 +354,9 @@ struct Envelope<'a> {
     event_type: Option<&'a str>,
     correlation_id: Option<&'a str>,
     payload_stored: bool,
-    key: Option<Bytes>,
-    value: Option<Bytes>,
-    headers: Vec<EnvelopeHeader>,
+    key: Option<Bytes<'a>>,
+    value: Option<Bytes<'a>>,
+    headers: Vec<EnvelopeHeader<'a>>,
     failure: FailureContext<'a>,
 }
 
@@ -350,13 +371,18 @@ struct FailureContext<'a> {
 }
 
 impl<'a> Envelope<'a> {
-    fn new(handler: &'a str, fleet: &str, ctx: &HandlerContext, task: &'a Task) -> Envelope<'a> {
+    fn new(
+        handler: &'a str,
+        idempotency_key: String,
+        ctx: &HandlerContext,
+        task: &'a Task,
+    ) -> Envelope<'a> {
         let failure = &task.failure;
         Envelope {
             task_id: task.id.0,
             handler,
             attempt: ctx.attempt,
-            idempotency_key: idempotency_key(fleet, task),
+            idempotency_key,
             route: failure.route.as_deref(),
             event_type: failure.event_type.as_deref(),
             correlation_id: failure.correlation_id.as_deref(),

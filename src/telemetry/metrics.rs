@@ -429,13 +429,6 @@ impl Metrics {
         self.attempts.with_label_values(&[handler, label]).inc();
     }
 
-    /// Creates the call series of webhook handler `handler` (see [`WEBHOOK_CLASSES`]).
-    pub fn prepare_webhook(&self, handler: &str) {
-        for class in WEBHOOK_CLASSES {
-            self.webhook_calls.with_label_values(&[handler, class]);
-        }
-    }
-
     /// Counts one message produced for `purpose` (republish, parking, replay).
     pub fn count_produced(&self, purpose: &str, ok: bool) {
         let result = if ok { "ok" } else { "error" };

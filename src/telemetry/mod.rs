@@ -10,7 +10,7 @@ mod metrics;
 pub use alerts::{AlertSettings, AlertSettingsError, CANNOT_CONSUME_CODES};
 pub use attempt_log::{log_attempt, AttemptLine};
 pub use health::{Health, Readiness};
-pub use metrics::Metrics;
+pub use metrics::{Metrics, WEBHOOK_CLASSES};
 
 use std::sync::OnceLock;
 use std::time::Duration;

@@ -423,6 +423,39 @@ fn bench_stdout(settings: &redrive::Settings, args: &[&str]) -> String {
     stdout
 }
 
+/// `redrive bench webhook` at tiny sizes: its code path (the answering server on its
+/// own thread, the interleaved drains, the CPU accounting, the breaker's held backlog and
+/// the final check of every task) keeps working. No figure is asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_webhook_runs_at_tiny_sizes_and_checks_its_tasks() {
+    let (_store, settings) = fresh_store().await;
+    let stdout = bench_stdout(
+        &settings,
+        &[
+            "webhook",
+            "--tasks",
+            "300",
+            "--concurrency",
+            "8",
+            "--runs",
+            "1",
+        ],
+    );
+    for expected in [
+        "share of no-op",
+        "CPU microseconds per task",
+        "breaker isolation at concurrency 256",
+        "checked: each task of every drain was resolved exactly once",
+    ] {
+        assert!(stdout.contains(expected), "no {expected:?} in:\n{stdout}");
+    }
+    let row = stdout
+        .lines()
+        .find(|line| line.split_whitespace().next() == Some("8"))
+        .unwrap_or_else(|| panic!("no row for concurrency 8 in:\n{stdout}"));
+    assert_eq!(row.split_whitespace().count(), 5, "{row}");
+}
+
 /// `redrive bench console` at tiny sizes: its code path (seeding, the admin router over
 /// HTTP with a console sign-in, every timed query, the bulk action beside a drain and
 /// both final checks) keeps working. No figure is asserted.

@@ -219,6 +219,85 @@ async fn answers_are_classified_and_retry_after_is_capped() {
     }
 }
 
+/// `redrive_webhook_calls_total{handler,class}` of `metrics`, by class.
+fn calls_by_class(metrics: &redrive::telemetry::Metrics) -> Vec<(String, u64)> {
+    ["2xx", "3xx", "4xx", "5xx", "error"]
+        .iter()
+        .map(|class| {
+            let series =
+                format!("redrive_webhook_calls_total{{class=\"{class}\",handler=\"hook\"}} ");
+            let count = metrics
+                .render()
+                .lines()
+                .find_map(|line| line.strip_prefix(&series).map(str::to_owned))
+                .unwrap_or_else(|| panic!("no series {series}"));
+            (class.to_string(), count.parse().unwrap())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn calls_are_counted_by_the_class_of_their_answer() {
+    let (store, settings) = fresh_store().await;
+    let server = TestServer::start(|request| {
+        let status = request.json()["value"]["data"]
+            .as_str()
+            .unwrap_or_default()
+            .parse()
+            .unwrap();
+        Reply::status(status)
+    })
+    .await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed_url = format!("http://{}/", closed.local_addr().unwrap());
+    drop(closed);
+    let mut hook = webhook(&server.url("/"));
+    hook.routes.insert(
+        "nowhere".into(),
+        WebhookTarget {
+            url: Some(closed_url),
+            ..WebhookTarget::default()
+        },
+    );
+    let mut settings = settings.clone();
+    settings.webhooks.insert("hook".into(), hook);
+    let fleet = Fleet::builder(settings)
+        .with_builtin_handlers()
+        .build()
+        .unwrap();
+    let pool = fleet.worker_pool(store.clone());
+    let zero: Vec<(String, u64)> = ["2xx", "3xx", "4xx", "5xx", "error"]
+        .iter()
+        .map(|class| (class.to_string(), 0))
+        .collect();
+    assert_eq!(
+        calls_by_class(fleet.metrics()),
+        zero,
+        "every series exists before a call"
+    );
+
+    for answer in ["200", "204", "301", "404", "503"] {
+        let id = store
+            .enqueue(&NewTask::new("hook", answer.as_bytes().to_vec()))
+            .await
+            .unwrap()
+            .id();
+        attempt(&pool, id).await;
+        set_aside(&store, id).await;
+    }
+    let mut refused = NewTask::new("hook", b"0".to_vec());
+    refused.failure.route = Some("nowhere".into());
+    let refused = store.enqueue(&refused).await.unwrap().id();
+    attempt(&pool, refused).await;
+
+    let counted: Vec<(String, u64)> =
+        [("2xx", 2), ("3xx", 1), ("4xx", 1), ("5xx", 1), ("error", 1)]
+            .iter()
+            .map(|(class, n)| (class.to_string(), *n))
+            .collect();
+    assert_eq!(calls_by_class(fleet.metrics()), counted);
+}
+
 #[tokio::test]
 async fn a_refused_connection_is_transient_and_routes_override_the_target() {
     let (store, settings) = fresh_store().await;
