@@ -165,8 +165,9 @@ pub(super) fn summary_statement(statement: &str) -> String {
 pub(super) fn summary_from_row(r: &sqlx::postgres::PgRow) -> Result<TaskSummary> {
     let status: String = r.try_get("status")?;
     let key: Option<Vec<u8>> = r.try_get("key")?;
+    let id = TaskId(r.try_get("id")?);
     Ok(TaskSummary {
-        id: TaskId(r.try_get("id")?),
+        id,
         status: status
             .parse()
             .map_err(|e| super::StoreError::MalformedRow(format!("status: {e}")))?,
@@ -177,12 +178,12 @@ pub(super) fn summary_from_row(r: &sqlx::postgres::PgRow) -> Result<TaskSummary>
         offset: r.try_get("source_offset")?,
         key: key.map(|k| Readable::new(&k).line()),
         attempts: r.try_get("attempts")?,
-        next_attempt_at: r.try_get("next_attempt_at")?,
+        next_attempt_at: super::row::timestamp(r, id, "next_attempt_at")?,
         held: r.try_get("held")?,
         last_error: r.try_get("last_error")?,
         lease_owner: r.try_get("lease_owner")?,
-        created_at: r.try_get("created_at")?,
-        updated_at: r.try_get("updated_at")?,
+        created_at: super::row::required_timestamp(r, id, "created_at")?,
+        updated_at: super::row::required_timestamp(r, id, "updated_at")?,
     })
 }
 

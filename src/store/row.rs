@@ -1,7 +1,8 @@
 //! Reading a `recovery_task` row into a [`Task`].
 
-use sqlx::postgres::PgRow;
-use sqlx::Row;
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgRow, PgValueFormat};
+use sqlx::{Row, ValueRef};
 
 use super::{Result, StoreError};
 use crate::headers::{self, Header};
@@ -47,7 +48,7 @@ fn task_with_headers(row: &PgRow, headers: Vec<Header>) -> Result<Task> {
             event_type: row.try_get("event_type")?,
             correlation_id: row.try_get("correlation_id")?,
             source,
-            source_timestamp: row.try_get("source_timestamp")?,
+            source_timestamp: timestamp(row, id, "source_timestamp")?,
             source_timestamp_type: row.try_get("source_timestamp_type")?,
             key: row.try_get("msg_key")?,
             value: row.try_get("msg_value")?,
@@ -70,17 +71,51 @@ fn task_with_headers(row: &PgRow, headers: Vec<Header>) -> Result<Task> {
         attempts: row.try_get("attempts")?,
         max_attempts: row.try_get("max_attempts")?,
         attempt_grants: row.try_get("attempt_grants")?,
-        next_attempt_at: row.try_get("next_attempt_at")?,
+        next_attempt_at: required_timestamp(row, id, "next_attempt_at")?,
         held: row.try_get("held")?,
         last_error: row.try_get("last_error")?,
         lease_owner: row.try_get("lease_owner")?,
         lease_version: row.try_get("lease_version")?,
-        leased_at: row.try_get("leased_at")?,
+        leased_at: timestamp(row, id, "leased_at")?,
         checkpoint: row.try_get("checkpoint")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-        finished_at: row.try_get("finished_at")?,
+        created_at: required_timestamp(row, id, "created_at")?,
+        updated_at: required_timestamp(row, id, "updated_at")?,
+        finished_at: timestamp(row, id, "finished_at")?,
     })
+}
+
+/// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01).
+const POSTGRES_EPOCH_MICROS: i64 = 946_684_800_000_000;
+
+/// Reads timestamp column `name` of task `id`. A time chrono cannot hold (`infinity`, a
+/// year past 262142: only a hand-made row has one) makes the row malformed rather than
+/// a panic, which is what sqlx's own decoding of it does.
+pub(super) fn timestamp(row: &PgRow, id: TaskId, name: &str) -> Result<Option<DateTime<Utc>>> {
+    let raw = row.try_get_raw(name)?;
+    if raw.is_null() {
+        return Ok(None);
+    }
+    if raw.format() == PgValueFormat::Text {
+        return Ok(row.try_get(name)?);
+    }
+    raw.as_bytes()
+        .ok()
+        .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
+        .map(i64::from_be_bytes)
+        .and_then(|micros| micros.checked_add(POSTGRES_EPOCH_MICROS))
+        .and_then(DateTime::from_timestamp_micros)
+        .map(Some)
+        .ok_or_else(|| {
+            StoreError::MalformedRow(format!(
+                "task {id}: {name}: the time is out of range (infinity, or a year past 262142)"
+            ))
+        })
+}
+
+/// [`timestamp`] of a column that is never NULL.
+pub(super) fn required_timestamp(row: &PgRow, id: TaskId, name: &str) -> Result<DateTime<Utc>> {
+    timestamp(row, id, name)?
+        .ok_or_else(|| StoreError::MalformedRow(format!("task {id}: {name}: NULL")))
 }
 
 /// Reads `<prefix>_topic`, `<prefix>_partition` and `<prefix>_offset`.

@@ -659,6 +659,73 @@ async fn an_unreadable_row_ends_permanent_and_the_rest_of_its_claim_runs() {
 }
 
 /// Moves a task's lease deadline (or due time) into the past, as if time had passed.
+/// Found by the attack on issue 18's webhook change: a task whose `source_timestamp` was
+/// set by hand to `infinity` (or a year past chrono's 262142) panicked in sqlx's decoding
+/// of the claimed row, the member stopped, and every restart claimed it again; the tasks
+/// claimed beside it spent attempts without a call. Such a row is unreadable, like one
+/// with malformed headers: it ends permanent with the reason, the rest of its claim runs.
+#[tokio::test]
+async fn a_time_beyond_what_a_task_can_hold_makes_its_row_unreadable_not_a_panic() {
+    let (store, _) = fresh_store().await;
+    let tasks: Vec<NewTask> = (0..5).map(|i| NewTask::new("h", vec![i])).collect();
+    let ids: Vec<_> = store
+        .enqueue_many(&tasks)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Enqueued::id)
+        .collect();
+    let planted = [
+        (ids[1], "source_timestamp", "infinity"),
+        (ids[2], "source_timestamp", "294000-01-01"),
+        (ids[3], "created_at", "-infinity"),
+    ];
+    for (id, column, value) in planted {
+        sqlx::query(&format!(
+            "UPDATE recovery_task SET {column} = '{value}' WHERE id = $1"
+        ))
+        .bind(id.0)
+        .execute(store.pool())
+        .await
+        .unwrap();
+        let shown = store
+            .get(id)
+            .await
+            .expect_err("an unreadable row")
+            .to_string();
+        assert!(
+            shown.contains(column) && shown.contains(&id.to_string()),
+            "{shown}"
+        );
+    }
+
+    // A list shows no page rather than a wrong one, and says which task is the cause.
+    let listed = store
+        .list(&redrive::store::TaskFilter::default(), None, 50)
+        .await
+        .expect_err("an unreadable row")
+        .to_string();
+    assert!(listed.contains(&ids[3].to_string()), "{listed}");
+
+    let claimed = store.claim(&handlers(), 10, "w", LEASE).await.unwrap();
+    let mut claimed_ids: Vec<_> = claimed.iter().map(|t| t.id).collect();
+    claimed_ids.sort();
+    assert_eq!(claimed_ids, vec![ids[0], ids[4]]);
+    for (id, column, _) in planted {
+        let (status, owner, reason) = raw_status(&store, id).await;
+        assert_eq!(
+            (status.as_str(), owner),
+            ("permanent_failure", None),
+            "{id}"
+        );
+        let reason = reason.expect("the reason is kept");
+        assert!(
+            reason.contains(column) && reason.contains("out of range"),
+            "{reason}"
+        );
+    }
+}
+
 async fn lapse(store: &redrive::Store, id: redrive::TaskId) {
     sqlx::query(
         "UPDATE recovery_task SET next_attempt_at = now() - interval '1 second' \
