@@ -199,6 +199,9 @@ impl WebhookSettings {
             let header_key = format!("{key}.headers.{name}");
             let name = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| ConfigError::new(&header_key, "is not a valid HTTP header name"))?;
+            if let Some(why) = reserved(&name) {
+                return Err(ConfigError::new(&header_key, why));
+            }
             let value = HeaderValue::from_str(value).map_err(|_| {
                 ConfigError::new(
                     &header_key,
@@ -214,6 +217,21 @@ impl WebhookSettings {
             headers,
             body,
         })
+    }
+}
+
+/// Why a configured header may not be `name`, if it may not: redrive sets it on every
+/// call (a second value would reach the target beside redrive's, or first), or it frames
+/// the request. `Content-Type` may be set: it replaces redrive's.
+fn reserved(name: &HeaderName) -> Option<&'static str> {
+    match name.as_str() {
+        "idempotency-key" | "x-redrive-task-id" | "x-redrive-attempt" | "x-correlation-id" => {
+            Some("is set by redrive on every call and cannot be configured")
+        }
+        "content-length" | "transfer-encoding" | "connection" => {
+            Some("frames the request and cannot be configured")
+        }
+        _ => None,
     }
 }
 
@@ -262,6 +280,38 @@ mod tests {
         let mut s = settings("http://127.0.0.1:1/");
         s.headers.insert("X-Ok".into(), "a\nb".into());
         assert!(error(&s).contains("webhooks.billing.headers.X-Ok"));
+
+        // Found by an attack: a configured Idempotency-Key went out beside redrive's,
+        // first, and a target reading the first value took it.
+        for name in [
+            "Idempotency-Key",
+            "x-redrive-task-id",
+            "X-Redrive-Attempt",
+            "X-Correlation-Id",
+        ] {
+            let mut s = settings("http://127.0.0.1:1/");
+            s.headers.insert(name.into(), "1".into());
+            let shown = error(&s);
+            assert!(
+                shown.contains(&format!("webhooks.billing.headers.{name}"))
+                    && shown.contains("set by redrive"),
+                "{shown}"
+            );
+        }
+        let mut s = settings("http://127.0.0.1:1/");
+        s.routes.insert(
+            "orders".into(),
+            WebhookTarget {
+                headers: [("Content-Length".to_owned(), "3".to_owned())].into(),
+                ..WebhookTarget::default()
+            },
+        );
+        assert!(error(&s).contains("webhooks.billing.routes.orders.headers.Content-Length: frames"));
+        let mut s = settings("http://127.0.0.1:1/");
+        s.headers
+            .insert("Content-Type".into(), "application/cloudevents+json".into());
+        s.validate("billing")
+            .expect("Content-Type replaces redrive's");
 
         let mut s = settings("http://127.0.0.1:1/");
         s.routes.insert(

@@ -160,10 +160,8 @@ impl Handler for WebhookHandler {
             .header(IDEMPOTENCY_KEY, key)
             .header(TASK_ID_HEADER, HeaderValue::from(task.id.0))
             .header(ATTEMPT_HEADER, HeaderValue::from(ctx.attempt));
-        if let Some(id) = task.failure.correlation_id.as_deref() {
-            if let Ok(value) = HeaderValue::from_str(id) {
-                request = request.header(CORRELATION_ID_HEADER, value);
-            }
+        if let Some(value) = task.failure.correlation_id.as_deref().and_then(header_text) {
+            request = request.header(CORRELATION_ID_HEADER, value);
         }
         let response = request.body(body).send().await.map_err(|error| {
             self.count(None);
@@ -190,6 +188,16 @@ impl Handler for WebhookHandler {
         // A little over the client's own timeout, so its clearer error comes first.
         Some(self.timeout + Duration::from_secs(1))
     }
+}
+
+/// `text` as a header value when it is printable ASCII (spaces included): anything else
+/// (a line break, a tab, bytes past ASCII, which targets read in different ways) stays
+/// in the envelope only.
+fn header_text(text: &str) -> Option<HeaderValue> {
+    text.bytes()
+        .all(|b| (b' '..=b'~').contains(&b))
+        .then(|| HeaderValue::from_str(text).ok())
+        .flatten()
 }
 
 /// `sha256:` and the hex SHA-256 of the fleet's identity, the task's dedup key (its id

@@ -219,6 +219,38 @@ async fn answers_are_classified_and_retry_after_is_capped() {
     }
 }
 
+/// Found by an attack: a correlation id with bytes past ASCII went out raw in
+/// `X-Correlation-Id` (targets read such bytes in different ways, or refuse them), and
+/// one with a tab went out too. Only printable ASCII goes in the header; the envelope
+/// carries every correlation id as it is.
+#[tokio::test]
+async fn a_correlation_id_goes_in_its_header_only_as_printable_ascii() {
+    let (store, settings) = fresh_store().await;
+    let server = TestServer::start(|_| Reply::status(200)).await;
+    let pool = pool(&store, &settings, webhook(&server.url("/")));
+    let cases = [
+        ("order-7 retry", true),
+        ("h\u{e9}llo-\u{fc}n\u{ef}", false),
+        ("a\tb", false),
+        ("line\nbreak", false),
+    ];
+    for (n, (correlation_id, in_header)) in cases.iter().enumerate() {
+        let mut task = NewTask::new("hook", b"v".to_vec());
+        task.failure.correlation_id = Some((*correlation_id).into());
+        let id = store.enqueue(&task).await.unwrap().id();
+        assert_eq!(attempt(&pool, id).await, FinishOutcome::Resolved);
+        set_aside(&store, id).await;
+        let request = &server.requests()[n];
+        let sent = request
+            .headers
+            .get("x-correlation-id")
+            .map(|value| value.as_bytes());
+        let expected = in_header.then_some(correlation_id.as_bytes());
+        assert_eq!(sent, expected, "{correlation_id:?}");
+        assert_eq!(request.json()["correlation_id"], *correlation_id);
+    }
+}
+
 /// `redrive_webhook_calls_total{handler,class}` of `metrics`, by class.
 fn calls_by_class(metrics: &redrive::telemetry::Metrics) -> Vec<(String, u64)> {
     ["2xx", "3xx", "4xx", "5xx", "error"]
