@@ -23,7 +23,7 @@ pub(crate) fn to_task(
     let message = &consumed.message;
     let source = coordinates_of(message);
     let headers = consumed.headers.clone();
-    let (timestamp, timestamp_type) = timestamp_of(message.timestamp());
+    let (timestamp, timestamp_type, timestamp_note) = timestamp_of(message.timestamp());
     let key = message.key().map(<[u8]>::to_vec);
     let value = message.payload().map(<[u8]>::to_vec);
     let value_size = value.as_ref().map_or(0, Vec::len);
@@ -44,7 +44,7 @@ pub(crate) fn to_task(
         },
         ..NewTask::default()
     };
-    let mut notes: Vec<String> = Vec::new();
+    let mut notes: Vec<String> = timestamp_note.into_iter().collect();
     let mut recognised = false;
     match route.mode {
         RouteMode::Capture => {
@@ -266,16 +266,28 @@ pub(crate) fn minimal_form(task: &NewTask, reason: &str) -> NewTask {
     }
 }
 
-fn timestamp_of(timestamp: Timestamp) -> (Option<DateTime<Utc>>, Option<String>) {
+/// The first millisecond PostgreSQL's `timestamptz` holds (4714-11-24 BC, UTC). chrono
+/// holds earlier ones: a message stamped with one failed its whole batch's insert, and
+/// the partition's ingest retried it for ever.
+const FIRST_STORABLE_MILLIS: i64 = -210_866_803_200_000;
+
+/// The message's time and its kind; a time a task cannot hold (any i64 of milliseconds
+/// is a valid stamp to a producer) is left out, with a note saying so.
+fn timestamp_of(timestamp: Timestamp) -> (Option<DateTime<Utc>>, Option<String>, Option<String>) {
     let (millis, kind) = match timestamp {
-        Timestamp::NotAvailable => return (None, None),
+        Timestamp::NotAvailable => return (None, None, None),
         Timestamp::CreateTime(ms) => (ms, "create_time"),
         Timestamp::LogAppendTime(ms) => (ms, "log_append_time"),
     };
-    (
-        DateTime::from_timestamp_millis(millis),
-        Some(kind.to_owned()),
-    )
+    let at = (millis >= FIRST_STORABLE_MILLIS)
+        .then(|| DateTime::from_timestamp_millis(millis))
+        .flatten();
+    let note = at.is_none().then(|| {
+        format!(
+            "the message's {kind} of {millis} ms is beyond the times a task can hold; not stored"
+        )
+    });
+    (at, Some(kind.to_owned()), note)
 }
 
 /// The message's own coordinates.

@@ -108,6 +108,60 @@ async fn capture_keeps_every_byte_of_odd_messages() {
     }
 }
 
+/// A producer may stamp a message with any time. One before 4713 BC (PostgreSQL's
+/// first day) that chrono still holds must not stop the partition's ingest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_stamped_with_a_time_postgresql_cannot_store_is_stored_without_it() {
+    let broker = cluster(&[("stamped.dlt", 1)]);
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(
+        &mut settings,
+        &broker.bootstrap_servers(),
+        vec![route(&["stamped.dlt"], RouteMode::Capture, "log")],
+    );
+    settings.worker.enabled = false;
+    let producer = producer(&broker.bootstrap_servers());
+    let stamps: [i64; 4] = [
+        -1_000_000_000_000_000,
+        -210_866_803_200_001,
+        1_700_000_000_000,
+        -5,
+    ];
+    for (n, stamp) in stamps.iter().enumerate() {
+        let value = format!("m{n}");
+        let record: rdkafka::producer::FutureRecord<'_, [u8], [u8]> =
+            rdkafka::producer::FutureRecord::to("stamped.dlt")
+                .payload(value.as_bytes())
+                .timestamp(*stamp);
+        producer
+            .send(
+                record,
+                rdkafka::util::Timeout::After(Duration::from_secs(30)),
+            )
+            .await
+            .expect("delivered");
+    }
+    let running = Member::start(fleet(&settings), &store);
+    eventually(Duration::from_secs(30), "every message stored", || async {
+        count(&store).await == stamps.len() as i64
+    })
+    .await;
+    running.stop().await;
+    for (offset, stamp) in stamps.iter().enumerate() {
+        let task = task_at(&store, "stamped.dlt", 0, offset as i64).await;
+        let stored = task.failure.source_timestamp.map(|t| t.timestamp_millis());
+        let storable = *stamp >= -210_866_803_200_000;
+        assert_eq!(stored, storable.then_some(*stamp), "offset {offset}");
+        if !storable {
+            let note = task.failure.ingest_note.unwrap_or_default();
+            assert!(
+                note.contains(&stamp.to_string()),
+                "offset {offset}: {note:?}"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letter_headers_fill_the_failure_context() {
     let broker = cluster(&[("mixed.dlt", 1)]);
