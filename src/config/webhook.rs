@@ -222,9 +222,11 @@ impl WebhookSettings {
 
 /// Why a configured header may not be `name`, if it may not: redrive sets it on every
 /// call (a second value would reach the target beside redrive's, or first), or it frames
-/// the request. `Content-Type` may be set: it replaces redrive's.
+/// the request. `Content-Type` may be set: it replaces redrive's. An underscore counts as
+/// a hyphen: an environment variable can spell no hyphen, and many servers (CGI, WSGI,
+/// Rack, PHP) read both spellings as one header.
 fn reserved(name: &HeaderName) -> Option<&'static str> {
-    match name.as_str() {
+    match name.as_str().replace('_', "-").as_str() {
         "idempotency-key" | "x-redrive-task-id" | "x-redrive-attempt" | "x-correlation-id" => {
             Some("is set by redrive on every call and cannot be configured")
         }
@@ -288,6 +290,8 @@ mod tests {
             "x-redrive-task-id",
             "X-Redrive-Attempt",
             "X-Correlation-Id",
+            "idempotency_key",
+            "X_CORRELATION_ID",
         ] {
             let mut s = settings("http://127.0.0.1:1/");
             s.headers.insert(name.into(), "1".into());

@@ -190,12 +190,12 @@ impl Handler for WebhookHandler {
     }
 }
 
-/// `text` as a header value when it is printable ASCII (spaces included): anything else
-/// (a line break, a tab, bytes past ASCII, which targets read in different ways) stays
-/// in the envelope only.
+/// `text` as a header value when it is printable ASCII (spaces inside included) and
+/// reads back the same: anything else (a line break, a tab, bytes past ASCII, which
+/// targets read in different ways, or spaces around it, which HTTP drops) stays in the
+/// envelope only.
 fn header_text(text: &str) -> Option<HeaderValue> {
-    text.bytes()
-        .all(|b| (b' '..=b'~').contains(&b))
+    (text.bytes().all(|b| (b' '..=b'~').contains(&b)) && text.trim() == text)
         .then(|| HeaderValue::from_str(text).ok())
         .flatten()
 }

@@ -103,7 +103,7 @@ impl Store {
             .map(|r| {
                 Ok(AuditEntry {
                     id: r.try_get("id")?,
-                    at: r.try_get("at")?,
+                    at: super::time::required(r, "at")?,
                     actor: r.try_get("actor")?,
                     action: r.try_get("action")?,
                     ids: r.try_get("ids")?,

@@ -56,12 +56,12 @@ impl Brake {
 fn brake_from_row(row: &PgRow) -> Result<Brake> {
     Ok(Brake {
         route: row.try_get("route")?,
-        engaged_until: row.try_get("engaged_until")?,
-        engaged_at: row.try_get("engaged_at")?,
+        engaged_until: super::time::optional(row, "engaged_until")?,
+        engaged_at: super::time::optional(row, "engaged_at")?,
         engaged_by: row.try_get("engaged_by")?,
         reason: row.try_get("reason")?,
         trips: row.try_get("trips")?,
-        released_at: row.try_get("released_at")?,
+        released_at: super::time::optional(row, "released_at")?,
         released_by: row.try_get("released_by")?,
     })
 }

@@ -306,12 +306,12 @@ impl Store {
         let state: String = row.try_get("state")?;
         Ok(Some(CompensationView {
             due_at: (state == "pending")
-                .then(|| row.try_get("due_at"))
+                .then(|| super::time::required(&row, "due_at"))
                 .transpose()?,
             state,
             attempts: row.try_get("attempts")?,
             last_error: row.try_get("last_error")?,
-            finished_at: row.try_get("finished_at")?,
+            finished_at: super::time::optional(&row, "finished_at")?,
             history: attempts_from_rows(&history)?,
         }))
     }

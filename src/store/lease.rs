@@ -179,7 +179,7 @@ impl Store {
         tx.commit().await?;
         let first_due = rows
             .iter()
-            .filter_map(|r| r.try_get::<DateTime<Utc>, _>("was_due").ok())
+            .filter_map(|r| super::time::decode(r, "was_due").ok()?.ok()?)
             .min();
         let (tasks, recovered) = self.decode_claimed(owner, &rows).await?;
         Ok(Claimed {

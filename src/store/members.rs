@@ -95,8 +95,8 @@ impl Store {
                     version: r.try_get("version")?,
                     roles: r.try_get("roles")?,
                     handlers: r.try_get("handlers")?,
-                    started_at: r.try_get("started_at")?,
-                    last_seen: r.try_get("last_seen")?,
+                    started_at: super::time::required(r, "started_at")?,
+                    last_seen: super::time::required(r, "last_seen")?,
                 })
             })
             .collect()

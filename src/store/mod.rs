@@ -23,6 +23,7 @@ mod replays;
 mod retention;
 mod row;
 mod sample;
+mod time;
 mod timeline;
 mod vacuum;
 mod view;
@@ -99,6 +100,10 @@ pub enum StoreError {
     /// A stored row could not be read back.
     #[error("task row is malformed: {0}")]
     MalformedRow(String),
+    /// A stored time (not a task's) is beyond what a time can hold here: a row written
+    /// by hand.
+    #[error("a stored time cannot be read: {0}")]
+    UnreadableTime(String),
     /// The connection settings are invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),

@@ -98,7 +98,7 @@ pub(crate) fn attempts_from_rows(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<A
                 attempt: r.try_get("attempt")?,
                 lease_version: r.try_get("lease_version")?,
                 worker: r.try_get("worker")?,
-                started_at: r.try_get("started_at")?,
+                started_at: super::time::required(r, "started_at")?,
                 duration_ms: r.try_get("duration_ms")?,
                 outcome: r.try_get("outcome")?,
                 error: r.try_get("error")?,

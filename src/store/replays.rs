@@ -105,7 +105,7 @@ fn job_from_row(row: &PgRow) -> Result<ReplayJob> {
     let malformed = |e: serde_json::Error| StoreError::MalformedRow(format!("replay: {e}"));
     Ok(ReplayJob {
         id: row.try_get("id")?,
-        created_at: row.try_get("created_at")?,
+        created_at: super::time::required(row, "created_at")?,
         actor: row.try_get("actor")?,
         filter: serde_json::from_value(filter).map_err(malformed)?,
         target_topic: row.try_get("target_topic")?,
@@ -114,13 +114,13 @@ fn job_from_row(row: &PgRow) -> Result<ReplayJob> {
         detached: row.try_get("detached")?,
         status: row.try_get("status")?,
         runner: row.try_get("runner")?,
-        heartbeat_at: row.try_get("heartbeat_at")?,
+        heartbeat_at: super::time::optional(row, "heartbeat_at")?,
         cursor: row.try_get("cursor")?,
         produced: row.try_get("produced")?,
         skipped: row.try_get("skipped")?,
         total: row.try_get("total")?,
         error: row.try_get("error")?,
-        finished_at: row.try_get("finished_at")?,
+        finished_at: super::time::optional(row, "finished_at")?,
         pending_upto: row.try_get("pending_upto")?,
         pending_marks: marks
             .map(serde_json::from_value)
@@ -310,7 +310,20 @@ impl Store {
         .bind(REPLAY_STALE_AFTER.as_secs_f64())
         .fetch_optional(&self.pool)
         .await?;
-        row.as_ref().map(job_from_row).transpose()
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        match job_from_row(&row) {
+            Ok(job) => Ok(Some(job)),
+            Err(error) => {
+                // A row that cannot be read (written by hand) fails its job rather than
+                // being taken again by every member once its heartbeat lapses.
+                let id: i64 = row.try_get("id")?;
+                let reason = format!("the job's row cannot be read: {error}");
+                self.finish_replay(id, runner, Some(&reason)).await?;
+                Err(error)
+            }
+        }
     }
 
     /// Keeps `runner`'s hold on job `id`; false when the job was cancelled or taken over.

@@ -1,8 +1,8 @@
 //! Reading a `recovery_task` row into a [`Task`].
 
 use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgRow, PgValueFormat};
-use sqlx::{Row, ValueRef};
+use sqlx::postgres::PgRow;
+use sqlx::Row;
 
 use super::{Result, StoreError};
 use crate::headers::{self, Header};
@@ -84,32 +84,11 @@ fn task_with_headers(row: &PgRow, headers: Vec<Header>) -> Result<Task> {
     })
 }
 
-/// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01).
-const POSTGRES_EPOCH_MICROS: i64 = 946_684_800_000_000;
-
-/// Reads timestamp column `name` of task `id`. A time chrono cannot hold (`infinity`, a
-/// year past 262142: only a hand-made row has one) makes the row malformed rather than
-/// a panic, which is what sqlx's own decoding of it does.
+/// Reads timestamp column `name` of task `id`: a time out of range makes the row
+/// malformed (see [`super::time`]).
 pub(super) fn timestamp(row: &PgRow, id: TaskId, name: &str) -> Result<Option<DateTime<Utc>>> {
-    let raw = row.try_get_raw(name)?;
-    if raw.is_null() {
-        return Ok(None);
-    }
-    if raw.format() == PgValueFormat::Text {
-        return Ok(row.try_get(name)?);
-    }
-    raw.as_bytes()
-        .ok()
-        .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
-        .map(i64::from_be_bytes)
-        .and_then(|micros| micros.checked_add(POSTGRES_EPOCH_MICROS))
-        .and_then(DateTime::from_timestamp_micros)
-        .map(Some)
-        .ok_or_else(|| {
-            StoreError::MalformedRow(format!(
-                "task {id}: {name}: the time is out of range (infinity, or a year past 262142)"
-            ))
-        })
+    super::time::decode(row, name)?
+        .map_err(|why| StoreError::MalformedRow(format!("task {id}: {name}: {why}")))
 }
 
 /// [`timestamp`] of a column that is never NULL.

@@ -726,6 +726,97 @@ async fn a_time_beyond_what_a_task_can_hold_makes_its_row_unreadable_not_a_panic
     }
 }
 
+/// Found by the second attack on issue 18's fixes: a time no task or row can hold, set
+/// by hand in a table beside the tasks', panicked in sqlx's decoding. A claim of a task
+/// due at `-infinity` stopped the member; a replay job created at `infinity` stopped
+/// every member that took it over, one after another; the attempt history, the audit
+/// and the member list panicked the CLI and dropped the API's connection. Each is now
+/// an error naming the column, and the replay job ends failed.
+#[tokio::test]
+async fn a_time_out_of_range_in_any_table_is_an_error_not_a_panic() {
+    let (store, _) = fresh_store().await;
+    let run = |sql: String| {
+        let store = store.clone();
+        async move {
+            sqlx::query(&sql).execute(store.pool()).await.unwrap();
+        }
+    };
+    let id = store
+        .enqueue(&NewTask::new("h", b"v".to_vec()))
+        .await
+        .unwrap()
+        .id();
+    run(format!(
+        "UPDATE recovery_task SET next_attempt_at = '-infinity' WHERE id = {id}"
+    ))
+    .await;
+    let claimed = store.claim(&handlers(), 10, "w", LEASE).await.unwrap();
+    assert_eq!(claimed.iter().map(|t| t.id).collect::<Vec<_>>(), vec![id]);
+
+    run(format!(
+        "INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, \
+             duration_ms, outcome) VALUES ({id}, 99, 1, 'w', 'infinity', 1, 'retry')"
+    ))
+    .await;
+    let history = store
+        .attempts(id)
+        .await
+        .expect_err("unreadable")
+        .to_string();
+    assert!(history.contains("started_at"), "{history}");
+
+    run(
+        "INSERT INTO recovery_audit (at, actor, action) VALUES ('-infinity', 'a', 'discard')"
+            .into(),
+    )
+    .await;
+    let audit = store
+        .audit(&redrive::store::AuditQuery::default())
+        .await
+        .expect_err("unreadable")
+        .to_string();
+    assert!(audit.contains("at:"), "{audit}");
+
+    run(
+        "INSERT INTO recovery_member (id, host, version, roles, started_at, last_seen) \
+         VALUES ('m', 'h', 'v', '{}', '-infinity', 'infinity')"
+            .into(),
+    )
+    .await;
+    let members = store
+        .live_members()
+        .await
+        .expect_err("unreadable")
+        .to_string();
+    assert!(members.contains("started_at"), "{members}");
+
+    run(
+        "INSERT INTO recovery_replay (created_at, actor, filter, target_topic, detached, \
+             status, heartbeat_at) VALUES ('infinity', 'a', '{\"ids\":[1]}', 't', true, \
+             'running', '-infinity')"
+            .into(),
+    )
+    .await;
+    let taken = store
+        .claim_detached_replay("r")
+        .await
+        .expect_err("unreadable")
+        .to_string();
+    assert!(taken.contains("created_at"), "{taken}");
+    let (status, error): (String, Option<String>) =
+        sqlx::query_as("SELECT status, error FROM recovery_replay")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        status, "failed",
+        "the job ends, not taken again by the next member"
+    );
+    assert!(error.unwrap_or_default().contains("created_at"));
+    assert!(store.claim_detached_replay("r2").await.unwrap().is_none());
+    assert!(store.replays(10, None).await.is_err());
+}
+
 async fn lapse(store: &redrive::Store, id: redrive::TaskId) {
     sqlx::query(
         "UPDATE recovery_task SET next_attempt_at = now() - interval '1 second' \

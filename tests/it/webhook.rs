@@ -233,6 +233,7 @@ async fn a_correlation_id_goes_in_its_header_only_as_printable_ascii() {
         ("h\u{e9}llo-\u{fc}n\u{ef}", false),
         ("a\tb", false),
         ("line\nbreak", false),
+        (" padded ", false),
     ];
     for (n, (correlation_id, in_header)) in cases.iter().enumerate() {
         let mut task = NewTask::new("hook", b"v".to_vec());

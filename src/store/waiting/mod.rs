@@ -303,10 +303,10 @@ fn state(
     if let Some(stopping) = row.try_get::<Option<i64>, _>("stopping_task")? {
         return Ok(WaitingState::Stopping {
             task: TaskId(stopping),
-            ends_by: row.try_get("stopping_until")?,
+            ends_by: super::time::required(row, "stopping_until")?,
         });
     }
-    let hold: Option<DateTime<Utc>> = row.try_get("breaker_until")?;
+    let hold = super::time::optional(row, "breaker_until")?;
     if let Some(until) = hold.filter(|&until| until > now && task.next_attempt_at <= until) {
         let forced: Option<String> = row.try_get("breaker_forced")?;
         return Ok(WaitingState::BreakerOpen {
