@@ -604,17 +604,22 @@ async fn a_lapsed_lease_taken_over_leaves_the_lost_attempt_in_the_history() {
     );
 }
 
-#[tokio::test]
-async fn an_unreadable_row_ends_permanent_and_the_rest_of_its_claim_runs() {
-    let (store, _) = fresh_store().await;
-    let tasks: Vec<NewTask> = (0..4).map(|i| NewTask::new("h", vec![i])).collect();
-    let ids: Vec<_> = store
+/// Stores `count` tasks of handler `h`; their ids, in order.
+async fn enqueue_several(store: &Store, count: u8) -> Vec<redrive::TaskId> {
+    let tasks: Vec<NewTask> = (0..count).map(|i| NewTask::new("h", vec![i])).collect();
+    store
         .enqueue_many(&tasks)
         .await
         .unwrap()
         .into_iter()
         .map(Enqueued::id)
-        .collect();
+        .collect()
+}
+
+#[tokio::test]
+async fn an_unreadable_row_ends_permanent_and_the_rest_of_its_claim_runs() {
+    let (store, _) = fresh_store().await;
+    let ids = enqueue_several(&store, 4).await;
     let bad = ids[1];
     sqlx::query("UPDATE recovery_task SET msg_headers = '\\x0100'::bytea WHERE id = $1")
         .bind(bad.0)
@@ -667,14 +672,7 @@ async fn an_unreadable_row_ends_permanent_and_the_rest_of_its_claim_runs() {
 #[tokio::test]
 async fn a_time_beyond_what_a_task_can_hold_makes_its_row_unreadable_not_a_panic() {
     let (store, _) = fresh_store().await;
-    let tasks: Vec<NewTask> = (0..5).map(|i| NewTask::new("h", vec![i])).collect();
-    let ids: Vec<_> = store
-        .enqueue_many(&tasks)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(Enqueued::id)
-        .collect();
+    let ids = enqueue_several(&store, 5).await;
     let planted = [
         (ids[1], "source_timestamp", "infinity"),
         (ids[2], "source_timestamp", "294000-01-01"),
