@@ -815,6 +815,50 @@ async fn a_time_out_of_range_in_any_table_is_an_error_not_a_panic() {
     assert!(store.replays(10, None).await.is_err());
 }
 
+/// Found by the third attack: PostgreSQL 15 cannot subtract an infinite time. One task
+/// whose lapsed lease began at `-infinity` (set by hand) failed every claim of its
+/// handlers, for every member; one due at `infinity` failed every look for the next due
+/// task (twenty errors a second) and `tasks stats`. Times from a row are clamped to what
+/// a time can hold before any arithmetic.
+#[tokio::test]
+async fn an_infinite_lease_or_due_time_stops_no_claim_and_no_figure() {
+    let (store, _) = fresh_store().await;
+    let ids = enqueue_several(&store, 4).await;
+    let (ghost, healthy, never, always) = (ids[0], ids[1], ids[2], ids[3]);
+    for sql in [
+        format!(
+            "UPDATE recovery_task SET lease_owner = 'ghost', lease_version = lease_version + 1, \
+             leased_at = '-infinity', attempts = 1, next_attempt_at = now() - interval '1 second' \
+             WHERE id = {ghost}"
+        ),
+        format!("UPDATE recovery_task SET next_attempt_at = 'infinity' WHERE id = {never}"),
+        format!("UPDATE recovery_task SET next_attempt_at = '-infinity' WHERE id = {always}"),
+    ] {
+        sqlx::query(&sql).execute(store.pool()).await.unwrap();
+    }
+    store.stats().await.expect("the figures despite the times");
+    assert_eq!(
+        store.next_due(&handlers(), None).await.unwrap(),
+        Some(Duration::ZERO)
+    );
+    let claimed = store.claim(&handlers(), 10, "w", LEASE).await.unwrap();
+    let mut claimed_ids: Vec<_> = claimed.iter().map(|t| t.id).collect();
+    claimed_ids.sort();
+    assert_eq!(claimed_ids, vec![ghost, healthy, always]);
+    let history = store.attempts(ghost).await.expect("a readable history");
+    assert_eq!(
+        history
+            .iter()
+            .map(|a| a.outcome.as_str())
+            .collect::<Vec<_>>(),
+        vec!["lease_expired"]
+    );
+    // Left: the claimed tasks, due again when their leases lapse, and the one at
+    // `infinity` behind them.
+    let wait = store.next_due(&handlers(), None).await.unwrap().unwrap();
+    assert!(wait <= LEASE, "{wait:?}");
+}
+
 async fn lapse(store: &redrive::Store, id: redrive::TaskId) {
     sqlx::query(
         "UPDATE recovery_task SET next_attempt_at = now() - interval '1 second' \
