@@ -33,6 +33,12 @@ fn pool(store: &Store, settings: &Settings, hook: WebhookSettings) -> WorkerPool
         .worker_pool(store.clone())
 }
 
+/// A URL on a loopback port nothing listens on: every call to it is refused.
+fn refused_url() -> String {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("http://{}/", closed.local_addr().unwrap())
+}
+
 /// Makes a task final so that the next one is the only due task.
 async fn set_aside(store: &Store, id: TaskId) {
     sqlx::query("UPDATE recovery_task SET status = 'discarded', finished_at = now() WHERE id = $1")
@@ -281,9 +287,7 @@ async fn calls_are_counted_by_the_class_of_their_answer() {
         Reply::status(status)
     })
     .await;
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let closed_url = format!("http://{}/", closed.local_addr().unwrap());
-    drop(closed);
+    let closed_url = refused_url();
     let mut hook = webhook(&server.url("/"));
     hook.routes.insert(
         "nowhere".into(),
@@ -335,9 +339,7 @@ async fn calls_are_counted_by_the_class_of_their_answer() {
 async fn a_refused_connection_is_transient_and_routes_override_the_target() {
     let (store, settings) = fresh_store().await;
     let server = TestServer::start(|_| Reply::status(200)).await;
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let closed_url = format!("http://{}/", closed.local_addr().unwrap());
-    drop(closed);
+    let closed_url = refused_url();
     let mut hook = webhook(&closed_url);
     hook.headers
         .insert("Authorization".into(), "Bearer s3cret-token".into());
