@@ -11,22 +11,24 @@
 # The finish-move candidate finishes a task by moving it into `qf`, a table of final tasks
 # partitioned by day of finished_at (schema.sql), and is checked there.
 # The toasted candidate runs two-update.sql on a table whose payload is kept out of line
-# (schema.sql: toast_tuple_target = 128, storage EXTERNAL).
+# (schema.sql: toast_tuple_target = 128, storage EXTERNAL); the unindexed-source candidate
+# runs it on a table without the source's unique index (the ceiling's dedup key).
 # It creates and drops its own database `redrive_candidates`.
 set -eu
 P=${1:-5432}; N=${2:-1000000}; R=${3:-3}; FF=${4:-100}; B=500; H=127.0.0.1
 d=$(cd "$(dirname "$0")" && pwd)
 PSQL="psql -h $H -p $P -U postgres -q -X"
 $PSQL -c 'DROP DATABASE IF EXISTS redrive_candidates' -c 'CREATE DATABASE redrive_candidates' >/dev/null 2>&1
-candidates=${CANDIDATES:-two-update hot-lease batch-lease split-state toasted advisory-append advisory-batch finish-move}
+candidates=${CANDIDATES:-two-update hot-lease batch-lease split-state toasted unindexed-source advisory-append advisory-batch finish-move}
 declare -A figures
 for round in $(seq 1 "$R"); do
   for c in $candidates; do
     case $c in hot-lease|advisory-append) ff=$FF ;; *) ff=100 ;; esac
-    toasted=false; script=$c
+    toasted=false; indexed=true; script=$c
     [ "$c" != toasted ] || { toasted=true; script=two-update; }
+    [ "$c" != unindexed-source ] || { indexed=false; script=two-update; }
     [ -f "$d/$script.sql" ] || { echo "no candidate $c" >&2; exit 2; }
-    $PSQL -d redrive_candidates -v n="$N" -v fillfactor="$ff" -v toasted=$toasted -f "$d/schema.sql" >/dev/null 2>&1
+    $PSQL -d redrive_candidates -v n="$N" -v fillfactor="$ff" -v toasted=$toasted -v source_indexed=$indexed -f "$d/schema.sql" >/dev/null 2>&1
     t=$(( N * 8 / 10 / (4 * B) ))
     out=$(pgbench -h $H -p $P -U postgres -n -c 4 -j 2 -t "$t" -D batch=$B -D "ids0='{}'" -D "vers0='{}'" -D "ids1='{}'" -D "vers1='{}'" -D batch0=0 -D batch1=0 \
           -f "$d/$script.sql" redrive_candidates 2>&1) || true

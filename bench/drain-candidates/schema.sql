@@ -21,7 +21,11 @@ ALTER TABLE q SET (toast_tuple_target = 128);
 ALTER TABLE q ALTER COLUMN payload SET STORAGE EXTERNAL;
 \endif
 INSERT INTO q (payload, src_offset) SELECT decode(repeat('ab', 256), 'hex'), g FROM generate_series(1, :n) g;
+-- The unindexed-source candidate: two-update on a table whose only full index is its
+-- primary key (the dedup key claimed elsewhere, as redrive's `recovery_task_dedup` does).
+\if :source_indexed
 CREATE UNIQUE INDEX q_src ON q (src_topic, src_partition, src_offset);
+\endif
 CREATE TABLE qa (task_id bigint NOT NULL, attempt int NOT NULL, worker int, started_at timestamptz, duration_ms int, outcome text, error text, PRIMARY KEY (task_id, attempt)) WITH (fillfactor = :fillfactor);
 CREATE TABLE qclaim (id bigserial PRIMARY KEY, worker int NOT NULL, backend int NOT NULL, claimed_at timestamptz NOT NULL DEFAULT now(), lease_until timestamptz NOT NULL DEFAULT now() + interval '30 s', ids bigint[] NOT NULL, attempts int[]);
 VACUUM ANALYZE q;
