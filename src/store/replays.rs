@@ -231,6 +231,9 @@ impl Store {
                 })),
             };
         };
+        // Read before the commit: a row that cannot be shown (a time set by hand beyond
+        // what a time can hold) answers its error with nothing changed.
+        let job = job_from_row(&row)?;
         self.insert_audit(
             &mut tx,
             operator,
@@ -240,7 +243,7 @@ impl Store {
         )
         .await?;
         tx.commit().await?;
-        job_from_row(&row)
+        Ok(job)
     }
 
     /// Resumes job `id` for `operator`, audited (`replay_resume`): any job not ended
@@ -276,11 +279,13 @@ impl Store {
         .await?;
         match row {
             Some(row) => {
+                // Read before the commit, as in `cancel_replay`.
+                let job = job_from_row(&row)?;
                 let details = serde_json::json!({ "job": id, "detached": detach });
                 self.insert_audit(&mut tx, operator, "replay_resume", None, Some(details))
                     .await?;
                 tx.commit().await?;
-                job_from_row(&row)
+                Ok(job)
             }
             None => {
                 drop(tx);

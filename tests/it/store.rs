@@ -813,6 +813,48 @@ async fn a_time_out_of_range_in_any_table_is_an_error_not_a_panic() {
     assert!(error.unwrap_or_default().contains("created_at"));
     assert!(store.claim_detached_replay("r2").await.unwrap().is_none());
     assert!(store.replays(10, None).await.is_err());
+
+    // Resuming or cancelling such a job answers the error and changes nothing: each used
+    // to act on the job and then fail to show it, so the operator was told it had failed.
+    let operator = redrive::store::Operator {
+        actor: "ops".into(),
+        reason: None,
+    };
+    let id = scalar(&store, "SELECT id FROM recovery_replay").await;
+    let resumed = store
+        .resume_replay(&operator, id, "ops-runner", true, None)
+        .await
+        .expect_err("unreadable")
+        .to_string();
+    assert!(resumed.contains("created_at"), "{resumed}");
+    let status = || async {
+        sqlx::query_scalar::<_, String>("SELECT status FROM recovery_replay")
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        status().await,
+        "failed",
+        "the resume left the job as it was"
+    );
+    let cancelled = store
+        .cancel_replay(&operator, id)
+        .await
+        .expect_err("unreadable")
+        .to_string();
+    assert!(cancelled.contains("created_at"), "{cancelled}");
+    assert_eq!(
+        status().await,
+        "failed",
+        "the cancel left the job as it was"
+    );
+    let audited = scalar(
+        &store,
+        "SELECT count(*) FROM recovery_audit WHERE action LIKE 'replay_%'",
+    )
+    .await;
+    assert_eq!(audited, 0, "nothing was done, so nothing is audited");
 }
 
 /// Found by the third attack: PostgreSQL 15 cannot subtract an infinite time. One task
