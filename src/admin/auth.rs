@@ -88,7 +88,7 @@ pub async fn authenticate(
         let presented = request
             .headers()
             .get(AUTHORIZATION)
-            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+            .and_then(|v| bearer_token(v.as_bytes()))
             .ok_or_else(|| {
                 ApiError::unauthorized("missing bearer token (Authorization: Bearer <token>)")
             })?;
@@ -98,6 +98,16 @@ pub async fn authenticate(
     };
     request.extensions_mut().insert(caller);
     Ok(next.run(request).await)
+}
+
+/// The token of an `Authorization` header's value in the `Bearer` scheme, whose name is
+/// case-insensitive (RFC 9110, 11.1), after one or more spaces.
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"Bearer") || rest.first() != Some(&b' ') {
+        return None;
+    }
+    Some(rest.trim_ascii_start())
 }
 
 /// Two tokens for unit tests: `ops` (operate) with the token `operate`, and `viewer`
@@ -146,5 +156,17 @@ mod tests {
             assert_eq!(tokens.identify(wrong), None, "{wrong:?}");
         }
         assert!(caller.must_operate().is_err());
+    }
+
+    /// Found by an attack: `Authorization: bearer <token>` was refused as "missing bearer
+    /// token"; the scheme's name is case-insensitive.
+    #[test]
+    fn the_bearer_scheme_is_read_in_any_case() {
+        for value in [&b"Bearer t"[..], b"bearer t", b"BEARER t", b"Bearer   t"] {
+            assert_eq!(bearer_token(value), Some(&b"t"[..]), "{value:?}");
+        }
+        for value in [&b"Bearert"[..], b"Basic t", b"Bear t", b"", b"Bearer"] {
+            assert_eq!(bearer_token(value), None, "{value:?}");
+        }
     }
 }

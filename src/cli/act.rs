@@ -168,13 +168,20 @@ fn print_dry_run(preview: &ActAnswer, verb: Verb, json: bool) -> anyhow::Result<
     );
     for task in preview.sample.iter().flatten() {
         let error = task.last_error.as_deref().unwrap_or_default();
-        outln!(
+        let line = format!(
             "  {} {} {} key={} {}",
             task.id,
             task.status,
             task.handler,
             task.key.as_deref().unwrap_or("(none)"),
             error.replace('\n', " ")
+        );
+        outln!("{}", crate::readable::visible(&line));
+    }
+    for unreadable in &preview.unreadable {
+        outln!(
+            "  {} (counted, and changed like the others)",
+            crate::readable::visible(unreadable)
         );
     }
     if preview.refused > 0 {

@@ -55,7 +55,10 @@ pub fn next_attempt(task: &TaskSummary) -> String {
 }
 
 /// One field: its name in a column, then its value.
+/// The value is written as a person should see it, on one line: no terminal obeys it.
 fn field(out: &mut String, name: &str, value: impl std::fmt::Display) {
+    let value = value.to_string();
+    let value = crate::readable::visible(&value).replace('\n', "\\u{000A}");
     let line = format!("{name:<22} {value}");
     let _ = writeln!(out, "{}", line.trim_end());
 }

@@ -40,6 +40,13 @@ pub(crate) fn act_page(
                 }
             }
             (sample(answer.sample.as_deref().unwrap_or_default()))
+            @if !answer.unreadable.is_empty() {
+                ul.unreadable {
+                    @for why in &answer.unreadable {
+                        li { (layout::text_opt(Some(why))) " (counted, and changed like the others)" }
+                    }
+                }
+            }
         }
         form.confirm method="post" action="/console/actions/run" {
             (carried(form))

@@ -97,6 +97,10 @@ pub struct ActAnswer {
     /// would change.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sample: Option<Vec<TaskSummary>>,
+    /// On a dry run: why rows of the sample could not be read (written by hand), each
+    /// naming its task. Such tasks are counted in `matched` and the action changes them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<String>,
 }
 
 impl Operations {
@@ -161,10 +165,15 @@ impl Operations {
             audit_id: None,
             dry_run: request.dry_run,
             sample: None,
+            unreadable: Vec::new(),
         };
         if request.dry_run {
-            let sample = self.store.action_sample(&action, &selection, SAMPLE).await;
-            answer.sample = Some(sample?);
+            let sample = self
+                .store
+                .action_sample(&action, &selection, SAMPLE)
+                .await?;
+            answer.sample = Some(sample.tasks);
+            answer.unreadable = sample.unreadable;
             return Ok(answer);
         }
         if applicable.changes == 0 {

@@ -44,7 +44,7 @@ pub use lineage::Ancestor;
 pub use members::{Member, MEMBER_BEAT, MEMBER_LIVE_WITHIN};
 pub(crate) use operate::apply_batch;
 pub use operate::{Action, ActionReport, Applicable, Budget, Operator, ACTION_BATCH};
-pub use preview::ReplayCounts;
+pub use preview::{ActionSample, ReplayCounts};
 pub use query::{Attempt, StatusCounts};
 pub use replays::{Marks, NewReplay, ReplayJob, ReplayPage, ReplayRowError, REPLAY_STALE_AFTER};
 pub use retention::RETENTION_BATCH;

@@ -7,7 +7,7 @@ use sqlx::Row;
 use super::filter::{bind_selection, Selection, TaskFilter};
 use super::inspect::{summary_from_row, summary_statement};
 use super::operate::{Action, STARTED};
-use super::{Result, Store, TaskSummary, ORDERED_WALK};
+use super::{Result, Store, StoreError, TaskSummary, ORDERED_WALK};
 
 /// The first tasks (by id, as the action walks them) in a status the action applies to,
 /// less those it would leave alone over a started compensation (`$17`).
@@ -30,6 +30,15 @@ const REPLAY_COUNTS: &str = "\
 
 const REPLAY_SAMPLE: &str = "\
     SELECT {SUMMARY} FROM recovery_task WHERE {CONDITION} AND {PRODUCED} ORDER BY id LIMIT $17";
+
+/// The first tasks an action would change, in its order.
+#[derive(Debug, Default)]
+pub struct ActionSample {
+    /// Those whose rows could be read.
+    pub tasks: Vec<TaskSummary>,
+    /// Why each of the others could not be (rows written by hand), naming its task.
+    pub unreadable: Vec<String>,
+}
 
 /// What a replay of a filter would do now.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -54,7 +63,7 @@ impl Store {
         action: &Action,
         selection: &Selection,
         limit: i64,
-    ) -> Result<Vec<TaskSummary>> {
+    ) -> Result<ActionSample> {
         let applies: Vec<&str> = action.applies_to().iter().map(|s| s.as_str()).collect();
         let statement = summary_statement(ACTION_SAMPLE).replace("{STARTED}", STARTED);
         let mut tx = self.pool.begin_with(ORDERED_WALK).await?;
@@ -65,7 +74,19 @@ impl Store {
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
-        rows.iter().map(summary_from_row).collect()
+        let mut sample = ActionSample::default();
+        for row in &rows {
+            match summary_from_row(row) {
+                Ok(task) => sample.tasks.push(task),
+                // The action itself writes such a row like any other (a retry or a
+                // discard is how an operator repairs it): its preview must not stop it.
+                Err(error @ StoreError::MalformedRow(_)) => {
+                    sample.unreadable.push(error.to_string())
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(sample)
     }
 
     /// What a replay of `filter` to `target` (none: each task's original topic) would

@@ -783,3 +783,62 @@ async fn brake_engage_pauses_a_configured_route_and_refuses_an_unknown_one() {
         .collect();
     assert_eq!(actions, ["brake_release", "brake_engage"]);
 }
+
+/// Found by an attack: `tasks show` printed the route, the source and original topics
+/// and the handler as stored, so a row written by hand could make the operator's terminal
+/// obey an escape sequence (the list and every other field of `show` escaped them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_show_writes_every_one_line_field_so_no_terminal_obeys_it() {
+    let (store, settings) = fresh_store().await;
+    seed(&store).await;
+    sqlx::query(
+        "UPDATE recovery_task SET route = E'r\\x1b[2J', handler = E'h\\x1b]0;x\\x07', \
+         source_topic = E't\\x1b[2JT', source_partition = 0, source_offset = 1, \
+         original_topic = E'o\\nO', original_partition = 2, original_offset = 3 WHERE id = 1",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let shown = ok(&settings, &["tasks", "show", "1"]);
+    assert!(
+        !shown.contains('\x1b') && !shown.contains('\x07'),
+        "{shown:?}"
+    );
+    for line in [
+        "r\\u{001B}[2J",
+        "h\\u{001B}]0;x\\u{0007}",
+        "t\\u{001B}[2JT[0]@1",
+        "o\\u{000A}O",
+    ] {
+        assert!(shown.contains(line), "{line} in {shown}");
+    }
+}
+
+/// Found by an attack: the CLI's retry of a task whose row was written by hand (a due
+/// time at `-infinity`) was refused, because its preview could not show the row, while
+/// the API's retry of the same task changed it: the preview now names the row it cannot
+/// show, and the action goes on (a retry is how an operator repairs such a row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_changes_a_row_its_preview_cannot_show_and_says_so() {
+    let (store, settings) = fresh_store().await;
+    seed(&store).await;
+    sqlx::query(
+        "UPDATE recovery_task SET status = 'failed', finished_at = NULL, \
+         next_attempt_at = '-infinity' WHERE id = 2",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let preview = ok(&settings, &["tasks", "retry", "2", "--dry-run"]);
+    assert!(
+        preview.contains("task 2") && preview.contains("next_attempt_at"),
+        "{preview}"
+    );
+    ok(&settings, &["tasks", "retry", "2", "--yes"]);
+    let repaired = scalar(
+        &store,
+        "SELECT count(*) FROM recovery_task WHERE id = 2 AND isfinite(next_attempt_at)",
+    )
+    .await;
+    assert_eq!(repaired, 1, "the retry gave the task a due time again");
+}
