@@ -41,12 +41,41 @@ impl KafkaSettings {
     /// Checks every pass-through property with librdkafka itself, without starting a
     /// client; the error names the property, never its value.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.bootstrap_servers.trim().is_empty() {
+            return Err(ConfigError::new(
+                "kafka.bootstrap_servers",
+                "must name at least one broker (host:port, comma-separated)",
+            ));
+        }
         for (key, value) in &self.properties {
+            if let Some(instead) = owned_property(key) {
+                return Err(ConfigError::new(
+                    format!("kafka.properties.{key}"),
+                    format!("redrive sets it: {instead}"),
+                ));
+            }
             super::librdkafka::check_property(key, value)
                 .map_err(|reason| ConfigError::new(format!("kafka.properties.{key}"), reason))?;
         }
         Ok(())
     }
+}
+
+/// What to do instead of setting `key` in `kafka.properties`, when redrive sets that
+/// property itself and would override it: the settings that name the cluster and the
+/// group, and those ingest's and republish's guarantees rest on.
+fn owned_property(key: &str) -> Option<&'static str> {
+    Some(match key {
+        "bootstrap.servers" => "use kafka.bootstrap_servers",
+        "group.id" => "use kafka.group_id",
+        "enable.auto.commit" | "enable.auto.offset.store" => {
+            "offsets are committed only after their tasks are stored"
+        }
+        "enable.idempotence" | "acks" => {
+            "republish and parking produce idempotently, acknowledged by all in-sync replicas"
+        }
+        _ => return None,
+    })
 }
 
 impl Default for KafkaSettings {
@@ -407,11 +436,16 @@ pub(crate) fn validate_routes(
             super::pattern::check(pattern).map_err(|e| ConfigError::new(key("pattern"), e))?;
         }
         for topic in &route.topics {
-            if topic.is_empty() || topic.starts_with('^') {
-                return Err(ConfigError::new(
-                    key("topics"),
-                    format!("{topic:?} is not a topic name"),
-                ));
+            // A pattern (`^...`) belongs in `pattern`; `topic_problem` names the `^`.
+            let problem = match super::topic_problem(topic) {
+                Some(problem) => Some(problem),
+                None if super::is_internal_topic(topic) => Some(format!(
+                    "{topic:?} is Kafka's internal topic, not one that carries failures"
+                )),
+                None => None,
+            };
+            if let Some(problem) = problem {
+                return Err(ConfigError::new(key("topics"), problem));
             }
             if !topics.insert(topic.clone()) {
                 return Err(ConfigError::new(

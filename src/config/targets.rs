@@ -52,6 +52,17 @@ pub enum RepublishRefused {
          is set"
     )]
     NoTopic,
+    /// The topic (a task's original topic, from a message's header) is one Kafka would
+    /// refuse as a name or one of Kafka's internal topics.
+    #[error("republish to {topic:?} ({from}) refused: {reason}")]
+    Unfit {
+        /// The topic.
+        topic: String,
+        /// Where it comes from.
+        from: String,
+        /// Why it is refused.
+        reason: String,
+    },
     /// A route of this fleet takes what is produced there back as new work.
     #[error(
         "republish to {topic:?} refused: it is consumed by {consumer}, so the message would \
@@ -117,6 +128,22 @@ impl Targets {
         let target = self
             .republish_candidate(route, original)
             .ok_or(RepublishRefused::NoTopic)?;
+        // Configured targets were checked at start; an original topic comes from a
+        // message's header, which anyone who can produce to a dead-letter topic writes.
+        let unfit = match super::topic_problem(&target.topic) {
+            Some(problem) => Some(problem),
+            None if super::is_internal_topic(&target.topic) => {
+                Some("it is Kafka's internal topic, not one to produce failures to".to_owned())
+            }
+            None => None,
+        };
+        if let Some(reason) = unfit {
+            return Err(RepublishRefused::Unfit {
+                topic: target.topic,
+                from: target.from,
+                reason,
+            });
+        }
         match republish_loop(&self.consumers, &target.topic) {
             Some(consumer) => Err(RepublishRefused::Loop {
                 topic: target.topic,
@@ -245,6 +272,36 @@ mod tests {
         assert_eq!(targets.parking_topic(None), Some("all.parking"));
         assert!(targets.parks());
         assert!(!Targets::new(&Settings::default()).parks());
+    }
+
+    /// Found by an attack: a dead letter whose original-topic header named
+    /// `__consumer_offsets` was republished there (and an unfit name would have been
+    /// tried against the broker at every attempt).
+    #[test]
+    fn an_original_topic_kafka_keeps_for_itself_or_refuses_is_no_target() {
+        let bare = Settings::default();
+        let targets = Targets::new(&bare);
+        for (topic, reason) in [
+            ("__consumer_offsets", "Kafka's internal topic"),
+            ("__transaction_state", "Kafka's internal topic"),
+            ("a b", "not a topic name"),
+            ("..", "not a topic name Kafka accepts"),
+        ] {
+            let refused = targets.republish_target(None, Some(topic)).unwrap_err();
+            let words = refused.to_string();
+            assert!(
+                matches!(refused, RepublishRefused::Unfit { .. })
+                    && words.contains(reason)
+                    && words.contains("the task's original topic"),
+                "{topic}: {words}"
+            );
+        }
+        assert_eq!(
+            targets
+                .republish_target(None, Some("orders"))
+                .map(|t| t.topic),
+            Ok("orders".into())
+        );
     }
 
     #[test]

@@ -5,8 +5,9 @@
 //! happen.
 //!
 //! It is written when the note has something else to say, when the task is stored
-//! PERMANENT_FAILURE, and when the `republish` handler will refuse it (a loop, or no
-//! topic): the cases where a reader would otherwise have to guess.
+//! PERMANENT_FAILURE, and when the `republish` handler will refuse it (a loop, no
+//! topic, an unfit topic, or no payload stored): the cases where a reader would
+//! otherwise have to guess.
 
 use crate::config::{RouteSettings, Targets};
 use crate::task::{NewTask, Status};
@@ -22,7 +23,8 @@ pub(crate) fn settle_note(task: &mut NewTask, route: &RouteSettings, targets: &T
     let original = task.failure.original.as_ref().map(|o| o.topic.as_str());
     let republish = (route.handler == REPUBLISH && task.status == Status::Failed)
         .then(|| targets.republish_target(route_name, original));
-    let refused = matches!(republish, Some(Err(_)));
+    let not_stored = republish.is_some() && !task.failure.payload_stored;
+    let refused = matches!(republish, Some(Err(_))) || not_stored;
     if task.failure.ingest_note.is_none() && task.status == Status::Failed && !refused {
         return;
     }
@@ -38,6 +40,12 @@ pub(crate) fn settle_note(task: &mut NewTask, route: &RouteSettings, targets: &T
                 parked()
             )
         }
+        // The republish handler refuses it before any target (see `RepublishHandler`).
+        Some(_) if not_stored => format!(
+            "the payload was not stored, so republish will end it PERMANENT_FAILURE at its \
+             first attempt, producing nothing; {}",
+            parked()
+        ),
         Some(Ok(target)) => format!("to be republished to {:?} ({})", target.topic, target.from),
         Some(Err(refused)) => format!(
             "{refused}; republish will end it PERMANENT_FAILURE at its first attempt, \

@@ -281,6 +281,52 @@ fn invalid_routes_are_refused_with_the_key() {
         "routes[0].pattern",
         "not a regular expression",
     );
+    // Found by an attack: a route's topics were not checked as Kafka checks names, and
+    // a route could consume Kafka's offsets topic as failures.
+    for (topic, reason) in [
+        ("a b", "' ' is not allowed"),
+        ("..", "not a topic name Kafka accepts"),
+        (&"t".repeat(250), "longer than Kafka's 249 characters"),
+        ("__consumer_offsets", "Kafka's internal topic"),
+        ("^orders.*", "'^' is not allowed"),
+    ] {
+        assert_refused(
+            route_toml(&format!(
+                "topics = [\"ok\", {topic:?}]\nmode = \"capture\"\nhandler = \"log\""
+            )),
+            "routes[0].topics",
+            reason,
+        );
+    }
+}
+
+/// Found by an attack: an empty `kafka.bootstrap_servers` started a member that waited
+/// for a broker for ever, and `kafka.properties` that redrive sets itself were taken and
+/// silently overridden.
+#[test]
+fn kafka_settings_redrive_cannot_honour_are_refused_with_the_key() {
+    assert_refused(
+        load_env(&[("REDRIVE__KAFKA__BOOTSTRAP_SERVERS", " ")]),
+        "kafka.bootstrap_servers",
+        "must name at least one broker",
+    );
+    for (property, key) in [
+        ("\"group.id\" = \"other\"", "kafka.properties.group.id"),
+        (
+            "\"enable.auto.commit\" = \"true\"",
+            "kafka.properties.enable.auto.commit",
+        ),
+        (
+            "\"bootstrap.servers\" = \"elsewhere:9092\"",
+            "kafka.properties.bootstrap.servers",
+        ),
+    ] {
+        assert_refused(
+            load_toml(&format!("[kafka.properties]\n{property}")),
+            key,
+            "redrive sets it",
+        );
+    }
 }
 
 #[test]

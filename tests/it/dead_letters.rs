@@ -926,3 +926,37 @@ async fn originals_are_not_fetched_from_internal_or_captured_topics_by_default()
         assert!(error.contains("routes[0].fetch_originals_from"), "{error}");
     }
 }
+
+/// Found by an attack: a dead letter stored in minimal form (over
+/// `ingest.max_message_bytes`) for the republish handler had a note ending "to be
+/// republished to ...", yet its first attempt ends it PERMANENT_FAILURE: there is no
+/// payload to produce.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_note_does_not_promise_a_republish_of_a_payload_not_stored() {
+    let broker = cluster(&[("orders.dlt", 1)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(
+        &mut settings,
+        &bootstrap,
+        vec![route(&["orders.dlt"], RouteMode::Capture, "republish")],
+    );
+    settings.worker.enabled = false;
+    settings.ingest.max_message_bytes = 50_000;
+    let letter = Sample {
+        value: Some(vec![b'v'; 60_000]),
+        headers: spring("orders", 1),
+        ..Sample::default()
+    };
+    produce(&producer(&bootstrap), "orders.dlt", &letter).await;
+    run_until_stored(&settings, &store, 1).await;
+    let task = task_at(&store, "orders.dlt", 0, 0).await;
+    assert!(!task.failure.payload_stored, "over the limit: minimal form");
+    let note = task.failure.ingest_note.unwrap_or_default();
+    assert!(
+        note.contains("the payload was not stored")
+            && note.contains("republish will end it PERMANENT_FAILURE at its first attempt")
+            && !note.contains("to be republished"),
+        "{note}"
+    );
+}
