@@ -262,7 +262,11 @@ async fn foreground(replayer: &Replayer, job: ReplayJob, json: bool) -> anyhow::
             }
             Ok(())
         }
-        "cancelled" => bail!("replay job {id} was cancelled after {} message(s)", job.produced),
+        "cancelled" => bail!(
+            "replay job {id} was cancelled after {} message(s){}",
+            job.produced,
+            job.uncounted().map(|words| format!("; {words}")).unwrap_or_default()
+        ),
         _ => bail!(
             "replay job {id} stopped after {} message(s); continue it with `redrive replays resume {id}`",
             job.produced
@@ -287,7 +291,13 @@ pub async fn run(
                     j.id.to_string(),
                     j.status.clone(),
                     format!("{}/{}", j.produced + j.skipped, j.total.unwrap_or(0)),
-                    j.produced.to_string(),
+                    // A batch in flight of a job that has ended may be uncounted.
+                    match j.pending_upto.is_some()
+                        && matches!(j.status.as_str(), "cancelled" | "failed")
+                    {
+                        true => format!("{}+?", j.produced),
+                        false => j.produced.to_string(),
+                    },
                     j.target_topic
                         .clone()
                         .unwrap_or_else(|| "(original)".into()),
@@ -300,9 +310,11 @@ pub async fn run(
         }
         ReplaysCommand::Cancel { id } => {
             let job = operations.cancel_replay(&Actor::shell(), id).await?;
+            let uncounted = job.uncounted().map(|words| format!("; {words}"));
             outln!(
-                "replay job {id} cancelled after {} message(s)",
-                job.produced
+                "replay job {id} cancelled after {} message(s){}",
+                job.produced,
+                uncounted.unwrap_or_default()
             );
             Ok(())
         }

@@ -114,6 +114,9 @@ fn row(job: &ReplayJob, operate: bool) -> Markup {
                 }
                 br;
                 small { (job.produced) " produced, " (job.skipped) " skipped" }
+                @if matches!(job.status.as_str(), "cancelled" | "failed") {
+                    @if let Some(words) = job.uncounted() { br; small.uncounted { (words) } }
+                }
             }
             td { a href=(list_url(&job.filter, &[])) { (describe(&job.filter)) } }
             td {

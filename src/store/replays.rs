@@ -58,12 +58,27 @@ pub struct ReplayJob {
     pub error: Option<String>,
     /// When it ended.
     pub finished_at: Option<DateTime<Utc>>,
-    /// A batch being produced (up to this task id), if one is.
-    #[serde(skip)]
+    /// A batch being produced (tasks after `cursor` up to this id), if one is. On a job
+    /// cancelled or failed meanwhile, its messages may have reached the topic uncounted
+    /// ([`ReplayJob::uncounted`]).
     pub pending_upto: Option<i64>,
     /// Where target partitions ended before that batch.
     #[serde(skip)]
     pub pending_marks: Option<Marks>,
+}
+
+impl ReplayJob {
+    /// What its count may leave out: a batch its runner was producing when the job was
+    /// cancelled or stopped. A runner that lives records it; one that died never does,
+    /// and only a resume (which reads the target's partitions) counts it.
+    pub fn uncounted(&self) -> Option<String> {
+        let upto = self.pending_upto?;
+        Some(format!(
+            "a batch in flight (tasks after id {} up to {upto}) may have reached the topic \
+             in part, uncounted unless its runner records it",
+            self.cursor
+        ))
+    }
 }
 
 /// What a new replay does.

@@ -842,3 +842,33 @@ async fn an_action_changes_a_row_its_preview_cannot_show_and_says_so() {
     .await;
     assert_eq!(repaired, 1, "the retry gave the task a due time again");
 }
+
+/// Found by an attack: a replay job whose runner was killed while producing a batch,
+/// then cancelled, answered "cancelled after 400 message(s)" while 537 had reached the
+/// topic: the batch in flight is never counted once its runner is gone. The answer, the
+/// list and the API now say that such a batch may have reached the topic uncounted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_replay_says_its_batch_in_flight_may_have_been_produced_uncounted() {
+    let (store, settings) = fresh_store().await;
+    sqlx::query(
+        "INSERT INTO recovery_replay (actor, filter, target_topic, detached, status, runner, \
+         heartbeat_at, cursor, produced, total, pending_upto, pending_marks) \
+         VALUES ('ops', '{}', 'orders', false, 'running', 'gone', now() - interval '1 hour', \
+         400, 400, 1853, 845, '{}')",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let answer = ok(&settings, &["replays", "cancel", "1"]);
+    assert!(
+        answer.contains("cancelled after 400 message(s)")
+            && answer.contains("tasks after id 400 up to 845")
+            && answer.contains("uncounted"),
+        "{answer}"
+    );
+    let list = ok(&settings, &["replays", "list"]);
+    assert!(list.contains("400+?"), "{list}");
+    let listed: Value =
+        serde_json::from_str(&ok(&settings, &["replays", "list", "--json"])).unwrap();
+    assert_eq!(listed["items"][0]["pending_upto"], 845, "{listed}");
+}
