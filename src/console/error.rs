@@ -96,11 +96,17 @@ impl From<StoreError> for PageError {
                 )
             };
         }
-        tracing::error!(%error, "console: the database refused a request");
-        PageError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the database refused the request: {error}"),
-        )
+        match error {
+            StoreError::Database(_) | StoreError::Migrate(_) => {
+                tracing::error!(%error, "console: the database refused a request");
+                PageError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("the database refused the request: {error}"),
+                )
+            }
+            // A row that cannot be read, and the like: the database refused nothing.
+            other => PageError::new(StatusCode::INTERNAL_SERVER_ERROR, other.to_string()),
+        }
     }
 }
 
@@ -122,4 +128,18 @@ impl IntoResponse for PageError {
 /// Any other path under `/console/`: 404.
 pub(crate) async fn no_such_page(uri: Uri) -> PageError {
     PageError::not_found(format!("no console page at {}", uri.path()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by an attack: a row the console could not read was reported as "the
+    /// database refused the request"; the database refused nothing.
+    #[test]
+    fn an_unreadable_row_is_not_called_a_refusal_by_the_database() {
+        let page = PageError::from(StoreError::MalformedRow("task 5: status: x".into()));
+        assert_eq!(page.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(page.message, "task row is malformed: task 5: status: x");
+    }
 }
