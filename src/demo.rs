@@ -121,8 +121,22 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> anyhow::Result<(
             _ = shutdown.cancelled() => break,
             _ = ticker.tick() => {}
         }
-        counts = store.status_counts().await?;
-        let retrying = retrying(&store).await?;
+        // The member inside waits out a database outage, and so does this count.
+        let read = async { anyhow::Ok((store.status_counts().await?, retrying(&store).await?)) };
+        let retrying = match read.await {
+            Ok((read, retrying)) => {
+                counts = read;
+                retrying
+            }
+            Err(error) => {
+                let line = format!("the database does not answer ({error}); waiting for it");
+                match live {
+                    true => out!("\r{line}"),
+                    false => outln!("{line}"),
+                }
+                continue;
+            }
+        };
         let line = format!(
             "ingested {:>6}   resolved {:>6}   retrying {:>5}   permanent {:>5}   ({:.0}s)",
             counts.total(),

@@ -97,6 +97,52 @@ async fn enqueue_then_run_resolves_tasks_and_sigterm_stops_cleanly() {
     );
 }
 
+/// Found by an attack: the demo exited ("pool timed out while waiting for an open
+/// connection") after a few seconds of database outage, taking its broker with it,
+/// while the member inside it waited for the database as every member does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_waits_out_a_database_outage_and_finishes() {
+    let (_store, settings) = fresh_store().await;
+    let proxy = crate::support::PgProxy::start().await;
+    let through = proxy.route(&settings);
+    let mut demo = tokio::process::Command::from(redrive(&through));
+    demo.args([
+        "demo",
+        "--messages",
+        "300",
+        "--rate",
+        "60",
+        "--transient",
+        "0",
+        "--permanent",
+        "0",
+    ])
+    .env("DATABASE_URL", through.database.url.expose_secret())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .kill_on_drop(true);
+    let child = demo.spawn().unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    proxy.cut();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    proxy.restore();
+    let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+        .await
+        .expect("the demo finishes")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ingested = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("tasks ingested"))
+        .and_then(|l| l.split_whitespace().find_map(|w| w.parse::<i64>().ok()));
+    assert_eq!(ingested, Some(300), "{stdout}");
+}
+
 #[tokio::test]
 async fn bad_input_is_refused_with_the_key_or_name_and_a_non_zero_exit() {
     let (_store, settings) = fresh_store().await;
