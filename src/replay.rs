@@ -18,7 +18,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{replay_loop, KafkaSettings, RouteSettings};
+use crate::config::{is_internal_topic, replay_loop, KafkaSettings, RouteSettings};
 use crate::kafka::context::QuietContext;
 use crate::kafka::dlt::own;
 use crate::kafka::message::Consumed;
@@ -119,6 +119,14 @@ async fn refuse_loop(
         Some(topic) => vec![topic.to_owned()],
         None => store.original_topics(filter).await?,
     };
+    // An original topic comes from a dead letter's header: it may name one of Kafka's
+    // internal topics, which a replay never produces to.
+    if let Some(internal) = topics.iter().find(|t| is_internal_topic(t)) {
+        return Err(ReplayError::Invalid(format!(
+            "tasks of the filter have {internal:?}, Kafka's internal topic, as their original \
+             topic, which a replay never produces to; narrow the filter or give a target topic"
+        )));
+    }
     match topics.iter().find_map(|t| replay_loop(routes, t)) {
         Some(why) => Err(ReplayError::Invalid(why)),
         None => Ok(topics),
@@ -440,6 +448,9 @@ fn target_of<'a>(job: &'a ReplayJob, task: &'a Task) -> Option<&'a str> {
     job.target_topic
         .as_deref()
         .or(task.failure.original.as_ref().map(|o| o.topic.as_str()))
+        // Refused before the job starts; a task whose original topic changed since is
+        // skipped.
+        .filter(|topic| !is_internal_topic(topic))
 }
 
 /// Renews the runner's hold every few seconds; cancels `lost` when the job was

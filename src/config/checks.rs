@@ -228,18 +228,27 @@ pub(crate) fn schema_name(schema: &str) -> Result<(), ConfigError> {
 const MAX_TOPIC_CHARS: usize = 249;
 
 /// Kafka's own topics: apache/kafka's `Topic.INTERNAL_TOPICS` (group offsets,
-/// transactions, share-group state) and the KRaft metadata log. Brokers refuse
-/// clients' writes to them, and a message there is not a failure anyone reads.
-const INTERNAL_TOPICS: [&str; 4] = [
+/// transactions, share-group state), the KRaft metadata log and tiered storage's
+/// metadata. Brokers refuse clients' writes to most of them, and a message there is not
+/// a failure anyone reads.
+const INTERNAL_TOPICS: [&str; 5] = [
     "__consumer_offsets",
     "__transaction_state",
     "__share_group_state",
     "__cluster_metadata",
+    "__remote_log_metadata",
 ];
 
-/// Whether `topic` is one of Kafka's internal topics.
+/// Whether `topic` is one of Kafka's internal topics, or a name Kafka holds for the same
+/// topic (its `.` and `_` collide: `__consumer.offsets` cannot exist beside
+/// `__consumer_offsets`).
 pub(crate) fn is_internal_topic(topic: &str) -> bool {
-    INTERNAL_TOPICS.contains(&topic)
+    let colliding = |internal: &&str| {
+        topic.len() == internal.len()
+            && (topic.bytes().zip(internal.bytes()))
+                .all(|(a, b)| a == b || (a == b'.' && b == b'_'))
+    };
+    INTERNAL_TOPICS.iter().any(colliding)
 }
 
 /// Refuses a topic redrive would produce to (a republish or parking target) that Kafka
@@ -354,6 +363,26 @@ pub(crate) fn percent_decode(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn internal_topics_and_the_names_that_collide_with_them_are_internal() {
+        for topic in [
+            "__consumer_offsets",
+            "__consumer.offsets",
+            "__transaction.state",
+            "__remote_log_metadata",
+        ] {
+            assert!(is_internal_topic(topic), "{topic}");
+        }
+        for topic in [
+            "__consumer_offset",
+            "__Consumer_Offsets",
+            "orders",
+            "_consumer_offsets",
+        ] {
+            assert!(!is_internal_topic(topic), "{topic}");
+        }
+    }
 
     #[test]
     fn bounds_refuse_only_what_is_beyond_them() {

@@ -41,7 +41,11 @@ impl KafkaSettings {
     /// Checks every pass-through property with librdkafka itself, without starting a
     /// client; the error names the property, never its value.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
-        if self.bootstrap_servers.trim().is_empty() {
+        if self
+            .bootstrap_servers
+            .split(',')
+            .all(|broker| broker.trim().is_empty())
+        {
             return Err(ConfigError::new(
                 "kafka.bootstrap_servers",
                 "must name at least one broker (host:port, comma-separated)",
@@ -65,13 +69,14 @@ impl KafkaSettings {
 /// property itself and would override it: the settings that name the cluster and the
 /// group, and those ingest's and republish's guarantees rest on.
 fn owned_property(key: &str) -> Option<&'static str> {
+    // With librdkafka's other names for the same properties.
     Some(match key {
-        "bootstrap.servers" => "use kafka.bootstrap_servers",
+        "bootstrap.servers" | "metadata.broker.list" => "use kafka.bootstrap_servers",
         "group.id" => "use kafka.group_id",
-        "enable.auto.commit" | "enable.auto.offset.store" => {
+        "enable.auto.commit" | "auto.commit.enable" | "enable.auto.offset.store" => {
             "offsets are committed only after their tasks are stored"
         }
-        "enable.idempotence" | "acks" => {
+        "enable.idempotence" | "acks" | "request.required.acks" => {
             "republish and parking produce idempotently, acknowledged by all in-sync replicas"
         }
         _ => return None,

@@ -305,11 +305,13 @@ fn invalid_routes_are_refused_with_the_key() {
 /// silently overridden.
 #[test]
 fn kafka_settings_redrive_cannot_honour_are_refused_with_the_key() {
-    assert_refused(
-        load_env(&[("REDRIVE__KAFKA__BOOTSTRAP_SERVERS", " ")]),
-        "kafka.bootstrap_servers",
-        "must name at least one broker",
-    );
+    for servers in [" ", ",", " , "] {
+        assert_refused(
+            load_env(&[("REDRIVE__KAFKA__BOOTSTRAP_SERVERS", servers)]),
+            "kafka.bootstrap_servers",
+            "must name at least one broker",
+        );
+    }
     for (property, key) in [
         ("\"group.id\" = \"other\"", "kafka.properties.group.id"),
         (
@@ -319,6 +321,19 @@ fn kafka_settings_redrive_cannot_honour_are_refused_with_the_key() {
         (
             "\"bootstrap.servers\" = \"elsewhere:9092\"",
             "kafka.properties.bootstrap.servers",
+        ),
+        // librdkafka's other names for the same properties (found by a second attack).
+        (
+            "\"metadata.broker.list\" = \"elsewhere:9092\"",
+            "kafka.properties.metadata.broker.list",
+        ),
+        (
+            "\"request.required.acks\" = \"0\"",
+            "kafka.properties.request.required.acks",
+        ),
+        (
+            "\"auto.commit.enable\" = \"true\"",
+            "kafka.properties.auto.commit.enable",
         ),
     ] {
         assert_refused(

@@ -397,6 +397,47 @@ async fn a_replay_to_a_topic_a_capture_route_consumes_is_refused() {
     );
 }
 
+/// Found by an attack: a replay to each task's original topic produced into
+/// `__transaction_state` when a dead letter's header had named it (the republish
+/// handler refused it, the replay did not). A replay of such tasks is refused with the
+/// topic named, dry run included, and nothing is produced there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_to_an_internal_original_topic_is_refused() {
+    let kafka = cluster(&[("orders", 1), ("__transaction_state", 1)]);
+    let (store, mut settings) = fresh_store().await;
+    settings.kafka.bootstrap_servers = kafka.bootstrap_servers();
+    stored_failures(&store, 4).await;
+    sqlx::query("UPDATE recovery_task SET original_topic = '__transaction_state' WHERE id = 2")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    for dry_run in [true, false] {
+        let mut args = vec!["tasks", "replay", "--all", "--yes"];
+        if dry_run {
+            args.push("--dry-run");
+        }
+        let out = run(&settings, &args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("\"__transaction_state\", Kafka's internal topic"),
+            "{stderr}"
+        );
+    }
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_replay").await,
+        0
+    );
+    assert!(consume(
+        &kafka.bootstrap_servers(),
+        "__transaction_state",
+        1,
+        1,
+        Duration::from_secs(2)
+    )
+    .is_empty());
+}
+
 /// Regression: resuming a pending batch re-read `(cursor, pending_upto]` with the usual
 /// page limit and then moved the cursor to `pending_upto`. When more tasks matched in
 /// that range than when the batch began (workers failing tasks during a
