@@ -140,6 +140,6 @@ mod tests {
     fn an_unreadable_row_is_not_called_a_refusal_by_the_database() {
         let page = PageError::from(StoreError::MalformedRow("task 5: status: x".into()));
         assert_eq!(page.status, StatusCode::INTERNAL_SERVER_ERROR);
-        assert_eq!(page.message, "task row is malformed: task 5: status: x");
+        assert_eq!(page.message, "a stored row is malformed: task 5: status: x");
     }
 }

@@ -170,7 +170,7 @@ pub(super) fn summary_from_row(r: &sqlx::postgres::PgRow) -> Result<TaskSummary>
         id,
         status: status
             .parse()
-            .map_err(|e| super::StoreError::MalformedRow(format!("status: {e}")))?,
+            .map_err(|e| super::StoreError::MalformedRow(format!("task {id}: status: {e}")))?,
         handler: r.try_get("handler")?,
         route: r.try_get("route")?,
         topic: r.try_get("source_topic")?,
@@ -292,9 +292,9 @@ impl Store {
         .map(|r| {
             let status: String = r.try_get("status")?;
             Ok(StatusCount {
-                status: status
-                    .parse()
-                    .map_err(|e| super::StoreError::MalformedRow(format!("status: {e}")))?,
+                status: status.parse().map_err(|e| {
+                    super::StoreError::MalformedRow(format!("a task's status: {e}"))
+                })?,
                 handler: r.try_get("handler")?,
                 count: r.try_get("n")?,
             })

@@ -97,8 +97,8 @@ pub enum StoreError {
     /// A brake that is not engaged cannot be released.
     #[error("the brake of route {0:?} is not engaged")]
     NotEngaged(String),
-    /// A stored row could not be read back.
-    #[error("task row is malformed: {0}")]
+    /// A stored row could not be read back; the text names the row.
+    #[error("a stored row is malformed: {0}")]
     MalformedRow(String),
     /// A stored time (not a task's) is beyond what a time can hold here: a row written
     /// by hand.

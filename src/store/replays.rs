@@ -117,12 +117,17 @@ pub enum ReplayRowError {
 fn job_from_row(row: &PgRow) -> Result<ReplayJob> {
     let filter: serde_json::Value = row.try_get("filter")?;
     let marks: Option<serde_json::Value> = row.try_get("pending_marks")?;
-    let malformed = |e: serde_json::Error| StoreError::MalformedRow(format!("replay: {e}"));
+    let id: i64 = row.try_get("id")?;
+    let malformed = |column: &'static str| {
+        move |e: serde_json::Error| {
+            StoreError::MalformedRow(format!("replay job {id}: {column}: {e}"))
+        }
+    };
     Ok(ReplayJob {
-        id: row.try_get("id")?,
+        id,
         created_at: super::time::required(row, "created_at")?,
         actor: row.try_get("actor")?,
-        filter: serde_json::from_value(filter).map_err(malformed)?,
+        filter: serde_json::from_value(filter).map_err(malformed("filter"))?,
         target_topic: row.try_get("target_topic")?,
         mark_resolved: row.try_get("mark_resolved")?,
         rate: row.try_get("rate")?,
@@ -140,7 +145,7 @@ fn job_from_row(row: &PgRow) -> Result<ReplayJob> {
         pending_marks: marks
             .map(serde_json::from_value)
             .transpose()
-            .map_err(malformed)?,
+            .map_err(malformed("pending_marks"))?,
     })
 }
 

@@ -1265,3 +1265,25 @@ async fn a_key_claimed_for_a_vanished_task_is_taken_back_and_check_reports_it() 
     }
     assert_eq!(orphaned(store.clone()).await, 0);
 }
+
+/// Found by an attack: a replay job whose filter was edited by hand made `replays list`
+/// answer "task row is malformed: replay: ...", naming neither the job nor the column.
+#[tokio::test]
+async fn a_malformed_replay_job_is_named_by_its_id_and_column() {
+    let (store, _) = fresh_store().await;
+    sqlx::query(
+        "INSERT INTO recovery_replay (actor, filter, target_topic, detached) \
+         VALUES ('a', '\"garbage\"', 't', false)",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let id = scalar(&store, "SELECT id FROM recovery_replay").await;
+    let error = store.replays(10, None).await.unwrap_err().to_string();
+    assert!(
+        error.starts_with(&format!(
+            "a stored row is malformed: replay job {id}: filter: "
+        )),
+        "{error}"
+    );
+}
