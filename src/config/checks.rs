@@ -251,18 +251,24 @@ pub(crate) fn is_internal_topic(topic: &str) -> bool {
     INTERNAL_TOPICS.iter().any(colliding)
 }
 
-/// Refuses a topic redrive would produce to (a republish or parking target) that Kafka
-/// would refuse as a topic name ([`topic_problem`]) or that is one of Kafka's internal
-/// topics.
+/// Refuses a topic redrive would produce to (a republish or parking target) for
+/// [`target_problem`].
 pub(crate) fn target_topic(key: &str, topic: &str) -> Result<(), ConfigError> {
-    let reason = match topic_problem(topic) {
-        Some(reason) => reason,
-        None if is_internal_topic(topic) => {
-            format!("{topic:?} is Kafka's internal topic, not one to produce failures to")
-        }
-        None => return Ok(()),
-    };
-    Err(ConfigError::new(key, reason))
+    match target_problem(topic) {
+        Some(reason) => Err(ConfigError::new(key, reason)),
+        None => Ok(()),
+    }
+}
+
+/// Why redrive never produces to `topic`, if it never does: Kafka would refuse it as a
+/// topic name ([`topic_problem`]), or it is one of Kafka's internal topics.
+pub(crate) fn target_problem(topic: &str) -> Option<String> {
+    match topic_problem(topic) {
+        None if is_internal_topic(topic) => Some(format!(
+            "{topic:?} is Kafka's internal topic, not one to produce failures to"
+        )),
+        problem => problem,
+    }
 }
 
 /// Why Kafka would refuse `topic` as a topic name, if it would: empty, longer than 249

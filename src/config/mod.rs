@@ -33,7 +33,7 @@ mod webhook;
 pub use crate::{ingest::FLUSHES_IN_FLIGHT, worker::CLAIM_LOOPS};
 pub use admin::{AdminSettings, AdminToken, RetentionSettings, Role, MIN_TOKEN_CHARS};
 pub use brake::BrakeSettings;
-pub(crate) use checks::{is_internal_topic, target_topic, topic_problem};
+pub(crate) use checks::{is_internal_topic, target_problem, target_topic, topic_problem};
 pub(crate) use kafka::validate_routes;
 pub use kafka::{
     IngestSettings, KafkaSettings, Ordering, ParkingSettings, RepublishSettings, RouteMode,

@@ -130,14 +130,7 @@ impl Targets {
             .ok_or(RepublishRefused::NoTopic)?;
         // Configured targets were checked at start; an original topic comes from a
         // message's header, which anyone who can produce to a dead-letter topic writes.
-        let unfit = match super::topic_problem(&target.topic) {
-            Some(problem) => Some(problem),
-            None if super::is_internal_topic(&target.topic) => {
-                Some("it is Kafka's internal topic, not one to produce failures to".to_owned())
-            }
-            None => None,
-        };
-        if let Some(reason) = unfit {
+        if let Some(reason) = super::target_problem(&target.topic) {
             return Err(RepublishRefused::Unfit {
                 topic: target.topic,
                 from: target.from,
