@@ -266,13 +266,18 @@ impl Fleet {
             let opened = async {
                 let store = Store::connect(&self.settings.database).await?;
                 if self.settings.database.migrate_on_start {
-                    store.migrate().await?;
+                    migrate_unless_newer(&store).await?;
                 }
                 Ok::<_, StoreError>(store)
             }
             .await;
             match opened {
                 Ok(store) => {
+                    let migrated = self.settings.database.migrate_on_start
+                        || wait_for_migrations(&store, shutdown).await?;
+                    if !migrated {
+                        return Ok(None);
+                    }
                     warn_if_not_vacuumed(&store).await;
                     return Ok(Some(store));
                 }
@@ -582,6 +587,67 @@ async fn next_signal(
         _ = int.recv() => ("SIGINT", libc::SIGINT),
     }
 }
+
+/// Applies pending migrations; a schema a newer release migrated is worked on as it is,
+/// with a warning: migrations add and never take away (docs: upgrades), so a member of
+/// the previous release keeps working, or restarts, while its fleet is upgraded.
+async fn migrate_unless_newer(store: &Store) -> Result<(), StoreError> {
+    match store.migrate().await {
+        Ok(applied) => {
+            for migration in applied {
+                tracing::info!(version = migration.version, description = %migration.description,
+                    "applied a migration");
+            }
+            Ok(())
+        }
+        Err(newer @ StoreError::SchemaNewer { .. }) => {
+            tracing::warn!("{newer}");
+            Ok(())
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// With `database.migrate_on_start` off (`run --no-migrate`), waits until the schema
+/// has every migration of this release, saying once that it waits for `redrive
+/// migrate`; true once it has, false when `shutdown` fires first.
+async fn wait_for_migrations(
+    store: &Store,
+    shutdown: &CancellationToken,
+) -> Result<bool, StoreError> {
+    let mut told = false;
+    loop {
+        match store.schema_versions().await {
+            Ok(versions) if versions.pending.is_empty() => {
+                if told {
+                    tracing::info!("the schema is migrated; starting");
+                }
+                return Ok(true);
+            }
+            Ok(versions) if !told => {
+                told = true;
+                tracing::warn!(
+                    schema = store.schema(),
+                    pending = versions.pending.len(),
+                    "the schema lacks migrations of this release and migrations on start are \
+                     off (--no-migrate): waiting for `redrive migrate`"
+                );
+            }
+            Ok(_) => {}
+            Err(error) if error.is_unavailable() => {
+                tracing::debug!(%error, "database unavailable while waiting for migrations");
+            }
+            Err(error) => return Err(error),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(false),
+            _ = tokio::time::sleep(MIGRATIONS_POLL) => {}
+        }
+    }
+}
+
+/// How often a member started with `--no-migrate` looks whether the schema is migrated.
+const MIGRATIONS_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Warns when PostgreSQL would not vacuum redrive's tables (a store that bloats until
 /// its drain stalls). A failed look is only logged: it must not stop start-up.

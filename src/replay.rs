@@ -481,7 +481,7 @@ struct Reader {
 
 impl Reader {
     fn new(kafka: &KafkaSettings) -> Result<Reader, ReplayError> {
-        let consumer = client_config(kafka)
+        let consumer = client_config(kafka, crate::kafka::ClientRole::Consumer)
             .set("group.id", "redrive-replay-reader")
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")

@@ -207,6 +207,10 @@ pub struct Failure {
     /// The previous task's error when this one was linked to it (kept after retention
     /// deletes the previous task).
     pub previous_error: Option<String>,
+    /// How its dead letter was given up, where the dialect says: a Kafka share group's
+    /// `rejected` (by the consumer), `delivery_count_exceeded` or `unknown`
+    /// ([`crate::kafka::dlt::Disposition`]); `None` for every other dialect.
+    pub disposition: Option<String>,
 }
 
 impl Default for Failure {
@@ -231,6 +235,7 @@ impl Default for Failure {
             generation: 1,
             previous_task: None,
             previous_error: None,
+            disposition: None,
         }
     }
 }
@@ -247,6 +252,9 @@ impl Failure {
     /// Whether `other` records the same message (bytes, size, timestamp, coordinates)
     /// with the same event type and correlation id.
     pub fn same_message_as(&self, other: &Failure) -> bool {
+        if self.disposition.is_some() && other.disposition.is_some() {
+            return self.same_share_group_dead_letter_as(other);
+        }
         self.event_type == other.event_type
             && self.correlation_id == other.correlation_id
             && self.source == other.source
@@ -255,6 +263,20 @@ impl Failure {
             && self.value == other.value
             && self.headers == other.headers
             && self.value_size == other.value_size
+            && self.payload_stored == other.payload_stored
+    }
+
+    /// [`Failure::same_message_as`] for two dead letters of a Kafka share group: the
+    /// broker may write one record twice (a produce retried after a timeout), at two
+    /// offsets of its dead-letter topic, with two timestamps; their dedup key names the
+    /// group and the original coordinates. They are the same when those agree with the
+    /// record itself (its key and value, copied or fetched).
+    fn same_share_group_dead_letter_as(&self, other: &Failure) -> bool {
+        self.event_type == other.event_type
+            && self.correlation_id == other.correlation_id
+            && self.original == other.original
+            && self.key == other.key
+            && self.value == other.value
             && self.payload_stored == other.payload_stored
     }
 

@@ -174,10 +174,17 @@ async fn drain_beside_bulk(
     let bulk = async {
         let answer = operations.act(&actor, verb, &request, progress).await;
         ended.store(true, Ordering::SeqCst);
+        // Wakes a drain still waiting for the first batch: an action that failed before
+        // it (the database refusing connections) would otherwise leave it waiting for ever.
+        started_batches.notify_one();
         answer
     };
     let measured = async {
         started_batches.notified().await;
+        anyhow::ensure!(
+            !ended.load(Ordering::SeqCst),
+            "the bulk action ended before the drain began"
+        );
         let rate = drain(settings, store, options).await?;
         anyhow::ensure!(
             !ended.load(Ordering::SeqCst),
@@ -251,4 +258,34 @@ async fn verify(store: &Store, options: &BulkBenchOptions) -> anyhow::Result<()>
          one history row per bulk action"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: after PostgreSQL refused connections for a while, `bench console`
+    /// waited for ever after "drain alone": its bulk action failed before its first
+    /// batch, and the drain beside it waited for that batch.
+    #[tokio::test]
+    async fn a_bulk_action_that_fails_before_its_first_batch_ends_the_round_with_its_error() {
+        let settings = Settings::default();
+        let store = Store::unreachable_for_test();
+        let fleet = crate::Fleet::builder(settings.clone())
+            .with_builtin_handlers()
+            .without_parking()
+            .build()
+            .unwrap();
+        let operations = fleet.operations(store.clone());
+        let options = BulkBenchOptions {
+            bulk_tasks: 10,
+            drain_tasks: 10,
+            rounds: 1,
+        };
+        let round = drain_beside_bulk(&settings, &store, &operations, &options, Verb::Discard);
+        let outcome = tokio::time::timeout(Duration::from_secs(120), round)
+            .await
+            .expect("the round ends once its bulk action failed");
+        assert!(outcome.is_err(), "{outcome:?}");
+    }
 }

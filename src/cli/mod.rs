@@ -206,8 +206,23 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
         }
         Command::Migrate => {
             let store = Store::connect(&settings.database).await?;
-            store.migrate().await?;
-            outln!("schema {:?} is up to date", store.schema());
+            let applied = store.migrate().await?;
+            let latest = crate::store::SchemaVersions::binary_latest();
+            if applied.is_empty() {
+                outln!(
+                    "schema {:?} is up to date (migration {latest}); none was pending",
+                    store.schema()
+                );
+            } else {
+                outln!(
+                    "schema {:?}: applied {} migration(s), now at {latest}:",
+                    store.schema(),
+                    applied.len()
+                );
+                for migration in applied {
+                    outln!("  {} {}", migration.version, migration.description);
+                }
+            }
         }
         Command::Enqueue(args) => {
             let fleet = verb_fleet(register, &settings)?;

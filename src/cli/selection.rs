@@ -26,9 +26,18 @@ pub struct FilterArgs {
     /// Message key prefix.
     #[arg(long)]
     pub key_prefix: Option<String>,
-    /// Text in the error (case-insensitive).
+    /// Text in the error a task shows: its last attempt's, or before any attempt failed
+    /// the one it was reported with (case-insensitive).
     #[arg(long)]
     pub error: Option<String>,
+    /// Text in the error a task was first reported with: its dead letter's or its
+    /// failed inline attempt's, whatever its attempts said since (case-insensitive).
+    #[arg(long)]
+    pub first_error: Option<String>,
+    /// How its dead letter was given up: rejected or delivery_count_exceeded (a Kafka
+    /// share group's).
+    #[arg(long)]
+    pub disposition: Option<String>,
     /// Created at or after: a time (RFC 3339, or `2026-12-03 10:15` / `2026-12-03` as
     /// UTC), or a duration meaning that long ago ("2h").
     #[arg(long)]
@@ -70,6 +79,8 @@ impl FilterArgs {
             key: self.key.clone(),
             key_prefix: self.key_prefix.clone(),
             error: self.error.clone(),
+            first_error: self.first_error.clone(),
+            disposition: self.disposition.clone(),
             created_after: self.created_after.clone(),
             created_before: self.created_before.clone(),
             updated_after: self.updated_after.clone(),

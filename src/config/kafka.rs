@@ -125,6 +125,11 @@ pub struct IngestSettings {
     /// default) is stored with the original record fetched from its topic.
     #[serde(deserialize_with = "duration")]
     pub original_fetch_timeout: Duration,
+    /// How long ingest may fail to store what it consumed (the database unreachable)
+    /// before this member gives its partitions to the group, for members that can
+    /// store; it joins again once the database answers.
+    #[serde(deserialize_with = "duration")]
+    pub release_partitions_after: Duration,
 }
 
 impl Default for IngestSettings {
@@ -139,6 +144,7 @@ impl Default for IngestSettings {
             process_concurrency: 32,
             process_budget: Duration::from_secs(60),
             original_fetch_timeout: Duration::from_secs(10),
+            release_partitions_after: Duration::from_secs(15),
         }
     }
 }

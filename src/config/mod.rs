@@ -4,6 +4,7 @@
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Deserializer};
 use sqlx::postgres::PgConnectOptions;
+use sqlx::ConnectOptions;
 use std::collections::HashMap;
 use std::path::Path;
 use std::str::FromStr;
@@ -315,6 +316,11 @@ impl Settings {
         )?;
         within("ingest.linger", self.ingest.linger, ONE_MINUTE)?;
         within(
+            "ingest.release_partitions_after",
+            self.ingest.release_partitions_after,
+            ONE_HOUR,
+        )?;
+        within(
             "ingest.original_fetch_timeout",
             self.ingest.original_fetch_timeout,
             ONE_MINUTE,
@@ -371,10 +377,20 @@ impl WorkerSettings {
         nonzero("worker.heartbeat", self.heartbeat)?;
         within("worker.poll_interval", self.poll_interval, ONE_HOUR)?;
         at_most("worker.shutdown_timeout", self.shutdown_timeout, ONE_HOUR)?;
-        if self.heartbeat >= self.lease {
+        // A beat a few milliseconds late (a database some way off, a busy member) must
+        // still land before the lease it extends runs out, or a call is stopped at its
+        // first beat: half the lease is the margin.
+        if self.heartbeat > self.lease / 2 {
             return Err(ConfigError::new(
                 "worker.heartbeat",
-                "must be shorter than worker.lease, or leases lapse between heartbeats",
+                format!(
+                    "must be at most half of worker.lease ({} here), or a late heartbeat \
+                     lets the lease lapse and stops the call (worker.heartbeat = {}, \
+                     worker.lease = {})",
+                    humantime::format_duration(self.lease / 2),
+                    humantime::format_duration(self.heartbeat),
+                    humantime::format_duration(self.lease),
+                ),
             ));
         }
         if self.handlers.iter().any(String::is_empty) {
@@ -435,8 +451,17 @@ impl DatabaseSettings {
         // cross the JIT cost threshold, so PostgreSQL would compile each execution
         // (measured: 0.7 s per 500-task operator batch on a million tasks, against
         // milliseconds without).
+        // The database library's own lines stay out of an SRE's way: a statement slower
+        // than a second was logged at WARN with its whole SQL (kilobytes a line, many a
+        // minute under load; redrive's metrics time each operation), and PostgreSQL's
+        // notices ("schema ... already exists, skipping") at INFO on every start.
         Ok(options
-            .options([("search_path", self.schema.as_str()), ("jit", "off")])
+            .options([
+                ("search_path", self.schema.as_str()),
+                ("jit", "off"),
+                ("client_min_messages", "warning"),
+            ])
+            .log_slow_statements(::log::LevelFilter::Debug, Duration::from_secs(1))
             .application_name("redrive"))
     }
 }

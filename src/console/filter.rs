@@ -35,7 +35,7 @@ pub(crate) struct ListParams {
 }
 
 /// The parameters of a list request.
-const KNOWN: [&str; 16] = [
+const KNOWN: [&str; 18] = [
     "status",
     "handler",
     "route",
@@ -43,6 +43,8 @@ const KNOWN: [&str; 16] = [
     "key",
     "key_prefix",
     "error",
+    "first_error",
+    "disposition",
     "created_after",
     "created_before",
     "updated_after",
@@ -85,6 +87,8 @@ pub(crate) fn parse(pairs: &[(String, String)], now: DateTime<Utc>) -> Result<Li
             "key" => written.key = Some(raw.clone()),
             "key_prefix" => written.key_prefix = Some(raw.clone()),
             "error" => written.error = Some(raw.clone()),
+            "first_error" => written.first_error = Some(raw.clone()),
+            "disposition" => written.disposition = text(),
             "created_after" => written.created_after = text(),
             "created_before" => written.created_before = text(),
             "updated_after" => written.updated_after = text(),
@@ -144,6 +148,8 @@ pub(crate) fn to_pairs(filter: &TaskFilter) -> Vec<(&'static str, String)> {
         ("key", &filter.key),
         ("key_prefix", &filter.key_prefix),
         ("error", &filter.error),
+        ("first_error", &filter.first_error),
+        ("disposition", &filter.disposition),
     ];
     pairs.extend(texts.into_iter().filter_map(|(n, v)| Some((n, v.clone()?))));
     let times = [
@@ -189,6 +195,8 @@ pub(crate) fn params(filter: &TaskFilter) -> FilterParams {
         key: filter.key.clone(),
         key_prefix: filter.key_prefix.clone(),
         error: filter.error.clone(),
+        first_error: filter.first_error.clone(),
+        disposition: filter.disposition.clone(),
         created_after: time(filter.created_after),
         created_before: time(filter.created_before),
         updated_after: time(filter.updated_after),
@@ -229,7 +237,7 @@ pub(crate) fn describe(filter: &TaskFilter) -> String {
 pub(crate) fn form(params: &ListParams) -> Markup {
     let f = &params.filter;
     let time = |t: Option<DateTime<Utc>>| t.map(rfc3339);
-    let text_fields: [(&str, &str, Option<String>, &str); 13] = [
+    let text_fields: [(&str, &str, Option<String>, &str); 15] = [
         ("handler", "Handler", f.handler.clone(), ""),
         ("route", "Route", f.route.clone(), ""),
         ("topic", "Topic", f.topic.clone(), ""),
@@ -239,7 +247,19 @@ pub(crate) fn form(params: &ListParams) -> Markup {
             "error",
             "Error contains",
             f.error.clone(),
-            "case-insensitive",
+            "case-insensitive; the last error, or the reported one",
+        ),
+        (
+            "first_error",
+            "First error contains",
+            f.first_error.clone(),
+            "case-insensitive; as first reported",
+        ),
+        (
+            "disposition",
+            "Disposition",
+            f.disposition.clone(),
+            "rejected or delivery_count_exceeded",
         ),
         (
             "created_after",

@@ -127,14 +127,25 @@ fn spawn_flush(
 /// Flushes in consumption order.
 type Flushes = VecDeque<JoinHandle<Result<Offsets, FlushError>>>;
 
-/// Consumes `consumer` until `shutdown` fires or a batch cannot be persisted.
+/// Why consuming ended without an error.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// `shutdown` fired: what was consumed is stored and committed as far as it could be.
+    Stopped,
+    /// The database has not answered for `ingest.release_partitions_after`: the
+    /// batches not stored are given up, for the partitions' next owner to read again.
+    Released,
+}
+
+/// Consumes `consumer` until `shutdown` fires, a batch cannot be persisted, or the
+/// database has not answered for `ingest.release_partitions_after`.
 pub(crate) async fn consume(
     consumer: &StreamConsumer<IngestContext>,
     flusher: &Flusher,
     limits: &IngestSettings,
     progress: &IngestProgress,
     shutdown: &CancellationToken,
-) -> Result<(), IngestError> {
+) -> Result<Ended, IngestError> {
     let metrics = &flusher.metrics;
     let mut batch = Batch::new(limits);
     let mut flushes: Flushes = VecDeque::new();
@@ -182,6 +193,15 @@ pub(crate) async fn consume(
                 paused.apply(consumer, &flusher.routes, &brakes.engaged());
             }
             _ = follow.tick() => {
+                if flusher.outage.lasted(limits.release_partitions_after) {
+                    tracing::warn!(after = ?limits.release_partitions_after,
+                        "the database has not answered ingest: giving this member's partitions \
+                         to the group, for members that can store; batches not stored are left \
+                         to the partitions' next owner");
+                    release(flushes).await;
+                    flusher.outage.answered();
+                    return Ok(Ended::Released);
+                }
                 paused.apply(consumer, &flusher.routes, &brakes.engaged());
             }
             _ = recommit.tick() => consumer.context().commit_latest_again(consumer),
@@ -199,7 +219,18 @@ pub(crate) async fn consume(
         }
     }
     finish(consumer, flusher, batch, flushes).await;
-    Ok(())
+    Ok(Ended::Stopped)
+}
+
+/// Gives up every flush in progress and waits for each to end: a flush that ends
+/// unstored marks its partitions so, and leaving the group commits none of them.
+async fn release(flushes: Flushes) {
+    for flush in &flushes {
+        flush.abort();
+    }
+    for flush in flushes {
+        let _ = flush.await;
+    }
 }
 
 /// At shutdown: persist what was consumed, committing in order until the first batch

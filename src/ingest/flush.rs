@@ -15,6 +15,7 @@ use super::brake::Brakes;
 use super::lineage;
 use super::mapping::{append_note, collision, minimal_form, to_task};
 use super::originals::Originals;
+use super::outage::StoreOutage;
 use super::outcome;
 use super::process::{Mapped, ProcessMode};
 use super::routes::RouteTable;
@@ -59,6 +60,8 @@ pub(crate) struct Flusher {
     pub(crate) originals: Originals,
     /// Where tasks go next, for the ingest note.
     pub(crate) targets: Targets,
+    /// Since when the database has not answered ingest.
+    pub(crate) outage: Arc<StoreOutage>,
 }
 
 impl Flusher {
@@ -213,10 +216,14 @@ impl Flusher {
         loop {
             match work().await {
                 Ok(answer) => {
+                    self.outage.answered();
                     self.metrics.health.database_ok();
                     return answer;
                 }
                 Err(error) => {
+                    if error.is_unavailable() {
+                        self.outage.failed();
+                    }
                     self.metrics
                         .database_errors
                         .with_label_values(&["ingest"])
@@ -341,6 +348,10 @@ mod tests {
                 limits: IngestSettings::default(),
                 metrics: Metrics::new(),
                 worker_id: "test".into(),
+                lives: crate::ingest::lives::Lives::new(
+                    crate::config::KafkaSettings::default(),
+                    IngestSettings::default(),
+                ),
             }),
             originals: Originals {
                 kafka: Default::default(),
@@ -348,6 +359,7 @@ mod tests {
                 routes: Arc::new([]),
             },
             targets: Targets::default(),
+            outage: Arc::default(),
         };
         let stray = Consumed::for_test(10); // on topic "test"
         let outcome = flusher.flush(vec![stray]).await;

@@ -46,10 +46,22 @@ pub(crate) fn to_task(
     };
     let mut notes: Vec<String> = timestamp_note.into_iter().collect();
     let mut recognised = false;
+    let mut key_from_header = None;
     match route.mode {
         RouteMode::Capture => {
             let ctx = dlt::read(&headers, limits.stacktrace_max_bytes as usize);
             recognised = ctx.format.is_some();
+            task.dedup_key = ctx.dedup_key();
+            task.failure.disposition = ctx.disposition.map(|d| d.as_str().to_owned());
+            if let Some(original_key) = ctx.key {
+                // The dead letter's own key is something else (Karafka before 2.5: the
+                // original partition): the original's is what orders and republishes.
+                task.order_key = match (route.ordering, &original_key) {
+                    (Ordering::Key, Some(key)) => Some(order_key(&route.name, key)),
+                    _ => None,
+                };
+                key_from_header = Some(original_key);
+            }
             task.failure.original = ctx.original;
             task.failure.error_class = ctx.error_class;
             task.failure.error_message = ctx.error_message;
@@ -69,7 +81,7 @@ pub(crate) fn to_task(
         ));
         task.failure.payload_stored = false;
     } else {
-        task.failure.key = key;
+        task.failure.key = key_from_header.unwrap_or(key);
         task.failure.value = value;
         task.failure.headers = headers;
     }
@@ -246,6 +258,7 @@ pub(crate) fn minimal_form(task: &NewTask, reason: &str) -> NewTask {
             generation: failure.generation,
             previous_task: failure.previous_task,
             previous_error: failure.previous_error.clone(),
+            disposition: failure.disposition.clone(),
             error_class: Some("redrive.IngestRejected".into()),
             ingest_note: Some(format!(
                 "the database refused the message, stored without payload{left_out}: {reason}"

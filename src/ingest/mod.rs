@@ -8,8 +8,10 @@ mod context;
 mod flush;
 mod in_flight;
 mod lineage;
+mod lives;
 mod mapping;
 mod originals;
+mod outage;
 mod outcome;
 mod process;
 mod routes;
@@ -101,6 +103,7 @@ impl Ingest {
             limits: limits.clone(),
             metrics: metrics.clone(),
             worker_id,
+            lives: lives::Lives::new(kafka.clone(), limits.clone()),
         };
         Ingest {
             flusher: Flusher {
@@ -117,6 +120,7 @@ impl Ingest {
                     routes: settings.routes.clone().into(),
                 },
                 targets: Targets::new(settings),
+                outage: Arc::default(),
             },
             kafka,
             limits,
@@ -137,27 +141,42 @@ impl Ingest {
     }
 
     /// Consumes until `shutdown` fires; then persists what was consumed and commits it.
+    /// A member that cannot store what it consumes gives its partitions to the group
+    /// meanwhile ([`outage`]).
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), IngestError> {
-        let consumer: StreamConsumer<IngestContext> = consumer_config(&self.kafka)
-            .create_with_context(IngestContext::new(self.flusher.metrics.clone()))
-            .map_err(|e| redact_error(e, &self.kafka))?;
-        let subscriptions = self.flusher.routes.subscriptions();
-        let topics: Vec<&str> = subscriptions.iter().map(String::as_str).collect();
-        consumer.subscribe(&topics)?;
-        tracing::info!(?topics, group = %self.kafka.group_id, "ingest started");
         let brakes = self.flusher.brakes.clone();
         let stop_following = CancellationToken::new();
         let watch = Watch::default();
         let stop = stop_following.clone();
         let following = watch.spawn("brake follower", async move { brakes.follow(stop).await });
-        let outcome = consume::consume(
-            &consumer,
-            &self.flusher,
-            &self.limits,
-            &self.progress,
-            &watch.stop_on(&shutdown),
-        )
-        .await;
+        let stop = watch.stop_on(&shutdown);
+        let outcome = loop {
+            let consumer = match self.subscribe() {
+                Ok(consumer) => consumer,
+                Err(error) => break Err(error),
+            };
+            let ended = consume::consume(
+                &consumer,
+                &self.flusher,
+                &self.limits,
+                &self.progress,
+                &stop,
+            )
+            .await;
+            // Leaving the group commits what was stored, and only that.
+            close(consumer).await;
+            if !matches!(ended, Ok(consume::Ended::Released)) {
+                break ended.map(|_| ());
+            }
+            let metrics = &self.flusher.metrics;
+            metrics.ingest_released.set(1);
+            let answered = outage::until_database_answers(&self.flusher.store, &stop).await;
+            metrics.ingest_released.set(0);
+            if !answered {
+                break Ok(());
+            }
+            tracing::info!("the database answers again: joining the group to take a share of the partitions");
+        };
         stop_following.cancel();
         // A panic is in `watch`.
         let _ = following.await;
@@ -165,7 +184,6 @@ impl Ingest {
             (Ok(()), Some(died)) => Err(IngestError::PartDied(died)),
             (outcome, _) => outcome,
         };
-        close(consumer).await;
         match &outcome {
             Ok(()) => tracing::info!("ingest stopped"),
             Err(error) => {
@@ -173,6 +191,18 @@ impl Ingest {
             }
         }
         outcome
+    }
+
+    /// A consumer of the group, subscribed to every route's topics.
+    fn subscribe(&self) -> Result<StreamConsumer<IngestContext>, IngestError> {
+        let consumer: StreamConsumer<IngestContext> = consumer_config(&self.kafka)
+            .create_with_context(IngestContext::new(self.flusher.metrics.clone()))
+            .map_err(|e| redact_error(e, &self.kafka))?;
+        let subscriptions = self.flusher.routes.subscriptions();
+        let topics: Vec<&str> = subscriptions.iter().map(String::as_str).collect();
+        consumer.subscribe(&topics)?;
+        tracing::info!(?topics, group = %self.kafka.group_id, "ingest started");
+        Ok(consumer)
     }
 }
 

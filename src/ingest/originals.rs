@@ -16,15 +16,13 @@
 //! the original has gone since.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use super::mapping::{original_to_fetch, original_unavailable, with_original};
 use super::process::Mapped;
 use crate::config::{
     capture_consumer, is_internal_topic, IngestSettings, KafkaSettings, RouteSettings,
 };
-use crate::kafka::fetch::{FetchError, OriginalFetcher};
-use crate::kafka::message::Consumed;
+use crate::kafka::fetch::{fetch_each, FetchError};
 use crate::store::Store;
 use crate::task::{OriginalCoordinates, SourceCoordinates};
 
@@ -64,7 +62,9 @@ impl Originals {
         let kafka = self.kafka.clone();
         let limits = self.limits.clone();
         let places: Vec<SourceCoordinates> = wanted.iter().map(|(_, at)| at.clone()).collect();
-        let fetched = tokio::task::spawn_blocking(move || fetch_all(&kafka, &limits, &places))
+        let fetched = tokio::task::spawn_blocking(move || {
+            fetch_each(&kafka, limits.max_message_bytes, limits.original_fetch_timeout, &places)
+        })
             .await
             .unwrap_or_else(|panic| {
                 let why = FetchError::TimedOut(format!("the fetch panicked: {panic}"));
@@ -141,19 +141,3 @@ fn refusal(routes: &[RouteSettings], route: &RouteSettings, topic: &str) -> Opti
     Some(format!("{why} (list the topics to fetch from in {key})"))
 }
 
-/// Fetches each of `places` with one consumer before one deadline. Blocking.
-fn fetch_all(
-    kafka: &KafkaSettings,
-    limits: &IngestSettings,
-    places: &[SourceCoordinates],
-) -> Vec<Result<Consumed, FetchError>> {
-    let fetcher = match OriginalFetcher::new(kafka, limits.max_message_bytes) {
-        Ok(fetcher) => fetcher,
-        Err(error) => return vec![Err(error); places.len()],
-    };
-    let deadline = Instant::now() + limits.original_fetch_timeout;
-    places
-        .iter()
-        .map(|at| fetcher.fetch(at, deadline))
-        .collect()
-}

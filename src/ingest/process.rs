@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::brake::Brakes;
+use super::lives::{Life, Lives};
 use super::mapping::{append_note, collision, with_payload};
 use crate::config::{IngestSettings, RouteMode, RouteSettings};
 use crate::handlers::invoke::invoke;
@@ -24,7 +25,7 @@ use crate::kafka::message::Consumed;
 use crate::resilience::follower::BreakerFollower;
 use crate::resilience::window::brake_vote;
 use crate::store::Store;
-use crate::task::{FinishOutcome, InlineAttempt, NewTask, Status};
+use crate::task::{FinishOutcome, InlineAttempt, NewTask, Status, Task};
 use crate::telemetry::{log_attempt, AttemptLine, Metrics};
 
 /// What running process-mode handlers inline needs.
@@ -36,6 +37,8 @@ pub(crate) struct ProcessMode {
     pub(crate) limits: IngestSettings,
     pub(crate) metrics: Metrics,
     pub(crate) worker_id: String,
+    /// Whether an ordered key's newest task is from its topic's present life.
+    pub(crate) lives: Lives,
 }
 
 /// A consumed message with its route and the task that records it.
@@ -170,14 +173,20 @@ impl ProcessMode {
         ordered.dedup();
         let (recorded, newest, ids) = tokio::join!(
             self.store.recorded(&tasks),
-            self.store.newest_ordered_offsets(&ordered),
+            self.store.newest_ordered_tasks(&ordered),
             self.store.reserve_ids(tasks.len()),
         );
         match recorded.and_then(|recorded| Ok((recorded, newest?, ids?))) {
             Ok((recorded, newest, ids)) => {
-                for (i, (pending, id)) in process.iter_mut().zip(ids).enumerate() {
-                    let repeat = recorded.repeats.contains(&i) || passed(pending, &newest);
-                    pending.recorded = Some(repeat);
+                let passed = self.passed(&process, &newest).await;
+                for (i, ((pending, id), passed)) in process.iter_mut().zip(ids).zip(passed).enumerate() {
+                    pending.recorded = match (recorded.repeats.contains(&i), passed) {
+                        (true, _) => Some(true),
+                        (false, Some(passed)) => Some(passed),
+                        // Its key's newer task cannot be placed in the topic's lives: not
+                        // run inline, nor dropped; stored for the pool.
+                        (false, None) => None,
+                    };
                     pending.task.id = Some(id);
                     // Its attempt runs under the dedup key its failure will be stored
                     // under (`task.idempotency_key()`), not under another message's.
@@ -227,7 +236,9 @@ impl ProcessMode {
                 (RouteMode::Process, None) => {
                     task.failure.ingest_note = Some(append_note(
                         task.failure.ingest_note.take(),
-                        "not attempted inline: whether it was already recorded could not be read",
+                        "not attempted inline: whether it was handled already could not be told (the \
+                         database did not answer, or the record of its key's newer task could not \
+                         be read back)",
                     ));
                     self.count(&route, "deferred");
                     Some(task)
@@ -336,6 +347,41 @@ impl ProcessMode {
         Some(task)
     }
 
+    /// For each of `process`, whether a newer message of its key, from its partition,
+    /// has a task (`newest`, per key, topic and partition) in the topic's present life.
+    /// Ordered batches are stored one after another, so that newer message's batch came
+    /// after this one was handled: without a task of its own, this one succeeded inline,
+    /// and running it again would apply it after the newer one. A newer task of an
+    /// earlier life (the topic recreated, another cluster) says nothing of this
+    /// message; `None` when which life cannot be read.
+    async fn passed(
+        &self,
+        process: &[&mut Pending],
+        newest: &HashMap<(Vec<u8>, String, i32), (i64, Option<Task>)>,
+    ) -> Vec<Option<bool>> {
+        let newer: Vec<Option<&(i64, Option<Task>)>> = (process.iter())
+            .map(|p| {
+                let found = ordered_coordinates(p).and_then(|key| newest.get(&key))?;
+                (found.0 > p.message.message.offset()).then_some(found)
+            })
+            .collect();
+        let tasks: Vec<Option<&Task>> = (newer.iter().flatten())
+            .map(|(_, task)| task.as_ref())
+            .collect();
+        let batch: Vec<&Consumed> = process.iter().map(|p| &p.message).collect();
+        let mut lives = self.lives.of(&tasks, &batch).await.into_iter();
+        (newer.iter())
+            .map(|newer| match newer {
+                None => Some(false),
+                Some(_) => match lives.next().unwrap_or(Life::Unknown) {
+                    Life::Present => Some(true),
+                    Life::Past => Some(false),
+                    Life::Unknown => None,
+                },
+            })
+            .collect()
+    }
+
     fn count(&self, route: &RouteSettings, outcome: &str) {
         self.metrics
             .ingested
@@ -354,13 +400,3 @@ fn ordered_coordinates(p: &Pending) -> Option<(Vec<u8>, String, i32)> {
     Some((key, m.topic().to_owned(), m.partition()))
 }
 
-/// Whether a newer message of this ordered message's key, from its partition, has a
-/// task (`newest`, per key, topic and partition). Ordered batches are stored one after
-/// another, so that newer message's batch came after this one was handled: without a
-/// task of its own, this one succeeded inline, and running it again would apply it
-/// after the newer one.
-fn passed(p: &Pending, newest: &HashMap<(Vec<u8>, String, i32), i64>) -> bool {
-    ordered_coordinates(p)
-        .and_then(|key| newest.get(&key))
-        .is_some_and(|newest| *newest > p.message.message.offset())
-}

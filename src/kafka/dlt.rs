@@ -48,19 +48,27 @@ struct Format {
     class: Option<&'static str>,
     message: Option<&'static str>,
     stacktrace: Option<&'static str>,
-    /// The consumer group that gave up on the message (share groups).
+    /// The consumer group that gave up on the message (share groups, Karafka).
     group: Option<&'static str>,
-    /// How many times the message was delivered (share groups).
+    /// How many times the message was delivered or attempted (share groups, Karafka).
     delivery_count: Option<&'static str>,
+    /// The original record's key, where the dead letter's own key is something else
+    /// (Karafka before 2.5 keyed its dead letters by the original partition).
+    key: Option<&'static str>,
+    /// How the group and the count are said: `share group G, delivered N times`.
+    gave_up: GaveUpWords,
     /// Whether numbers may come as 4- or 8-byte big-endian integers (Spring's), not
     /// only as decimal text.
     binary_numbers: bool,
 }
 
 /// The headers a Kafka share group's dead-letter queue writes (KIP-1191, Kafka 4.4):
-/// the broker's `ShareGroupDLQStateManager` writes every value as UTF-8 text (numbers
-/// in decimal), and copies no header of the original record, nor, by default, its key
-/// and value.
+/// the broker (`ShareGroupDLQStateManager`, later `ShareGroupDLQRecordHelper`) writes
+/// every value as UTF-8 text (numbers in decimal); it copies the original's key and
+/// value only with the group's `errors.deadletterqueue.copy.record.enable`. Releases
+/// differ on the original's headers: the first copied none, a later one copies them
+/// ahead of its own. A produce it retries after a timeout writes the record twice: the
+/// group and the original coordinates identify it ([`FailureContext::dedup_key`]).
 pub mod share_group {
     /// Topic of the original record (its topic id, as text, when the broker could not
     /// resolve the name).
@@ -73,11 +81,79 @@ pub mod share_group {
     pub const GROUP: &str = "__dlq.errors.group";
     /// How many times the record was delivered.
     pub const DELIVERY_COUNT: &str = "__dlq.errors.delivery.count";
-    /// Why: "Offset rejected by client." or "Offset delivery count exceeded the threshold.".
+    /// Why: [`REJECTED`] or [`DELIVERY_COUNT_EXCEEDED`].
     pub const MESSAGE: &str = "__dlq.errors.message";
+    /// The message of a record the consumer rejected (`AcknowledgeType.REJECT`).
+    pub const REJECTED: &str = "Offset rejected by client.";
+    /// The message of a record delivered more often than the group allows.
+    pub const DELIVERY_COUNT_EXCEEDED: &str = "Offset delivery count exceeded the threshold.";
 }
 
-const FORMATS: [Format; 5] = [
+/// Karafka's dead-letter headers (Karafka Pro's DLQ and piping; values are text). 2.5
+/// renamed the `original_*` headers `source_*` and dropped `original_key` (the dead
+/// letter keeps the original key); both generations are read, `source_*` first.
+pub mod karafka {
+    /// Every header either generation writes: context, stripped on republish.
+    pub const HEADERS: [&str; 12] = [
+        "source_topic",
+        "source_partition",
+        "source_offset",
+        "source_consumer_group",
+        "source_attempts",
+        "source_trace_id",
+        "original_topic",
+        "original_partition",
+        "original_offset",
+        "original_consumer_group",
+        "original_attempts",
+        "original_key",
+    ];
+}
+
+/// How a Kafka share group gave a record up, from its `__dlq.errors.message`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// The consumer rejected it.
+    Rejected,
+    /// It was delivered more often than the group allows.
+    DeliveryCountExceeded,
+    /// The message is missing or says something else.
+    Unknown,
+}
+
+impl Disposition {
+    /// Its stored name (the `disposition` filter of every face).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Disposition::Rejected => "rejected",
+            Disposition::DeliveryCountExceeded => "delivery_count_exceeded",
+            Disposition::Unknown => "unknown",
+        }
+    }
+
+    /// From the message exactly as the broker writes it.
+    fn from_message(message: Option<&str>) -> Disposition {
+        match message {
+            Some(share_group::REJECTED) => Disposition::Rejected,
+            Some(share_group::DELIVERY_COUNT_EXCEEDED) => Disposition::DeliveryCountExceeded,
+            _ => Disposition::Unknown,
+        }
+    }
+}
+
+/// How a format says who gave a message up and how often it was tried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GaveUpWords {
+    /// `share group G, delivered N times`.
+    ShareGroup,
+    /// `consumer group G, N attempts`.
+    ConsumerGroup,
+}
+
+/// The format names [`FailureContext::format`] takes.
+const SHARE_GROUP: &str = "kafka-share-group";
+
+const FORMATS: [Format; 6] = [
     Format {
         name: "redrive",
         topic: own::ORIGINAL_TOPIC,
@@ -88,6 +164,8 @@ const FORMATS: [Format; 5] = [
         stacktrace: None,
         group: None,
         delivery_count: None,
+        key: None,
+        gave_up: GaveUpWords::ShareGroup,
         binary_numbers: false,
     },
     Format {
@@ -101,6 +179,8 @@ const FORMATS: [Format; 5] = [
         stacktrace: Some("kafka_dlt-exception-stacktrace"),
         group: None,
         delivery_count: None,
+        key: None,
+        gave_up: GaveUpWords::ShareGroup,
     },
     Format {
         name: "kafka-connect",
@@ -112,6 +192,22 @@ const FORMATS: [Format; 5] = [
         stacktrace: Some("__connect.errors.exception.stacktrace"),
         group: None,
         delivery_count: None,
+        key: None,
+        gave_up: GaveUpWords::ShareGroup,
+        binary_numbers: false,
+    },
+    Format {
+        name: "karafka",
+        topic: "source_topic",
+        partition: "source_partition",
+        offset: "source_offset",
+        class: None,
+        message: None,
+        stacktrace: None,
+        group: Some("source_consumer_group"),
+        delivery_count: Some("source_attempts"),
+        key: None,
+        gave_up: GaveUpWords::ConsumerGroup,
         binary_numbers: false,
     },
     Format {
@@ -122,12 +218,14 @@ const FORMATS: [Format; 5] = [
         class: None,
         message: None,
         stacktrace: None,
-        group: None,
-        delivery_count: None,
+        group: Some("original_consumer_group"),
+        delivery_count: Some("original_attempts"),
+        key: Some("original_key"),
+        gave_up: GaveUpWords::ConsumerGroup,
         binary_numbers: false,
     },
     Format {
-        name: "kafka-share-group",
+        name: SHARE_GROUP,
         topic: share_group::TOPIC,
         partition: share_group::PARTITION,
         offset: share_group::OFFSET,
@@ -136,6 +234,8 @@ const FORMATS: [Format; 5] = [
         stacktrace: None,
         group: Some(share_group::GROUP),
         delivery_count: Some(share_group::DELIVERY_COUNT),
+        key: None,
+        gave_up: GaveUpWords::ShareGroup,
         binary_numbers: false,
     },
 ];
@@ -151,9 +251,7 @@ fn is_context_name(name: &str) -> bool {
         || name.starts_with("kafka_dlt-")
         || name.starts_with("__connect.errors.")
         || name.starts_with("__dlq.errors.")
-        || FORMATS[3].topic == name
-        || FORMATS[3].partition == name
-        || FORMATS[3].offset == name
+        || karafka::HEADERS.contains(&name)
 }
 
 /// What the headers told about the failure.
@@ -170,8 +268,33 @@ pub struct FailureContext {
     pub error_message: Option<String>,
     /// Stack trace, cut to the configured size.
     pub stacktrace: Option<String>,
+    /// The group that gave the message up (a share group's, Karafka's consumer group).
+    pub group: Option<String>,
+    /// The original record's key, when a header carries it (Karafka 2.4.4 to 2.4.x,
+    /// whose dead letters' own key is the original partition): `Some(None)` when the
+    /// header said the record had no key (or an empty one).
+    pub key: Option<Option<Vec<u8>>>,
+    /// How a share group gave the record up; `None` for the other formats.
+    pub disposition: Option<Disposition>,
     /// What could not be read, and copies of a header that disagreed.
     pub notes: Vec<String>,
+}
+
+impl FailureContext {
+    /// The dedup key of a share group's dead letter: its group and original
+    /// coordinates, not the dead letter's own (the broker may write one record twice,
+    /// at two offsets); `None` for other formats, or when one of them is not readable.
+    pub fn dedup_key(&self) -> Option<String> {
+        if self.format != Some(SHARE_GROUP) {
+            return None;
+        }
+        let group = self.group.as_deref()?;
+        let original = self.original.as_ref()?.complete()?;
+        Some(format!(
+            "kafka-share-dlq:{group}:{}:{}:{}",
+            original.topic, original.partition, original.offset
+        ))
+    }
 }
 
 /// Reads the failure context of the first format whose topic header is present. What
@@ -222,8 +345,14 @@ pub fn read(headers: &[Header], stacktrace_max_bytes: usize) -> FailureContext {
     if let (Field::Unreadable, Some(header)) = (&delivery_count, count_header) {
         unreadable(header);
     }
+    let key = format.key.and_then(&mut first).map(|h| match h.value.as_deref() {
+        Some(key) if !key.is_empty() => Some(key.to_vec()),
+        _ => None,
+    });
     let mut ctx = FailureContext {
         format: Some(format.name),
+        group,
+        key,
         notes,
         ..FailureContext::default()
     };
@@ -259,7 +388,10 @@ pub fn read(headers: &[Header], stacktrace_max_bytes: usize) -> FailureContext {
     ctx.error_class = last(format.class).map(|s| truncate(s, ERROR_TEXT_MAX_BYTES));
     ctx.error_message = last(format.message);
     ctx.stacktrace = last(format.stacktrace).map(|s| truncate(s, stacktrace_max_bytes));
-    if let Some(said) = gave_up(group.as_deref(), delivery_count.value()) {
+    if format.name == SHARE_GROUP {
+        ctx.disposition = Some(Disposition::from_message(ctx.error_message.as_deref()));
+    }
+    if let Some(said) = gave_up(format.gave_up, ctx.group.as_deref(), delivery_count.value()) {
         ctx.error_message = Some(match ctx.error_message.take() {
             Some(message) => format!("{message} ({said})"),
             None => said,
@@ -324,13 +456,22 @@ pub(crate) fn quoted(value: Option<&[u8]>) -> String {
     format!("\"{}{cut}\"", shown.escape_ascii())
 }
 
-/// `share group G, delivered N times`, from what is known.
-fn gave_up(group: Option<&str>, delivery_count: Option<i64>) -> Option<String> {
-    match (group, delivery_count) {
-        (Some(group), Some(count)) => Some(format!("share group {group}, delivered {count} times")),
-        (Some(group), None) => Some(format!("share group {group}")),
-        (None, Some(count)) => Some(format!("delivered {count} times")),
-        (None, None) => None,
+/// `share group G, delivered N times` (or `consumer group G, N attempts`), from what
+/// is known.
+fn gave_up(words: GaveUpWords, group: Option<&str>, count: Option<i64>) -> Option<String> {
+    let (who, count) = match words {
+        GaveUpWords::ShareGroup => (
+            group.map(|g| format!("share group {g}")),
+            count.map(|n| format!("delivered {n} times")),
+        ),
+        GaveUpWords::ConsumerGroup => (
+            group.map(|g| format!("consumer group {g}")),
+            count.map(|n| format!("{n} attempts")),
+        ),
+    };
+    match (who, count) {
+        (Some(who), Some(count)) => Some(format!("{who}, {count}")),
+        (one, other) => one.or(other),
     }
 }
 
@@ -640,6 +781,113 @@ mod tests {
             rejected.error_message.as_deref(),
             Some("Offset rejected by client. (share group g)")
         );
+    }
+
+    /// Karafka 2.5 renamed its headers `source_*`: today's Karafka dead letters were not
+    /// recognised at all. Both generations are read; `source_*` wins where both are.
+    #[test]
+    fn karafka_dead_letters_of_both_generations() {
+        let today = read(
+            &[
+                h("source_topic", b"events"),
+                h("source_partition", b"5"),
+                h("source_offset", b"9"),
+                h("source_consumer_group", b"karafka_app"),
+                h("source_attempts", b"4"),
+                h("source_trace_id", b"0f8e3b6c-5d0a-4c71-9a4e-1c2b3d4e5f60"),
+            ],
+            1000,
+        );
+        assert_eq!(today.format, Some("karafka"));
+        assert_eq!(today.original, at("events", 5, 9));
+        assert_eq!(today.group.as_deref(), Some("karafka_app"));
+        assert_eq!(
+            today.error_message.as_deref(),
+            Some("consumer group karafka_app, 4 attempts")
+        );
+        assert_eq!((&today.key, today.disposition, today.dedup_key()), (&None, None, None));
+        assert!(today.notes.is_empty(), "{:?}", today.notes);
+
+        // 2.4.4 to 2.4.x: the dead letter is keyed by the original partition, and
+        // `original_key` carries the original key ("" for none).
+        let before = read(
+            &[
+                h("original_topic", b"events"),
+                h("original_partition", b"5"),
+                h("original_offset", b"10"),
+                h("original_consumer_group", b"karafka_app"),
+                h("original_attempts", b"2"),
+                h("original_key", b"customer-7"),
+            ],
+            1000,
+        );
+        assert_eq!(before.format, Some("karafka"));
+        assert_eq!(before.original, at("events", 5, 10));
+        assert_eq!(before.key, Some(Some(b"customer-7".to_vec())));
+        let no_key = read(
+            &[h("original_topic", b"events"), h("original_key", b"")],
+            1000,
+        );
+        assert_eq!(no_key.key, Some(None));
+
+        let both = read(
+            &[
+                h("original_topic", b"old"),
+                h("source_topic", b"new"),
+                h("source_partition", b"1"),
+                h("source_offset", b"2"),
+            ],
+            1000,
+        );
+        assert_eq!(both.original, at("new", 1, 2));
+        for name in karafka::HEADERS {
+            assert!(is_context_name(name), "{name} is stripped on republish");
+        }
+    }
+
+    /// A share group's dead letter says how it was given up (its disposition, a filter),
+    /// and is identified by its group and original coordinates: the broker may write it
+    /// twice, at two offsets of the dead-letter topic.
+    #[test]
+    fn a_share_group_dead_letter_has_a_disposition_and_a_dedup_key_of_its_origin() {
+        let letter = |message: Option<&[u8]>| {
+            let mut headers = vec![
+                h(share_group::TOPIC, b"orders"),
+                h(share_group::PARTITION, b"2"),
+                h(share_group::OFFSET, b"41"),
+                h(share_group::GROUP, b"billing:workers"),
+            ];
+            headers.extend(message.map(|m| h(share_group::MESSAGE, m)));
+            read(&headers, 100)
+        };
+        let cases: [(Option<&[u8]>, Disposition); 5] = [
+            (Some(b"Offset rejected by client."), Disposition::Rejected),
+            (
+                Some(b"Offset delivery count exceeded the threshold."),
+                Disposition::DeliveryCountExceeded,
+            ),
+            (Some(b"offset rejected by client"), Disposition::Unknown),
+            (Some(b"Acquisition lock timed out."), Disposition::Unknown),
+            (None, Disposition::Unknown),
+        ];
+        for (message, disposition) in cases {
+            let ctx = letter(message);
+            assert_eq!(ctx.disposition, Some(disposition), "{message:?}");
+            assert_eq!(
+                ctx.dedup_key().as_deref(),
+                Some("kafka-share-dlq:billing:workers:orders:2:41")
+            );
+        }
+        let no_group = read(
+            &[
+                h(share_group::TOPIC, b"orders"),
+                h(share_group::PARTITION, b"2"),
+                h(share_group::OFFSET, b"41"),
+            ],
+            100,
+        );
+        assert_eq!(no_group.dedup_key(), None, "only a whole identity dedups");
+        assert_eq!(Disposition::DeliveryCountExceeded.as_str(), "delivery_count_exceeded");
     }
 
     #[test]

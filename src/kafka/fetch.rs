@@ -71,7 +71,7 @@ impl OriginalFetcher {
     /// A consumer of `kafka`'s cluster and client settings that reads at most about
     /// `max_bytes` per fetch (librdkafka still returns one record larger than that).
     pub fn new(kafka: &KafkaSettings, max_bytes: u32) -> Result<Self, FetchError> {
-        let mut config = client_config(kafka);
+        let mut config = client_config(kafka, crate::kafka::ClientRole::Consumer);
         config
             .set("group.id", format!("{}.original-fetch", kafka.group_id))
             .set("enable.auto.commit", "false")
@@ -183,6 +183,22 @@ impl OriginalFetcher {
             }
         }
     }
+}
+
+/// Fetches each of `places` with one consumer of `kafka`'s settings, all before one
+/// deadline `timeout` from now. Blocking: run it off the async runtime.
+pub fn fetch_each(
+    kafka: &KafkaSettings,
+    max_bytes: u32,
+    timeout: Duration,
+    places: &[SourceCoordinates],
+) -> Vec<Result<Consumed, FetchError>> {
+    let fetcher = match OriginalFetcher::new(kafka, max_bytes) {
+        Ok(fetcher) => fetcher,
+        Err(error) => return vec![Err(error); places.len()],
+    };
+    let deadline = Instant::now() + timeout;
+    places.iter().map(|at| fetcher.fetch(at, deadline)).collect()
 }
 
 fn timed_out(doing: &str) -> FetchError {

@@ -6,19 +6,24 @@ pub mod dlt;
 pub mod fetch;
 pub mod message;
 pub mod produce;
+pub mod roles;
 
 use rdkafka::error::KafkaError;
 use rdkafka::ClientConfig;
 
 use crate::config::librdkafka::{redact_value, REDACTED};
 use crate::config::{KafkaSettings, ASSIGNMENT_STRATEGY, HEARTBEAT_INTERVAL, SESSION_TIMEOUT};
+pub use roles::ClientRole;
 
-/// A client configuration with the bootstrap servers and every pass-through property.
-pub fn client_config(kafka: &KafkaSettings) -> ClientConfig {
+/// A client configuration with the bootstrap servers and every pass-through property
+/// that a client of `role` takes ([`ClientRole::takes`]).
+pub fn client_config(kafka: &KafkaSettings, role: ClientRole) -> ClientConfig {
     let mut config = ClientConfig::new();
     config.set("bootstrap.servers", &kafka.bootstrap_servers);
     for (key, value) in &kafka.properties {
-        config.set(key, value);
+        if role.takes(key) {
+            config.set(key, value);
+        }
     }
     config
 }
@@ -33,7 +38,7 @@ const RECORD_OVERHEAD_BYTES: u32 = 64 * 1024;
 /// where `kafka.properties` does not set them, then what ingest's guarantees rest on
 /// (the group, explicit commits of stored offsets only), which no property overrides.
 pub fn consumer_config(kafka: &KafkaSettings) -> ClientConfig {
-    let mut config = client_config(kafka);
+    let mut config = client_config(kafka, ClientRole::Consumer);
     let property = |key: &str| kafka.properties.get(key).map(String::as_str);
     // Statistics feed the consumer-lag gauges and the brokers' reachability (/readyz).
     let mut defaults = vec![
@@ -75,7 +80,7 @@ pub fn consumer_config(kafka: &KafkaSettings) -> ClientConfig {
 /// `message.max.bytes` admits every message redrive captures (up to
 /// `max_message_bytes`), unless `kafka.properties` sets it.
 pub fn producer_config(kafka: &KafkaSettings, max_message_bytes: u32) -> ClientConfig {
-    let mut config = client_config(kafka);
+    let mut config = client_config(kafka, ClientRole::Producer);
     config
         .set("enable.idempotence", "true")
         .set("acks", "all")
@@ -141,10 +146,25 @@ mod tests {
         );
     }
 
+    /// A member with the republish handler warned at every start that
+    /// `session.timeout.ms` "will be ignored by this producer instance".
+    #[test]
+    fn a_producer_is_not_given_the_consumers_properties_nor_the_other_way_round() {
+        let kafka = kafka(&[("session.timeout.ms", "6000"), ("linger.ms", "5"), ("client.id", "x")]);
+        let producer = producer_config(&kafka, 1000);
+        assert_eq!(producer.get("session.timeout.ms"), None);
+        assert_eq!(producer.get("linger.ms"), Some("5"));
+        assert_eq!(producer.get("client.id"), Some("x"));
+        let consumer = consumer_config(&kafka);
+        assert_eq!(consumer.get("session.timeout.ms"), Some("6000"));
+        assert_eq!(consumer.get("linger.ms"), None);
+        assert_eq!(consumer.get("client.id"), Some("x"));
+    }
+
     #[test]
     fn client_errors_lose_their_values() {
         let kafka = kafka(&[("sasl.pasword", "hunter2")]);
-        let err = client_config(&kafka)
+        let err = client_config(&kafka, ClientRole::Producer)
             .create::<rdkafka::producer::BaseProducer>()
             .err()
             .expect("misspelt property");

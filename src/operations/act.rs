@@ -89,7 +89,8 @@ pub struct ActAnswer {
     /// Tasks left alone because their compensation has started (retry and resolve
     /// without `force`).
     pub refused: i64,
-    /// Its audit log entry (absent when nothing changed).
+    /// Its audit log entry (absent on a dry run; a confirmed action that changed nothing
+    /// has one too, with count 0).
     pub audit_id: Option<i64>,
     /// Whether this was a dry run.
     pub dry_run: bool,
@@ -176,9 +177,8 @@ impl Operations {
             answer.unreadable = sample.unreadable;
             return Ok(answer);
         }
-        if applicable.changes == 0 {
-            return Ok(answer);
-        }
+        // Confirmed: audited even when nothing is left to change (the fleet may have
+        // finished the tasks since the preview), with count 0.
         let operator = actor.operator(reason);
         let report = (self.store)
             .act_reporting(&operator, &action, &selection, progress)

@@ -71,8 +71,15 @@ pub struct FilterParams {
     pub key: Option<String>,
     /// Message key prefix.
     pub key_prefix: Option<String>,
-    /// Text in the error, case-insensitive.
+    /// Text in the error a task shows (its last attempt's, or before any attempt
+    /// failed the one it was reported with), case-insensitive.
     pub error: Option<String>,
+    /// Text in the error a task was first reported with (its dead letter's, or its
+    /// failed inline attempt's), case-insensitive.
+    pub first_error: Option<String>,
+    /// How its dead letter was given up: `rejected` or `delivery_count_exceeded` (a
+    /// Kafka share group's).
+    pub disposition: Option<String>,
     /// Created at or after: a time (RFC 3339, or `2026-12-03 10:15` / `2026-12-03` as
     /// UTC), or a duration meaning that long ago ("2h").
     pub created_after: Option<String>,
@@ -130,6 +137,8 @@ impl FilterParams {
             key: self.key.clone(),
             key_prefix: not_empty("key_prefix", &self.key_prefix)?,
             error: not_empty("error", &self.error)?,
+            first_error: not_empty("first_error", &self.first_error)?,
+            disposition: name("disposition", &self.disposition)?,
             created_after: time("created_after", &self.created_after)?,
             created_before: time("created_before", &self.created_before)?,
             updated_after: time("updated_after", &self.updated_after)?,

@@ -31,9 +31,18 @@ pub struct TaskFilter {
     /// Message key starting with these UTF-8 bytes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_prefix: Option<String>,
-    /// Text in the last error or the reported error message, case-insensitive.
+    /// Text in the error a task shows, case-insensitive: its last attempt's error, or,
+    /// before any attempt failed, the error it was reported with.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Text in the error a task was first reported with (the dead letter's, or the
+    /// failed inline attempt's), case-insensitive, whatever its attempts said since.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
+    /// How its dead letter was given up (a Kafka share group's: `rejected` by the
+    /// consumer, or `delivery_count_exceeded`), exactly.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disposition: Option<String>,
     /// Created at or after.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub created_after: Option<DateTime<Utc>>,
@@ -73,6 +82,8 @@ impl TaskFilter {
             ("key", &self.key),
             ("key_prefix", &self.key_prefix),
             ("error", &self.error),
+            ("first_error", &self.first_error),
+            ("disposition", &self.disposition),
         ];
         for (name, value) in texts {
             if value.as_deref().is_some_and(|v| v.contains('\0')) {
@@ -119,8 +130,8 @@ pub enum Selection {
     Filter(TaskFilter),
 }
 
-/// The condition over `recovery_task` (no alias) for parameters `$1` to `$15`, bound by
-/// [`bind_selection`]; a statement's own parameters start at `$16`. Each part is off
+/// The condition over `recovery_task` (no alias) for parameters `$1` to `$17`, bound by
+/// [`bind_selection`]; a statement's own parameters start at `$18`. Each part is off
 /// when its parameter is NULL. The key filters test each task's own key: a list by a
 /// narrow key finds its tasks first through the key heads ([`KEY_HEADS`]). Statuses (at
 /// most four distinct ones) are compared one by one with `=`, not with `= ANY`: planned
@@ -135,8 +146,7 @@ pub(crate) const CONDITION: &str = "\
     AND ($4::text IS NULL OR source_topic = $4) \
     AND ($5::bytea IS NULL OR msg_key = $5) \
     AND ($6::bytea IS NULL OR substring(msg_key FROM 1 FOR length($6)) = $6) \
-    AND ($7::text IS NULL OR strpos(lower(coalesce(last_error, '') || ' ' || \
-         coalesce(error_message, '')), lower($7)) > 0) \
+    AND ($7::text IS NULL OR strpos(lower(coalesce(last_error, error_message, '')), lower($7)) > 0) \
     AND ($8::timestamptz IS NULL OR created_at >= $8) \
     AND ($9::timestamptz IS NULL OR created_at < $9) \
     AND ($10::timestamptz IS NULL OR updated_at >= $10) \
@@ -144,7 +154,9 @@ pub(crate) const CONDITION: &str = "\
     AND ($12::bigint[] IS NULL OR id = ANY($12)) \
     AND ($13::int IS NULL OR generation = $13) \
     AND ($14::int IS NULL OR generation >= $14) \
-    AND ($15::bigint IS NULL OR previous_task_id = $15)";
+    AND ($15::bigint IS NULL OR previous_task_id = $15) \
+    AND ($16::text IS NULL OR strpos(lower(coalesce(error_message, '')), lower($16)) > 0) \
+    AND ($17::text IS NULL OR disposition = $17)";
 
 /// The key heads (`recovery_task_key_head`, the first 64 bytes of each stored task's key,
 /// recorded once when it is stored) that the key `$5` or the prefix `$6` of [`CONDITION`]
@@ -157,7 +169,7 @@ pub(crate) const KEY_HEADS: &str = "\
             BETWEEN substring($6 FROM 1 FOR 64) AND substring($6 FROM 1 FOR 64) \
                 || decode(repeat('ff', 64 - length(substring($6 FROM 1 FOR 64))), 'hex'))";
 
-/// Binds `$1`..`$15` of [`CONDITION`] for `selection`.
+/// Binds `$1`..`$17` of [`CONDITION`] for `selection`.
 pub(crate) fn bind_selection<'q>(
     query: Query<'q, Postgres, PgArguments>,
     selection: &'q Selection,
@@ -190,4 +202,6 @@ pub(crate) fn bind_selection<'q>(
         .bind(filter.generation)
         .bind(filter.min_generation)
         .bind(filter.previous_task.map(|id| id.0))
+        .bind(filter.first_error.clone())
+        .bind(filter.disposition.clone())
 }

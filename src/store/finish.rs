@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 use std::time::Duration;
 
-use super::{Result, Store};
+use super::{Result, Store, KEYED_PROBES};
 use crate::task::{FinishOutcome, Lease, TaskId};
 
 /// The result of one attempt, to be written under its lease.
@@ -98,6 +98,7 @@ impl Store {
         // Rows are locked in id order, as by heartbeats and releases: no deadlocks.
         let mut results: Vec<&Finish> = results.iter().collect();
         results.sort_unstable_by_key(|r| r.lease.id);
+        let mut tx = self.pool.begin_with(KEYED_PROBES).await?;
         let rows = sqlx::query(FINISH)
             .bind(results.iter().map(|r| r.lease.id.0).collect::<Vec<_>>())
             .bind(results.iter().map(|r| r.lease.version).collect::<Vec<_>>())
@@ -138,8 +139,9 @@ impl Store {
             .bind(worker)
             .bind(results.iter().map(|r| r.compensate).collect::<Vec<_>>())
             .bind(Utc::now())
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
+        tx.commit().await?;
         rows.iter()
             .map(|r| {
                 Ok(Lease {

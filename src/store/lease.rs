@@ -21,6 +21,7 @@ use crate::task::{AttemptOutcome, FinishOutcome, Lease, Task, TaskId};
 // statement at a million rows. Their transaction switches sorting off, so the ordered
 // index walk, which stops after the rows wanted, is the one plan left.
 pub(crate) use super::ORDERED_WALK as DUE_ORDER;
+use super::KEYED_PROBES;
 
 // `$5`, when set, claims tasks due by then rather than now (a breaker's probes, whose
 // tasks are held until the breaker's `hold_until`); a leased task is only ever taken
@@ -283,12 +284,14 @@ impl Store {
             return Ok(Vec::new());
         }
         let (ids, versions) = split(leases);
+        let mut tx = self.pool.begin_with(KEYED_PROBES).await?;
         let rows = sqlx::query(extension)
             .bind(ids)
             .bind(versions)
             .bind(millis(lease))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
+        tx.commit().await?;
         rows.iter()
             .map(|r| {
                 Ok(Lease {
@@ -306,13 +309,15 @@ impl Store {
             return Ok(Vec::new());
         }
         let (ids, versions) = split(leases);
+        let mut tx = self.pool.begin_with(KEYED_PROBES).await?;
         let rows = sqlx::query(RELEASE)
             .bind(ids)
             .bind(versions)
             .bind(worker)
             .bind(AttemptOutcome::Released.as_str())
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
+        tx.commit().await?;
         rows.iter().map(|r| Ok(TaskId(r.try_get("id")?))).collect()
     }
 

@@ -474,10 +474,10 @@ impl Store {
         let statement = format!(
             "SELECT * FROM (SELECT *, row_number() OVER w AS rn, sum(coalesce(octet_length(msg_key), 0) \
                  + coalesce(octet_length(msg_value), 0) + octet_length(msg_headers)) OVER w AS running \
-             FROM (SELECT * FROM recovery_task WHERE {CONDITION} AND id > $16 \
-                   AND ($17::bigint IS NULL OR id <= $17) ORDER BY id LIMIT $18) t \
+             FROM (SELECT * FROM recovery_task WHERE {CONDITION} AND id > $18 \
+                   AND ($19::bigint IS NULL OR id <= $19) ORDER BY id LIMIT $20) t \
              WINDOW w AS (ORDER BY id)) b \
-             WHERE rn = 1 OR running <= $19 ORDER BY id"
+             WHERE rn = 1 OR running <= $21 ORDER BY id"
         );
         let mut tx = self.pool.begin_with(ORDERED_WALK).await?;
         let rows = bind_selection(sqlx::query(&statement), &selection)

@@ -66,6 +66,7 @@ fn task_with_headers(row: &PgRow, headers: Vec<Header>) -> Result<Task> {
                 .try_get::<Option<i64>, _>("previous_task_id")?
                 .map(TaskId),
             previous_error: row.try_get("previous_error")?,
+            disposition: row.try_get("disposition")?,
         },
         status,
         attempts: row.try_get("attempts")?,

@@ -111,6 +111,9 @@ pub struct Metrics {
     pub compensations: IntCounterVec,
     /// `redrive_brake_engaged{route}`: 1 while this member keeps the route paused.
     pub brake_engaged: IntGaugeVec,
+    /// `redrive_ingest_partitions_released`: 1 while this member has given its partitions
+    /// to the group because it cannot store what it consumes (the database unreachable).
+    pub ingest_released: IntGauge,
     /// `redrive_brake_trips_total{route}`: brakes this member engaged.
     pub brake_trips: IntCounterVec,
     /// `redrive_webhook_calls_total{handler,class}`: webhook calls by answer (2xx, 3xx,
@@ -134,6 +137,14 @@ fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
 
 fn counters(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("a valid metric");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("registered once");
+    metric
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let metric = IntGauge::new(name, help).expect("a valid metric");
     registry
         .register(Box::new(metric.clone()))
         .expect("registered once");
@@ -213,6 +224,11 @@ impl Metrics {
                 "redrive_brake_engaged",
                 "1 while a route is paused by its brake on this member (bad-deploy or operator)",
                 &["route"],
+            ),
+            ingest_released: gauge(
+                r,
+                "redrive_ingest_partitions_released",
+                "1 while this member has given its partitions to the group: it cannot store what it consumes (database unreachable)",
             ),
             brake_trips: counters(
                 r,

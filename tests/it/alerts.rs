@@ -3,6 +3,7 @@
 
 use std::path::Path;
 use std::process::Command;
+use crate::support::{Bounded, CHILD_LIMIT};
 
 /// The rules `redrive alerts ARGS` prints.
 fn alerts(args: &[&str]) -> String {
@@ -10,7 +11,7 @@ fn alerts(args: &[&str]) -> String {
         .arg("alerts")
         .args(args)
         .env_remove("REDRIVE_CONFIG")
-        .output()
+        .output_within(CHILD_LIMIT)
         .unwrap();
     assert!(printed.status.success(), "{printed:?}");
     String::from_utf8(printed.stdout).unwrap()
@@ -21,7 +22,7 @@ fn promtool(dir: &Path, args: &[&str]) {
     let out = Command::new("promtool")
         .args(args)
         .current_dir(dir)
-        .output()
+        .output_within(CHILD_LIMIT)
         .expect("promtool (Debian package `prometheus`) is installed");
     assert!(
         out.status.success(),

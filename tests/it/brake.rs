@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::broker::{cluster, committed, produce, producer, route, use_cluster, Sample};
 use crate::support::{eventually, fresh_store, scalar, Member};
+use crate::support::{Bounded, CHILD_LIMIT};
 
 /// A handler whose deploy is broken (every call fails) until fixed.
 struct Deploy {
@@ -148,7 +149,7 @@ async fn a_bad_deploy_pauses_the_route_until_an_operator_releases_it() {
             "--reason",
             "rolled back v2.3.1",
         ])
-        .output()
+        .output_within(CHILD_LIMIT)
         .unwrap();
     let out = String::from_utf8_lossy(&released.stdout);
     assert!(
@@ -180,7 +181,7 @@ async fn a_bad_deploy_pauses_the_route_until_an_operator_releases_it() {
     );
     let again = crate::operator_cli::redrive(&settings)
         .args(["brake", "release", "payments", "--reason", "twice"])
-        .output()
+        .output_within(CHILD_LIMIT)
         .unwrap();
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("not engaged"));
@@ -214,7 +215,7 @@ async fn the_route_resumes_after_the_cool_down_and_brakes_again_while_still_brok
     );
     let listed = crate::operator_cli::redrive(&settings)
         .args(["brake", "list"])
-        .output()
+        .output_within(CHILD_LIMIT)
         .unwrap();
     let out = String::from_utf8_lossy(&listed.stdout);
     assert!(

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::http_server::{Reply, TestServer};
 use crate::support::{eventually, fresh_store, scalar, Member};
+use crate::support::{Bounded, CHILD_LIMIT};
 
 fn fast_retries(settings: &mut Settings) {
     settings.retry.backoff_base = Duration::from_millis(20);
@@ -623,7 +624,7 @@ async fn redrive_breakers_lists_forces_and_releases_through_the_binary() {
         let out = crate::operator_cli::redrive(&settings)
             .env("REDRIVE__HANDLERS__LOG__BREAKER__COOL_DOWN", "10m")
             .args(args)
-            .output()
+            .output_within(CHILD_LIMIT)
             .unwrap();
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         (out.status.success(), text(&out.stdout), text(&out.stderr))

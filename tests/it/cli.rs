@@ -6,6 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::support::{eventually, fresh_store, scalar};
+use crate::support::{Bounded, CHILD_LIMIT};
 
 fn redrive(settings: &redrive::Settings) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_redrive"));
@@ -30,7 +31,7 @@ fn enqueue(settings: &redrive::Settings, args: &[&str], input: &[u8]) -> std::pr
         .spawn()
         .unwrap();
     child.stdin.take().unwrap().write_all(input).unwrap();
-    child.wait_with_output().unwrap()
+    crate::support::wait_with_output_within(child, CHILD_LIMIT, "redrive with input")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -87,9 +88,11 @@ async fn enqueue_then_run_resolves_tasks_and_sigterm_stops_cleanly() {
     })
     .await;
     assert_eq!(unsafe { libc::kill(run.id() as i32, libc::SIGTERM) }, 0);
-    let status = tokio::task::spawn_blocking(move || run.wait().unwrap())
-        .await
-        .unwrap();
+    let status =
+        tokio::task::spawn_blocking(move || crate::support::wait_within(&mut run, CHILD_LIMIT))
+            .await
+            .unwrap()
+            .expect("the member stops within the bound after SIGTERM");
     assert!(status.success());
     assert_eq!(
         scalar(&store, "SELECT count(*) FROM recovery_attempt").await,
@@ -149,7 +152,7 @@ async fn bad_input_is_refused_with_the_key_or_name_and_a_non_zero_exit() {
     let out = redrive(&settings)
         .arg("run")
         .env("REDRIVE__WORKER__BATCH_SIZE", "0")
-        .output()
+        .output_within(CHILD_LIMIT)
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -162,7 +165,7 @@ async fn bad_input_is_refused_with_the_key_or_name_and_a_non_zero_exit() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown handler \"nope\""));
 
-    let out = redrive(&settings).args(["run", "--help"]).output().unwrap();
+    let out = redrive(&settings).args(["run", "--help"]).output_within(CHILD_LIMIT).unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("--no-migrate"));
 }
 
@@ -183,7 +186,7 @@ async fn the_demo_runs_the_whole_loop_and_stops_by_itself() {
             "0.1",
         ])
         .env("DATABASE_URL", settings.database.url.expose_secret())
-        .output()
+        .output_within(CHILD_LIMIT)
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -218,7 +221,7 @@ fn with_input(mut command: Command, input: &[u8]) -> std::process::Output {
         .spawn()
         .unwrap();
     child.stdin.take().unwrap().write_all(input).unwrap();
-    child.wait_with_output().unwrap()
+    crate::support::wait_with_output_within(child, CHILD_LIMIT, "redrive with input")
 }
 
 /// Standard error of a run that must fail.
@@ -239,12 +242,12 @@ async fn planted_secrets_never_reach_standard_error() {
         .arg("run")
         .arg("--config")
         .arg(file.path())
-        .output()
+        .output_within(CHILD_LIMIT)
         .unwrap();
     let from_env = redrive(&settings)
         .arg("run")
         .env("REDRIVE__KAFKA__PROPERTIES__SASL_PASWORD", secret)
-        .output()
+        .output_within(CHILD_LIMIT)
         .unwrap();
     for out in [from_file, from_env] {
         let stderr = failed_stderr(&out);
@@ -260,7 +263,7 @@ async fn planted_secrets_never_reach_standard_error() {
         )
         .env("REDRIVE__KAFKA__PROPERTIES__SASL_MECHANISMS", "BOGUS")
         .env("REDRIVE__KAFKA__PROPERTIES__SASL_PASSWORD", secret)
-        .output()
+        .output_within(CHILD_LIMIT)
         .unwrap();
     let stderr = failed_stderr(&out);
     assert!(stderr.contains("kafka.properties"), "{stderr}");
@@ -275,7 +278,7 @@ async fn planted_secrets_never_reach_standard_error() {
             .env("REDRIVE__DATABASE__URL", url)
             .env("REDRIVE__DATABASE__CONNECT_TIMEOUT", "2s")
             .env("RUST_LOG", "debug")
-            .output()
+            .output_within(CHILD_LIMIT)
             .unwrap();
         let stderr = failed_stderr(&out);
         assert!(!stderr.contains(secret), "{stderr}");
@@ -302,7 +305,7 @@ async fn every_verb_reads_database_url() {
         .env("DATABASE_URL", settings.database.url.expose_secret())
         .env("REDRIVE__DATABASE__SCHEMA", &schema)
         .env("REDRIVE__DATABASE__CONNECT_TIMEOUT", "2s")
-        .output()
+        .output_within(CHILD_LIMIT)
         .unwrap();
     assert!(
         out.status.success(),
@@ -443,7 +446,7 @@ fn bench_refuses_sizes_out_of_range_before_it_starts() {
             .arg("bench")
             .args(args)
             .stdin(std::process::Stdio::null())
-            .output()
+            .output_within(CHILD_LIMIT)
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
@@ -461,7 +464,7 @@ fn bench_stdout(settings: &redrive::Settings, args: &[&str]) -> String {
         .arg("bench")
         .args(args)
         .stdin(Stdio::null())
-        .output()
+        .output_within(CHILD_LIMIT)
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -648,7 +651,7 @@ async fn bench_horizon_runs_on_a_private_server_and_checks_its_tasks() {
             .args(["bench", "horizon"])
             .args(refused)
             .stdin(Stdio::null())
-            .output()
+            .output_within(CHILD_LIMIT)
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success(), "{refused:?}");

@@ -177,8 +177,31 @@ fn heartbeat_must_be_shorter_than_the_lease() {
             ("REDRIVE__WORKER__HEARTBEAT", "10s"),
         ]),
         "worker.heartbeat",
-        "shorter than worker.lease",
+        "at most half of worker.lease",
     );
+}
+
+/// A heartbeat just under the lease was accepted, and a beat a few milliseconds late
+/// (the database some way off) let the lease lapse and stopped the call at its first
+/// beat: the margin is half the lease, and the error names both keys.
+#[test]
+fn a_heartbeat_that_leaves_no_margin_before_the_lease_is_refused() {
+    let refused = load_env(&[
+        ("REDRIVE__WORKER__LEASE", "10s"),
+        ("REDRIVE__WORKER__HEARTBEAT", "9s 990ms"),
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(refused.contains("worker.heartbeat"), "{refused}");
+    assert!(refused.contains("worker.lease = 10s"), "{refused}");
+    assert!(refused.contains("at most half"), "{refused}");
+    for fine in ["5s", "1s"] {
+        load_env(&[
+            ("REDRIVE__WORKER__LEASE", "10s"),
+            ("REDRIVE__WORKER__HEARTBEAT", fine),
+        ])
+        .unwrap_or_else(|e| panic!("{fine}: {e}"));
+    }
 }
 
 #[test]

@@ -442,6 +442,100 @@ async fn a_redelivered_share_group_dead_letter_is_not_recorded_twice() {
     assert_eq!(task.failure, first.failure);
 }
 
+/// The broker may write one share-group dead letter twice (a produce it retried after
+/// a timeout): two records at two offsets of the dead-letter topic. They are one
+/// failure, identified by the group and the original coordinates (each was a task of
+/// its own, keyed by the dead letter's own offset); the disposition is stored and
+/// filters, and a Karafka 2.5 dead letter (`source_*`) is recognised, its group said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_group_dead_letter_written_twice_is_one_task_with_its_disposition() {
+    let (broker, store, mut settings) =
+        billing_dlq(&[("billing", 1), ("billing.dlq", 1), ("events", 1)]).await;
+    let bootstrap = broker.bootstrap_servers();
+    settings.worker.enabled = false;
+    settings.routes[0].topics.push("events.dlq".into());
+    broker.create_topic("events.dlq", 1, 1).unwrap();
+    let producer = producer(&bootstrap);
+    let original = Sample {
+        key: Some(b"k".to_vec()),
+        value: Some(b"v".to_vec()),
+        ..Sample::default()
+    };
+    produce(&producer, "billing", &original).await;
+    let dead_letter = headers_only(share_group_headers(b"billing", b"0", b"0"));
+    produce(&producer, "billing.dlq", &dead_letter).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    produce(&producer, "billing.dlq", &dead_letter).await;
+    let mut rejected = share_group_headers(b"billing", b"0", b"1");
+    rejected.retain(|h| h.name != b"__dlq.errors.message");
+    rejected.push(Header::new("__dlq.errors.message", b"Offset rejected by client.".to_vec()));
+    rejected.push(Header::new("__dlq.errors.message", b"Offset rejected by client.".to_vec()));
+    let copied = Sample {
+        key: Some(b"k1".to_vec()),
+        value: Some(b"v1".to_vec()),
+        headers: rejected,
+        ..Sample::default()
+    };
+    produce(&producer, "billing.dlq", &copied).await;
+    let karafka = Sample {
+        key: Some(b"customer-7".to_vec()),
+        value: Some(b"{}".to_vec()),
+        headers: vec![
+            Header::new("source_topic", b"events".to_vec()),
+            Header::new("source_partition", b"0".to_vec()),
+            Header::new("source_offset", b"12".to_vec()),
+            Header::new("source_consumer_group", b"karafka_app".to_vec()),
+            Header::new("source_attempts", b"3".to_vec()),
+        ],
+        ..Sample::default()
+    };
+    produce(&producer, "events.dlq", &karafka).await;
+    let running = Member::start(fleet(&settings), &store);
+    eventually(Duration::from_secs(60), "every dead letter read", || async {
+        let (bootstrap, group) = (bootstrap.clone(), settings.kafka.group_id.clone());
+        let committed = tokio::task::spawn_blocking(move || {
+            (
+                crate::broker::committed(&bootstrap, &group, "billing.dlq", 1),
+                crate::broker::committed(&bootstrap, &group, "events.dlq", 1),
+            )
+        });
+        committed.await.unwrap() == (vec![3], vec![1])
+    })
+    .await;
+    running.stop().await;
+    let rows: Vec<(String, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT dedup_key, disposition, error_message FROM recovery_task ORDER BY id",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 3, "{rows:#?}");
+    assert_eq!(
+        (rows[0].0.as_str(), rows[0].1.as_deref()),
+        (
+            "kafka-share-dlq:billing-workers:billing:0:0",
+            Some("delivery_count_exceeded")
+        )
+    );
+    assert_eq!(rows[1].1.as_deref(), Some("rejected"));
+    assert_eq!(rows[2].1, None);
+    assert_eq!(
+        rows[2].2.as_deref(),
+        Some("consumer group karafka_app, 3 attempts")
+    );
+    let karafka_task = task_at(&store, "events.dlq", 0, 0).await;
+    assert_eq!(
+        karafka_task.failure.original.map(|o| o.to_string()),
+        Some("events[0]@12".to_owned())
+    );
+    let filter = redrive::store::TaskFilter {
+        disposition: Some("rejected".into()),
+        ..Default::default()
+    };
+    let page = store.list(&filter, None, 10).await.unwrap();
+    assert_eq!(page.len(), 1, "the disposition filters");
+}
+
 /// A record redrive republished that fails again in a share group comes back as a
 /// headers-only dead letter: the `redrive-task-id` that links it is in the original
 /// record fetched, not in the dead letter.

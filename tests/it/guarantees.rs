@@ -12,6 +12,7 @@ use std::time::Duration;
 use crate::broker::{cluster, consume, produce, producer, route, use_cluster, Sample};
 use crate::ingest::{fleet, task_at};
 use crate::support::{eventually, fresh_store, scalar, Member};
+use crate::support::{Bounded, CHILD_LIMIT};
 
 fn value(text: &str) -> Sample {
     Sample {
@@ -537,13 +538,12 @@ async fn republish_refuses_a_task_whose_payload_was_not_stored() {
 #[tokio::test]
 async fn run_with_nothing_to_do_refuses_to_start() {
     let (_store, settings) = fresh_store().await;
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_redrive"))
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_redrive"))
         .arg("run")
         .env("REDRIVE__DATABASE__URL", crate::support::database_url())
         .env("REDRIVE__DATABASE__SCHEMA", &settings.database.schema)
         .env("REDRIVE__WORKER__ENABLED", "false")
-        .output()
-        .await
+        .output_within(CHILD_LIMIT)
         .unwrap();
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);

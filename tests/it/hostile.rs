@@ -6,6 +6,7 @@
 //! hostile values a configuration key may take is listed ([`acceptable`]).
 
 use std::panic::AssertUnwindSafe;
+use crate::support::{Bounded, CHILD_LIMIT};
 
 /// The values every numeric input is given, as the text an operator would type.
 const HOSTILE: &[&str] = &[
@@ -345,7 +346,7 @@ async fn hostile_numbers_on_the_command_line_are_refused_with_an_error() {
             let out = command
                 .args(&args)
                 .stdin(std::process::Stdio::null())
-                .output()
+                .output_within(CHILD_LIMIT)
                 .unwrap();
             let stderr = String::from_utf8_lossy(&out.stderr);
             let fine = match out.status.code() {

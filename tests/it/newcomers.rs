@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use crate::support::{eventually, fresh_store, settings, unique_schema, Spawn};
+use crate::support::{Bounded, CHILD_LIMIT};
 
 /// The binary with no database variable inherited.
 fn redrive() -> Command {
@@ -45,14 +46,14 @@ fn a_missing_database_is_named_with_the_variable_or_file_that_named_it() {
     let cases = [
         (
             "DATABASE_URL",
-            redrive().env("DATABASE_URL", &url).arg("migrate").output(),
+            redrive().env("DATABASE_URL", &url).arg("migrate").output_within(CHILD_LIMIT),
         ),
         (
             "REDRIVE__DATABASE__URL",
             (redrive().env("REDRIVE__DATABASE__URL", &url))
                 .env("DATABASE_URL", url_of_missing_database("not_this_one"))
                 .arg("migrate")
-                .output(),
+                .output_within(CHILD_LIMIT),
         ),
         (
             "database.url in",
@@ -60,7 +61,7 @@ fn a_missing_database_is_named_with_the_variable_or_file_that_named_it() {
                 .arg("--config")
                 .arg(file.path())
                 .arg("migrate")
-                .output(),
+                .output_within(CHILD_LIMIT),
         ),
     ];
     for (origin, out) in cases {
@@ -79,7 +80,7 @@ fn a_missing_database_is_named_with_the_variable_or_file_that_named_it() {
         .arg("--config")
         .arg(file.path())
         .arg("migrate")
-        .output();
+        .output_within(CHILD_LIMIT);
     assert!(stderr(&out.unwrap()).contains(&format!("change database.url in {path}")));
 }
 
@@ -104,7 +105,7 @@ fn config_errors_name_array_keys_as_written_and_once() {
             .arg("--config")
             .arg(file.path())
             .args(["tasks", "list"])
-            .output()
+            .output_within(CHILD_LIMIT)
             .unwrap();
         let text = stderr(&out);
         assert!(!out.status.success(), "{text}");
@@ -144,7 +145,7 @@ async fn the_demos_summary_ends_with_three_commands_that_work_as_printed() {
             "--permanent",
             "0.2",
         ])
-        .output()
+        .output_within(CHILD_LIMIT)
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{stdout}\n{}", stderr(&out));
@@ -165,7 +166,7 @@ async fn the_demos_summary_ends_with_three_commands_that_work_as_printed() {
             .args(["-c", command])
             .env_remove("REDRIVE__DATABASE__URL")
             .env("DATABASE_URL", &url)
-            .output()
+            .output_within(CHILD_LIMIT)
             .unwrap();
         let printed = String::from_utf8_lossy(&out.stdout);
         assert!(

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use crate::broker::{cluster, produce, producer, route, use_cluster, Sample};
 use crate::support::{eventually, fresh_store, Member, PgProxy};
+use crate::support::{Bounded, CHILD_LIMIT};
 
 /// Resolves even values, fails odd ones (transiently, then for good).
 struct Flaky;
@@ -486,7 +487,7 @@ async fn json_log_lines_carry_the_task_id_and_no_secret() {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let out = child.wait_with_output().unwrap();
+    let out = crate::support::wait_with_output_within(child, CHILD_LIMIT, "the member");
     assert!(
         out.status.success(),
         "{}",
@@ -648,7 +649,7 @@ fn the_shipped_alert_rules_are_the_generators_default_output() {
     let printed = Command::new(env!("CARGO_BIN_EXE_redrive"))
         .arg("alerts")
         .env_remove("REDRIVE_CONFIG")
-        .output()
+        .output_within(CHILD_LIMIT)
         .unwrap();
     assert!(printed.status.success(), "{printed:?}");
     let shipped = std::fs::read_to_string(repository("deploy/prometheus/alerts.yml")).unwrap();
@@ -665,7 +666,7 @@ fn the_shipped_alert_rules_are_the_generators_default_output() {
             "--stall-for",
             "3m",
         ])
-        .output()
+        .output_within(CHILD_LIMIT)
         .unwrap();
     let custom = String::from_utf8(custom.stdout).unwrap();
     assert!(
@@ -676,7 +677,7 @@ fn the_shipped_alert_rules_are_the_generators_default_output() {
     let refused = Command::new(env!("CARGO_BIN_EXE_redrive"))
         .args(["alerts", "--selector", "{job=\"x\"}"])
         .env("RUST_BACKTRACE", "0")
-        .output()
+        .output_within(CHILD_LIMIT)
         .unwrap();
     assert!(!refused.status.success());
     let stderr = String::from_utf8_lossy(&refused.stderr);
@@ -845,4 +846,49 @@ async fn a_member_stops_exporting_the_partitions_a_rebalance_took_away() {
     );
     second.stop().await;
     first.stop().await;
+}
+
+/// The database library's own lines stay below INFO: every statement slower than a
+/// second was logged at WARN with its whole SQL (kilobytes a line, many a minute, on
+/// operators' terminals too), and PostgreSQL's notices ("schema ... already exists,
+/// skipping") at INFO on every start and every CLI verb.
+#[test]
+fn slow_statements_and_schema_notices_are_not_logged_at_info_or_above() {
+    use std::sync::{Arc, Mutex};
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Lines {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        runtime.block_on(async {
+            let (store, settings) = fresh_store().await;
+            let again = Store::connect(&settings.database).await.unwrap();
+            again.migrate().await.unwrap();
+            sqlx::query("SELECT pg_sleep(1.2)")
+                .execute(store.pool())
+                .await
+                .unwrap();
+        })
+    });
+    let seen = String::from_utf8_lossy(&lines.0.lock().unwrap()).into_owned();
+    assert!(!seen.contains("sqlx"), "the database library logged: {seen}");
+    assert!(!seen.contains("already exists"), "{seen}");
 }

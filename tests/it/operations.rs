@@ -789,3 +789,45 @@ async fn every_combination_of_statuses_selects_exactly_its_tasks_and_counts_stop
         Some(0)
     );
 }
+
+/// A confirmed action that finds nothing left to change (the fleet finished the tasks
+/// between the preview and the confirmation) still writes its audit row, with count 0,
+/// and answers its id: an operator's "yes" is always on the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmed_action_that_changes_nothing_is_audited_with_count_zero() {
+    let (store, _, api, ids) = api_over(2).await;
+    let (status, preview) = api
+        .post(
+            "/api/v1/tasks/retry",
+            Some(OPERATE),
+            json!({"ids": [ids[0].0, ids[1].0], "dry_run": true}),
+        )
+        .await;
+    assert_eq!((status, &preview["matched"]), (StatusCode::OK, &json!(2)));
+    // The fleet resolves both between the preview and the confirmation.
+    sqlx::query("UPDATE recovery_task SET status = 'resolved', finished_at = now()")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let (status, body) = api
+        .post(
+            "/api/v1/tasks/discard",
+            Some(OPERATE),
+            json!({"ids": [ids[0].0, ids[1].0], "reason": "billing is back"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["changed"], 0, "{body}");
+    let audit = body["audit_id"].as_i64().unwrap_or_else(|| panic!("no audit id: {body}"));
+    assert_eq!(
+        scalar(
+            &store,
+            &format!(
+                "SELECT count(*) FROM recovery_audit WHERE id = {audit} AND action = 'discard' \
+                 AND count = 0 AND reason = 'billing is back'"
+            )
+        )
+        .await,
+        1
+    );
+}

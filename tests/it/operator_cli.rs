@@ -5,6 +5,7 @@ use serde_json::Value;
 use std::process::{Command, Output, Stdio};
 
 use crate::support::{fresh_store, scalar};
+use crate::support::{Bounded, CHILD_LIMIT};
 
 /// The binary with the test's database settings.
 pub fn redrive(settings: &redrive::Settings) -> Command {
@@ -27,7 +28,7 @@ pub fn redrive(settings: &redrive::Settings) -> Command {
 
 /// Runs the binary with `args`; its output.
 pub fn run(settings: &redrive::Settings, args: &[&str]) -> Output {
-    redrive(settings).args(args).output().unwrap()
+    redrive(settings).args(args).output_within(CHILD_LIMIT).unwrap()
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -402,7 +403,7 @@ fn ok_with_budget(settings: &redrive::Settings, budget: &str, args: &[&str]) -> 
     let out = redrive(settings)
         .env("REDRIVE__RETRY__MAX_ATTEMPTS", budget)
         .args(args)
-        .output()
+        .output_within(CHILD_LIMIT)
         .unwrap();
     assert!(
         out.status.success(),
@@ -529,7 +530,7 @@ fn run_measured(mut command: Command) -> (Output, u64) {
             peak
         })
     };
-    let out = child.wait_with_output().unwrap();
+    let out = crate::support::wait_with_output_within(child, CHILD_LIMIT, "redrive bench");
     watching.store(false, std::sync::atomic::Ordering::Relaxed);
     let peak = watcher.join().unwrap();
     assert!(peak > 0, "the child's memory was never read");
@@ -621,7 +622,7 @@ async fn read_only_verbs_create_no_kafka_client() {
                 "REDRIVE__KAFKA__PROPERTIES__SSL_CA_LOCATION",
                 "/nonexistent/ca.pem",
             )
-            .output()
+            .output_within(CHILD_LIMIT)
             .unwrap();
         let stderr = text(&out.stderr);
         assert!(out.status.success(), "{args:?}: {stderr}");
@@ -697,7 +698,7 @@ async fn a_verb_whose_output_is_closed_ends_quietly() {
             .args(args)
             .stdout(Stdio::from(write))
             .stderr(Stdio::piped())
-            .output()
+            .output_within(CHILD_LIMIT)
             .unwrap();
         assert_eq!(
             out.status.code(),
@@ -871,4 +872,50 @@ async fn a_cancelled_replay_says_its_batch_in_flight_may_have_been_produced_unco
     let listed: Value =
         serde_json::from_str(&ok(&settings, &["replays", "list", "--json"])).unwrap();
     assert_eq!(listed["items"][0]["pending_upto"], 845, "{listed}");
+}
+
+/// `--error` matches the error a task shows (its last attempt's; before any attempt
+/// failed, the one it was reported with), not the error it was first reported with:
+/// "retry the 503s" must not retry a task whose last attempt said 422. `--first-error`
+/// asks for the reported one, in the CLI as in the API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_error_filter_matches_the_error_a_task_shows_and_first_error_the_reported_one() {
+    let (store, settings) = fresh_store().await;
+    sqlx::raw_sql(
+        "INSERT INTO recovery_task (id, handler, error_message, last_error) OVERRIDING SYSTEM VALUE VALUES \
+           (1, 'log', 'HTTP 503 from billing', 'HTTP 422 from billing: invalid payment'), \
+           (2, 'log', 'HTTP 503 from billing', 'HTTP 503 from billing'), \
+           (3, 'log', 'HTTP 503 from billing', NULL), \
+           (4, 'log', NULL, NULL)",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let ids = |args: &[&str]| -> Vec<i64> {
+        let mut all = vec!["tasks", "list", "--json"];
+        all.extend(args);
+        let page: Value = serde_json::from_str(&ok(&settings, &all)).unwrap();
+        (page["items"].as_array().unwrap().iter())
+            .map(|t| t["id"].as_i64().unwrap())
+            .collect()
+    };
+    assert_eq!(ids(&["--error", "503"]), [3, 2], "what each row shows");
+    assert_eq!(ids(&["--error", "invalid PAYMENT"]), [1]);
+    assert_eq!(ids(&["--first-error", "503"]), [3, 2, 1], "as first reported");
+    assert_eq!(ids(&["--first-error", "503", "--error", "422"]), [1]);
+    let out = ok(
+        &settings,
+        &["tasks", "retry", "--error", "503", "--yes", "--json"],
+    );
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["changed"], 2, "{report}");
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_attempt WHERE outcome = 'operator_retry' AND task_id = 1"
+        )
+        .await,
+        0,
+        "the task whose last attempt said 422 was not retried"
+    );
 }

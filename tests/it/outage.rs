@@ -273,3 +273,101 @@ async fn a_member_started_while_postgres_is_down_waits_for_it_then_works() {
         member.log_tail()
     );
 }
+
+/// A member cut off from PostgreSQL gave nothing up: its partitions stood still for the
+/// whole cut (librdkafka keeps the assignment of a member that polls) while the others
+/// sat idle. After `ingest.release_partitions_after` it leaves the group, the others
+/// store its partitions' messages, and it takes its share back once the database
+/// answers: nothing lost, nothing stored twice, nothing committed unstored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_cut_off_from_postgres_gives_its_partitions_to_the_group_and_takes_them_back() {
+    let broker = cluster(&[("cut.dlt", 4)]);
+    let bootstrap = broker.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    use_cluster(
+        &mut settings,
+        &bootstrap,
+        vec![route(&["cut.dlt"], RouteMode::Capture, "log")],
+    );
+    settings.worker.enabled = false;
+    settings.ingest.release_partitions_after = Duration::from_secs(3);
+    let group = settings.kafka.group_id.clone();
+    let proxy = PgProxy::start().await;
+    let through_proxy = proxy.route(&settings);
+    let proxied_store = Store::connect(&through_proxy.database).await.unwrap();
+    let healthy = Member::start(fleet(&settings), &store);
+    let cut_fleet = fleet(&through_proxy);
+    let released = cut_fleet.metrics().ingest_released.clone();
+    let stored_by_cut = cut_fleet
+        .metrics()
+        .ingested
+        .with_label_values(&["cut.dlt", "stored"]);
+    let cut_off = Member::start(cut_fleet, &proxied_store);
+    produce_spread(&bootstrap, 0..400).await;
+    eventually(Duration::from_secs(60), "400 tasks", || async {
+        tasks(&store).await == 400
+    })
+    .await;
+    assert!(stored_by_cut.get() > 0, "the member to be cut holds partitions");
+
+    proxy.cut();
+    let cut_at = std::time::Instant::now();
+    produce_spread(&bootstrap, 400..800).await;
+    let mut highest_committed = 0;
+    let limit = Duration::from_secs(60);
+    loop {
+        let stored = tasks(&store).await;
+        let committed = committed_total(&bootstrap, &group, "cut.dlt", 4).await;
+        assert!(committed <= stored, "committed {committed} but stored {stored}");
+        highest_committed = highest_committed.max(committed);
+        if stored == 800 {
+            break;
+        }
+        assert!(
+            cut_at.elapsed() < limit,
+            "the cut member's partitions stood still: {stored} of 800 stored after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let stood_still = cut_at.elapsed();
+    eprintln!("partitions of the cut member stood still for {stood_still:?} (release after 3s)");
+    assert_eq!(released.get(), 1, "the cut member says it released its partitions");
+
+    proxy.restore();
+    eventually(Duration::from_secs(30), "the cut member joins again", || async {
+        released.get() == 0
+    })
+    .await;
+    let before_rejoining = stored_by_cut.get();
+    // Its consumer is back in the group once the next message comes its way.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    produce_spread(&bootstrap, 800..1200).await;
+    eventually(Duration::from_secs(60), "1200 tasks", || async {
+        tasks(&store).await == 1200
+    })
+    .await;
+    assert!(
+        stored_by_cut.get() > before_rejoining,
+        "the member took a share of the partitions back"
+    );
+    eventually(Duration::from_secs(60), "every offset committed", || async {
+        committed_total(&bootstrap, &group, "cut.dlt", 4).await == 1200
+    })
+    .await;
+    cut_off.stop().await;
+    healthy.stop().await;
+    assert_each_message_once(&store, 1200).await;
+}
+
+/// Produces `failure N` for N in `range` to `cut.dlt`, partition N % 4.
+async fn produce_spread(bootstrap: &str, range: std::ops::Range<usize>) {
+    let producer = producer(bootstrap);
+    for i in range {
+        let sample = Sample {
+            value: Some(format!("failure {i}").into()),
+            partition: Some((i % 4) as i32),
+            ..Sample::default()
+        };
+        produce(&producer, "cut.dlt", &sample).await;
+    }
+}

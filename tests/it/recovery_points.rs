@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::support::{eventually, fresh_store, scalar};
+use crate::support::{Bounded, CHILD_LIMIT};
 
 #[tokio::test]
 async fn a_stale_attempts_checkpoint_is_refused_and_the_next_attempt_gets_the_last_one() {
@@ -247,7 +248,7 @@ async fn the_checkout_examples_refused_orders_are_compensated_once() {
 
     let shown = crate::operator_cli::redrive(&settings)
         .args(["tasks", "show", &refused.to_string()])
-        .output()
+        .output_within(CHILD_LIMIT)
         .unwrap();
     let text = String::from_utf8_lossy(&shown.stdout);
     assert!(shown.status.success(), "{text}");

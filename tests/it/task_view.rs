@@ -18,6 +18,7 @@ use std::time::Duration;
 use crate::admin_api::{with_tokens, Api, READ};
 use crate::operator_cli::{redrive, run};
 use crate::support::fresh_store;
+use crate::support::{Bounded, CHILD_LIMIT};
 
 /// `tasks show ID` as printed, and the API's detail of the same task.
 async fn shown(settings: &Settings, api: &Api, id: TaskId) -> (String, Value) {
@@ -475,7 +476,7 @@ async fn watch_prints_again_until_stopped_and_ends_quietly_on_a_closed_output() 
         .args(["tasks", "list", "--watch", "1"])
         .stdout(Stdio::from(write))
         .stderr(Stdio::piped())
-        .output()
+        .output_within(CHILD_LIMIT)
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");

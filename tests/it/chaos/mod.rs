@@ -57,6 +57,7 @@ use crate::http_server::{Recorded, Reply, TestServer};
 use crate::operator_cli::redrive;
 use crate::support::database_url;
 use redrive::config::{CLAIM_LOOPS, FLUSHES_IN_FLIGHT};
+use crate::support::{Bounded, CHILD_LIMIT};
 
 const TOPIC: &str = "chaos.dlt";
 const PARTITIONS: i32 = 6;
@@ -854,7 +855,7 @@ async fn no_stale_write(run: &Run, stored: &Stored) {
         .arg("--config")
         .arg(run.config.path())
         .args(["tasks", "check"])
-        .output()
+        .output_within(CHILD_LIMIT)
         .unwrap();
     assert!(
         check.status.success(),

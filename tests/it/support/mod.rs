@@ -2,10 +2,12 @@
 //! running-member fixtures: [`Member`] in this process, [`MemberProcess`] in a process
 //! of its own (started by a [`Spawn`]); and a headless [`Browser`] for the console.
 
+mod bounded;
 mod browser;
 mod member;
 mod process;
 
+pub use bounded::{wait_with_output_within, wait_within, Bounded, CHILD_LIMIT};
 pub use browser::Browser;
 pub use member::Member;
 pub use process::{MemberProcess, Spawn};
