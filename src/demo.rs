@@ -102,7 +102,8 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> anyhow::Result<(
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     let member = tokio::spawn(fleet.run_with_store(store.clone(), shutdown.clone()));
-    let producer: FutureProducer = client_config(&settings.kafka, crate::kafka::ClientRole::Producer).create()?;
+    let producer: FutureProducer =
+        client_config(&settings.kafka, crate::kafka::ClientRole::Producer).create()?;
     let feeding = tokio::spawn(feed(
         producer,
         options.messages,

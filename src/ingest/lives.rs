@@ -75,17 +75,27 @@ impl Lives {
         }
         if !to_fetch.is_empty() {
             let (kafka, limits) = (self.kafka.clone(), self.limits.clone());
-            let places: Vec<SourceCoordinates> = to_fetch.iter().map(|(_, at)| at.clone()).collect();
+            let places: Vec<SourceCoordinates> =
+                to_fetch.iter().map(|(_, at)| at.clone()).collect();
             let fetched = tokio::task::spawn_blocking(move || {
-                fetch_each(&kafka, limits.max_message_bytes, limits.original_fetch_timeout, &places)
+                fetch_each(
+                    &kafka,
+                    limits.max_message_bytes,
+                    limits.original_fetch_timeout,
+                    &places,
+                )
             })
-                .await
-                .unwrap_or_default();
+            .await
+            .unwrap_or_default();
             for ((index, _), outcome) in to_fetch.into_iter().zip(fetched) {
                 let task = tasks[index].expect("only tasks are fetched for");
                 lives[index] = match outcome {
                     Ok(record) => holds(&record, task),
-                    Err(FetchError::Beyond { .. } | FetchError::NoTopic(_) | FetchError::NoPartition { .. }) => Life::Past,
+                    Err(
+                        FetchError::Beyond { .. }
+                        | FetchError::NoTopic(_)
+                        | FetchError::NoPartition { .. },
+                    ) => Life::Past,
                     Err(why) => {
                         tracing::debug!(%why, "could not read back the record of an ordered key's newest task");
                         Life::Unknown
@@ -95,7 +105,10 @@ impl Lives {
         }
         for (task, life) in tasks.iter().zip(&lives) {
             if let (Some(at), Life::Past) = (task.and_then(|t| t.failure.source.as_ref()), life) {
-                self.past.lock().unwrap().insert((at.topic.clone(), at.partition, at.offset));
+                self.past
+                    .lock()
+                    .unwrap()
+                    .insert((at.topic.clone(), at.partition, at.offset));
             }
         }
         lives

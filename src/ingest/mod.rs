@@ -175,7 +175,9 @@ impl Ingest {
             if !answered {
                 break Ok(());
             }
-            tracing::info!("the database answers again: joining the group to take a share of the partitions");
+            tracing::info!(
+                "the database answers again: joining the group to take a share of the partitions"
+            );
         };
         stop_following.cancel();
         // A panic is in `watch`.

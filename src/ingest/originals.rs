@@ -63,13 +63,18 @@ impl Originals {
         let limits = self.limits.clone();
         let places: Vec<SourceCoordinates> = wanted.iter().map(|(_, at)| at.clone()).collect();
         let fetched = tokio::task::spawn_blocking(move || {
-            fetch_each(&kafka, limits.max_message_bytes, limits.original_fetch_timeout, &places)
+            fetch_each(
+                &kafka,
+                limits.max_message_bytes,
+                limits.original_fetch_timeout,
+                &places,
+            )
         })
-            .await
-            .unwrap_or_else(|panic| {
-                let why = FetchError::TimedOut(format!("the fetch panicked: {panic}"));
-                vec![Err(why); wanted.len()]
-            });
+        .await
+        .unwrap_or_else(|panic| {
+            let why = FetchError::TimedOut(format!("the fetch panicked: {panic}"));
+            vec![Err(why); wanted.len()]
+        });
         for ((index, at), outcome) in wanted.into_iter().zip(fetched) {
             let mapped = &mut batch[index];
             let task = std::mem::take(&mut mapped.task);
@@ -140,4 +145,3 @@ fn refusal(routes: &[RouteSettings], route: &RouteSettings, topic: &str) -> Opti
     };
     Some(format!("{why} (list the topics to fetch from in {key})"))
 }
-

@@ -29,7 +29,10 @@ impl StoreOutage {
 
     /// Whether statements have failed for at least `limit` without an answer.
     pub(crate) fn lasted(&self, limit: Duration) -> bool {
-        self.0.lock().unwrap().is_some_and(|since| since.elapsed() >= limit)
+        self.0
+            .lock()
+            .unwrap()
+            .is_some_and(|since| since.elapsed() >= limit)
     }
 }
 

@@ -24,7 +24,7 @@ use crate::handlers::{HandlerContext, KeptCheckpoint, RecoveryPoints, Registered
 use crate::kafka::message::Consumed;
 use crate::resilience::follower::BreakerFollower;
 use crate::resilience::window::brake_vote;
-use crate::store::Store;
+use crate::store::{KeyPartition, NewestOrdered, Store};
 use crate::task::{FinishOutcome, InlineAttempt, NewTask, Status, Task};
 use crate::telemetry::{log_attempt, AttemptLine, Metrics};
 
@@ -165,7 +165,7 @@ impl ProcessMode {
         }
         process.sort_unstable_by_key(|p| p.index);
         let tasks: Vec<&NewTask> = process.iter().map(|p| &p.task).collect();
-        let mut ordered: Vec<(Vec<u8>, String, i32)> = process
+        let mut ordered: Vec<KeyPartition> = process
             .iter()
             .filter_map(|p| ordered_coordinates(p))
             .collect();
@@ -179,7 +179,9 @@ impl ProcessMode {
         match recorded.and_then(|recorded| Ok((recorded, newest?, ids?))) {
             Ok((recorded, newest, ids)) => {
                 let passed = self.passed(&process, &newest).await;
-                for (i, ((pending, id), passed)) in process.iter_mut().zip(ids).zip(passed).enumerate() {
+                for (i, ((pending, id), passed)) in
+                    process.iter_mut().zip(ids).zip(passed).enumerate()
+                {
                     pending.recorded = match (recorded.repeats.contains(&i), passed) {
                         (true, _) => Some(true),
                         (false, Some(passed)) => Some(passed),
@@ -357,7 +359,7 @@ impl ProcessMode {
     async fn passed(
         &self,
         process: &[&mut Pending],
-        newest: &HashMap<(Vec<u8>, String, i32), (i64, Option<Task>)>,
+        newest: &NewestOrdered,
     ) -> Vec<Option<bool>> {
         let newer: Vec<Option<&(i64, Option<Task>)>> = (process.iter())
             .map(|p| {
@@ -394,9 +396,8 @@ impl ProcessMode {
 const MIN_INLINE_TIME: Duration = Duration::from_millis(100);
 
 /// An ordered message's order key, topic and partition; `None` when not ordered.
-fn ordered_coordinates(p: &Pending) -> Option<(Vec<u8>, String, i32)> {
+fn ordered_coordinates(p: &Pending) -> Option<KeyPartition> {
     let key = p.task.order_key.clone()?;
     let m = &p.message.message;
     Some((key, m.topic().to_owned(), m.partition()))
 }
-

@@ -345,10 +345,13 @@ pub fn read(headers: &[Header], stacktrace_max_bytes: usize) -> FailureContext {
     if let (Field::Unreadable, Some(header)) = (&delivery_count, count_header) {
         unreadable(header);
     }
-    let key = format.key.and_then(&mut first).map(|h| match h.value.as_deref() {
-        Some(key) if !key.is_empty() => Some(key.to_vec()),
-        _ => None,
-    });
+    let key = format
+        .key
+        .and_then(&mut first)
+        .map(|h| match h.value.as_deref() {
+            Some(key) if !key.is_empty() => Some(key.to_vec()),
+            _ => None,
+        });
     let mut ctx = FailureContext {
         format: Some(format.name),
         group,
@@ -805,7 +808,10 @@ mod tests {
             today.error_message.as_deref(),
             Some("consumer group karafka_app, 4 attempts")
         );
-        assert_eq!((&today.key, today.disposition, today.dedup_key()), (&None, None, None));
+        assert_eq!(
+            (&today.key, today.disposition, today.dedup_key()),
+            (&None, None, None)
+        );
         assert!(today.notes.is_empty(), "{:?}", today.notes);
 
         // 2.4.4 to 2.4.x: the dead letter is keyed by the original partition, and
@@ -887,7 +893,10 @@ mod tests {
             100,
         );
         assert_eq!(no_group.dedup_key(), None, "only a whole identity dedups");
-        assert_eq!(Disposition::DeliveryCountExceeded.as_str(), "delivery_count_exceeded");
+        assert_eq!(
+            Disposition::DeliveryCountExceeded.as_str(),
+            "delivery_count_exceeded"
+        );
     }
 
     #[test]

@@ -198,7 +198,10 @@ pub fn fetch_each(
         Err(error) => return vec![Err(error); places.len()],
     };
     let deadline = Instant::now() + timeout;
-    places.iter().map(|at| fetcher.fetch(at, deadline)).collect()
+    places
+        .iter()
+        .map(|at| fetcher.fetch(at, deadline))
+        .collect()
 }
 
 fn timed_out(doing: &str) -> FetchError {

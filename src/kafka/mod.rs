@@ -150,7 +150,11 @@ mod tests {
     /// `session.timeout.ms` "will be ignored by this producer instance".
     #[test]
     fn a_producer_is_not_given_the_consumers_properties_nor_the_other_way_round() {
-        let kafka = kafka(&[("session.timeout.ms", "6000"), ("linger.ms", "5"), ("client.id", "x")]);
+        let kafka = kafka(&[
+            ("session.timeout.ms", "6000"),
+            ("linger.ms", "5"),
+            ("client.id", "x"),
+        ]);
         let producer = producer_config(&kafka, 1000);
         assert_eq!(producer.get("session.timeout.ms"), None);
         assert_eq!(producer.get("linger.ms"), Some("5"));

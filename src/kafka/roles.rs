@@ -99,7 +99,12 @@ mod tests {
         assert!(ClientRole::Consumer.takes("session.timeout.ms"));
         assert!(!ClientRole::Consumer.takes("linger.ms"));
         assert!(ClientRole::Producer.takes("linger.ms"));
-        for both in ["sasl.password", "security.protocol", "client.id", "message.max.bytes"] {
+        for both in [
+            "sasl.password",
+            "security.protocol",
+            "client.id",
+            "message.max.bytes",
+        ] {
             assert!(ClientRole::Producer.takes(both) && ClientRole::Consumer.takes(both));
         }
     }

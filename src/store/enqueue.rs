@@ -161,10 +161,7 @@ impl Store {
     /// For each (order key, topic, partition) of `keys`, the task of that key from that
     /// partition with the newest source offset, where there is one: its offset, and the
     /// task unless its row cannot be read. One index probe per key.
-    pub async fn newest_ordered_tasks(
-        &self,
-        keys: &[(Vec<u8>, String, i32)],
-    ) -> Result<HashMap<(Vec<u8>, String, i32), (i64, Option<Task>)>> {
+    pub async fn newest_ordered_tasks(&self, keys: &[KeyPartition]) -> Result<NewestOrdered> {
         if keys.is_empty() {
             return Ok(HashMap::new());
         }
@@ -262,6 +259,13 @@ impl Store {
         }
     }
 }
+
+/// An order key, a topic and a partition.
+pub type KeyPartition = (Vec<u8>, String, i32);
+
+/// Per order key, topic and partition, the newest task's source offset and the task
+/// (unless its row cannot be read): [`Store::newest_ordered_tasks`].
+pub type NewestOrdered = HashMap<KeyPartition, (i64, Option<Task>)>;
 
 /// Stores many tasks on the caller's connection, typically inside the caller's own
 /// transaction, so a failure is recorded atomically with the application's writes.

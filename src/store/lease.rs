@@ -20,8 +20,8 @@ use crate::task::{AttemptOutcome, FinishOutcome, Lease, Task, TaskId};
 // and reads all of them to sort them (a bitmap scan) or aggregate them: seconds per
 // statement at a million rows. Their transaction switches sorting off, so the ordered
 // index walk, which stops after the rows wanted, is the one plan left.
-pub(crate) use super::ORDERED_WALK as DUE_ORDER;
 use super::KEYED_PROBES;
+pub(crate) use super::ORDERED_WALK as DUE_ORDER;
 
 // `$5`, when set, claims tasks due by then rather than now (a breaker's probes, whose
 // tasks are held until the breaker's `hold_until`); a leased task is only ever taken

@@ -36,7 +36,7 @@ pub use breakers::BreakerCommand;
 pub use check::{Budgets, CheckReport, Violation};
 pub use compensation::{Compensating, CompensationOutcome, CompensationResult, CompensationView};
 pub use due::Due;
-pub use enqueue::{enqueue_many_in, Enqueued, Recorded};
+pub use enqueue::{enqueue_many_in, Enqueued, KeyPartition, NewestOrdered, Recorded};
 pub use filter::{Selection, TaskFilter};
 pub use finish::Finish;
 pub use inspect::{OldestDue, OutcomeCount, Stats, StatusCount, TaskSummary, MAX_PAGE};

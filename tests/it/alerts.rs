@@ -1,9 +1,9 @@
 //! `redrive alerts` with a non-default hold: the rules it prints are valid (`promtool
 //! check rules`) and behave as their flags say (`promtool test rules`).
 
+use crate::support::{Bounded, CHILD_LIMIT};
 use std::path::Path;
 use std::process::Command;
-use crate::support::{Bounded, CHILD_LIMIT};
 
 /// The rules `redrive alerts ARGS` prints.
 fn alerts(args: &[&str]) -> String {

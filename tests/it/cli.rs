@@ -165,7 +165,10 @@ async fn bad_input_is_refused_with_the_key_or_name_and_a_non_zero_exit() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown handler \"nope\""));
 
-    let out = redrive(&settings).args(["run", "--help"]).output_within(CHILD_LIMIT).unwrap();
+    let out = redrive(&settings)
+        .args(["run", "--help"])
+        .output_within(CHILD_LIMIT)
+        .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("--no-migrate"));
 }
 

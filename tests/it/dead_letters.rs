@@ -468,8 +468,14 @@ async fn a_share_group_dead_letter_written_twice_is_one_task_with_its_dispositio
     produce(&producer, "billing.dlq", &dead_letter).await;
     let mut rejected = share_group_headers(b"billing", b"0", b"1");
     rejected.retain(|h| h.name != b"__dlq.errors.message");
-    rejected.push(Header::new("__dlq.errors.message", b"Offset rejected by client.".to_vec()));
-    rejected.push(Header::new("__dlq.errors.message", b"Offset rejected by client.".to_vec()));
+    rejected.push(Header::new(
+        "__dlq.errors.message",
+        b"Offset rejected by client.".to_vec(),
+    ));
+    rejected.push(Header::new(
+        "__dlq.errors.message",
+        b"Offset rejected by client.".to_vec(),
+    ));
     let copied = Sample {
         key: Some(b"k1".to_vec()),
         value: Some(b"v1".to_vec()),
@@ -491,20 +497,25 @@ async fn a_share_group_dead_letter_written_twice_is_one_task_with_its_dispositio
     };
     produce(&producer, "events.dlq", &karafka).await;
     let running = Member::start(fleet(&settings), &store);
-    eventually(Duration::from_secs(60), "every dead letter read", || async {
-        let (bootstrap, group) = (bootstrap.clone(), settings.kafka.group_id.clone());
-        let committed = tokio::task::spawn_blocking(move || {
-            (
-                crate::broker::committed(&bootstrap, &group, "billing.dlq", 1),
-                crate::broker::committed(&bootstrap, &group, "events.dlq", 1),
-            )
-        });
-        committed.await.unwrap() == (vec![3], vec![1])
-    })
+    eventually(
+        Duration::from_secs(60),
+        "every dead letter read",
+        || async {
+            let (bootstrap, group) = (bootstrap.clone(), settings.kafka.group_id.clone());
+            let committed = tokio::task::spawn_blocking(move || {
+                (
+                    crate::broker::committed(&bootstrap, &group, "billing.dlq", 1),
+                    crate::broker::committed(&bootstrap, &group, "events.dlq", 1),
+                )
+            });
+            committed.await.unwrap() == (vec![3], vec![1])
+        },
+    )
     .await;
     running.stop().await;
     let rows: Vec<(String, Option<String>, Option<String>)> = sqlx::query_as(
-        "SELECT dedup_key, disposition, error_message FROM recovery_task ORDER BY id",
+        "SELECT dedup_key, disposition, error_message FROM recovery_task \
+         ORDER BY source_topic, source_offset",
     )
     .fetch_all(store.pool())
     .await

@@ -5,8 +5,8 @@
 //! with a message and keeps serving, the CLI answers an error and exits 1 or 2. Which
 //! hostile values a configuration key may take is listed ([`acceptable`]).
 
-use std::panic::AssertUnwindSafe;
 use crate::support::{Bounded, CHILD_LIMIT};
+use std::panic::AssertUnwindSafe;
 
 /// The values every numeric input is given, as the text an operator would type.
 const HOSTILE: &[&str] = &[

@@ -46,7 +46,10 @@ fn a_missing_database_is_named_with_the_variable_or_file_that_named_it() {
     let cases = [
         (
             "DATABASE_URL",
-            redrive().env("DATABASE_URL", &url).arg("migrate").output_within(CHILD_LIMIT),
+            redrive()
+                .env("DATABASE_URL", &url)
+                .arg("migrate")
+                .output_within(CHILD_LIMIT),
         ),
         (
             "REDRIVE__DATABASE__URL",

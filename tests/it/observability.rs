@@ -889,6 +889,9 @@ fn slow_statements_and_schema_notices_are_not_logged_at_info_or_above() {
         })
     });
     let seen = String::from_utf8_lossy(&lines.0.lock().unwrap()).into_owned();
-    assert!(!seen.contains("sqlx"), "the database library logged: {seen}");
+    assert!(
+        !seen.contains("sqlx"),
+        "the database library logged: {seen}"
+    );
     assert!(!seen.contains("already exists"), "{seen}");
 }

@@ -818,7 +818,9 @@ async fn a_confirmed_action_that_changes_nothing_is_audited_with_count_zero() {
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["changed"], 0, "{body}");
-    let audit = body["audit_id"].as_i64().unwrap_or_else(|| panic!("no audit id: {body}"));
+    let audit = body["audit_id"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no audit id: {body}"));
     assert_eq!(
         scalar(
             &store,

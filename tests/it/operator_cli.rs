@@ -28,7 +28,10 @@ pub fn redrive(settings: &redrive::Settings) -> Command {
 
 /// Runs the binary with `args`; its output.
 pub fn run(settings: &redrive::Settings, args: &[&str]) -> Output {
-    redrive(settings).args(args).output_within(CHILD_LIMIT).unwrap()
+    redrive(settings)
+        .args(args)
+        .output_within(CHILD_LIMIT)
+        .unwrap()
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -901,7 +904,11 @@ async fn the_error_filter_matches_the_error_a_task_shows_and_first_error_the_rep
     };
     assert_eq!(ids(&["--error", "503"]), [3, 2], "what each row shows");
     assert_eq!(ids(&["--error", "invalid PAYMENT"]), [1]);
-    assert_eq!(ids(&["--first-error", "503"]), [3, 2, 1], "as first reported");
+    assert_eq!(
+        ids(&["--first-error", "503"]),
+        [3, 2, 1],
+        "as first reported"
+    );
     assert_eq!(ids(&["--first-error", "503", "--error", "422"]), [1]);
     let out = ok(
         &settings,

@@ -303,60 +303,82 @@ async fn a_member_cut_off_from_postgres_gives_its_partitions_to_the_group_and_ta
         .ingested
         .with_label_values(&["cut.dlt", "stored"]);
     let cut_off = Member::start(cut_fleet, &proxied_store);
-    produce_spread(&bootstrap, 0..400).await;
-    eventually(Duration::from_secs(60), "400 tasks", || async {
-        tasks(&store).await == 400
-    })
+    // Until the group has given the member to be cut a share of the partitions.
+    let mut produced = 0;
+    while stored_by_cut.get() == 0 {
+        assert!(
+            produced < 4000,
+            "the member to be cut was given no partition"
+        );
+        produce_spread(&bootstrap, produced..produced + 100).await;
+        produced += 100;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eventually(
+        Duration::from_secs(60),
+        "every task before the cut",
+        || async { tasks(&store).await == produced as i64 },
+    )
     .await;
-    assert!(stored_by_cut.get() > 0, "the member to be cut holds partitions");
 
     proxy.cut();
     let cut_at = std::time::Instant::now();
-    produce_spread(&bootstrap, 400..800).await;
-    let mut highest_committed = 0;
+    produce_spread(&bootstrap, produced..produced + 400).await;
+    produced += 400;
     let limit = Duration::from_secs(60);
     loop {
         let stored = tasks(&store).await;
         let committed = committed_total(&bootstrap, &group, "cut.dlt", 4).await;
-        assert!(committed <= stored, "committed {committed} but stored {stored}");
-        highest_committed = highest_committed.max(committed);
-        if stored == 800 {
+        assert!(
+            committed <= stored,
+            "committed {committed} but stored {stored}"
+        );
+        if stored == produced as i64 {
             break;
         }
         assert!(
             cut_at.elapsed() < limit,
-            "the cut member's partitions stood still: {stored} of 800 stored after {limit:?}"
+            "the cut member's partitions stood still: {stored} of {produced} stored after {limit:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let stood_still = cut_at.elapsed();
     eprintln!("partitions of the cut member stood still for {stood_still:?} (release after 3s)");
-    assert_eq!(released.get(), 1, "the cut member says it released its partitions");
+    assert_eq!(
+        released.get(),
+        1,
+        "the cut member says it released its partitions"
+    );
 
     proxy.restore();
-    eventually(Duration::from_secs(30), "the cut member joins again", || async {
-        released.get() == 0
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the cut member joins again",
+        || async { released.get() == 0 },
+    )
     .await;
     let before_rejoining = stored_by_cut.get();
     // Its consumer is back in the group once the next message comes its way.
     tokio::time::sleep(Duration::from_secs(8)).await;
-    produce_spread(&bootstrap, 800..1200).await;
-    eventually(Duration::from_secs(60), "1200 tasks", || async {
-        tasks(&store).await == 1200
+    produce_spread(&bootstrap, produced..produced + 400).await;
+    produced += 400;
+    eventually(Duration::from_secs(60), "every task", || async {
+        tasks(&store).await == produced as i64
     })
     .await;
     assert!(
         stored_by_cut.get() > before_rejoining,
         "the member took a share of the partitions back"
     );
-    eventually(Duration::from_secs(60), "every offset committed", || async {
-        committed_total(&bootstrap, &group, "cut.dlt", 4).await == 1200
-    })
+    eventually(
+        Duration::from_secs(60),
+        "every offset committed",
+        || async { committed_total(&bootstrap, &group, "cut.dlt", 4).await == produced as i64 },
+    )
     .await;
     cut_off.stop().await;
     healthy.stop().await;
-    assert_each_message_once(&store, 1200).await;
+    assert_each_message_once(&store, produced).await;
 }
 
 /// Produces `failure N` for N in `range` to `cut.dlt`, partition N % 4.

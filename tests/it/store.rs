@@ -1310,12 +1310,18 @@ async fn the_drains_fenced_writes_probe_the_primary_key_on_a_store_never_analyse
         async move {
             let tasks: Vec<NewTask> = (0..n).map(|i| NewTask::new("h", format!("v{i}"))).collect();
             drain.enqueue_many(&tasks).await.unwrap();
-            let claimed = drain.claim(&handlers(), n as u32, "w", LEASE).await.unwrap();
+            let claimed = drain
+                .claim(&handlers(), n as u32, "w", LEASE)
+                .await
+                .unwrap();
             let leases: Vec<_> = claimed.iter().map(|t| t.lease()).collect();
             drain.heartbeat(&leases, LEASE).await.unwrap();
             let (first, rest) = claimed.split_at(1);
             drain.release("w", &[first[0].lease()]).await.unwrap();
-            let done: Vec<Finish> = rest.iter().map(|t| finish(t, FinishOutcome::Resolved)).collect();
+            let done: Vec<Finish> = rest
+                .iter()
+                .map(|t| finish(t, FinishOutcome::Resolved))
+                .collect();
             assert_eq!(drain.finish("w", &done).await.unwrap().len(), n - 1);
         }
     };

@@ -25,14 +25,27 @@ async fn migrate_names_what_it_applied_and_refuses_a_schema_a_newer_release_migr
     let out = run(&settings, &["migrate"]);
     let first = text(&out.stdout);
     assert!(out.status.success(), "{first}{}", text(&out.stderr));
-    assert!(first.contains("applied ") && first.contains(&latest), "{first}");
-    assert!(first.contains("task disposition"), "each one by name: {first}");
-    assert!(!text(&out.stderr).contains("already exists"), "{}", text(&out.stderr));
+    assert!(
+        first.contains("applied ") && first.contains(&latest),
+        "{first}"
+    );
+    assert!(
+        first.contains("task disposition"),
+        "each one by name: {first}"
+    );
+    assert!(
+        !text(&out.stderr).contains("already exists"),
+        "{}",
+        text(&out.stderr)
+    );
 
     let out = run(&settings, &["migrate"]);
     let again = text(&out.stdout);
     assert!(out.status.success(), "{again}");
-    assert!(again.contains("up to date") && again.contains("none was pending"), "{again}");
+    assert!(
+        again.contains("up to date") && again.contains("none was pending"),
+        "{again}"
+    );
 
     sqlx::query(&format!(
         "INSERT INTO {}._sqlx_migrations (version, description, success, checksum, execution_time) \
@@ -83,9 +96,11 @@ async fn a_member_without_migrations_on_start_waits_for_migrate_and_says_so_once
     );
     let out = run(&settings, &["migrate"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    eventually(Duration::from_secs(20), "it starts once migrated", || async {
-        !member.log_lines("worker pool started").is_empty()
-    })
+    eventually(
+        Duration::from_secs(20),
+        "it starts once migrated",
+        || async { !member.log_lines("worker pool started").is_empty() },
+    )
     .await;
     member.stop(Duration::from_secs(20)).await;
 }

@@ -56,8 +56,8 @@ use crate::broker::{cluster, committed, producer};
 use crate::http_server::{Recorded, Reply, TestServer};
 use crate::operator_cli::redrive;
 use crate::support::database_url;
-use redrive::config::{CLAIM_LOOPS, FLUSHES_IN_FLIGHT};
 use crate::support::{Bounded, CHILD_LIMIT};
+use redrive::config::{CLAIM_LOOPS, FLUSHES_IN_FLIGHT};
 
 const TOPIC: &str = "chaos.dlt";
 const PARTITIONS: i32 = 6;

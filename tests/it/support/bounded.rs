@@ -40,8 +40,18 @@ pub fn wait_with_output_within(mut child: Child, limit: Duration, what: &str) ->
             bytes
         })
     };
-    let stdout = reader(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let stderr = reader(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let stdout = reader(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = reader(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
     let status = wait_within(&mut child, limit);
     let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
     match status {
