@@ -356,11 +356,7 @@ impl ProcessMode {
     /// and running it again would apply it after the newer one. A newer task of an
     /// earlier life (the topic recreated, another cluster) says nothing of this
     /// message; `None` when which life cannot be read.
-    async fn passed(
-        &self,
-        process: &[&mut Pending],
-        newest: &NewestOrdered,
-    ) -> Vec<Option<bool>> {
+    async fn passed(&self, process: &[&mut Pending], newest: &NewestOrdered) -> Vec<Option<bool>> {
         let newer: Vec<Option<&(i64, Option<Task>)>> = (process.iter())
             .map(|p| {
                 let found = ordered_coordinates(p).and_then(|key| newest.get(&key))?;
