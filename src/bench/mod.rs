@@ -19,6 +19,7 @@ pub mod rebalance;
 pub mod scale;
 mod server;
 mod statements;
+mod stream;
 pub mod webhook;
 
 use anyhow::Context;
@@ -106,6 +107,12 @@ pub struct BenchOptions {
     /// Single tasks enqueued one by one into an idle pool to measure pick-up latency.
     #[arg(long, default_value_t = 200)]
     pub pickup_samples: usize,
+    /// Tasks offered per second while one member drains, on a store never analysed.
+    #[arg(long, default_value_t = 3800, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub stream_rate: u32,
+    /// Seconds of that stream (0: not run).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub stream_seconds: u64,
 }
 
 /// Resolves every task at once.
@@ -196,6 +203,16 @@ async fn run_queue(settings: &Settings, options: &BenchOptions) -> anyhow::Resul
     if options.pickup_samples > 0 {
         let (p50, p99) = pickup_latency(&settings, options.pickup_samples).await?;
         outln!("idle pick-up latency (enqueue committed -> resolved), {} samples: p50 {p50:.1} ms, p99 {p99:.1} ms", options.pickup_samples);
+    }
+    if options.stream_seconds > 0 {
+        let batch = options.batch_sizes.iter().copied().max().unwrap_or(100);
+        stream::run(
+            &settings,
+            options.stream_rate,
+            options.stream_seconds,
+            batch,
+        )
+        .await?;
     }
     Ok(())
 }
@@ -331,7 +348,12 @@ async fn pickup_latency(settings: &Settings, samples: usize) -> anyhow::Result<(
             .await?;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let waiting = Instant::now();
     while store.status_counts().await?.resolved < samples as i64 {
+        anyhow::ensure!(
+            waiting.elapsed() < Duration::from_secs(120),
+            "the pick-up samples were not resolved within two minutes"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     shutdown.cancel();

@@ -475,6 +475,38 @@ fn bench_stdout(settings: &redrive::Settings, args: &[&str]) -> String {
     stdout
 }
 
+/// `redrive bench` at tiny sizes, with its steady stream on a store never analysed:
+/// every figure is printed and every streamed task checked resolved once. No rate is
+/// asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_queue_runs_at_tiny_sizes_with_its_stream_on_a_store_never_analysed() {
+    let (_store, settings) = fresh_store().await;
+    let stdout = bench_stdout(
+        &settings,
+        &[
+            "--tasks",
+            "200",
+            "--batch-sizes",
+            "50",
+            "--runs",
+            "1",
+            "--pickup-samples",
+            "0",
+            "--stream-rate",
+            "300",
+            "--stream-seconds",
+            "3",
+        ],
+    );
+    for line in [
+        "steady stream on a store never analysed: 300 tasks/s offered for 3 s",
+        "backlog",
+        "stream's end:",
+    ] {
+        assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
+    }
+}
+
 /// `redrive bench webhook` at tiny sizes: its code path (the answering server on its
 /// own thread, the interleaved drains, the CPU accounting, the breaker's held backlog and
 /// the final check of every task) keeps working. No figure is asserted.
