@@ -112,14 +112,30 @@ pub async fn bulk(
             true => "no task matching the filter",
             false => "none of these tasks",
         };
+        // Confirmed up front (`--yes`): on the record like every confirmed action, with
+        // count 0, as the API does; asked at a prompt, there was nothing to confirm.
+        let audited = match options.yes {
+            true => {
+                operations
+                    .act(&actor, verb, &request, |_| {})
+                    .await?
+                    .audit_id
+            }
+            false => None,
+        };
         if options.json {
             let nothing = ActAnswer {
                 dry_run: false,
                 sample: None,
+                audit_id: audited,
                 ..preview.clone()
             };
             outln!("{}", serde_json::to_string(&nothing)?);
         }
+        let what = match audited {
+            Some(audit) => format!("{what} (audit entry {audit})"),
+            None => what.to_owned(),
+        };
         if preview.refused > 0 {
             bail!("{}; nothing changed", left_alone(verb, preview.refused));
         }

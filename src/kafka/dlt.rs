@@ -290,11 +290,28 @@ impl FailureContext {
         }
         let group = self.group.as_deref()?;
         let original = self.original.as_ref()?.complete()?;
+        // A group is as long as its writer made it: a long one is named by its digest,
+        // so that the key stays within what PostgreSQL indexes (a 2,700-byte group made
+        // the key unstorable and stopped the member's ingest).
+        let group = match group.len() > MAX_KEYED_GROUP_BYTES {
+            true => format!("sha256-{}", digest(group)),
+            false => group.to_owned(),
+        };
         Some(format!(
             "kafka-share-dlq:{group}:{}:{}:{}",
             original.topic, original.partition, original.offset
         ))
     }
+}
+
+/// Longest group named as it is in a share group's dedup key (Kafka's own names are
+/// short; a longer one is named by its digest).
+const MAX_KEYED_GROUP_BYTES: usize = 255;
+
+/// The first 16 bytes of `text`'s SHA-256, in hex.
+fn digest(text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    crate::readable::hex(&Sha256::digest(text.as_bytes())[..16])
 }
 
 /// Reads the failure context of the first format whose topic header is present. What
@@ -893,6 +910,22 @@ mod tests {
             100,
         );
         assert_eq!(no_group.dedup_key(), None, "only a whole identity dedups");
+        // Found by an attack: a 2,700-byte group made a key PostgreSQL cannot index,
+        // and the member's ingest stopped at that dead letter.
+        let long = "g".repeat(300);
+        let long_group = read(
+            &[
+                h(share_group::TOPIC, b"orders"),
+                h(share_group::PARTITION, b"2"),
+                h(share_group::OFFSET, b"41"),
+                h(share_group::GROUP, long.as_bytes()),
+            ],
+            100,
+        );
+        let key = long_group.dedup_key().unwrap();
+        assert!(key.len() < 100, "{key}");
+        assert!(key.starts_with("kafka-share-dlq:sha256-") && key.ends_with(":orders:2:41"));
+        assert_eq!(long_group.group.as_deref(), Some(long.as_str()));
         assert_eq!(
             Disposition::DeliveryCountExceeded.as_str(),
             "delivery_count_exceeded"

@@ -98,6 +98,14 @@ impl TaskFilter {
                 return Err(format!("{name} must be at least 1 (1 is a first failure)"));
             }
         }
+        if let Some(disposition) = &self.disposition {
+            if !DISPOSITIONS.contains(&disposition.as_str()) {
+                return Err(format!(
+                    "unknown disposition {disposition:?} ({})",
+                    DISPOSITIONS.join(", ")
+                ));
+            }
+        }
         if self.previous_task.is_some_and(|id| id.0 < 1) {
             return Err("previous_task must be a task id (a positive integer)".into());
         }
@@ -117,6 +125,9 @@ impl TaskFilter {
         Ok(())
     }
 }
+
+/// The dispositions a task may have ([`crate::kafka::dlt::Disposition`]).
+const DISPOSITIONS: [&str; 3] = ["rejected", "delivery_count_exceeded", "unknown"];
 
 /// Which tasks an action applies to: listed ids, or every task a filter selects.
 // One per operator request, never held in bulk: boxing the filter would buy nothing.

@@ -196,6 +196,13 @@ fn missing_database(error: sqlx::Error, settings: &DatabaseSettings) -> StoreErr
     }
 }
 
+/// A pool's options: a slow acquire (every connection taken, the server out of slots)
+/// is logged at DEBUG, not at WARN on every statement: an outage is told once, by the
+/// member's health, and counted.
+fn pool_options() -> PgPoolOptions {
+    PgPoolOptions::new().acquire_slow_level(::log::LevelFilter::Debug)
+}
+
 /// Result alias of the store.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
@@ -209,7 +216,7 @@ pub struct Store {
 impl Store {
     /// Opens a connection pool whose `search_path` is the configured schema.
     pub async fn connect(settings: &DatabaseSettings) -> Result<Store> {
-        let pool = PgPoolOptions::new()
+        let pool = pool_options()
             .max_connections(settings.max_connections)
             .acquire_timeout(settings.connect_timeout)
             .connect_with(settings.connect_options()?)
@@ -235,7 +242,7 @@ impl Store {
             .connect_options()?
             .options([("statement_timeout", timeout.as_str())]);
         Ok(Store {
-            pool: PgPoolOptions::new()
+            pool: pool_options()
                 .max_connections(max_connections)
                 .acquire_timeout(settings.connect_timeout)
                 .connect_lazy_with(options),

@@ -34,7 +34,10 @@ const FLUSH_WITHIN: Duration = Duration::from_secs(1);
 /// flushes them). Does nothing if a subscriber is already installed.
 pub fn init_logging(format: LogFormat, level: &str) -> LogGuard {
     use std::io::IsTerminal;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    // The pool's "ping on idle connection returned error" (INFO, a line per dropped
+    // connection, many at each database restart) stays out unless asked for by RUST_LOG.
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("{level},sqlx_core::pool::inner=warn")));
     let json = match format {
         LogFormat::Json => true,
         LogFormat::Text => false,

@@ -483,6 +483,18 @@ async fn a_share_group_dead_letter_written_twice_is_one_task_with_its_dispositio
         ..Sample::default()
     };
     produce(&producer, "billing.dlq", &copied).await;
+    // Found by an attack: a group of 2,700 bytes made a dedup key PostgreSQL cannot
+    // index, and ingest stopped at it (this partition and every later commit).
+    let mut long_group = share_group_headers(b"billing", b"0", b"2");
+    long_group.retain(|h| h.name != b"__dlq.errors.group");
+    long_group.push(Header::new("__dlq.errors.group", vec![b'g'; 2700]));
+    let long_group = Sample {
+        key: Some(b"k2".to_vec()),
+        value: Some(b"v2".to_vec()),
+        headers: long_group,
+        ..Sample::default()
+    };
+    produce(&producer, "billing.dlq", &long_group).await;
     let karafka = Sample {
         key: Some(b"customer-7".to_vec()),
         value: Some(b"{}".to_vec()),
@@ -508,19 +520,21 @@ async fn a_share_group_dead_letter_written_twice_is_one_task_with_its_dispositio
                     crate::broker::committed(&bootstrap, &group, "events.dlq", 1),
                 )
             });
-            committed.await.unwrap() == (vec![3], vec![1])
+            committed.await.unwrap() == (vec![4], vec![1])
         },
     )
     .await;
     running.stop().await;
-    let rows: Vec<(String, Option<String>, Option<String>)> = sqlx::query_as(
+    let mut rows: Vec<(String, Option<String>, Option<String>)> = sqlx::query_as(
         "SELECT dedup_key, disposition, error_message FROM recovery_task \
          ORDER BY source_topic, source_offset",
     )
     .fetch_all(store.pool())
     .await
     .unwrap();
-    assert_eq!(rows.len(), 3, "{rows:#?}");
+    assert_eq!(rows.len(), 4, "{rows:#?}");
+    let long = rows.remove(2);
+    assert!(long.0.starts_with("kafka-share-dlq:sha256-"), "{}", long.0);
     assert_eq!(
         (rows[0].0.as_str(), rows[0].1.as_deref()),
         (

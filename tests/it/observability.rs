@@ -886,6 +886,18 @@ fn slow_statements_and_schema_notices_are_not_logged_at_info_or_above() {
                 .execute(store.pool())
                 .await
                 .unwrap();
+            // Found by an attack: a pool whose every connection is taken warned at
+            // each acquire that waited past two seconds.
+            let mut one = settings.clone();
+            one.database.max_connections = 1;
+            let small = Store::connect(&one.database).await.unwrap();
+            let held = small.pool().acquire().await.unwrap();
+            let release = tokio::spawn(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+                drop(held);
+            });
+            drop(small.pool().acquire().await.unwrap());
+            release.await.unwrap();
         })
     });
     let seen = String::from_utf8_lossy(&lines.0.lock().unwrap()).into_owned();

@@ -910,6 +910,12 @@ async fn the_error_filter_matches_the_error_a_task_shows_and_first_error_the_rep
         "as first reported"
     );
     assert_eq!(ids(&["--first-error", "503", "--error", "422"]), [1]);
+    // Found by an attack: an unknown disposition matched nothing, silently.
+    let refused = fails(&settings, &["tasks", "list", "--disposition", "REJECTED"]);
+    assert!(
+        refused.contains("unknown disposition") && refused.contains("delivery_count_exceeded"),
+        "{refused}"
+    );
     let out = ok(
         &settings,
         &["tasks", "retry", "--error", "503", "--yes", "--json"],
@@ -924,5 +930,30 @@ async fn the_error_filter_matches_the_error_a_task_shows_and_first_error_the_rep
         .await,
         0,
         "the task whose last attempt said 422 was not retried"
+    );
+}
+
+/// Found by an attack: a confirmed (`--yes`) bulk verb that matched nothing wrote no
+/// audit row, where the API's did: every confirmed action is on the record, count 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmed_cli_action_that_matches_nothing_is_audited_with_count_zero() {
+    let (store, settings) = fresh_store().await;
+    let out = ok(
+        &settings,
+        &[
+            "tasks", "discard", "--route", "nowhere", "--reason", "sweep", "--yes", "--json",
+        ],
+    );
+    let answer: Value = serde_json::from_str(&out).unwrap();
+    let audit = answer["audit_id"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no audit id: {answer}"));
+    assert_eq!(
+        scalar(
+            &store,
+            &format!("SELECT count(*) FROM recovery_audit WHERE id = {audit} AND count = 0 AND reason = 'sweep'")
+        )
+        .await,
+        1
     );
 }
