@@ -10,7 +10,7 @@ use sqlx::Row;
 use std::time::Duration;
 
 use super::query::attempts_from_rows;
-use super::row::{decode_one, Unreadable};
+use super::row::{decode_one, task_columns, Unreadable};
 use super::{Attempt, Result, Store};
 use crate::task::{Lease, Task, TaskId};
 
@@ -91,7 +91,8 @@ pub struct CompensationView {
 
 // Claims push `due_at` a lease ahead: a member that dies mid-call leaves the row to be
 // claimed again then, under a new version that fences the dead member's result.
-const CLAIM: &str = r#"
+const CLAIM: &str = concat!(
+    r#"
 WITH due AS (
     SELECT c.task_id FROM recovery_compensation c JOIN recovery_task t ON t.id = c.task_id
     WHERE c.state = 'pending' AND c.due_at <= now() AND t.handler = ANY($1)
@@ -104,9 +105,12 @@ claimed AS (
         due_at = now() + $3 * interval '1 millisecond'
     FROM due WHERE c.task_id = due.task_id
     RETURNING c.task_id, c.version, c.attempts)
-SELECT t.*, claimed.version AS compensation_version, claimed.attempts AS compensation_attempt
+SELECT "#,
+    task_columns!("t."),
+    r#", claimed.version AS compensation_version, claimed.attempts AS compensation_attempt
 FROM claimed JOIN recovery_task t ON t.id = claimed.task_id
-"#;
+"#
+);
 
 // Writing a result ends the claim (the version moves on), so a heartbeat that raced
 // with it cannot push a retry's due time a lease ahead.

@@ -3,7 +3,7 @@
 use sqlx::{PgConnection, Row};
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use super::row::task_from_row;
+use super::row::{task_columns, task_from_row};
 use super::{Result, Store, StoreError, KEYED_PROBES};
 use crate::headers;
 use crate::task::{AttemptOutcome, InlineAttempt, NewTask, Task, TaskId};
@@ -168,14 +168,15 @@ impl Store {
         let order_keys: Vec<&[u8]> = keys.iter().map(|(key, _, _)| key.as_slice()).collect();
         let topics: Vec<&str> = keys.iter().map(|(_, topic, _)| topic.as_str()).collect();
         let partitions: Vec<i32> = keys.iter().map(|(_, _, partition)| *partition).collect();
-        let rows = sqlx::query(
-            "SELECT k.ord, t.* \
-             FROM unnest($1::bytea[], $2::text[], $3::int[]) WITH ORDINALITY AS k(order_key, topic, partition, ord) \
+        let rows = sqlx::query(concat!(
+            "SELECT k.ord, ",
+            task_columns!("t."),
+            " FROM unnest($1::bytea[], $2::text[], $3::int[]) WITH ORDINALITY AS k(order_key, topic, partition, ord) \
              CROSS JOIN LATERAL (SELECT * FROM recovery_task t \
                  WHERE t.order_key = k.order_key AND t.source_topic = k.topic \
                    AND t.source_partition = k.partition \
                  ORDER BY t.source_offset DESC LIMIT 1) t",
-        )
+        ))
         .bind(&order_keys)
         .bind(&topics)
         .bind(&partitions)
@@ -494,11 +495,13 @@ async fn holders(
 ) -> Result<HashMap<String, (TaskId, Option<Task>)>> {
     // Each key's task by its primary key (`OFFSET 0` keeps the lookup per key, whatever
     // the statistics say).
-    let rows = sqlx::query(
-        "SELECT t.* FROM recovery_task_dedup d \
+    let rows = sqlx::query(concat!(
+        "SELECT ",
+        task_columns!("t."),
+        " FROM recovery_task_dedup d \
          CROSS JOIN LATERAL (SELECT * FROM recovery_task WHERE id = d.task_id OFFSET 0) t \
          WHERE d.dedup_key = ANY($1) AND t.dedup_key = d.dedup_key",
-    )
+    ))
     .bind(keys)
     .fetch_all(&mut *conn)
     .await?;

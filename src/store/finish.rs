@@ -34,8 +34,10 @@ pub struct Finish {
 const FINISH: &str = r#"
 WITH r AS (
     -- A retry is due as long after PostgreSQL's now as the worker asked after its own
-    -- ($11): a member whose clock is off still waits the backoff, no more, no less.
-    SELECT id, version, status, now() + (next_at - $11::timestamptz) AS next_at, error,
+    -- ($11, read as this statement was sent): a member whose clock is off still waits
+    -- the backoff, no more, no less. The statement's start, not the transaction's,
+    -- which began a round trip earlier (KEYED_PROBES).
+    SELECT id, version, status, statement_timestamp() + (next_at - $11::timestamptz) AS next_at, error,
            outcome, started_at, duration_ms, compensate
     FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::timestamptz[],
                 $5::text[], $6::text[], $7::timestamptz[], $8::int[], $10::bool[])

@@ -10,7 +10,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use super::finish::Finish;
-use super::row::{decode_each, Unreadable};
+use super::row::{decode_each, task_columns, Unreadable};
 use super::{Result, Store};
 use crate::task::{AttemptOutcome, FinishOutcome, Lease, Task, TaskId};
 
@@ -39,7 +39,8 @@ pub(crate) use super::ORDERED_WALK as DUE_ORDER;
 // Times read from a row are clamped to what a time can hold here before any arithmetic
 // (`least(greatest(..))`): PostgreSQL 15 cannot subtract an infinite time, and a task
 // given one by hand failed every claim of its handlers (see `store::time`).
-const CLAIM_TEMPLATE: &str = r#"
+const CLAIM_TEMPLATE: &str = concat!(
+    r#"
 WITH due AS MATERIALIZED (
     SELECT id, lease_owner, lease_version, leased_at, next_attempt_at, attempts
     FROM recovery_task
@@ -69,8 +70,11 @@ SET lease_version = t.lease_version + 1,
     updated_at = now()
 FROM due
 WHERE t.id = due.id
-RETURNING t.*, due.lease_owner IS NOT NULL AS recovered, due.next_attempt_at AS was_due
-"#;
+RETURNING "#,
+    task_columns!("t."),
+    r#", due.lease_owner IS NOT NULL AS recovered, due.next_attempt_at AS was_due
+"#
+);
 
 static CLAIM: LazyLock<String> =
     LazyLock::new(|| CLAIM_TEMPLATE.replace("{NOT_STOPPING}", NOT_STOPPING));

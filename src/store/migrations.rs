@@ -27,6 +27,8 @@ pub struct SchemaVersions {
     /// Versions the schema has applied that this binary does not know: a newer release
     /// migrated it.
     pub newer: Vec<i64>,
+    /// How many migrations the schema has applied (0: a new schema).
+    pub applied: usize,
 }
 
 impl SchemaVersions {
@@ -55,6 +57,10 @@ impl Store {
             let versions = versions(&mut conn).await?;
             self.refuse_newer(&versions)?;
             MIGRATOR.run(&mut *conn).await?;
+            // An upgrade (not a new schema): members may be working on it.
+            if !versions.pending.is_empty() && versions.applied > 0 {
+                end_other_sessions(&mut conn).await;
+            }
             Ok(versions.pending)
         }
         .await;
@@ -106,6 +112,34 @@ impl Store {
     }
 }
 
+/// Ends the sessions of other redrive processes on this database once migrations are
+/// applied to a schema in use (an upgrade): a member of an earlier release whose statements return a table's every
+/// column (`t.*`, up to 78cebd5) keeps them prepared for the table as it was, and
+/// PostgreSQL refuses them once a column is added ("cached plan must not change result
+/// type"): every claim failed until its connections were replaced. Members resume on
+/// new connections by themselves, as after any backend termination (a statement in
+/// flight is retried). Only logged when refused (a role without the right).
+async fn end_other_sessions(conn: &mut sqlx::PgConnection) {
+    let ended = sqlx::query_scalar::<_, i64>(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE datname = current_database() AND application_name = 'redrive' \
+           AND pid <> pg_backend_pid()",
+    )
+    .fetch_one(&mut *conn)
+    .await;
+    match ended {
+        Ok(0) => {}
+        Ok(ended) => tracing::info!(
+            ended,
+            "ended the database sessions of other redrive processes, so that none keeps \
+             statements prepared for the tables as they were; they reconnect by themselves"
+        ),
+        Err(error) => tracing::warn!(%error,
+            "could not end the database sessions of other redrive processes: members of \
+             an earlier release may fail their statements until they reconnect"),
+    }
+}
+
 /// The schema's applied versions against the binary's, on `conn` (whose `search_path`
 /// is the schema).
 async fn versions(conn: &mut sqlx::PgConnection) -> Result<SchemaVersions> {
@@ -130,5 +164,6 @@ async fn versions(conn: &mut sqlx::PgConnection) -> Result<SchemaVersions> {
             })
             .collect(),
         newer: applied.difference(&known).copied().collect(),
+        applied: applied.len(),
     })
 }

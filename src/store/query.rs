@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 
-use super::row::task_from_row;
+use super::row::{task_columns, task_from_row};
 use super::{Result, Store};
 use crate::task::{Task, TaskId};
 
@@ -52,10 +52,14 @@ pub struct Attempt {
 impl Store {
     /// One task by id.
     pub async fn get(&self, id: TaskId) -> Result<Option<Task>> {
-        let row = sqlx::query("SELECT * FROM recovery_task WHERE id = $1")
-            .bind(id.0)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            task_columns!(),
+            " FROM recovery_task WHERE id = $1"
+        ))
+        .bind(id.0)
+        .fetch_optional(&self.pool)
+        .await?;
         row.as_ref().map(task_from_row).transpose()
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::filter::{bind_selection, Selection, TaskFilter, CONDITION};
 use super::operate::Operator;
-use super::row::task_from_row;
+use super::row::{task_columns, task_from_row};
 use super::{Result, Store, StoreError, ORDERED_WALK};
 use crate::task::Task;
 
@@ -472,12 +472,13 @@ impl Store {
     ) -> Result<ReplayPage> {
         let selection = Selection::Filter(filter.clone());
         let statement = format!(
-            "SELECT * FROM (SELECT *, row_number() OVER w AS rn, sum(coalesce(octet_length(msg_key), 0) \
+            "SELECT {columns} FROM (SELECT *, row_number() OVER w AS rn, sum(coalesce(octet_length(msg_key), 0) \
                  + coalesce(octet_length(msg_value), 0) + octet_length(msg_headers)) OVER w AS running \
              FROM (SELECT * FROM recovery_task WHERE {CONDITION} AND id > $18 \
                    AND ($19::bigint IS NULL OR id <= $19) ORDER BY id LIMIT $20) t \
              WINDOW w AS (ORDER BY id)) b \
-             WHERE rn = 1 OR running <= $21 ORDER BY id"
+             WHERE rn = 1 OR running <= $21 ORDER BY id",
+            columns = task_columns!()
         );
         let mut tx = self.pool.begin_with(ORDERED_WALK).await?;
         let rows = bind_selection(sqlx::query(&statement), &selection)

@@ -697,12 +697,18 @@ async fn a_verb_whose_output_is_closed_ends_quietly() {
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
         drop(unsafe { OwnedFd::from_raw_fd(fds[0]) });
         let write = unsafe { OwnedFd::from_raw_fd(fds[1]) };
-        let out = redrive(&settings)
+        let child = redrive(&settings)
             .args(args)
             .stdout(Stdio::from(write))
             .stderr(Stdio::piped())
-            .output_within(CHILD_LIMIT)
+            .spawn()
             .unwrap();
+        let out = crate::support::wait_with_output_within(
+            child,
+            CHILD_LIMIT,
+            "redrive on a closed output",
+        );
+
         assert_eq!(
             out.status.code(),
             Some(0),

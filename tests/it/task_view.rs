@@ -18,7 +18,7 @@ use std::time::Duration;
 use crate::admin_api::{with_tokens, Api, READ};
 use crate::operator_cli::{redrive, run};
 use crate::support::fresh_store;
-use crate::support::{Bounded, CHILD_LIMIT};
+use crate::support::CHILD_LIMIT;
 
 /// `tasks show ID` as printed, and the API's detail of the same task.
 async fn shown(settings: &Settings, api: &Api, id: TaskId) -> (String, Value) {
@@ -472,12 +472,15 @@ async fn watch_prints_again_until_stopped_and_ends_quietly_on_a_closed_output() 
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
     drop(unsafe { OwnedFd::from_raw_fd(fds[0]) });
     let write = unsafe { OwnedFd::from_raw_fd(fds[1]) };
-    let out = redrive(&settings)
+    let child = redrive(&settings)
         .args(["tasks", "list", "--watch", "1"])
         .stdout(Stdio::from(write))
         .stderr(Stdio::piped())
-        .output_within(CHILD_LIMIT)
+        .spawn()
         .unwrap();
+    let out =
+        crate::support::wait_with_output_within(child, CHILD_LIMIT, "redrive on a closed output");
+
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.is_empty(), "{stderr}");

@@ -104,3 +104,49 @@ async fn a_member_without_migrations_on_start_waits_for_migrate_and_says_so_once
     .await;
     member.stop(Duration::from_secs(20)).await;
 }
+
+/// Found by the upgrade rehearsal: once a migration added a column to the task table,
+/// every running member failed every claim ("cached plan must not change result type":
+/// its prepared statements returned `t.*`) until its connections were replaced. Every
+/// statement that reads whole tasks works on across a column added under it, on the
+/// connection that prepared it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_that_read_tasks_work_on_when_a_column_is_added_to_the_task_table() {
+    let (store, mut settings) = fresh_store().await;
+    // One connection: each statement is prepared on it before the column is added.
+    settings.database.max_connections = 1;
+    let member = redrive::Store::connect(&settings.database).await.unwrap();
+    let handlers = ["log".to_owned()];
+    let read_everything = || {
+        let member = member.clone();
+        let handlers = handlers.clone();
+        async move {
+            let key = format!("k{}", rand::random::<u64>()).into_bytes();
+            let task = redrive::NewTask {
+                order_key: Some(key.clone()),
+                ..redrive::NewTask::new("log", "v")
+            };
+            member.enqueue_many(&[task]).await?;
+            let claimed = member
+                .claim(&handlers, 10, "w", Duration::from_secs(30))
+                .await?;
+            let id = claimed[0].id;
+            member.get(id).await?;
+            member.detail(id).await?;
+            member
+                .newest_ordered_tasks(&[(key, String::new(), 0)])
+                .await?;
+            Ok::<_, redrive::StoreError>(())
+        }
+    };
+    read_everything().await.unwrap();
+    read_everything().await.unwrap();
+    // What the next release's migration may do.
+    sqlx::query("ALTER TABLE recovery_task ADD COLUMN added_by_a_later_release text")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    read_everything()
+        .await
+        .expect("the statements prepared before the column was added");
+}

@@ -18,13 +18,16 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 
 use super::members::MEMBER_LIVE_WITHIN;
+use super::row::task_columns;
 use super::{Attempt, Result};
 use crate::task::{AttemptOutcome, Status, Task, TaskId};
 
 /// A task read with every fact its [`Waiting`] needs; `$1` is the task id, `$2` how
 /// recently a member must have been seen to count as live, in milliseconds.
-pub(super) const DETAIL: &str = r#"
-SELECT t.*, now() AS as_of,
+pub(super) const DETAIL: &str = concat!(
+    "SELECT ",
+    task_columns!("t."),
+    r#", now() AS as_of,
        b.state AS breaker_state, b.forced AS breaker_forced, b.hold_until AS breaker_until,
        b.reason AS breaker_reason,
        ahead.id AS ahead_id,
@@ -60,7 +63,8 @@ LEFT JOIN LATERAL (
 LEFT JOIN recovery_compensation c
     ON c.task_id = t.id AND t.status IN ('permanent_failure', 'discarded')
 WHERE t.id = $1
-"#;
+"#
+);
 
 /// [`MEMBER_LIVE_WITHIN`] in milliseconds, [`DETAIL`]'s `$2`.
 pub(super) fn live_within_ms() -> f64 {

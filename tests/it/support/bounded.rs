@@ -11,8 +11,9 @@ pub const CHILD_LIMIT: Duration = Duration::from_secs(240);
 /// [`Command::output`] and [`Child::wait`] with a bound.
 pub trait Bounded {
     /// Runs the command to its end, its output captured and no standard input (as
-    /// `output`); kills it and panics with what it printed if it runs longer than
-    /// `limit`.
+    /// `output` does by default: any other standard input, output or error set on the
+    /// command is replaced; spawn it and use [`wait_with_output_within`] to keep them);
+    /// kills it and panics with what it printed if it runs longer than `limit`.
     fn output_within(&mut self, limit: Duration) -> std::io::Result<Output>;
 }
 
