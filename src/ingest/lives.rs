@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use crate::config::{IngestSettings, KafkaSettings};
-use crate::kafka::fetch::{fetch_each, FetchError};
+use crate::kafka::fetch::{fetch_each_off_runtime, FetchError};
 use crate::kafka::message::Consumed;
 use crate::task::{SourceCoordinates, Task};
 use rdkafka::Message;
@@ -74,19 +74,15 @@ impl Lives {
             });
         }
         if !to_fetch.is_empty() {
-            let (kafka, limits) = (self.kafka.clone(), self.limits.clone());
             let places: Vec<SourceCoordinates> =
                 to_fetch.iter().map(|(_, at)| at.clone()).collect();
-            let fetched = tokio::task::spawn_blocking(move || {
-                fetch_each(
-                    &kafka,
-                    limits.max_message_bytes,
-                    limits.original_fetch_timeout,
-                    &places,
-                )
-            })
-            .await
-            .unwrap_or_default();
+            let fetched = fetch_each_off_runtime(
+                self.kafka.clone(),
+                self.limits.max_message_bytes,
+                self.limits.original_fetch_timeout,
+                places,
+            )
+            .await;
             for ((index, _), outcome) in to_fetch.into_iter().zip(fetched) {
                 let task = tasks[index].expect("only tasks are fetched for");
                 lives[index] = match outcome {

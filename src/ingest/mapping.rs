@@ -27,6 +27,10 @@ pub(crate) fn to_task(
     let key = message.key().map(<[u8]>::to_vec);
     let value = message.payload().map(<[u8]>::to_vec);
     let value_size = value.as_ref().map_or(0, Vec::len);
+    let ordered_by = |key: Option<&[u8]>| match (route.ordering, key) {
+        (Ordering::Key, Some(key)) => Some(order_key(&route.name, key)),
+        _ => None,
+    };
     let mut task = NewTask {
         handler: route.handler.clone(),
         max_attempts: route.max_attempts.and_then(|m| i32::try_from(m).ok()),
@@ -38,10 +42,7 @@ pub(crate) fn to_task(
             value_size: i32::try_from(value_size).ok(),
             ..Failure::default()
         },
-        order_key: match (route.ordering, message.key()) {
-            (Ordering::Key, Some(key)) => Some(order_key(&route.name, key)),
-            _ => None,
-        },
+        order_key: ordered_by(message.key()),
         ..NewTask::default()
     };
     let mut notes: Vec<String> = timestamp_note.into_iter().collect();
@@ -56,10 +57,7 @@ pub(crate) fn to_task(
             if let Some(original_key) = ctx.key {
                 // The dead letter's own key is something else (Karafka before 2.5: the
                 // original partition): the original's is what orders and republishes.
-                task.order_key = match (route.ordering, &original_key) {
-                    (Ordering::Key, Some(key)) => Some(order_key(&route.name, key)),
-                    _ => None,
-                };
+                task.order_key = ordered_by(original_key.as_deref());
                 key_from_header = Some(original_key);
             }
             task.failure.original = ctx.original;

@@ -22,7 +22,7 @@ use super::process::Mapped;
 use crate::config::{
     capture_consumer, is_internal_topic, IngestSettings, KafkaSettings, RouteSettings,
 };
-use crate::kafka::fetch::{fetch_each, FetchError};
+use crate::kafka::fetch::fetch_each_off_runtime;
 use crate::store::Store;
 use crate::task::{OriginalCoordinates, SourceCoordinates};
 
@@ -59,22 +59,14 @@ impl Originals {
         if wanted.is_empty() {
             return;
         }
-        let kafka = self.kafka.clone();
-        let limits = self.limits.clone();
         let places: Vec<SourceCoordinates> = wanted.iter().map(|(_, at)| at.clone()).collect();
-        let fetched = tokio::task::spawn_blocking(move || {
-            fetch_each(
-                &kafka,
-                limits.max_message_bytes,
-                limits.original_fetch_timeout,
-                &places,
-            )
-        })
-        .await
-        .unwrap_or_else(|panic| {
-            let why = FetchError::TimedOut(format!("the fetch panicked: {panic}"));
-            vec![Err(why); wanted.len()]
-        });
+        let fetched = fetch_each_off_runtime(
+            self.kafka.clone(),
+            self.limits.max_message_bytes,
+            self.limits.original_fetch_timeout,
+            places,
+        )
+        .await;
         for ((index, at), outcome) in wanted.into_iter().zip(fetched) {
             let mapped = &mut batch[index];
             let task = std::mem::take(&mut mapped.task);

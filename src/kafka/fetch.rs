@@ -204,6 +204,22 @@ pub fn fetch_each(
         .collect()
 }
 
+/// [`fetch_each`] on a blocking thread, for async callers; should that thread panic,
+/// every place answers [`FetchError::TimedOut`] saying so.
+pub async fn fetch_each_off_runtime(
+    kafka: KafkaSettings,
+    max_bytes: u32,
+    timeout: Duration,
+    places: Vec<SourceCoordinates>,
+) -> Vec<Result<Consumed, FetchError>> {
+    let count = places.len();
+    tokio::task::spawn_blocking(move || fetch_each(&kafka, max_bytes, timeout, &places))
+        .await
+        .unwrap_or_else(|panic| {
+            vec![Err(timed_out(&format!("the fetch panicked: {panic}"))); count]
+        })
+}
+
 fn timed_out(doing: &str) -> FetchError {
     FetchError::TimedOut(doing.to_owned())
 }
