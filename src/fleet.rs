@@ -379,6 +379,7 @@ impl Fleet {
             upkeep::sample_fleet_figures(store.clone(), self.metrics.clone(), shutdown.clone())
                 .map(Ok),
         );
+        parts.spawn(upkeep::backfill_causes(store.clone(), shutdown.clone()).map(Ok));
         if self.settings.retention.enabled {
             parts.spawn(
                 upkeep::apply_retention(

@@ -7,8 +7,10 @@ use std::str::FromStr;
 
 use crate::headers::Header;
 
+pub mod cause;
 mod outcome;
 
+pub use cause::{AttemptKind, Cause};
 pub use outcome::{AttemptOutcome, FinishOutcome, UnknownOutcome};
 
 /// Identifier of a recovery task (the table's primary key).
@@ -341,6 +343,11 @@ pub struct NewTask {
     /// stored with the failure: its retry starts from it.
     #[serde(skip)]
     pub checkpoint: Option<serde_json::Value>,
+    /// What broke, when it is known better than the report says (process mode: how
+    /// the inline attempt failed); `None`: the cause the failure was reported with
+    /// ([`NewTask::cause`]).
+    #[serde(skip)]
+    pub cause: Option<Cause>,
 }
 
 /// The order key of a message with `key` ingested by `route` (`ordering = "key"`): a
@@ -373,6 +380,24 @@ pub struct InlineAttempt {
 }
 
 impl NewTask {
+    /// What broke: the cause given, or the one the failure was reported with (its dead
+    /// letter's class or disposition, and the error it shows).
+    pub fn cause(&self) -> Cause {
+        if let Some(cause) = &self.cause {
+            return cause.clone();
+        }
+        let failure = &self.failure;
+        let message = self
+            .final_error
+            .as_deref()
+            .or(failure.error_message.as_deref());
+        Cause::reported(
+            failure.error_class.as_deref(),
+            failure.disposition.as_deref(),
+            message,
+        )
+    }
+
     /// A task for `handler` with the given value and nothing else.
     pub fn new(handler: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
         NewTask {

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{KafkaSettings, RetentionSettings, RouteSettings};
 use crate::replay::Replayer;
-use crate::store::{Member, Store, MEMBER_BEAT, RETENTION_BATCH};
+use crate::store::{Backfill, Member, Store, MEMBER_BEAT, RETENTION_BATCH};
 use crate::task::Status;
 use crate::telemetry::Metrics;
 
@@ -61,6 +61,35 @@ pub async fn keep_member_recorded(store: Store, member: Member, shutdown: Cancel
     }
     if let Err(error) = store.forget_member(&member.id).await {
         tracing::debug!(%error, "could not remove this member's row; it expires by itself");
+    }
+}
+
+/// Gives the tasks stored before causes were (or by a member of an earlier release) their
+/// cause, a batch at a time beside the drain, until every one has one; then looks again
+/// each minute (a member that starts later may extend the work).
+pub async fn backfill_causes(store: Store, shutdown: CancellationToken) {
+    let mut trouble = Trouble::default();
+    let mut extended = false;
+    loop {
+        if !extended {
+            extended = store.extend_cause_backfill().await.is_ok();
+        }
+        let wait = match store.backfill_causes().await {
+            Ok(Backfill::Progressed { set }) => {
+                trouble.ok("setting the causes of earlier tasks");
+                tracing::debug!(set, "set the causes of earlier tasks");
+                Duration::from_millis(50)
+            }
+            Ok(Backfill::Busy) => Duration::from_secs(5),
+            Ok(Backfill::Done) => Duration::from_secs(60),
+            Err(error) => {
+                trouble.failed("setting the causes of earlier tasks", &error);
+                Duration::from_secs(5)
+            }
+        };
+        if !pause(wait, &shutdown).await {
+            return;
+        }
     }
 }
 

@@ -19,11 +19,20 @@ pub(super) fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Api
 /// A list's query string: its page (`limit`, `after`) and the rest read into `T` (a
 /// filter), each refusing what it does not know.
 pub(super) fn paged<T: DeserializeOwned>(raw: Option<&str>) -> Result<(PageRequest, T), ApiError> {
+    split(raw, &["limit", "after"])
+}
+
+/// A query string read into two parts: `A` takes the parameters named in `names`, `B`
+/// the rest, each refusing what it does not know.
+pub(super) fn split<A: DeserializeOwned, B: DeserializeOwned>(
+    raw: Option<&str>,
+    names: &[&str],
+) -> Result<(A, B), ApiError> {
     let pairs: Vec<(String, String)> =
         serde_urlencoded::from_str(raw.unwrap_or("")).map_err(bad_query)?;
-    let (page, rest): (Vec<_>, Vec<_>) =
-        (pairs.into_iter()).partition(|(name, _)| name == "limit" || name == "after");
-    Ok((read_pairs(page)?, read_pairs(rest)?))
+    let (first, rest): (Vec<_>, Vec<_>) =
+        (pairs.into_iter()).partition(|(name, _)| names.contains(&name.as_str()));
+    Ok((read_pairs(first)?, read_pairs(rest)?))
 }
 
 /// `pairs` of a query string read into `T`; a refusal names the parameter it is about

@@ -45,7 +45,7 @@ type Shared = State<Arc<Operations>>;
     info(title = "redrive admin API", description = "Look at recovery tasks and act on them."),
     paths(
         tasks::list_tasks, tasks::get_task, tasks::retry, tasks::discard, tasks::resolve,
-        tasks::stats, tasks::check,
+        tasks::stats, tasks::check, tasks::groups,
         replays::replay, replays::list_replays, replays::cancel_replay, replays::resume_replay,
         fleet::audit, fleet::members, fleet::breakers, fleet::open_breaker,
         fleet::close_breaker, fleet::release_breaker, fleet::brakes, fleet::engage_brake,
@@ -81,6 +81,7 @@ pub fn router(operations: Operations, tokens: Tokens) -> Router {
     let console = crate::console::router(operations.clone(), tokens.clone(), heavy.clone());
     let api = Router::new()
         .route("/api/v1/tasks", get(tasks::list_tasks))
+        .route("/api/v1/groups", get(tasks::groups).route_layer(limited()))
         .route("/api/v1/tasks/retry", post(tasks::retry))
         .route("/api/v1/tasks/discard", post(tasks::discard))
         .route("/api/v1/tasks/resolve", post(tasks::resolve))

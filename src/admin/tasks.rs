@@ -6,12 +6,26 @@ use axum::{Extension, Json};
 use std::sync::Arc;
 
 use super::error::{ApiError, ErrorBody};
-use super::extract::{body, id, paged};
+use super::extract::{body, id, paged, split};
 use super::Shared;
 use crate::operations::{
-    ActAnswer, ActRequest, Actor, FilterParams, Operations, Page, PageRequest, Verb,
+    ActAnswer, ActRequest, Actor, FilterParams, GroupParams, Operations, Page, PageRequest, Verb,
+    GROUP_PARAMS,
 };
-use crate::store::{CheckReport, Stats, TaskDetail, TaskSummary};
+use crate::store::{CheckReport, Groups, Stats, TaskDetail, TaskSummary};
+
+/// What broke: the tasks a filter selects (with no status given, those not done)
+/// grouped by cause (or `by` class, handler, route, topic), biggest first, each with
+/// first and last seen, a trend, the handlers and routes it spans, and an example.
+#[utoipa::path(get, path = "/api/v1/groups", params(FilterParams, GroupParams), security(("bearer" = [])),
+    responses((status = 200, body = Groups), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+pub async fn groups(
+    State(operations): Shared,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Groups>, ApiError> {
+    let (params, filter) = split::<GroupParams, FilterParams>(raw.as_deref(), &GROUP_PARAMS)?;
+    Ok(Json(operations.groups(&filter, &params).await?))
+}
 
 /// Lists the tasks a filter selects, newest first, a page at a time.
 #[utoipa::path(get, path = "/api/v1/tasks", params(FilterParams, PageRequest), security(("bearer" = [])),

@@ -23,6 +23,7 @@ mod act;
 mod alerts;
 mod brake;
 mod breakers;
+mod groups;
 mod members;
 mod operator;
 pub(crate) mod output;

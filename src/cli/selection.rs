@@ -61,6 +61,14 @@ pub struct FilterArgs {
     /// The re-failures of this task (the tasks that came from it).
     #[arg(long)]
     pub previous_task: Option<i64>,
+    /// What broke: the tasks of this cause (an id `tasks groups` prints).
+    #[arg(long)]
+    pub cause: Option<i64>,
+    /// Text in the key, the value or the headers (exact bytes, case-sensitive), looked
+    /// for among the newest 100,000 tasks the rest of the filter selects (`tasks list`
+    /// only; act on what it found by id).
+    #[arg(long)]
+    pub search: Option<String>,
 }
 
 impl FilterArgs {
@@ -88,6 +96,8 @@ impl FilterArgs {
             generation: self.generation,
             min_generation: self.min_generation,
             previous_task: self.previous_task,
+            cause: self.cause,
+            search: self.search.clone(),
         }
     }
 }

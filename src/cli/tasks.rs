@@ -3,6 +3,7 @@
 use clap::{Args, Subcommand};
 
 use super::act::{bulk, request, DecideArgs, ResolveArgs, RetryArgs};
+use super::groups;
 use super::output::{errln, outln};
 use super::replays::{run_in_foreground, ReplayArgs};
 use super::selection::FilterArgs;
@@ -34,6 +35,13 @@ pub enum TasksCommand {
     Resolve(ResolveArgs),
     /// Produce the stored messages of the tasks a filter selects to a topic.
     Replay(ReplayArgs),
+    /// What broke: tasks grouped by cause (or class, handler, route, topic), biggest
+    /// first, with first and last seen, a trend, what each spans and an example.
+    ///
+    /// With no --status, the tasks not done (failed and permanent_failure). List a
+    /// group's tasks with `tasks list --cause ID`, and act on all of them with
+    /// `tasks retry|discard|resolve|replay --cause ID`.
+    Groups(GroupsArgs),
     /// Counts by status and handler, due work, the last hour's attempts, live members.
     Stats(StatsArgs),
     /// Check the store's invariants; exit status 1 when any is broken.
@@ -60,6 +68,35 @@ pub struct ListArgs {
     /// Continue after this task id (the previous page's last, as printed).
     #[arg(long)]
     pub after: Option<i64>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Print again every interval.
+    #[command(flatten)]
+    pub watch: WatchArgs,
+}
+
+/// Options of `tasks groups`.
+#[derive(Debug, Args)]
+pub struct GroupsArgs {
+    /// Which tasks (with no --status: failed and permanent_failure).
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    /// Group by cause (the default), class, handler, route or topic.
+    #[arg(long)]
+    pub by: Option<String>,
+    /// Only tasks that failed within this long ("1h").
+    #[arg(long)]
+    pub since: Option<String>,
+    /// The trend's span ("1h", the default; "1d"), cut into --buckets.
+    #[arg(long)]
+    pub trend: Option<String>,
+    /// Buckets of the trend (default 12).
+    #[arg(long)]
+    pub buckets: Option<u32>,
+    /// Most groups listed (default 50).
+    #[arg(long)]
+    pub limit: Option<i64>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -95,6 +132,9 @@ pub async fn run(
             bulk(operations, Verb::Resolve, request, &decide.bulk).await
         }
         TasksCommand::Replay(args) => run_in_foreground(args, fleet, operations).await,
+        TasksCommand::Groups(args) => {
+            watch::every(&args.watch, || groups::print(operations, &args)).await
+        }
         TasksCommand::Stats(args) => {
             watch::every(&args.watch, || stats(operations, args.json)).await
         }
@@ -111,6 +151,9 @@ async fn list(operations: &Operations, args: &ListArgs) -> anyhow::Result<()> {
     let header = [
         "ID", "STATUS", "HANDLER", "ROUTE", "SOURCE", "KEY", "ATTEMPTS", "NEXT", "ERROR",
     ];
+    if let (Some(searched), false) = (&page.searched, args.json) {
+        errln!("{}", groups::searched_line(searched));
+    }
     table::print_page(&page, args.json, &header, "no task matches", |t| {
         vec![
             t.id.to_string(),

@@ -150,6 +150,7 @@ pub(crate) fn to_pairs(filter: &TaskFilter) -> Vec<(&'static str, String)> {
         ("error", &filter.error),
         ("first_error", &filter.first_error),
         ("disposition", &filter.disposition),
+        ("search", &filter.search),
     ];
     pairs.extend(texts.into_iter().filter_map(|(n, v)| Some((n, v.clone()?))));
     let times = [
@@ -167,6 +168,7 @@ pub(crate) fn to_pairs(filter: &TaskFilter) -> Vec<(&'static str, String)> {
         ("generation", filter.generation.map(i64::from)),
         ("min_generation", filter.min_generation.map(i64::from)),
         ("previous_task", filter.previous_task.map(|id| id.0)),
+        ("cause", filter.cause),
     ];
     pairs.extend(
         numbers
@@ -204,6 +206,8 @@ pub(crate) fn params(filter: &TaskFilter) -> FilterParams {
         generation: filter.generation,
         min_generation: filter.min_generation,
         previous_task: filter.previous_task.map(|id| id.0),
+        cause: filter.cause,
+        search: filter.search.clone(),
     }
 }
 

@@ -8,7 +8,7 @@ use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
 use super::{HandlerContext, HandlerError, Policy, Registered};
-use crate::task::{FinishOutcome, Task};
+use crate::task::{AttemptKind, Cause, FinishOutcome, Task};
 
 /// The longest delay before a retry: a larger backoff or Retry-After is clamped to it,
 /// so adding it to the current time can never overflow.
@@ -37,6 +37,8 @@ pub struct Attempted {
     pub outcome: FinishOutcome,
     /// The attempt's error, if it failed.
     pub error: Option<String>,
+    /// What broke, if it failed: how the handler answered and its message's fingerprint.
+    pub cause: Option<Cause>,
     /// When the handler was called.
     pub started_at: DateTime<Utc>,
     /// How long the handler ran.
@@ -60,27 +62,35 @@ pub(crate) async fn invoke(
         .saturating_add(u32::try_from(task.attempt_grants).unwrap_or(0));
     let started_at = Utc::now();
     let clock = Instant::now();
-    let (outcome, error, kind) = if ctx.attempt > max_attempts {
+    let (outcome, error, kind, cause) = if ctx.attempt > max_attempts {
         let error = format!(
             "no attempts left: attempt {} exceeds max attempts {max_attempts}",
             ctx.attempt
         );
-        (FinishOutcome::NotCalled, Some(error), Verdict::NotCalled)
+        let cause = Cause::of_attempt(AttemptKind::NoAttemptsLeft, &error);
+        (
+            FinishOutcome::NotCalled,
+            Some(error),
+            Verdict::NotCalled,
+            Some(cause),
+        )
     } else {
-        let Guarded { verdict, panicked } = call(registered, ctx, task).await;
-        let kind = match &verdict {
-            _ if panicked => Verdict::Panicked,
+        let guarded = call(registered, ctx, task).await;
+        let cause = guarded.cause();
+        let kind = match &guarded.verdict {
+            _ if guarded.failure == Some(AttemptKind::Panic) => Verdict::Panicked,
             Ok(()) | Err(HandlerError::Permanent(_)) => Verdict::Answered,
             Err(_) => Verdict::Transient,
         };
-        let (outcome, error) = classify(verdict, ctx.attempt, max_attempts, policy);
-        (outcome, error, kind)
+        let (outcome, error) = classify(guarded.verdict, ctx.attempt, max_attempts, policy);
+        (outcome, error, kind, cause)
     };
     let duration = clock.elapsed();
     Attempted {
         verdict: kind,
         outcome,
         error,
+        cause,
         started_at,
         duration,
     }
@@ -96,7 +106,7 @@ async fn call(registered: &Registered, ctx: &HandlerContext, task: &Task) -> Gua
         verdict: Err(HandlerError::Transient(
             "the lease was lost; the call was stopped".into(),
         )),
-        panicked: false,
+        failure: Some(AttemptKind::LeaseLost),
     };
     if ctx.cancellation.is_cancelled() {
         return lost();
@@ -124,8 +134,22 @@ const CANCEL_GRACE: Duration = Duration::from_millis(250);
 pub(crate) struct Guarded {
     /// The verdict: a timeout or a panic is a transient failure.
     pub(crate) verdict: Result<(), HandlerError>,
-    /// Whether the call panicked.
-    pub(crate) panicked: bool,
+    /// How the call failed where the handler did not say (it timed out, panicked or
+    /// lost its lease); `None` when the verdict is the handler's own.
+    pub(crate) failure: Option<AttemptKind>,
+}
+
+impl Guarded {
+    /// What broke, when the call failed.
+    fn cause(&self) -> Option<Cause> {
+        let error = self.verdict.as_ref().err()?;
+        let (kind, message) = match error {
+            HandlerError::Transient(message) => (AttemptKind::Transient, message),
+            HandlerError::Permanent(message) => (AttemptKind::Permanent, message),
+            HandlerError::RetryAfter { message, .. } => (AttemptKind::RetryAfter, message),
+        };
+        Some(Cause::of_attempt(self.failure.unwrap_or(kind), message))
+    }
 }
 
 /// The verdict of `call` (a handler method), under `timeout` and with a panic caught:
@@ -135,24 +159,30 @@ pub(crate) async fn guarded(
     call: impl std::future::Future<Output = Result<(), HandlerError>>,
 ) -> Guarded {
     let call = tokio::time::timeout(timeout, call);
-    let (verdict, panicked) = match AssertUnwindSafe(call).catch_unwind().await {
-        Ok(Ok(verdict)) => (verdict, false),
+    let (verdict, failure) = match AssertUnwindSafe(call).catch_unwind().await {
+        Ok(Ok(verdict)) => (verdict, None),
         Ok(Err(_elapsed)) => {
             let error = format!(
                 "handler timed out after {}",
                 humantime::format_duration(timeout)
             );
-            (Err(HandlerError::Transient(error)), false)
+            (
+                Err(HandlerError::Transient(error)),
+                Some(AttemptKind::Timeout),
+            )
         }
         Err(panic) => {
             let error = format!(
                 "handler panicked: {}",
                 crate::parts::panic_message(panic.as_ref())
             );
-            (Err(HandlerError::Transient(error)), true)
+            (
+                Err(HandlerError::Transient(error)),
+                Some(AttemptKind::Panic),
+            )
         }
     };
-    Guarded { verdict, panicked }
+    Guarded { verdict, failure }
 }
 
 /// Maps a handler's verdict to what happens to the task next.

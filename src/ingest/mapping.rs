@@ -272,6 +272,8 @@ pub(crate) fn minimal_form(task: &NewTask, reason: &str) -> NewTask {
         inline_attempt: task.inline_attempt.clone(),
         order_key: task.order_key.clone(),
         final_error: task.final_error.clone(),
+        // What broke is the message's failure, not that its row was refused.
+        cause: Some(task.cause()),
         id: task.id,
         checkpoint: None,
     }

@@ -338,6 +338,7 @@ impl ProcessMode {
         }
         task.checkpoint = checkpoint.last();
         task.failure.error_message = attempted.error.clone();
+        task.cause = attempted.cause;
         task.inline_attempt = Some(InlineAttempt {
             worker: self.worker_id.clone(),
             started_at: attempted.started_at,

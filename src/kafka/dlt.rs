@@ -759,6 +759,96 @@ mod tests {
         );
     }
 
+    /// What broke, per dialect: the cause a dead letter is stored with, before any
+    /// attempt, is its own exception class (or how a share group gave it up) and its
+    /// message's fingerprint, the same for failures that differ only in ids.
+    #[test]
+    fn each_dialects_dead_letters_give_one_cause_per_failure_whatever_their_ids() {
+        use crate::task::Cause;
+        let cause = |headers: &[Header]| {
+            let ctx = read(headers, 100);
+            let disposition = ctx.disposition.map(Disposition::as_str);
+            Cause::reported(
+                ctx.error_class.as_deref(),
+                disposition,
+                ctx.error_message.as_deref(),
+            )
+        };
+        let spring = |order: &str| {
+            cause(&[
+                h("kafka_dlt-original-topic", b"orders"),
+                h(
+                    "kafka_dlt-exception-fqcn",
+                    b"java.lang.IllegalStateException",
+                ),
+                h(
+                    "kafka_dlt-exception-message",
+                    format!("order {order} not found").as_bytes(),
+                ),
+            ])
+        };
+        assert_eq!(spring("4711").class, "java.lang.IllegalStateException");
+        assert_eq!(spring("4711").fingerprint, "order <n> not found");
+        assert_eq!(
+            (spring("4711").class, spring("4711").fingerprint),
+            (spring("8").class, spring("8").fingerprint)
+        );
+
+        let connect = |host: &str| {
+            cause(&[
+                h("__connect.errors.topic", b"payments"),
+                h(
+                    "__connect.errors.exception.class.name",
+                    b"org.apache.kafka.connect.errors.ConnectException",
+                ),
+                h(
+                    "__connect.errors.exception.message",
+                    format!("JDBC sink: connection to {host}:5432 refused").as_bytes(),
+                ),
+            ])
+        };
+        let a = connect("warehouse-db");
+        assert_eq!(a.class, "org.apache.kafka.connect.errors.ConnectException");
+        assert_eq!(
+            a.fingerprint,
+            "JDBC sink: connection to warehouse-db:<n> refused"
+        );
+        assert_ne!(a.fingerprint, connect("billing-db").fingerprint);
+
+        let karafka = |attempts: &[u8]| {
+            cause(&[
+                h("source_topic", b"events"),
+                h("source_partition", b"1"),
+                h("source_offset", b"9"),
+                h("source_consumer_group", b"shipping"),
+                h("source_attempts", attempts),
+            ])
+        };
+        assert_eq!(karafka(b"3").class, crate::task::cause::UNCLASSIFIED);
+        assert_eq!(karafka(b"3").fingerprint, karafka(b"12").fingerprint);
+
+        let share = |message: &[u8], count: &[u8]| {
+            cause(&[
+                h(share_group::TOPIC, b"orders"),
+                h(share_group::PARTITION, b"2"),
+                h(share_group::OFFSET, b"41"),
+                h(share_group::GROUP, b"billing-workers"),
+                h(share_group::DELIVERY_COUNT, count),
+                h(share_group::MESSAGE, message),
+            ])
+        };
+        let exceeded = share(b"Offset delivery count exceeded the threshold.", b"5");
+        assert_eq!(exceeded.class, "share-group.delivery_count_exceeded");
+        assert_eq!(
+            exceeded.fingerprint,
+            share(b"Offset delivery count exceeded the threshold.", b"9").fingerprint
+        );
+        assert_eq!(
+            share(b"Offset rejected by client.", b"1").class,
+            "share-group.rejected"
+        );
+    }
+
     /// The broker's `ShareGroupDLQStateManager` writes every `__dlq.errors.*` value as
     /// UTF-8 text, numbers in decimal.
     #[test]

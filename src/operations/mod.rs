@@ -13,7 +13,8 @@
 //! - [`page`]: the one list envelope [`Page`] (`items` + `next_cursor`) and page bounds.
 //! - [`selection`]: filters as written ([`FilterParams`]: statuses by name, times as
 //!   RFC 3339 or a duration ago), ids, and the rules that join them.
-//! - [`tasks`]: list, show, stats, check, members (read-only).
+//! - [`tasks`]: list (and search), show, stats, check, members (read-only).
+//! - [`groups`]: what broke, grouped by cause (or class, handler, route, topic).
 //! - [`act`]: retry, discard, resolve, with a dry run that counts and samples, and
 //!   progress after every committed batch.
 //! - [`replays`]: start (or a dry run counting what would be produced and skipped, and
@@ -28,6 +29,7 @@ pub mod audit;
 pub mod brakes;
 pub mod breakers;
 pub mod error;
+pub mod groups;
 pub mod page;
 pub mod replays;
 pub mod selection;
@@ -41,6 +43,7 @@ pub use audit::AuditRequest;
 pub use brakes::EngageRequest;
 pub use breakers::ReasonRequest;
 pub use error::{OperationError, Result};
+pub use groups::{GroupParams, GROUP_PARAMS};
 pub use page::{Page, PageRequest};
 pub use replays::{ReplayPreview, ReplayRequest, Runner, Skipped};
 pub use selection::{FilterParams, StatusNames, MAX_IDS};

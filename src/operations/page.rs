@@ -16,6 +16,9 @@ pub struct Page<T> {
     /// Pass as `after` to get the next page; absent on the last page (and on lists
     /// that are never paged: members, breakers, brakes).
     pub next_cursor: Option<i64>,
+    /// What a search read to find this page (lists with `search` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub searched: Option<crate::store::Searched>,
 }
 
 impl<T> Page<T> {
@@ -24,6 +27,7 @@ impl<T> Page<T> {
         Page {
             items,
             next_cursor: None,
+            searched: None,
         }
     }
 
@@ -34,7 +38,11 @@ impl<T> Page<T> {
             Some(last) if items.len() as i64 >= limit => Some(cursor(last)),
             _ => None,
         };
-        Page { items, next_cursor }
+        Page {
+            items,
+            next_cursor,
+            searched: None,
+        }
     }
 }
 

@@ -95,6 +95,11 @@ pub struct FilterParams {
     pub min_generation: Option<i32>,
     /// The re-failures of this task (the tasks that came from it).
     pub previous_task: Option<i64>,
+    /// What broke: the tasks of this cause (an id from the groups).
+    pub cause: Option<i64>,
+    /// Text in the key, the value or the headers (exact bytes, case-sensitive), looked
+    /// for among the newest 100,000 tasks the rest of the filter selects (lists only).
+    pub search: Option<String>,
 }
 
 impl FilterParams {
@@ -146,6 +151,8 @@ impl FilterParams {
             generation: self.generation,
             min_generation: self.min_generation,
             previous_task: self.previous_task.map(TaskId),
+            cause: self.cause,
+            search: not_empty("search", &self.search)?,
         };
         filter.validate().map_err(OperationError::BadRequest)?;
         Ok(filter)
@@ -256,6 +263,12 @@ pub fn select_filter(filter: Option<&FilterParams>, all: bool) -> Result<TaskFil
         Some(filter) => filter.filter()?,
         None => TaskFilter::default(),
     };
+    if filter.search.is_some() {
+        return Err(OperationError::bad_request(
+            "search finds tasks to look at among the newest ones only; act on what it \
+             found by their ids, or by a filter without search",
+        ));
+    }
     if filter.is_everything() && !all {
         return Err(OperationError::bad_request(
             "no task ids and no filter: this would select every task; pass --all \

@@ -17,6 +17,24 @@ impl Operations {
         let filter = filter.filter()?;
         let limit = page.limit()?;
         let after = page.after()?.map(TaskId);
+        if filter.search.is_some() {
+            let found = (self.store)
+                .search(&filter, after, limit, crate::store::SEARCH_SCAN)
+                .await?;
+            let full = found.tasks.len() as i64 >= limit;
+            // A full page continues after its last task; one the bound cut short, below
+            // the oldest task read.
+            let next_cursor = match (found.tasks.last(), found.searched.down_to) {
+                (Some(last), _) if full => Some(last.id.0),
+                (_, Some(oldest)) if found.searched.bounded => Some(oldest.0),
+                _ => None,
+            };
+            return Ok(Page {
+                items: found.tasks,
+                next_cursor,
+                searched: Some(found.searched),
+            });
+        }
         let tasks = self.store.list(&filter, after, limit).await?;
         Ok(Page::after(tasks, limit, |task| task.id.0))
     }

@@ -3,10 +3,11 @@
 use sqlx::{PgConnection, Row};
 use std::collections::{HashMap, HashSet, VecDeque};
 
+use super::causes::cause_ids;
 use super::row::{task_columns, task_from_row};
 use super::{Result, Store, StoreError, KEYED_PROBES};
 use crate::headers;
-use crate::task::{AttemptOutcome, InlineAttempt, NewTask, Task, TaskId};
+use crate::task::{AttemptOutcome, Cause, InlineAttempt, NewTask, Task, TaskId};
 
 /// What the store holds for messages about to be stored ([`Store::recorded`]).
 #[derive(Debug, Default)]
@@ -54,7 +55,7 @@ i AS MATERIALIZED (
                 $18::text[], $19::int[], $20::bigint[], $21::text[],
                 $22::text[], $23::text[], $24::int[], $25::bool[], $26::text[], $27::bytea[],
                 $28::int[], $29::bigint[], $30::text[], $31::text[],
-                $32::bigint[], $33::jsonb[], $34::text[])
+                $32::bigint[], $33::jsonb[], $34::text[], $35::bigint[])
         WITH ORDINALITY AS u(dedup_key, handler, event_type, correlation_id,
                 source_topic, source_partition, source_offset, source_timestamp, source_timestamp_type,
                 msg_key, msg_value, msg_headers, error_class, error_message,
@@ -62,7 +63,7 @@ i AS MATERIALIZED (
                 original_topic, original_partition, original_offset, error_stacktrace,
                 route, ingest_note, value_size, payload_stored, status, order_key,
                 generation, previous_task_id, previous_error, final_error, id, checkpoint,
-                disposition, ord)),
+                disposition, cause_id, ord)),
 keyed AS (
     INSERT INTO recovery_task_dedup (dedup_key, task_id)
     SELECT dedup_key, task_id FROM i WHERE dedup_key IS NOT NULL ORDER BY ord
@@ -75,7 +76,7 @@ INSERT INTO recovery_task (
     attempts, max_attempts, next_attempt_at, last_error,
     original_topic, original_partition, original_offset, error_stacktrace,
     route, ingest_note, value_size, payload_stored, status, finished_at, order_key,
-    generation, previous_task_id, previous_error, id, checkpoint, disposition)
+    generation, previous_task_id, previous_error, id, checkpoint, disposition, cause_id, cause_at)
 -- A reserved id (process mode's inline attempt had it) is kept; the others are drawn.
 OVERRIDING SYSTEM VALUE
 SELECT i.dedup_key, i.handler, i.event_type, i.correlation_id,
@@ -89,7 +90,7 @@ SELECT i.dedup_key, i.handler, i.event_type, i.correlation_id,
        i.route, i.ingest_note, i.value_size, i.payload_stored, i.status,
        CASE WHEN i.status <> 'failed' THEN now() END, i.order_key,
        i.generation, i.previous_task_id, i.previous_error,
-       i.task_id, i.checkpoint, i.disposition
+       i.task_id, i.checkpoint, i.disposition, i.cause_id, now()
 FROM i CROSS JOIN LATERAL recovery_due_at(i.handler, COALESCE(i.next_attempt_at, now())) d
 WHERE i.dedup_key IS NULL OR i.task_id IN (SELECT task_id FROM keyed)
 ORDER BY i.ord
@@ -313,6 +314,9 @@ async fn store_new(
     tasks: &[NewTask],
     keys: &[Option<String>],
 ) -> Result<Vec<Option<Enqueued>>> {
+    let causes: Vec<Cause> = tasks.iter().map(NewTask::cause).collect();
+    let causes: Vec<Option<&Cause>> = causes.iter().map(Some).collect();
+    let cause_ids = cause_ids(conn, &causes).await?;
     let rows = sqlx::query(INSERT)
         .bind(keys)
         .bind(column(tasks, |t| t.handler.as_str()))
@@ -362,6 +366,7 @@ async fn store_new(
         .bind(column(tasks, |t| t.id.map(|id| id.0)))
         .bind(column(tasks, |t| t.checkpoint.as_ref()))
         .bind(column(tasks, |t| t.failure.disposition.as_deref()))
+        .bind(cause_ids)
         .fetch_all(&mut *conn)
         .await?;
 

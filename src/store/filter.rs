@@ -65,7 +65,22 @@ pub struct TaskFilter {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<i64>)]
     pub previous_task: Option<TaskId>,
+    /// What broke: tasks whose cause is this one (an id of `redrive tasks groups`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cause: Option<i64>,
+    /// Text in the key, the value or the headers (their bytes, case-sensitive), looked
+    /// for among the newest [`SEARCH_SCAN`] tasks the rest of the filter selects: for
+    /// lists only (an action on what a search found acts on ticked ids).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub search: Option<String>,
 }
+
+/// Most tasks one page of a search reads, newest first: a search answers within a
+/// bound an operator can predict, and says when older tasks were left unsearched.
+pub const SEARCH_SCAN: i64 = 100_000;
+
+/// Longest search text, in bytes.
+pub const SEARCH_MAX_BYTES: usize = 256;
 
 impl TaskFilter {
     /// Whether the filter selects every task (bulk actions ask for `--all` then).
@@ -84,6 +99,7 @@ impl TaskFilter {
             ("error", &self.error),
             ("first_error", &self.first_error),
             ("disposition", &self.disposition),
+            ("search", &self.search),
         ];
         for (name, value) in texts {
             if value.as_deref().is_some_and(|v| v.contains('\0')) {
@@ -105,6 +121,16 @@ impl TaskFilter {
                     DISPOSITIONS.join(", ")
                 ));
             }
+        }
+        if self
+            .search
+            .as_ref()
+            .is_some_and(|s| s.len() > SEARCH_MAX_BYTES)
+        {
+            return Err(format!("search must be at most {SEARCH_MAX_BYTES} bytes"));
+        }
+        if self.cause.is_some_and(|id| id < 1) {
+            return Err("cause must be a cause id (a positive integer)".into());
         }
         if self.previous_task.is_some_and(|id| id.0 < 1) {
             return Err("previous_task must be a task id (a positive integer)".into());
@@ -141,8 +167,8 @@ pub enum Selection {
     Filter(TaskFilter),
 }
 
-/// The condition over `recovery_task` (no alias) for parameters `$1` to `$17`, bound by
-/// [`bind_selection`]; a statement's own parameters start at `$18`. Each part is off
+/// The condition over `recovery_task` (no alias) for parameters `$1` to `$18`, bound by
+/// [`bind_selection`]; a statement's own parameters start at `$19`. Each part is off
 /// when its parameter is NULL. The key filters test each task's own key: a list by a
 /// narrow key finds its tasks first through the key heads ([`KEY_HEADS`]). Statuses (at
 /// most four distinct ones) are compared one by one with `=`, not with `= ANY`: planned
@@ -167,7 +193,8 @@ pub(crate) const CONDITION: &str = "\
     AND ($14::int IS NULL OR generation >= $14) \
     AND ($15::bigint IS NULL OR previous_task_id = $15) \
     AND ($16::text IS NULL OR strpos(lower(coalesce(error_message, '')), lower($16)) > 0) \
-    AND ($17::text IS NULL OR disposition = $17)";
+    AND ($17::text IS NULL OR disposition = $17) \
+    AND ($18::bigint IS NULL OR cause_id = $18)";
 
 /// The key heads (`recovery_task_key_head`, the first 64 bytes of each stored task's key,
 /// recorded once when it is stored) that the key `$5` or the prefix `$6` of [`CONDITION`]
@@ -180,7 +207,7 @@ pub(crate) const KEY_HEADS: &str = "\
             BETWEEN substring($6 FROM 1 FOR 64) AND substring($6 FROM 1 FOR 64) \
                 || decode(repeat('ff', 64 - length(substring($6 FROM 1 FOR 64))), 'hex'))";
 
-/// Binds `$1`..`$17` of [`CONDITION`] for `selection`.
+/// Binds `$1`..`$18` of [`CONDITION`] for `selection`.
 pub(crate) fn bind_selection<'q>(
     query: Query<'q, Postgres, PgArguments>,
     selection: &'q Selection,
@@ -215,4 +242,5 @@ pub(crate) fn bind_selection<'q>(
         .bind(filter.previous_task.map(|id| id.0))
         .bind(filter.first_error.clone())
         .bind(filter.disposition.clone())
+        .bind(filter.cause)
 }

@@ -5,8 +5,9 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 use std::time::Duration;
 
+use super::causes::cause_ids;
 use super::{Result, Store, KEYED_PROBES};
-use crate::task::{FinishOutcome, Lease, TaskId};
+use crate::task::{Cause, FinishOutcome, Lease, TaskId};
 
 /// The result of one attempt, to be written under its lease.
 #[derive(Debug, Clone)]
@@ -21,6 +22,8 @@ pub struct Finish {
     pub duration: Duration,
     /// The attempt's error, if it failed.
     pub error: Option<String>,
+    /// What broke, if it failed: the task's cause from now on.
+    pub cause: Option<Cause>,
     /// Whether a permanent failure is to be compensated ([`crate::Handler::compensates`]).
     pub compensate: bool,
 }
@@ -38,10 +41,11 @@ WITH r AS (
     -- the backoff, no more, no less. The statement's start, not the transaction's,
     -- which began a round trip earlier (KEYED_PROBES).
     SELECT id, version, status, statement_timestamp() + (next_at - $11::timestamptz) AS next_at, error,
-           outcome, started_at, duration_ms, compensate
+           outcome, started_at, duration_ms, compensate, cause_id
     FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::timestamptz[],
-                $5::text[], $6::text[], $7::timestamptz[], $8::int[], $10::bool[])
-        AS u(id, version, status, next_at, error, outcome, started_at, duration_ms, compensate)),
+                $5::text[], $6::text[], $7::timestamptz[], $8::int[], $10::bool[], $12::bigint[])
+        AS u(id, version, status, next_at, error, outcome, started_at, duration_ms, compensate,
+             cause_id)),
 done AS (
     UPDATE recovery_task t
     SET status = r.status,
@@ -49,6 +53,8 @@ done AS (
         next_attempt_at = CASE WHEN r.next_at IS NULL THEN t.next_attempt_at
             ELSE (SELECT due_at FROM recovery_due_at(t.handler, r.next_at)) END,
         last_error = coalesce(r.error, t.last_error),
+        cause_id = coalesce(r.cause_id, t.cause_id),
+        cause_at = CASE WHEN r.cause_id IS NULL THEN t.cause_at ELSE now() END,
         lease_owner = NULL,
         leased_at = NULL,
         finished_at = CASE WHEN r.status = 'failed' THEN NULL ELSE now() END,
@@ -100,6 +106,12 @@ impl Store {
         // Rows are locked in id order, as by heartbeats and releases: no deadlocks.
         let mut results: Vec<&Finish> = results.iter().collect();
         results.sort_unstable_by_key(|r| r.lease.id);
+        let causes: Vec<Option<&Cause>> = results.iter().map(|r| r.cause.as_ref()).collect();
+        let cause_ids = match causes.iter().any(Option::is_some) {
+            // Committed on their own, before the finish takes its row locks.
+            true => cause_ids(&mut *self.pool.acquire().await?, &causes).await?,
+            false => vec![None; causes.len()],
+        };
         let mut tx = self.pool.begin_with(KEYED_PROBES).await?;
         let rows = sqlx::query(FINISH)
             .bind(results.iter().map(|r| r.lease.id.0).collect::<Vec<_>>())
@@ -141,6 +153,7 @@ impl Store {
             .bind(worker)
             .bind(results.iter().map(|r| r.compensate).collect::<Vec<_>>())
             .bind(Utc::now())
+            .bind(cause_ids)
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;

@@ -41,7 +41,8 @@ pub struct TaskSummary {
     pub next_attempt_at: Option<DateTime<Utc>>,
     /// Waiting behind an open task of its ordering key.
     pub held: bool,
-    /// The last error's first bytes.
+    /// The first bytes of the error it shows: its last attempt's, or before any attempt
+    /// failed, the one it was reported with (its dead letter's).
     pub last_error: Option<String>,
     /// Worker holding its lease.
     pub lease_owner: Option<String>,
@@ -100,18 +101,18 @@ pub(super) const SUMMARY_COLUMNS: &str = "\
     id, status, handler, route, source_topic, source_partition, source_offset, \
     substring(msg_key FROM 1 FOR {PREVIEW}) AS key, attempts, \
     CASE WHEN status = 'failed' AND NOT held THEN next_attempt_at END AS next_attempt_at, held, \
-    left(last_error, {PREVIEW}) AS last_error, lease_owner, created_at, updated_at";
+    left(coalesce(last_error, error_message), {PREVIEW}) AS last_error, lease_owner, created_at, updated_at";
 
 const LIST: &str = "\
-    SELECT {SUMMARY} FROM recovery_task WHERE {CONDITION} AND ($18::bigint IS NULL OR id < $18) \
-    ORDER BY id DESC LIMIT $19";
+    SELECT {SUMMARY} FROM recovery_task WHERE {CONDITION} AND ($19::bigint IS NULL OR id < $19) \
+    ORDER BY id DESC LIMIT $20";
 
 /// [`LIST`] by a narrow key filter: its tasks (at most [`KEYED_SORT_MAX`]) are found by id
 /// from their key heads, then sorted.
 const LIST_BY_KEY_HEADS: &str = "\
-    SELECT {SUMMARY} FROM recovery_task WHERE {CONDITION} AND ($18::bigint IS NULL OR id < $18) \
+    SELECT {SUMMARY} FROM recovery_task WHERE {CONDITION} AND ($19::bigint IS NULL OR id < $19) \
         AND id = ANY(ARRAY(SELECT task_id FROM {KEY_HEADS})) \
-    ORDER BY id DESC LIMIT $19";
+    ORDER BY id DESC LIMIT $20";
 
 /// How every list runs: planned for its own filter each time (a prepared statement's
 /// generic plan would serve every filter with one plan).
@@ -125,8 +126,8 @@ const CUSTOM_PLANS: &str = "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan
 /// depend on the planner's statistics.
 const KEYED_SORT_MAX: i64 = 5_000;
 
-/// The key heads a selection's key filter selects (`$1`..`$17`), counted up to `$18`.
-const KEY_RANGE: &str = "SELECT count(*) FROM (SELECT 1 FROM {KEY_HEADS} LIMIT $18) s";
+/// The key heads a selection's key filter selects (`$1`..`$18`), counted up to `$19`.
+const KEY_RANGE: &str = "SELECT count(*) FROM (SELECT 1 FROM {KEY_HEADS} LIMIT $19) s";
 
 /// Most tasks of unresolved statuses a list finds through their indexes and sorts (a
 /// sort of 20,000 short rows takes milliseconds); with more it walks newest first.
@@ -135,9 +136,9 @@ const STATUS_SORT_MAX: i64 = 20_000;
 /// PostgreSQL's SQLSTATE for a statement cancelled by `statement_timeout`.
 const QUERY_CANCELED: &str = "57014";
 
-/// The tasks a selection (`$1`..`$17`) holds, counted up to `$18`.
+/// The tasks a selection (`$1`..`$18`) holds, counted up to `$19`.
 const COUNT_UP_TO: &str =
-    "SELECT count(*) FROM (SELECT 1 FROM recovery_task WHERE {CONDITION} LIMIT $18) s";
+    "SELECT count(*) FROM (SELECT 1 FROM recovery_task WHERE {CONDITION} LIMIT $19) s";
 
 /// The tasks `selection` holds, counted in `tx` up to `most + 1`.
 async fn count_up_to_in(

@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::finish::Finish;
 use super::row::{decode_each, task_columns, Unreadable};
 use super::{Result, Store};
-use crate::task::{AttemptOutcome, FinishOutcome, Lease, Task, TaskId};
+use crate::task::{AttemptOutcome, Cause, FinishOutcome, Lease, Task, TaskId};
 
 // The claim and `next_due` read due tasks in due order, walking the partial index
 // `recovery_task_due`. Without fresh statistics (a burst of tasks not analyzed yet, or
@@ -257,6 +257,11 @@ impl Store {
                 started_at: now,
                 duration: Duration::ZERO,
                 error: Some(row.reason.clone()),
+                cause: Some(Cause::reported(
+                    Some("redrive.UnreadableTask"),
+                    None,
+                    Some(&row.reason),
+                )),
                 // Nothing ran: there is nothing to undo.
                 compensate: false,
             })

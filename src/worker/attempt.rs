@@ -30,6 +30,7 @@ pub(crate) async fn run_attempt(
         started_at: attempted.started_at,
         duration: attempted.duration,
         error: attempted.error,
+        cause: attempted.cause,
         compensate: registered.handler.compensates(),
     };
     (finish, attempted.verdict)

@@ -958,6 +958,7 @@ async fn retry_and_resolve_over_a_started_compensation_need_force() {
     let lease = std::time::Duration::from_secs(30);
     let claimed = store.claim(&["log".into()], 1, "w", lease).await.unwrap();
     let failed = redrive::store::Finish {
+        cause: None,
         lease: claimed[0].lease(),
         outcome: redrive::task::FinishOutcome::PermanentFailure,
         started_at: chrono::Utc::now(),

@@ -175,6 +175,7 @@ async fn permanent_failures_are_compensated_once_with_their_own_budget() {
 
 fn permanent(task: &Task) -> Finish {
     Finish {
+        cause: None,
         lease: task.lease(),
         outcome: FinishOutcome::PermanentFailure,
         started_at: Utc::now(),

@@ -7,6 +7,7 @@ mod authoring;
 mod brake;
 mod breakers;
 mod broker;
+mod causes;
 mod chaos;
 mod cli;
 mod compensation;

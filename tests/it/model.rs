@@ -778,6 +778,7 @@ impl Case {
             .map(|lease| {
                 let (outcome, error) = self.random_outcome(final_only);
                 Finish {
+                    cause: None,
                     lease: *lease,
                     outcome,
                     started_at: now()

@@ -55,6 +55,7 @@ async fn open_ahead(store: &Store, task: &Task) -> i64 {
 
 fn finish(task: &Task, outcome: FinishOutcome) -> Finish {
     Finish {
+        cause: None,
         lease: task.lease(),
         outcome,
         started_at: Utc::now(),

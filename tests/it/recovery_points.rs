@@ -44,6 +44,7 @@ async fn a_stale_attempts_checkpoint_is_refused_and_the_next_attempt_gets_the_la
         .await
         .unwrap());
     let retry = Finish {
+        cause: None,
         lease: second[0].lease(),
         outcome: FinishOutcome::Retry {
             at: chrono::Utc::now(),

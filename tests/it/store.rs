@@ -16,6 +16,7 @@ fn handlers() -> Vec<String> {
 
 fn finish(task: &redrive::Task, outcome: FinishOutcome) -> Finish {
     Finish {
+        cause: None,
         lease: task.lease(),
         outcome,
         started_at: Utc::now(),

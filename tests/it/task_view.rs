@@ -64,6 +64,7 @@ async fn claim(store: &Store, handler: &str) -> Task {
 
 async fn finish(store: &Store, task: &Task, outcome: FinishOutcome, compensate: bool) {
     let finish = Finish {
+        cause: None,
         lease: task.lease(),
         outcome,
         started_at: Utc::now(),

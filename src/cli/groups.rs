@@ -1,0 +1,126 @@
+//! `redrive tasks groups`: what broke, grouped by cause, as a table or JSON.
+
+use super::output::{errln, outln};
+use super::table;
+use super::tasks::GroupsArgs;
+use crate::operations::{GroupParams, Operations};
+use crate::store::{GroupBy, Groups, Searched};
+
+/// Prints the groups `args` asks for.
+pub async fn print(operations: &Operations, args: &GroupsArgs) -> anyhow::Result<()> {
+    let params = GroupParams {
+        by: args.by.clone(),
+        since: args.since.clone(),
+        trend: args.trend.clone(),
+        buckets: args.buckets,
+        limit: args.limit,
+    };
+    let groups = operations.groups(&args.filter.params(), &params).await?;
+    if args.json {
+        outln!("{}", serde_json::to_string_pretty(&groups)?);
+        return Ok(());
+    }
+    if groups.groups.is_empty() {
+        errln!("no task matches");
+        return Ok(());
+    }
+    table::print(&header(groups.by), &rows(&groups));
+    let listed = groups.groups.len() as i64;
+    errln!(
+        "{} task(s) in {} group(s){}; trend: {} bucket(s) of {}, oldest first",
+        groups.total_tasks,
+        groups.total_groups,
+        match groups.total_groups > listed {
+            true => format!(", the {listed} biggest listed (--limit)"),
+            false => String::new(),
+        },
+        groups.groups.first().map_or(0, |g| g.trend.len()),
+        humantime::format_duration(std::time::Duration::from_secs(groups.bucket_seconds)),
+    );
+    if groups.by == GroupBy::Cause {
+        errln!("a cause's tasks: tasks list --cause ID; act on them: tasks retry|discard|resolve|replay --cause ID");
+    }
+    Ok(())
+}
+
+fn header(by: GroupBy) -> Vec<&'static str> {
+    let mut header = match by {
+        GroupBy::Cause => vec!["CAUSE", "CLASS", "MESSAGE"],
+        GroupBy::Class => vec!["CLASS"],
+        GroupBy::Handler => vec!["HANDLER"],
+        GroupBy::Route => vec!["ROUTE"],
+        GroupBy::Topic => vec!["TOPIC"],
+    };
+    header.extend([
+        "TASKS",
+        "FIRST SEEN",
+        "LAST SEEN",
+        "TREND",
+        "HANDLERS",
+        "ROUTES",
+        "EXAMPLE",
+    ]);
+    header
+}
+
+fn rows(groups: &Groups) -> Vec<Vec<String>> {
+    let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
+        t.map_or_else(String::new, |t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+    };
+    groups
+        .groups
+        .iter()
+        .map(|g| {
+            let mut row = match (&g.cause, groups.by) {
+                (Some(cause), _) => vec![
+                    cause.id.to_string(),
+                    cause.class.clone(),
+                    cause.fingerprint.clone(),
+                ],
+                (None, GroupBy::Cause) => {
+                    vec!["-".into(), "(not yet classified)".into(), String::new()]
+                }
+                (None, _) => vec![g.key.clone().unwrap_or_else(|| "(none)".into())],
+            };
+            row.extend([
+                g.tasks.to_string(),
+                time(g.first_seen),
+                time(g.last_seen),
+                sparkline(&g.trend),
+                g.handlers.join(","),
+                g.routes.join(","),
+                g.example_task
+                    .map_or_else(String::new, |id| format!("task {id}")),
+            ]);
+            row
+        })
+        .collect()
+}
+
+/// A trend as a line of bars, each as high as its count against the highest.
+pub fn sparkline(counts: &[i64]) -> String {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let highest = counts.iter().copied().max().unwrap_or(0);
+    counts
+        .iter()
+        .map(|&n| match n {
+            0 => ' ',
+            n => BARS[((n * 7) / highest.max(1)).clamp(0, 7) as usize],
+        })
+        .collect()
+}
+
+/// What a search read, in one line.
+pub fn searched_line(searched: &Searched) -> String {
+    match (searched.bounded, searched.down_to) {
+        (true, Some(oldest)) => format!(
+            "searched the newest {} task(s) of the filter, down to task {oldest}; older ones \
+             were not searched (the next page continues below it)",
+            searched.scanned
+        ),
+        _ => format!(
+            "searched {} task(s): every one of the filter (below the cursor, if given)",
+            searched.scanned
+        ),
+    }
+}

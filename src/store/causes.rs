@@ -1,0 +1,177 @@
+//! What broke: the causes of failures ([`crate::task::cause`]), one row each, and the
+//! ids that tasks carry.
+
+use sqlx::{PgConnection, Row};
+
+use std::collections::BTreeMap;
+
+use super::Result;
+use crate::task::Cause;
+
+/// Stores the causes not yet known (first seen now, with their example) and answers
+/// the id of each of `causes`, in order (`None` stays `None`).
+///
+/// Two statements: the insert waits for a transaction inserting the same cause and
+/// then does nothing, and the read that follows, with a snapshot of its own, sees the
+/// row either way. Causes are inserted in their sort order, so that two transactions
+/// never wait for each other's.
+pub(super) async fn cause_ids(
+    conn: &mut PgConnection,
+    causes: &[Option<&Cause>],
+) -> Result<Vec<Option<i64>>> {
+    let mut distinct: BTreeMap<(&str, &str), &str> = BTreeMap::new();
+    for cause in causes.iter().flatten() {
+        distinct
+            .entry((cause.class.as_str(), cause.fingerprint.as_str()))
+            .or_insert(cause.example.as_str());
+    }
+    if distinct.is_empty() {
+        return Ok(vec![None; causes.len()]);
+    }
+    let classes: Vec<&str> = distinct.keys().map(|(class, _)| *class).collect();
+    let prints: Vec<&str> = distinct.keys().map(|(_, print)| *print).collect();
+    let examples: Vec<&str> = distinct.values().copied().collect();
+    sqlx::query(
+        "INSERT INTO recovery_cause (class, fingerprint, example) \
+         SELECT c, f, e FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(c, f, e, o) \
+         ORDER BY o \
+         ON CONFLICT (class, fingerprint) DO NOTHING",
+    )
+    .bind(&classes)
+    .bind(&prints)
+    .bind(&examples)
+    .execute(&mut *conn)
+    .await?;
+    let rows = sqlx::query(
+        "SELECT c.id, c.class, c.fingerprint FROM recovery_cause c \
+         JOIN unnest($1::text[], $2::text[]) AS u(class, fingerprint) \
+           ON c.class = u.class AND c.fingerprint = u.fingerprint",
+    )
+    .bind(&classes)
+    .bind(&prints)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut ids: BTreeMap<(String, String), i64> = BTreeMap::new();
+    for row in rows {
+        ids.insert(
+            (row.try_get("class")?, row.try_get("fingerprint")?),
+            row.try_get("id")?,
+        );
+    }
+    Ok(causes
+        .iter()
+        .map(|cause| {
+            let cause = (*cause)?;
+            ids.get(&(cause.class.clone(), cause.fingerprint.clone()))
+                .copied()
+        })
+        .collect())
+}
+
+/// Tasks whose cause one backfill batch sets.
+pub const BACKFILL_BATCH: i64 = 1000;
+
+/// Where the backfill of causes stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backfill {
+    /// A batch was done; more may remain.
+    Progressed {
+        /// Tasks given a cause by the batch.
+        set: u64,
+    },
+    /// Another member holds the backfill's row right now.
+    Busy,
+    /// Every task up to the newest a member saw at its start has a cause.
+    Done,
+}
+
+impl super::Store {
+    /// Raises the backfill's end to the newest task: a member of an earlier release may
+    /// have stored tasks without a cause (a rolling upgrade). Each member calls it once,
+    /// at its start.
+    pub async fn extend_cause_backfill(&self) -> Result<()> {
+        sqlx::query(
+            "UPDATE recovery_backfill \
+             SET upto = greatest(upto, (SELECT coalesce(max(id), 0) FROM recovery_task)) \
+             WHERE name = 'causes'",
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Sets the cause of the next [`BACKFILL_BATCH`] tasks stored without one, in id
+    /// order: from the error their last attempt left, or else the one they were
+    /// reported with. A task whose cause was set meanwhile (an attempt finished) keeps it.
+    pub async fn backfill_causes(&self) -> Result<Backfill> {
+        let mut tx = self.pool.begin().await?;
+        let Some(mark) = sqlx::query(
+            "SELECT done_upto, upto FROM recovery_backfill WHERE name = 'causes' \
+             FOR UPDATE SKIP LOCKED",
+        )
+        .fetch_optional(&mut *tx)
+        .await?
+        else {
+            return Ok(Backfill::Busy);
+        };
+        let (done_upto, upto): (i64, i64) = (mark.try_get("done_upto")?, mark.try_get("upto")?);
+        if done_upto >= upto {
+            return Ok(Backfill::Done);
+        }
+        let rows = sqlx::query(
+            "SELECT id, status, error_class, disposition, error_message, last_error, attempts, \
+                    cause_id IS NOT NULL AS has_cause \
+             FROM recovery_task WHERE id > $1 AND id <= $2 ORDER BY id LIMIT $3",
+        )
+        .bind(done_upto)
+        .bind(upto)
+        .bind(BACKFILL_BATCH)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut ids = Vec::new();
+        let mut causes = Vec::new();
+        for row in &rows {
+            if row.try_get("has_cause")? {
+                continue;
+            }
+            let last_error: Option<String> = row.try_get("last_error")?;
+            let attempts: i32 = row.try_get("attempts")?;
+            let cause = match last_error {
+                Some(error) if attempts > 0 => {
+                    let status: String = row.try_get("status")?;
+                    Cause::of_stored_attempt(&error, status == "permanent_failure")
+                }
+                _ => Cause::reported(
+                    row.try_get::<Option<String>, _>("error_class")?.as_deref(),
+                    row.try_get::<Option<String>, _>("disposition")?.as_deref(),
+                    row.try_get::<Option<String>, _>("error_message")?
+                        .as_deref(),
+                ),
+            };
+            ids.push(row.try_get::<i64, _>("id")?);
+            causes.push(cause);
+        }
+        let refs: Vec<Option<&Cause>> = causes.iter().map(Some).collect();
+        let cause_ids = cause_ids(&mut tx, &refs).await?;
+        let set = sqlx::query(
+            "UPDATE recovery_task t SET cause_id = u.cause_id, cause_at = t.updated_at \
+             FROM unnest($1::bigint[], $2::bigint[]) AS u(id, cause_id) \
+             WHERE t.id = u.id AND t.cause_id IS NULL",
+        )
+        .bind(&ids)
+        .bind(&cause_ids)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        let reached = match rows.last() {
+            Some(last) if (rows.len() as i64) == BACKFILL_BATCH => last.try_get("id")?,
+            _ => upto,
+        };
+        sqlx::query("UPDATE recovery_backfill SET done_upto = $1 WHERE name = 'causes'")
+            .bind(reached)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Backfill::Progressed { set })
+    }
+}

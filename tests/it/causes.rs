@@ -1,0 +1,474 @@
+//! What broke: causes set at ingest and by attempts, groups equal to a brute-force count,
+//! the `cause` filter, the backfill of tasks stored before causes, and search's bound.
+
+use chrono::{DateTime, Duration as TimeDelta, Utc};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use redrive::store::{Backfill, Finish, GroupBy, GroupQuery, TaskFilter};
+use redrive::task::{AttemptKind, Cause, Failure, FinishOutcome};
+use redrive::{NewTask, Status, Store};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::support::{fresh_store, scalar};
+
+fn reported(class: &str, message: &str, handler: &str) -> NewTask {
+    NewTask {
+        handler: handler.into(),
+        failure: Failure {
+            error_class: Some(class.into()),
+            error_message: Some(message.into()),
+            value: Some(b"{}".to_vec()),
+            ..Failure::default()
+        },
+        ..NewTask::default()
+    }
+}
+
+fn query(by: GroupBy) -> GroupQuery {
+    GroupQuery {
+        by,
+        ..GroupQuery::default()
+    }
+}
+
+#[tokio::test]
+async fn a_captured_failure_shows_its_cause_before_any_attempt_and_each_attempt_updates_it() {
+    let (store, _) = fresh_store().await;
+    let class = "org.apache.kafka.connect.errors.ConnectException";
+    for host in ["warehouse-db:5432", "warehouse-db:6543"] {
+        let message = format!("JDBC sink: connection to {host} refused");
+        store
+            .enqueue(&reported(class, &message, "sink"))
+            .await
+            .unwrap();
+    }
+    store
+        .enqueue(&reported(
+            "java.lang.IllegalStateException",
+            "order 4711 not found",
+            "billing",
+        ))
+        .await
+        .unwrap();
+
+    let groups = store.groups(&query(GroupBy::Cause)).await.unwrap();
+    assert_eq!(
+        (groups.total_groups, groups.total_tasks),
+        (2, 3),
+        "{groups:#?}"
+    );
+    let biggest = &groups.groups[0];
+    let cause = biggest.cause.as_ref().expect("a cause");
+    assert_eq!((cause.class.as_str(), biggest.tasks), (class, 2));
+    assert_eq!(
+        cause.fingerprint,
+        "JDBC sink: connection to warehouse-db:<n> refused"
+    );
+    assert_eq!(
+        cause.example,
+        "JDBC sink: connection to warehouse-db:5432 refused"
+    );
+    assert_eq!(biggest.handlers, ["sink"]);
+    assert_eq!(
+        biggest.trend.iter().sum::<i64>(),
+        2,
+        "both failed within the trend"
+    );
+    let shown = biggest.example_error.as_deref().unwrap_or_default();
+    assert!(
+        shown.starts_with("JDBC sink: connection to warehouse-db:"),
+        "{shown}"
+    );
+    // The list shows the reported error before any attempt.
+    let listed = store
+        .list(
+            &TaskFilter {
+                cause: Some(cause.id),
+                ..TaskFilter::default()
+            },
+            None,
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 2);
+    assert!(listed
+        .iter()
+        .all(|t| t.last_error.as_deref().unwrap_or("").contains("refused")));
+
+    // An attempt that fails differently moves its task to the attempt's cause.
+    let claimed = store
+        .claim(&["sink".to_owned()], 1, "w", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let message = "HTTP 503 Service Unavailable: warehouse busy";
+    let finish = Finish {
+        lease: claimed[0].lease(),
+        outcome: FinishOutcome::Retry {
+            at: Utc::now() + TimeDelta::minutes(5),
+        },
+        started_at: Utc::now(),
+        duration: Duration::from_millis(2),
+        error: Some(message.into()),
+        cause: Some(Cause::of_attempt(AttemptKind::Transient, message)),
+        compensate: false,
+    };
+    assert_eq!(store.finish("w", &[finish]).await.unwrap().len(), 1);
+    let groups = store.groups(&query(GroupBy::Class)).await.unwrap();
+    let classes: BTreeMap<String, i64> = groups
+        .groups
+        .iter()
+        .map(|g| (g.key.clone().unwrap_or_default(), g.tasks))
+        .collect();
+    assert_eq!(
+        classes,
+        BTreeMap::from([
+            (class.to_owned(), 1),
+            ("http.5xx".to_owned(), 1),
+            ("java.lang.IllegalStateException".to_owned(), 1)
+        ])
+    );
+    // Resolved tasks leave what is not done.
+    let done = scalar(
+        &store,
+        "UPDATE recovery_task SET status = 'resolved', finished_at = now() \
+        WHERE handler = 'billing' RETURNING 1::bigint",
+    )
+    .await;
+    assert_eq!(done, 1);
+    let groups = store.groups(&query(GroupBy::Cause)).await.unwrap();
+    assert_eq!(groups.total_tasks, 2, "{groups:#?}");
+}
+
+/// One random store: tasks of random statuses, handlers, routes, topics, causes (some
+/// without one, as before the backfill) and failure times.
+async fn random_store(store: &Store, rng: &mut StdRng, tasks: usize) {
+    let causes: Vec<i64> = {
+        let mut ids = Vec::new();
+        for (class, print) in [
+            ("a.X", "one <n>"),
+            ("a.X", "two"),
+            ("b.Y", "one <n>"),
+            ("c.Z", "three"),
+        ] {
+            let id = scalar(
+                store,
+                &format!(
+                    "INSERT INTO recovery_cause (class, fingerprint, example) \
+                     VALUES ('{class}', '{print}', 'example') RETURNING id"
+                ),
+            )
+            .await;
+            ids.push(id);
+        }
+        ids
+    };
+    for _ in 0..tasks {
+        let status =
+            ["failed", "permanent_failure", "resolved", "discarded"][rng.random_range(0..4)];
+        let handler = ["h1", "h2", "h3"][rng.random_range(0..3)];
+        let route = [Some("r1"), Some("r2"), None][rng.random_range(0..3)];
+        let topic = ["t1", "t2"][rng.random_range(0..2)];
+        let cause = match rng.random_range(0..6) {
+            5 => None,
+            n => Some(causes[n % causes.len()]),
+        };
+        // Never near an hour ago, the edge of the `since` the test groups by.
+        let minutes_ago = match rng.random_range(0..175) {
+            m if m >= 57 => m + 6,
+            m => m,
+        };
+        sqlx::query(
+            "INSERT INTO recovery_task (handler, route, source_topic, status, finished_at, \
+                 cause_id, cause_at, error_message) \
+             VALUES ($1, $2, $3, $4, CASE WHEN $4 = 'failed' THEN NULL ELSE now() END, $5, \
+                 CASE WHEN $5::bigint IS NULL THEN NULL ELSE now() - make_interval(mins => $6) END, \
+                 'e')",
+        )
+        .bind(handler)
+        .bind(route)
+        .bind(topic)
+        .bind(status)
+        .bind(cause)
+        .bind(minutes_ago)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
+}
+
+/// A task as the brute force reads it.
+#[derive(Debug, sqlx::FromRow)]
+struct Row {
+    status: String,
+    handler: String,
+    route: Option<String>,
+    topic: Option<String>,
+    cause: Option<i64>,
+    class: Option<String>,
+    cause_at: Option<DateTime<Utc>>,
+}
+
+async fn every_task(store: &Store) -> Vec<Row> {
+    sqlx::query_as(
+        "SELECT t.status, t.handler, t.route, t.source_topic AS topic, t.cause_id AS cause, \
+                c.class, t.cause_at \
+         FROM recovery_task t LEFT JOIN recovery_cause c ON c.id = t.cause_id",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn groups_equal_a_brute_force_count_over_random_stores() {
+    for seed in 0..4u64 {
+        let (store, _) = fresh_store().await;
+        let mut rng = StdRng::seed_from_u64(seed);
+        random_store(&store, &mut rng, 400).await;
+        let rows = every_task(&store).await;
+        let statuses_cases: [&[Status]; 3] = [
+            &[],
+            &[Status::Resolved],
+            &[Status::Failed, Status::Discarded],
+        ];
+        for statuses in statuses_cases {
+            for (name, by) in GroupBy::ALL {
+                for since in [None, Some(Duration::from_secs(3600))] {
+                    for handler in [None, Some("h2")] {
+                        let query = GroupQuery {
+                            filter: TaskFilter {
+                                status: statuses.to_vec(),
+                                handler: handler.map(str::to_owned),
+                                ..TaskFilter::default()
+                            },
+                            by,
+                            since,
+                            limit: 500,
+                            ..GroupQuery::default()
+                        };
+                        let groups = store.groups(&query).await.unwrap();
+                        let now = Utc::now();
+                        let wanted: Vec<&str> = match statuses {
+                            [] => vec!["failed", "permanent_failure"],
+                            some => some.iter().map(|s| s.as_str()).collect(),
+                        };
+                        let mut expected: BTreeMap<Option<String>, i64> = BTreeMap::new();
+                        for row in &rows {
+                            let within = since.map_or(true, |s| {
+                                row.cause_at
+                                    .is_some_and(|at| at >= now - TimeDelta::from_std(s).unwrap())
+                            });
+                            if !wanted.contains(&row.status.as_str())
+                                || handler.is_some_and(|h| h != row.handler)
+                                || !within
+                            {
+                                continue;
+                            }
+                            let key = match by {
+                                GroupBy::Cause => row.cause.map(|c| c.to_string()),
+                                GroupBy::Class => row.class.clone(),
+                                GroupBy::Handler => Some(row.handler.clone()),
+                                GroupBy::Route => row.route.clone(),
+                                GroupBy::Topic => row.topic.clone(),
+                            };
+                            *expected.entry(key).or_default() += 1;
+                        }
+                        let found: BTreeMap<Option<String>, i64> = groups
+                            .groups
+                            .iter()
+                            .map(|g| (g.key.clone(), g.tasks))
+                            .collect();
+                        let context = format!("seed {seed}, by {name}, statuses {statuses:?}, since {since:?}, handler {handler:?}");
+                        assert_eq!(found, expected, "{context}");
+                        assert_eq!(
+                            groups.total_tasks,
+                            expected.values().sum::<i64>(),
+                            "{context}"
+                        );
+                        assert_eq!(groups.total_groups, expected.len() as i64, "{context}");
+                        let sizes: Vec<i64> = groups.groups.iter().map(|g| g.tasks).collect();
+                        assert!(
+                            sizes.windows(2).all(|w| w[0] >= w[1]),
+                            "biggest first: {sizes:?} ({context})"
+                        );
+                        for group in &groups.groups {
+                            let trend: i64 = group.trend.iter().sum();
+                            assert!(trend <= group.tasks, "{context}: {group:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_trend_counts_each_task_in_the_bucket_of_its_last_failure() {
+    let (store, _) = fresh_store().await;
+    let cause = scalar(&store, "INSERT INTO recovery_cause (class, fingerprint, example) VALUES ('k', 'f', 'e') RETURNING id").await;
+    // Failures 2, 12, 12 and 47 minutes ago, and one 3 hours ago (outside the trend).
+    for minutes in [2, 12, 12, 47, 180] {
+        scalar(
+            &store,
+            &format!(
+                "INSERT INTO recovery_task (handler, status, cause_id, cause_at) \
+                 VALUES ('h', 'failed', {cause}, now() - interval '{minutes} minutes') RETURNING 1::bigint"
+            ),
+        )
+        .await;
+    }
+    let groups = store.groups(&GroupQuery::default()).await.unwrap();
+    let group = &groups.groups[0];
+    assert_eq!(group.tasks, 5);
+    assert_eq!(groups.bucket_seconds, 300);
+    // Bucket i covers [start + 5i min, start + 5(i+1) min), start an hour ago.
+    let mut expected = vec![0i64; 12];
+    expected[11] = 1; // 2 minutes ago
+    expected[9] = 2; // 12 minutes ago
+    expected[2] = 1; // 47 minutes ago
+    assert_eq!(group.trend, expected);
+}
+
+#[tokio::test]
+async fn tasks_stored_before_causes_get_theirs_from_the_backfill_and_a_newer_cause_is_kept() {
+    let (store, _) = fresh_store().await;
+    // As a release without causes stored them.
+    let rows = [
+        ("failed", "java.io.IOException", "disk 7 full", None),
+        ("failed", "java.io.IOException", "disk 9 full", None),
+        (
+            "permanent_failure",
+            "x.Y",
+            "first",
+            Some("HTTP 404 Not Found: order 12"),
+        ),
+        (
+            "failed",
+            "x.Y",
+            "first",
+            Some("handler timed out after 5s (gave up after 3 of 3 attempts)"),
+        ),
+        ("resolved", "x.Y", "first", Some("handler panicked: boom")),
+    ];
+    for (status, class, message, last_error) in rows {
+        sqlx::query(
+            "INSERT INTO recovery_task (handler, status, error_class, error_message, last_error, attempts) \
+             VALUES ('h', $1, $2, $3, $4, CASE WHEN $4::text IS NULL THEN 0 ELSE 3 END)",
+        )
+        .bind(status)
+        .bind(class)
+        .bind(message)
+        .bind(last_error)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
+    // A task whose attempt set a cause meanwhile keeps it.
+    let kept = scalar(&store, "INSERT INTO recovery_cause (class, fingerprint, example) VALUES ('kept', 'k', 'k') RETURNING id").await;
+    scalar(&store, &format!("UPDATE recovery_task SET cause_id = {kept}, cause_at = now() WHERE id = (SELECT max(id) FROM recovery_task) RETURNING 1::bigint")).await;
+    store.extend_cause_backfill().await.unwrap();
+    let mut rounds = 0;
+    while store.backfill_causes().await.unwrap() != Backfill::Done {
+        rounds += 1;
+        assert!(rounds < 10, "the backfill does not end");
+    }
+    let causes: Vec<(String, String)> = sqlx::query_as(
+        "SELECT c.class, c.fingerprint FROM recovery_task t JOIN recovery_cause c ON c.id = t.cause_id ORDER BY t.id",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    let expected = [
+        ("java.io.IOException", "disk <n> full"),
+        ("java.io.IOException", "disk <n> full"),
+        ("http.4xx", "HTTP <n> Not Found: order <n>"),
+        ("handler.timeout", "handler timed out after <id>"),
+        ("kept", "k"),
+    ];
+    let expected: Vec<(String, String)> = expected
+        .iter()
+        .map(|(c, f)| (c.to_string(), f.to_string()))
+        .collect();
+    assert_eq!(causes, expected);
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE cause_at IS NULL"
+        )
+        .await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn a_search_reads_no_more_than_its_bound_and_says_where_it_stopped() {
+    let (store, _) = fresh_store().await;
+    for i in 0..120 {
+        let mut task = reported("c", "e", "h");
+        task.failure.key = Some(format!("customer-{i}").into_bytes());
+        task.failure.value = Some(if i % 10 == 0 {
+            b"{\"needle\":1}".to_vec()
+        } else {
+            b"{}".to_vec()
+        });
+        if i == 5 {
+            task.failure.headers =
+                vec![redrive::Header::new("trace", b"needle-in-header".to_vec())];
+        }
+        store.enqueue(&task).await.unwrap();
+    }
+    let filter = TaskFilter {
+        search: Some("needle".into()),
+        ..TaskFilter::default()
+    };
+    // The newest 50 (ids 71..=120) hold values 70 to 110 (ids 71 to 111).
+    let page = store.search(&filter, None, 100, 50).await.unwrap();
+    let ids: Vec<i64> = page.tasks.iter().map(|t| t.id.0).collect();
+    assert_eq!(ids, [111, 101, 91, 81, 71]);
+    assert_eq!((page.searched.scanned, page.searched.bounded), (50, true));
+    assert_eq!(page.searched.down_to.map(|id| id.0), Some(71));
+    // Below the bound, the next page: ids 21..=70, then the rest.
+    let page = store
+        .search(&filter, Some(redrive::TaskId(71)), 100, 50)
+        .await
+        .unwrap();
+    let ids: Vec<i64> = page.tasks.iter().map(|t| t.id.0).collect();
+    assert_eq!(ids, [61, 51, 41, 31, 21]);
+    let page = store
+        .search(&filter, Some(redrive::TaskId(21)), 100, 50)
+        .await
+        .unwrap();
+    let ids: Vec<i64> = page.tasks.iter().map(|t| t.id.0).collect();
+    assert_eq!(ids, [11, 6, 1], "a header value and a key are searched too");
+    assert!(!page.searched.bounded);
+    // Keys are searched, bytes exactly (case-sensitive).
+    let key = TaskFilter {
+        search: Some("customer-119".into()),
+        ..TaskFilter::default()
+    };
+    let found = store.search(&key, None, 10, 1000).await.unwrap();
+    assert_eq!(
+        found.tasks.iter().map(|t| t.id.0).collect::<Vec<_>>(),
+        [120]
+    );
+    let upper = TaskFilter {
+        search: Some("NEEDLE".into()),
+        ..TaskFilter::default()
+    };
+    assert!(store
+        .search(&upper, None, 10, 1000)
+        .await
+        .unwrap()
+        .tasks
+        .is_empty());
+    // Other filters narrow what is read.
+    let narrow = TaskFilter {
+        search: Some("needle".into()),
+        status: vec![Status::Resolved],
+        ..TaskFilter::default()
+    };
+    let none = store.search(&narrow, None, 10, 1000).await.unwrap();
+    assert_eq!((none.tasks.len(), none.searched.scanned), (0, 0));
+}
