@@ -205,11 +205,12 @@ pub const SAMPLE_EVERY: Duration = Duration::from_secs(15);
 pub async fn sample_fleet_figures(store: Store, metrics: Metrics, shutdown: CancellationToken) {
     let mut trouble = Trouble::default();
     let mut shown = std::collections::HashSet::new();
+    let mut shown_causes = std::collections::HashSet::new();
     loop {
         match store.sample_figures(SAMPLE_EVERY).await {
             Ok(figures) => {
                 trouble.ok("sampling the fleet's figures");
-                show(&metrics, &figures, &mut shown);
+                show(&metrics, &figures, &mut shown, &mut shown_causes);
             }
             Err(error) => {
                 metrics.database_errors.with_label_values(&["sample"]).inc();
@@ -227,6 +228,7 @@ fn show(
     metrics: &Metrics,
     figures: &crate::store::FleetFigures,
     shown: &mut std::collections::HashSet<(String, String)>,
+    shown_causes: &mut std::collections::HashSet<(String, String)>,
 ) {
     let mut now = std::collections::HashSet::new();
     for (status, handler, count) in &figures.tasks {
@@ -257,4 +259,32 @@ fn show(
     }
     *shown = now;
     metrics.members_live.set(figures.members_live);
+    show_causes(metrics, figures, shown_causes);
+}
+
+/// Sets the cause gauges to `figures`; a cause no longer among the biggest loses its
+/// series, so that their number stays bounded however many causes come and go.
+fn show_causes(
+    metrics: &Metrics,
+    figures: &crate::store::FleetFigures,
+    shown: &mut std::collections::HashSet<(String, String)>,
+) {
+    let mut now = std::collections::HashSet::new();
+    for (cause, class, tasks, first_seen) in &figures.causes {
+        let labels = [cause.to_string(), class.clone()];
+        let labels_ref = [labels[0].as_str(), labels[1].as_str()];
+        metrics
+            .cause_tasks
+            .with_label_values(&labels_ref)
+            .set(*tasks);
+        (metrics.cause_first_seen.with_label_values(&labels_ref)).set(*first_seen);
+        now.insert((labels[0].clone(), labels[1].clone()));
+    }
+    for (cause, class) in shown.difference(&now) {
+        let _ = metrics.cause_tasks.remove_label_values(&[cause, class]);
+        let _ = metrics
+            .cause_first_seen
+            .remove_label_values(&[cause, class]);
+    }
+    *shown = now;
 }

@@ -42,6 +42,12 @@ pub struct AlertsArgs {
     /// How long a breaker may stay open while tasks wait behind it.
     #[arg(long, default_value = "15m", value_parser = parse_duration)]
     pub breaker_open_for: Duration,
+    /// A new cause that grows: first seen within this long ...
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    pub new_cause_within: Duration,
+    /// ... with more tasks not done than this.
+    #[arg(long, default_value_t = 100)]
+    pub new_cause_tasks: u64,
 }
 
 impl From<AlertsArgs> for AlertSettings {
@@ -56,6 +62,8 @@ impl From<AlertsArgs> for AlertSettings {
             cannot_consume_for: args.cannot_consume_for,
             stall_for: args.stall_for,
             breaker_open_for: args.breaker_open_for,
+            new_cause_within: args.new_cause_within,
+            new_cause_tasks: args.new_cause_tasks,
         }
     }
 }

@@ -55,7 +55,7 @@ pub use preview::{ActionSample, ReplayCounts};
 pub use query::{Attempt, StatusCounts};
 pub use replays::{Marks, NewReplay, ReplayJob, ReplayPage, ReplayRowError, REPLAY_STALE_AFTER};
 pub use retention::RETENTION_BATCH;
-pub use sample::{next_turn_after, FleetFigures, RESOLVED_RECOUNT};
+pub use sample::{next_turn_after, FleetFigures, RESOLVED_RECOUNT, SAMPLED_CAUSES};
 pub use search::{SearchPage, Searched, SEARCH_TIMEOUT_MS};
 pub use timeline::OutcomeMinute;
 pub use view::{HeaderView, TaskDetail};

@@ -55,10 +55,18 @@ pub struct FleetFigures {
     pub due: Vec<(String, i64, f64)>,
     /// Members seen recently.
     pub members_live: i64,
+    /// The biggest causes of tasks not done: (cause id, class, tasks, first seen as
+    /// seconds since the epoch), at most [`SAMPLED_CAUSES`].
+    #[serde(default)]
+    pub causes: Vec<(i64, String, i64, f64)>,
     /// How long this sample's counting took, in milliseconds.
     #[serde(default)]
     pub count_ms: f64,
 }
+
+/// Most causes the fleet's figures (and metrics) carry: the biggest, so that the series
+/// stay few whatever the errors say.
+pub const SAMPLED_CAUSES: i64 = 20;
 
 impl Store {
     /// Takes the turn to sample if the last sample is older than `interval` and than
@@ -160,11 +168,23 @@ impl Store {
         .bind(MEMBER_LIVE_WITHIN.as_millis() as f64)
         .fetch_one(&self.pool)
         .await?;
+        // The cause index alone (`recovery_task_cause`), then one row per listed cause.
+        let causes = sqlx::query_as(
+            "SELECT g.cause_id, c.class, g.tasks, extract(epoch FROM c.first_seen)::float8 \
+             FROM (SELECT cause_id, count(*) AS tasks FROM recovery_task \
+                   WHERE status IN ('failed', 'permanent_failure') AND cause_id IS NOT NULL \
+                   GROUP BY cause_id ORDER BY tasks DESC, cause_id LIMIT $1) g \
+             JOIN recovery_cause c ON c.id = g.cause_id ORDER BY g.tasks DESC, g.cause_id",
+        )
+        .bind(SAMPLED_CAUSES)
+        .fetch_all(&self.pool)
+        .await?;
         Ok(FleetFigures {
             tasks,
             resolved_counted_at,
             due,
             members_live,
+            causes,
             count_ms: 0.0,
         })
     }

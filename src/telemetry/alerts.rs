@@ -43,6 +43,10 @@ pub struct AlertSettings {
     pub stall_for: Duration,
     /// `RedriveBreakerOpen`: a breaker not closed, with tasks waiting, for this long.
     pub breaker_open_for: Duration,
+    /// `RedriveNewCauseGrowing`: a cause first seen within this long ...
+    pub new_cause_within: Duration,
+    /// ... with more tasks not done than this.
+    pub new_cause_tasks: u64,
 }
 
 impl Default for AlertSettings {
@@ -57,6 +61,8 @@ impl Default for AlertSettings {
             cannot_consume_for: Duration::from_secs(300),
             stall_for: Duration::from_secs(600),
             breaker_open_for: Duration::from_secs(900),
+            new_cause_within: Duration::from_secs(1800),
+            new_cause_tasks: 100,
         }
     }
 }
@@ -92,6 +98,15 @@ impl AlertSettings {
                 "breaker_open_for",
                 prometheus_duration(self.breaker_open_for),
             ),
+            (
+                "new_cause_within",
+                prometheus_duration(self.new_cause_within),
+            ),
+            (
+                "new_cause_within_seconds",
+                self.new_cause_within.as_secs().to_string(),
+            ),
+            ("new_cause_tasks", self.new_cause_tasks.to_string()),
         ];
         let mut rules = TEMPLATE.to_owned();
         for (name, value) in parameters {
@@ -128,6 +143,7 @@ impl AlertSettings {
             ("--stall-for", self.stall_for),
             ("--breaker-open-for", self.breaker_open_for),
             ("--oldest-due", self.oldest_due),
+            ("--new-cause-within", self.new_cause_within),
         ] {
             if duration.as_secs() == 0 || duration.subsec_nanos() != 0 {
                 return error(option, "must be a whole number of seconds, at least 1s");

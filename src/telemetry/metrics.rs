@@ -99,6 +99,12 @@ pub struct Metrics {
     pub tasks_due: IntGaugeVec,
     /// How long the oldest due task has waited, by handler (fleet-wide, sampled).
     pub oldest_due_seconds: GaugeVec,
+    /// `redrive_cause_tasks{cause,class}`: tasks not done (failed or given up) of each of
+    /// the biggest causes (fleet-wide, sampled; at most [`crate::store::SAMPLED_CAUSES`]).
+    pub cause_tasks: IntGaugeVec,
+    /// `redrive_cause_first_seen_timestamp_seconds{cause,class}`: when each of those
+    /// causes was first seen.
+    pub cause_first_seen: GaugeVec,
     /// 1 while this member is ready (see `/readyz`).
     pub ready: Gauge,
     /// The member's health, which `/readyz` reads and whose changes are logged once.
@@ -360,6 +366,25 @@ impl Metrics {
                 &["handler"],
             ),
             oldest_due_seconds,
+            cause_tasks: gauges(
+                r,
+                "redrive_cause_tasks",
+                "Tasks not done (failed or given up) of each of the biggest causes, by cause id \
+                 and class (fleet-wide: aggregate with max)",
+                &["cause", "class"],
+            ),
+            cause_first_seen: {
+                let metric = GaugeVec::new(
+                    Opts::new(
+                        "redrive_cause_first_seen_timestamp_seconds",
+                        "When each of the biggest causes was first seen (fleet-wide)",
+                    ),
+                    &["cause", "class"],
+                )
+                .expect("a valid metric");
+                r.register(Box::new(metric.clone())).expect("registered once");
+                metric
+            },
             ready,
             health: Arc::new(Health::default()),
             registry,

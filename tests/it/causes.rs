@@ -472,3 +472,133 @@ async fn a_search_reads_no_more_than_its_bound_and_says_where_it_stopped() {
     let none = store.search(&narrow, None, 10, 1000).await.unwrap();
     assert_eq!((none.tasks.len(), none.searched.scanned), (0, 0));
 }
+
+/// The faces: `tasks groups` and `GET /api/v1/groups` answer the same groups; a cause's
+/// tasks are listed and acted on by `--cause`; a search is listed, never acted on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_and_the_api_group_list_and_act_by_cause() {
+    use crate::admin_api::{with_tokens, Api, OPERATE, READ};
+    use crate::operator_cli::run;
+    use reqwest::StatusCode;
+
+    let (store, settings) = fresh_store().await;
+    let settings = with_tokens(settings);
+    for order in [17, 4711, 9] {
+        let message = format!("order {order} not found");
+        store
+            .enqueue(&reported(
+                "java.lang.IllegalStateException",
+                &message,
+                "billing",
+            ))
+            .await
+            .unwrap();
+    }
+    store
+        .enqueue(&reported(
+            "java.net.ConnectException",
+            "Connection refused",
+            "sink",
+        ))
+        .await
+        .unwrap();
+
+    let out = run(&settings, &["tasks", "groups", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cli: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let api = Api::start(&store, &settings).await;
+    let (status, body) = api.get("/api/v1/groups", Some(READ)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for answer in [&cli, &body] {
+        assert_eq!(answer["total_tasks"], 4, "{answer}");
+        assert_eq!(answer["groups"][0]["tasks"], 3, "{answer}");
+        assert_eq!(
+            answer["groups"][0]["cause"]["fingerprint"],
+            "order <n> not found"
+        );
+    }
+    let cause = body["groups"][0]["cause"]["id"].as_i64().unwrap();
+
+    let table = run(&settings, &["tasks", "groups"]);
+    let shown = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        shown.contains("order <n> not found") && shown.contains("java.lang.IllegalStateException"),
+        "{shown}"
+    );
+    let (status, by_handler) = api
+        .get("/api/v1/groups?by=handler&status=failed", Some(READ))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{by_handler}");
+    assert_eq!(by_handler["groups"][0]["key"], "billing");
+    for bad in [
+        "by=colour",
+        "since=yesterday",
+        "buckets=0",
+        "limit=501",
+        "trend=0s",
+        "cause=-1",
+        "search=x",
+    ] {
+        let (status, answer) = api.get(&format!("/api/v1/groups?{bad}"), Some(READ)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {answer}");
+    }
+
+    let (status, listed) = api
+        .get(&format!("/api/v1/tasks?cause={cause}"), Some(READ))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(listed["items"].as_array().unwrap().len(), 3);
+    // Act on all of the cause.
+    let cause_arg = cause.to_string();
+    let out = run(
+        &settings,
+        &[
+            "tasks",
+            "discard",
+            "--cause",
+            &cause_arg,
+            "--reason",
+            "bad orders",
+            "--yes",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE status = 'discarded'"
+        )
+        .await,
+        3
+    );
+    let (_, after) = api.get("/api/v1/groups", Some(READ)).await;
+    assert_eq!(after["total_tasks"], 1, "{after}");
+
+    // A search lists; acting on it is refused with the reason, in both faces.
+    let (status, found) = api.get("/api/v1/tasks?search=%7B%7D", Some(READ)).await;
+    assert_eq!(status, StatusCode::OK, "{found}");
+    assert_eq!(found["searched"]["scanned"], 4, "{found}");
+    let (status, refused) = api
+        .post(
+            "/api/v1/tasks/retry",
+            Some(OPERATE),
+            serde_json::json!({"filter": {"search": "x"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+    assert!(
+        refused["error"].as_str().unwrap().contains("search"),
+        "{refused}"
+    );
+    let out = run(&settings, &["tasks", "retry", "--search", "x", "--yes"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("search"));
+}

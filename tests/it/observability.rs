@@ -215,6 +215,18 @@ async fn every_dashboard_panel_and_alert_evaluates_against_a_real_prometheus() {
         .handler("flaky", Flaky)
         .build()
         .unwrap();
+    // A failure no member serves, stored before the member's first sample: the cause
+    // series (`redrive_cause_*`) are there from the first scrape.
+    let unserved = redrive::NewTask {
+        handler: "unserved".into(),
+        failure: redrive::Failure {
+            error_class: Some("java.net.ConnectException".into()),
+            error_message: Some("Connection refused".into()),
+            ..redrive::Failure::default()
+        },
+        ..redrive::NewTask::default()
+    };
+    store.enqueue(&unserved).await.unwrap();
     let member = Member::start(fleet, &store);
     let prometheus = Prometheus::start(metrics_at);
 
