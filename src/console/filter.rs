@@ -10,7 +10,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use maud::{html, Markup};
 
 use crate::operations::{FilterParams, StatusNames};
-use crate::store::{TaskFilter, MAX_PAGE};
+use crate::store::{TaskFilter, MAX_PAGE, SEARCH_MAX_BYTES, SEARCH_SCAN};
 use crate::task::{Status, TaskId};
 
 /// Tasks per page unless the form says otherwise.
@@ -35,8 +35,10 @@ pub(crate) struct ListParams {
 }
 
 /// The parameters of a list request.
-const KNOWN: [&str; 18] = [
+const KNOWN: [&str; 20] = [
     "status",
+    "search",
+    "cause",
     "handler",
     "route",
     "topic",
@@ -87,6 +89,12 @@ pub(crate) fn parse(pairs: &[(String, String)], now: DateTime<Utc>) -> Result<Li
             "key" => written.key = Some(raw.clone()),
             "key_prefix" => written.key_prefix = Some(raw.clone()),
             "error" => written.error = Some(raw.clone()),
+            // A search looks for the bytes typed, spaces and all.
+            "search" => written.search = Some(raw.clone()),
+            "cause" => match number::<i64>(name, value)? {
+                id if id > 0 => written.cause = Some(id),
+                _ => return Err("cause must be a cause id (a positive integer)".into()),
+            },
             "first_error" => written.first_error = Some(raw.clone()),
             "disposition" => written.disposition = text(),
             "created_after" => written.created_after = text(),
@@ -237,11 +245,27 @@ pub(crate) fn describe(filter: &TaskFilter) -> String {
     words.join(", ")
 }
 
+/// `n` with a comma every three digits: `100,000`.
+pub(crate) fn thousands(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3 + 1);
+    if n < 0 {
+        out.push('-');
+    }
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
 /// The filter form, filled in with `params`.
 pub(crate) fn form(params: &ListParams) -> Markup {
     let f = &params.filter;
     let time = |t: Option<DateTime<Utc>>| t.map(rfc3339);
-    let text_fields: [(&str, &str, Option<String>, &str); 15] = [
+    let text_fields: [(&str, &str, Option<String>, &str); 16] = [
         ("handler", "Handler", f.handler.clone(), ""),
         ("route", "Route", f.route.clone(), ""),
         ("topic", "Topic", f.topic.clone(), ""),
@@ -307,6 +331,12 @@ pub(crate) fn form(params: &ListParams) -> Markup {
             f.previous_task.map(|id| id.to_string()),
             "task id",
         ),
+        (
+            "cause",
+            "Cause",
+            f.cause.map(|id| id.to_string()),
+            "a cause id, as What broke links it",
+        ),
     ];
     html! {
         form.filter method="get" action="/console/tasks" {
@@ -319,6 +349,15 @@ pub(crate) fn form(params: &ListParams) -> Markup {
                             checked[f.status.contains(&status)];
                         label for=(id) { (status.as_str()) }
                     }
+                }
+            }
+            div.field.search {
+                label for="f-search" { "Search key, value, headers" }
+                input type="search" id="f-search" name="search" value=[f.search.as_deref()]
+                    autocomplete="off" maxlength=(SEARCH_MAX_BYTES) aria-describedby="h-search";
+                small id="h-search" {
+                    "Text as typed (case-sensitive), among the newest "
+                    (thousands(SEARCH_SCAN)) " tasks the rest of the filter selects"
                 }
             }
             div.fields {
@@ -449,5 +488,47 @@ mod tests {
         assert_eq!(list_url(&TaskFilter::default(), &[]), "/console/tasks");
         assert_eq!(describe(&filter), "status failed, key a&b=c");
         assert_eq!(describe(&TaskFilter::default()), "every task");
+        assert_eq!(thousands(100_000), "100,000");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(-1_234_567), "-1,234,567");
+    }
+
+    #[test]
+    fn search_and_cause_read_and_go_back_into_the_query() {
+        let params = parse(
+            &pairs(&[
+                ("search", " order 7 "),
+                ("cause", "12"),
+                ("status", "failed"),
+            ]),
+            now(),
+        )
+        .unwrap();
+        assert_eq!(
+            params.filter.search.as_deref(),
+            Some(" order 7 "),
+            "as typed"
+        );
+        assert_eq!(params.filter.cause, Some(12));
+        assert_eq!(
+            list_url(&params.filter, &[]),
+            "/console/tasks?status=failed&search=+order+7+&cause=12"
+        );
+        assert!(parse(&pairs(&[("cause", "0")]), now())
+            .unwrap_err()
+            .contains("cause"));
+        assert_eq!(
+            parse(&pairs(&[("search", "  ")]), now())
+                .unwrap()
+                .filter
+                .search,
+            None
+        );
+        let form = form(&params).into_string();
+        assert!(
+            form.contains(r#"name="search" value=" order 7 ""#),
+            "{form}"
+        );
+        assert!(form.contains(r#"name="cause" value="12""#), "{form}");
     }
 }

@@ -133,6 +133,21 @@ pub(crate) fn when(at: DateTime<Utc>) -> Markup {
     }
 }
 
+/// A time relative to `now` as a person says it (`42 s ago`, `3 min ago`, `2 h ago`,
+/// `3 d ago`), the exact UTC time in its title and machine-readable.
+pub(crate) fn ago(at: DateTime<Utc>, now: DateTime<Utc>) -> Markup {
+    let s = (now - at).num_seconds().max(0);
+    let said = match s {
+        0..=59 => format!("{s} s ago"),
+        60..=3599 => format!("{} min ago", s / 60),
+        3600..=86_399 => format!("{} h ago", s / 3600),
+        _ => format!("{} d ago", s / 86_400),
+    };
+    html! {
+        time datetime=(at.to_rfc3339()) title=(at.format("%Y-%m-%d %H:%M:%S UTC")) { (said) }
+    }
+}
+
 /// A time, or a dash.
 pub(crate) fn when_opt(at: Option<DateTime<Utc>>) -> Markup {
     match at {

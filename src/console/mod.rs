@@ -2,7 +2,8 @@
 //! listener, with the API's tokens and roles.
 //!
 //! - **Pages**: the fleet overview, live-updating
-//!   ([`overview`], with the outcome chart of [`chart`]); the task list with every filter
+//!   ([`overview`], opening with what broke, [`broke`], and with the outcome chart of
+//!   [`chart`]); the task list with every filter
 //!   of [`TaskFilter`](crate::store::TaskFilter) and keyset paging ([`tasks`], the form in
 //!   [`filter`]); a task's detail ([`detail`]); replay jobs with their progress
 //!   ([`replays`]); the audit log ([`audit`]); members, breakers and brakes ([`fleet`]).
@@ -27,6 +28,7 @@
 mod actions;
 mod assets;
 mod audit;
+mod broke;
 mod chart;
 mod commands;
 mod confirm;

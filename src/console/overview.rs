@@ -1,4 +1,5 @@
-//! The fleet overview: backlog by status and handler, due work and the oldest due per
+//! The fleet overview: what broke (the biggest causes, [`super::broke`]), backlog by
+//! status and handler, due work and the oldest due per
 //! handler, the last hour's outcomes (a table and a per-minute chart), live members,
 //! breakers and brakes. The page's script reloads the figures every
 //! [`REFRESH`] from `/console/live/overview` while the tab is visible.
@@ -20,10 +21,10 @@ use super::error::PageError;
 use super::filter::list_url;
 use super::fleet::{brakes_table, breakers_table, members_table};
 use super::layout::{self, Nav};
-use super::{chart, Console, Shared};
-use crate::operations::Actor;
+use super::{broke, chart, Console, Shared};
+use crate::operations::{Actor, FilterParams};
 use crate::resilience::breaker::{Breaker, BreakerState};
-use crate::store::{Brake, OutcomeMinute, Stats, TaskFilter};
+use crate::store::{Brake, Groups, OutcomeMinute, Stats, TaskFilter};
 use crate::task::Status;
 
 /// How often the overview's figures are read (and the page asks for them).
@@ -31,6 +32,8 @@ pub(crate) const REFRESH: Duration = Duration::from_secs(5);
 
 /// The figures of one reading.
 struct Snapshot {
+    /// What broke, or why it could not be read (the rest shows either way).
+    groups: Result<Groups, String>,
     stats: Stats,
     minutes: Vec<OutcomeMinute>,
     breakers: Vec<Breaker>,
@@ -60,7 +63,12 @@ async fn snapshot(console: &Console) -> Result<Arc<Snapshot>, PageError> {
         });
     };
     let operations = &console.app;
+    let groups = operations
+        .groups(&FilterParams::default(), &broke::params())
+        .await
+        .map_err(|e| e.to_string());
     let snapshot = Arc::new(Snapshot {
+        groups,
         stats: operations.stats().await?,
         minutes: operations.outcome_minutes().await?,
         breakers: operations.breakers().await?.items,
@@ -133,6 +141,7 @@ fn figures(s: &Snapshot) -> Markup {
         .count();
     let engaged = s.brakes.iter().filter(|b| b.engaged(s.read_at)).count();
     html! {
+        (broke::section(&s.groups, s.read_at))
         p.as-of { "Figures as of " (layout::when(s.read_at)) "." }
         ul.cards aria-label="At a glance" {
             li { a href=(filtered(Some(Status::Failed), None)) { span.figure { (totals[0]) } " waiting or in an attempt" } }

@@ -5,6 +5,10 @@
 //! "select all on this page" (the script ticks them), "select all N that match this
 //! filter" (N exact), and Retry / Discard / Resolve / Replay, each leading to its
 //! confirm page. A read caller gets the same page without any of them.
+//!
+//! A search (text in key, value or headers) reads the newest tasks of the rest of the
+//! filter only; the page says what it read, and offers the ticked tasks alone to act
+//! on (the layer refuses an action by a search's filter).
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -18,7 +22,7 @@ use super::layout::{self, Nav};
 use super::Shared;
 use crate::config::Role;
 use crate::operations::{Actor, Page, PageRequest};
-use crate::store::TaskSummary;
+use crate::store::{Searched, TaskSummary};
 
 /// The verbs offered on the list and a task's page: value and label.
 pub(crate) const VERBS: [(&str, &str); 4] = [
@@ -42,8 +46,12 @@ pub(crate) async fn page(
         after: params.after.map(|id| id.0),
     };
     let page = console.app.list(&filter, &page_request).await?;
+    // "All that match" is for a filter: a search finds tasks to look at, and an action
+    // on what it found acts on the ticked ones.
+    let searching = params.filter.search.is_some();
     let matching = match caller.role {
-        Role::Operate => Some(
+        Role::Operate if searching => Some(Matching::Searched),
+        Role::Operate => Some(Matching::Counted(
             console
                 .app
                 .count_up_to(
@@ -54,11 +62,12 @@ pub(crate) async fn page(
                     MATCHING_COUNTED_WITHIN,
                 )
                 .await?,
-        ),
+        )),
         Role::Read => None,
     };
     let body = html! {
         (filter::form(&params))
+        @if let Some(searched) = &page.searched { (searched_line(searched)) }
         @match matching {
             Some(matching) => {
                 form #act method="post" action="/console/actions/preview" {
@@ -80,7 +89,16 @@ pub(crate) async fn page(
 const MATCHING_COUNTED_MAX: i64 = 10_000;
 const MATCHING_COUNTED_WITHIN: std::time::Duration = std::time::Duration::from_millis(100);
 
-fn actions(params: &ListParams, matching: Option<i64>) -> Markup {
+/// What the action bar offers besides the ticked tasks.
+enum Matching {
+    /// Every task the filter selects, counted up to [`MATCHING_COUNTED_MAX`].
+    Counted(Option<i64>),
+    /// Nothing more: the list is a search's.
+    Searched,
+}
+
+fn actions(params: &ListParams, matching: Matching) -> Markup {
+    let searched = matches!(matching, Matching::Searched);
     html! {
         input type="hidden" name="filter" value=(filter::query(&params.filter));
         fieldset.actions {
@@ -89,19 +107,54 @@ fn actions(params: &ListParams, matching: Option<i64>) -> Markup {
                 input #select-page type="checkbox" data-select-page;
                 label for="select-page" { "Select all on this page" }
             }
-            span.check {
-                input #select-filter type="checkbox" name="scope" value="filter";
-                label for="select-filter" {
-                    @match matching {
-                        Some(n) => { "Select all " span.matching { (n) } " that match this filter" }
-                        None => { "Select all that match this filter (the next page counts them)" }
+            @match matching {
+                Matching::Counted(counted) => {
+                    span.check {
+                        input #select-filter type="checkbox" name="scope" value="filter";
+                        label for="select-filter" {
+                            @match counted {
+                                Some(n) => { "Select all " span.matching { (n) } " that match this filter" }
+                                None => { "Select all that match this filter (the next page counts them)" }
+                            }
+                            @if params.filter.is_everything() { " (every task)" }
+                        }
                     }
-                    @if params.filter.is_everything() { " (every task)" }
+                }
+                Matching::Searched => {
+                    span.meta.search-acts { "A search acts on the tasks ticked (a replay needs a filter without search)." }
                 }
             }
             span.buttons {
                 @for (verb, label) in VERBS {
-                    button type="submit" name="verb" value=(verb) { (label) "…" }
+                    @if !(searched && verb == "replay") {
+                        button type="submit" name="verb" value=(verb) { (label) "…" }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What a search read: every task of the filter, or the newest ones down to a task.
+fn searched_line(searched: &Searched) -> Markup {
+    let text = html! { "“" (layout::visible(&searched.text)) "”" };
+    html! {
+        p.searched role="status" {
+            @match (searched.bounded, searched.down_to) {
+                (true, Some(oldest)) => {
+                    "Searched the newest " (filter::thousands(searched.scanned))
+                    " tasks of the filter for " (text) " (keys, values, headers), down to task "
+                    (oldest) "; older tasks were not searched: the next page goes on below it."
+                }
+                _ if searched.scanned == 0 => {
+                    "The filter selects no task to search for " (text) "."
+                }
+                _ if searched.scanned == 1 => {
+                    "Searched the 1 task of the filter for " (text) " (keys, values, headers)."
+                }
+                _ => {
+                    "Searched all " (filter::thousands(searched.scanned)) " tasks of the filter for "
+                    (text) " (keys, values, headers)."
                 }
             }
         }
@@ -185,5 +238,34 @@ fn row(task: &TaskSummary, selectable: bool) -> Markup {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::task::TaskId;
+
+    #[test]
+    fn the_searched_line_says_what_was_read() {
+        let mut searched = Searched {
+            text: "<b>blue</b>".into(),
+            scanned: 100_000,
+            bound: 100_000,
+            bounded: true,
+            down_to: Some(TaskId(4711)),
+        };
+        let bounded = searched_line(&searched).into_string();
+        assert!(
+            bounded.contains(
+                "Searched the newest 100,000 tasks of the filter for “&lt;b&gt;blue&lt;/b&gt;” \
+                 (keys, values, headers), down to task 4711; older tasks were not searched"
+            ),
+            "{bounded}"
+        );
+        searched.bounded = false;
+        searched.scanned = 3;
+        let all = searched_line(&searched).into_string();
+        assert!(all.contains("Searched all 3 tasks of the filter"), "{all}");
     }
 }

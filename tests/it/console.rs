@@ -454,6 +454,253 @@ async fn a_wrong_token_is_refused_and_the_sixth_rapid_attempt_waits() {
     assert_eq!(answer.status(), StatusCode::SEE_OTHER);
 }
 
+/// A failed task of `handler` whose error is `class` and `message`.
+fn failing(handler: &str, key: &str, class: &str, message: &str) -> NewTask {
+    let mut task = task(handler, key.as_bytes(), b"{}");
+    task.failure.error_class = Some(class.into());
+    task.failure.error_message = Some(message.into());
+    task
+}
+
+/// The `href` of the first element `css` selects.
+async fn href(browser: &Browser, css: &str) -> String {
+    let link = browser
+        .client
+        .find(fantoccini::Locator::Css(css))
+        .await
+        .expect(css);
+    link.attr("href").await.unwrap().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_opens_with_what_broke_and_links_each_cause_to_its_tasks() {
+    let (store, settings) = fresh_store().await;
+    let timeouts = enqueue(
+        &store,
+        (1..=3)
+            .map(|i| {
+                failing(
+                    "orders",
+                    &format!("order-{i}"),
+                    "java.net.SocketTimeoutException",
+                    &format!(
+                        "connect timed out after {} ms to 10.0.0.{i}:9092",
+                        30_000 + i
+                    ),
+                )
+            })
+            .collect(),
+    )
+    .await;
+    let parsing = enqueue(
+        &store,
+        (1..=2)
+            .map(|i| {
+                failing(
+                    "billing",
+                    &format!("invoice-{i}"),
+                    "com.fasterxml.jackson.core.JsonParseException",
+                    &format!("Unexpected character at line {i} column 7"),
+                )
+            })
+            .collect(),
+    )
+    .await;
+    let hostile = enqueue(
+        &store,
+        vec![failing(
+            "billing",
+            "hostile",
+            "IllegalStateException",
+            HOSTILE,
+        )],
+    )
+    .await;
+    let console = Console::start(&settings, false).await;
+    let browser = Browser::start().await;
+    console.sign_in(&browser, OPERATE, "/console/").await;
+    assert_eq!(browser.path().await, "/console/");
+    browser.click("[data-live-toggle]").await;
+    browser.screenshot("what-broke-overview").await;
+
+    // The section comes first, biggest cause first, one row a cause.
+    let first_section = browser.text("main section h2").await;
+    assert_eq!(first_section, "What broke");
+    let broke = rows(&browser, "table.broke").await;
+    assert_eq!(broke.len(), 3, "{broke:?}");
+    assert_eq!(broke[0][0], "java.net.SocketTimeoutException", "{broke:?}");
+    assert!(
+        broke[0][1].starts_with("connect timed out after"),
+        "{broke:?}"
+    );
+    assert_eq!(broke[0][2], "3", "{broke:?}");
+    assert!(broke[0][5].ends_with("s ago"), "last seen: {broke:?}");
+    assert_eq!(broke[0][6], "orders", "{broke:?}");
+    assert_eq!(broke[0][7], "tasks →", "{broke:?}");
+    assert_eq!(broke[1][0], "com.fasterxml.jackson.core.JsonParseException");
+    assert_eq!(broke[1][2], "2", "{broke:?}");
+    assert_eq!(broke[2][2], "1", "{broke:?}");
+    assert_eq!(browser.count("table.broke svg.spark rect.bar").await, 3);
+    let meta = browser.text("section.broke .meta").await;
+    assert!(
+        meta.starts_with("6 tasks failed or given up, 3 causes"),
+        "{meta}"
+    );
+
+    // A script in an error message is text in the row and in its title, never run.
+    assert_eq!(browser.open_dialog().await, None);
+    assert!(broke[2][1].contains("<script>"), "{broke:?}");
+    let source = browser.client.source().await.unwrap();
+    assert!(!source.contains("<script>alert"), "the message is escaped");
+    let title = browser
+        .client
+        .find(fantoccini::Locator::Css(
+            "table.broke tbody tr:nth-child(3) td.fingerprint",
+        ))
+        .await
+        .unwrap()
+        .attr("title")
+        .await
+        .unwrap()
+        .unwrap_or_default();
+    assert!(title.starts_with("<script>"), "{title}");
+
+    // The link lists that cause's tasks not done, and only them.
+    let link = href(&browser, "table.broke tbody tr:first-child td.go a").await;
+    assert!(
+        link.starts_with("/console/tasks?status=failed&status=permanent_failure&cause="),
+        "{link}"
+    );
+    browser
+        .follow("table.broke tbody tr:first-child td.go a")
+        .await;
+    browser.screenshot("what-broke-cause-tasks").await;
+    assert_eq!(browser.path().await, link);
+    let mut expected: Vec<i64> = timeouts.iter().map(|id| id.0).collect();
+    expected.sort_unstable_by(|a, b| b.cmp(a));
+    assert_eq!(listed_ids(&browser).await, expected);
+    let cause = link.rsplit('=').next().unwrap().to_owned();
+    let field = browser
+        .client
+        .find(fantoccini::Locator::Css("#f-cause"))
+        .await
+        .unwrap()
+        .prop("value")
+        .await
+        .unwrap();
+    assert_eq!(
+        field.as_deref(),
+        Some(cause.as_str()),
+        "the form shows the cause"
+    );
+
+    // The second cause's link lists its two tasks.
+    browser.open(&console.url("/console/")).await;
+    browser
+        .follow("table.broke tbody tr:nth-child(2) td.go a")
+        .await;
+    let mut expected: Vec<i64> = parsing.iter().map(|id| id.0).collect();
+    expected.sort_unstable_by(|a, b| b.cmp(a));
+    assert_eq!(listed_ids(&browser).await, expected);
+    browser.open(&console.url("/console/")).await;
+    browser
+        .follow("table.broke tbody tr:nth-child(3) td.go a")
+        .await;
+    assert_eq!(listed_ids(&browser).await, vec![hostile[0].0]);
+    assert_eq!(browser.open_dialog().await, None);
+
+    // Resolved tasks leave What broke.
+    let operator = Operator {
+        actor: "ops".into(),
+        reason: Some("fixed".into()),
+    };
+    let all: Vec<TaskId> = timeouts
+        .iter()
+        .chain(&parsing)
+        .chain(&hostile)
+        .copied()
+        .collect();
+    store
+        .act(
+            &operator,
+            &Action::Resolve { force: false },
+            &Selection::Ids(all),
+        )
+        .await
+        .unwrap();
+    // (the overview's figures are read at most once per 5 s)
+    eventually(Duration::from_secs(30), "What broke is empty", || async {
+        browser.open(&console.url("/console/")).await;
+        browser.count("section.broke p.empty").await == 1
+    })
+    .await;
+    browser.screenshot("what-broke-nothing").await;
+    assert_eq!(
+        browser.text("section.broke p.empty").await,
+        "Nothing is broken: no task is failed or given up."
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_finds_text_in_keys_values_and_headers_and_says_what_it_read() {
+    let (store, settings) = fresh_store().await;
+    let mut traced = task("orders", b"order-3", b"{}");
+    traced.failure.headers = vec![Header {
+        name: b"trace".to_vec(),
+        value: Some(b"trace-7f3a".to_vec()),
+    }];
+    let ids = enqueue(
+        &store,
+        vec![
+            task("orders", b"order-1", br#"{"sku":"blue-widget"}"#),
+            task("orders", b"order-2", br#"{"sku":"red-gadget"}"#),
+            traced,
+        ],
+    )
+    .await;
+    let console = Console::start(&settings, false).await;
+    let browser = Browser::start().await;
+    console.sign_in(&browser, OPERATE, "/console/tasks").await;
+    assert_eq!(listed_ids(&browser).await.len(), 3);
+
+    browser.fill("#f-search", "blue-widget").await;
+    browser.follow("form.filter button[type=submit]").await;
+    browser.screenshot("search").await;
+    assert!(browser.path().await.contains("search=blue-widget"));
+    assert_eq!(listed_ids(&browser).await, vec![ids[0].0]);
+    assert_eq!(
+        browser.text("p.searched").await,
+        "Searched all 3 tasks of the filter for “blue-widget” (keys, values, headers)."
+    );
+    // No "all that match" (the layer refuses an action by a search), nor a replay (it
+    // needs a filter); the ticked rows can be acted on.
+    assert_eq!(browser.count("#select-filter").await, 0);
+    assert_eq!(browser.count("button[value=replay]").await, 0);
+    browser.click(&format!("#select-{}", ids[0].0)).await;
+    browser.follow("button[value=retry]").await;
+    assert_eq!(browser.path().await, "/console/actions/preview");
+    let confirm = browser.text("main").await;
+    assert!(confirm.contains(&format!("task {}", ids[0].0)), "{confirm}");
+
+    // A header's value is searched too, and the rest of the filter applies.
+    browser
+        .open(&console.url("/console/tasks?search=trace-7f3a&handler=orders"))
+        .await;
+    assert_eq!(listed_ids(&browser).await, vec![ids[2].0]);
+    browser
+        .open(&console.url("/console/tasks?search=trace-7f3a&handler=billing"))
+        .await;
+    assert_eq!(browser.count("table.tasks").await, 0);
+    assert_eq!(
+        browser.text("p.searched").await,
+        "The filter selects no task to search for “trace-7f3a”."
+    );
+    // Without a search the list offers every task that matches again.
+    browser.open(&console.url("/console/tasks")).await;
+    assert_eq!(browser.count("#select-filter").await, 1);
+    assert_eq!(browser.count("p.searched").await, 0);
+}
+
 /// Checks the security headers of an answer.
 pub(crate) fn assert_secured(what: &str, headers: &HeaderMap) {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
@@ -651,6 +898,10 @@ async fn an_open_api_needs_no_sign_in_and_answers_loopback_names_only() {
     let page = overview.text().await.unwrap();
     assert!(page.contains("<b>anonymous</b>"), "{page}");
     assert!(!page.contains("Sign out"), "nothing to sign out of");
+    assert!(
+        page.contains("Nothing is broken: no task is failed or given up."),
+        "{page}"
+    );
     let login = client
         .get(format!("http://{address}/console/login"))
         .send()
