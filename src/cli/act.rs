@@ -146,6 +146,7 @@ pub async fn bulk(
         return Ok(());
     }
     errln!("{name}: {count} task(s) selected");
+    warn_held(&preview);
     if !confirm(&format!("{name} {count} task(s)?"), options.yes)? {
         bail!("not confirmed; nothing changed");
     }
@@ -170,6 +171,13 @@ pub async fn bulk(
         bail!("{}", left_alone(verb, answer.refused));
     }
     Ok(())
+}
+
+/// Warns of the breakers forced open that hold retried tasks back.
+fn warn_held(answer: &ActAnswer) {
+    for held in &answer.held_by_breakers {
+        errln!("warning: {}", crate::readable::visible(&held.warning));
+    }
 }
 
 fn print_dry_run(preview: &ActAnswer, verb: Verb, json: bool) -> anyhow::Result<()> {
@@ -203,6 +211,7 @@ fn print_dry_run(preview: &ActAnswer, verb: Verb, json: bool) -> anyhow::Result<
     if preview.refused > 0 {
         outln!("{}", left_alone(verb, preview.refused));
     }
+    warn_held(preview);
     Ok(())
 }
 

@@ -87,9 +87,11 @@ async fn list(operations: &Operations, json: bool) -> anyhow::Result<()> {
             b.forced.map(|f| f.to_string()).unwrap_or_default(),
             b.consecutive_failures.to_string(),
             format!("{}/{}", b.window_failures, b.window_calls),
-            b.hold_until
-                .map(|h| h.format("%Y-%m-%d %H:%M:%S").to_string())
-                .unwrap_or_default(),
+            match b.hold_until {
+                _ if b.forced_open() => "until released".to_owned(),
+                Some(h) => h.format("%Y-%m-%d %H:%M:%S").to_string(),
+                None => String::new(),
+            },
             b.changed_at.format("%Y-%m-%d %H:%M:%S").to_string(),
             b.reason.clone().unwrap_or_default(),
         ]

@@ -39,6 +39,13 @@ pub(crate) fn act_page(
                     }
                 }
             }
+            @if !answer.held_by_breakers.is_empty() {
+                ul.held-by-breakers role="alert" {
+                    @for held in &answer.held_by_breakers {
+                        li.warning { (layout::text_opt(Some(&held.warning))) }
+                    }
+                }
+            }
             (sample(answer.sample.as_deref().unwrap_or_default()))
             @if !answer.unreadable.is_empty() {
                 ul.unreadable {

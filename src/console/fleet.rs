@@ -114,7 +114,10 @@ pub(crate) fn breakers_table(breakers: &[Breaker], operate: bool) -> Markup {
                         td { (layout::text_opt(b.forced.map(BreakerState::as_str))) }
                         td.number { (b.consecutive_failures) }
                         td.number { (b.window_failures) " / " (b.window_calls) }
-                        td { (layout::when_opt(b.hold_until)) }
+                        td {
+                            @if b.forced_open() { "until released" }
+                            @else { (layout::when_opt(b.hold_until)) }
+                        }
                         td { (layout::when(b.changed_at)) }
                         td { (layout::text_opt(b.reason.as_deref())) }
                         @if operate {

@@ -9,6 +9,7 @@ use super::actor::{optional_reason, required_reason, Actor};
 use super::error::{OperationError, Result};
 use super::selection::{select, FilterParams};
 use super::Operations;
+use crate::resilience::breaker::Breaker;
 use crate::store::{Action, ActionReport, Budget, Due, Selection, TaskSummary};
 use crate::task::Status;
 
@@ -102,6 +103,36 @@ pub struct ActAnswer {
     /// naming its task. Such tasks are counted in `matched` and the action changes them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unreadable: Vec<String>,
+    /// Retry: the handlers of the selected tasks whose breaker an operator forced open:
+    /// none of their retried tasks runs until the breaker is released.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held_by_breakers: Vec<HeldByBreaker>,
+}
+
+/// A breaker forced open over tasks a retry selects.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct HeldByBreaker {
+    /// The handler.
+    pub handler: String,
+    /// Who forced it open and why ("forced open by ACTOR: REASON").
+    pub reason: Option<String>,
+    /// The warning in words.
+    pub warning: String,
+}
+
+impl HeldByBreaker {
+    fn of(breaker: Breaker) -> HeldByBreaker {
+        let handler = breaker.handler;
+        let why = breaker.reason.as_deref().unwrap_or("forced open");
+        HeldByBreaker {
+            warning: format!(
+                "the breaker of `{handler}` is {why}: none of the retried tasks of `{handler}` \
+                 will run until it is released (`redrive breakers release {handler}`)"
+            ),
+            handler,
+            reason: breaker.reason,
+        }
+    }
 }
 
 impl Operations {
@@ -167,7 +198,14 @@ impl Operations {
             dry_run: request.dry_run,
             sample: None,
             unreadable: Vec::new(),
+            held_by_breakers: Vec::new(),
         };
+        if verb == Verb::Retry {
+            let forced = (self.store)
+                .forced_open_over(&selection, action.applies_to())
+                .await?;
+            answer.held_by_breakers = forced.into_iter().map(HeldByBreaker::of).collect();
+        }
         if request.dry_run {
             let sample = self
                 .store

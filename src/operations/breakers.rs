@@ -31,7 +31,9 @@ impl Operations {
             })
             .collect();
         breakers.extend((stored.into_iter()).filter(|b| !self.breakers.contains_key(&b.handler)));
-        Ok(Page::whole(breakers))
+        Ok(Page::whole(
+            breakers.into_iter().map(Breaker::for_people).collect(),
+        ))
     }
 
     /// Forces `handler`'s breaker open or closed, or releases a forced state, for
@@ -54,6 +56,6 @@ impl Operations {
         let (breaker, _) = (self.store)
             .command_breaker(handler, command, settings, &operator)
             .await?;
-        Ok(breaker)
+        Ok(breaker.for_people())
     }
 }

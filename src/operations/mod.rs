@@ -37,7 +37,7 @@ pub mod tasks;
 
 use std::collections::BTreeMap;
 
-pub use act::{ActAnswer, ActRequest, Verb};
+pub use act::{ActAnswer, ActRequest, HeldByBreaker, Verb};
 pub use actor::Actor;
 pub use audit::AuditRequest;
 pub use brakes::EngageRequest;

@@ -83,13 +83,15 @@ pub struct Breaker {
     /// Transient failures counted in the window.
     pub window_failures: i32,
     /// While not closed: when the handler's tasks are due again (open: the cool-down's
-    /// end; half-open: when unanswered probes are given up).
+    /// end; half-open: when unanswered probes are given up). Absent from operators'
+    /// answers while forced open: it holds until released.
     pub hold_until: Option<DateTime<Utc>>,
     /// Probe attempts handed out in this half-open period.
     pub probes_granted: i32,
     /// Last state change.
     pub changed_at: DateTime<Utc>,
-    /// Why it last changed state.
+    /// Why it last changed state, or why an operator forced it ("forced open by
+    /// ACTOR: REASON").
     pub reason: Option<String>,
 }
 
@@ -280,13 +282,34 @@ impl Breaker {
             Some(BreakerState::Open) if self.state != BreakerState::Open => {
                 Some(self.open(settings, now, reason))
             }
-            Some(BreakerState::Open) => None,
+            // Already open (a failure or a probe opened it): the operator's command is
+            // now why it stays open.
+            Some(BreakerState::Open) => {
+                self.reason = Some(reason);
+                None
+            }
             _ if self.state != BreakerState::Closed => Some(self.close(now, reason)),
             _ => {
                 self.reset_counts(now);
+                self.reason = Some(reason);
                 None
             }
         }
+    }
+
+    /// Whether an operator forced it open: it holds until released, whatever its
+    /// `hold_until` (renewed every cool-down) says.
+    pub fn forced_open(&self) -> bool {
+        self.forced == Some(BreakerState::Open)
+    }
+
+    /// The breaker as a person reads it: while forced open its hold, renewed every
+    /// cool-down, is no end of anything and is left out (it holds until released).
+    pub fn for_people(mut self) -> Breaker {
+        if self.forced_open() {
+            self.hold_until = None;
+        }
+        self
     }
 
     fn open(

@@ -12,12 +12,13 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 use std::time::Duration;
 
+use super::filter::{bind_selection, Selection, CONDITION};
 use super::lease::DUE_ORDER;
 use super::operate::Operator;
 use super::{Result, Store, StoreError};
 use crate::config::BreakerSettings;
 use crate::resilience::breaker::{Breaker, BreakerState, Tally, Transition};
-use crate::task::Task;
+use crate::task::{Status, Task};
 
 const PUSH: &str = "UPDATE recovery_task SET next_attempt_at = $2, updated_at = now() \
     WHERE status = 'failed' AND handler = $1 AND lease_owner IS NULL AND next_attempt_at < $2";
@@ -43,6 +44,16 @@ impl BreakerCommand {
             BreakerCommand::Open => Some(BreakerState::Open),
             BreakerCommand::Close => Some(BreakerState::Closed),
             BreakerCommand::Release => None,
+        }
+    }
+
+    /// What it did, as the breaker's reason starts: "forced open", "forced closed",
+    /// "released".
+    pub fn done(self) -> &'static str {
+        match self {
+            BreakerCommand::Open => "forced open",
+            BreakerCommand::Close => "forced closed",
+            BreakerCommand::Release => "released",
         }
     }
 
@@ -88,6 +99,27 @@ impl Store {
         .bind(handlers)
         .fetch_all(&self.pool)
         .await?;
+        rows.iter().map(breaker_from_row).collect()
+    }
+
+    /// The breakers forced open of the handlers of `selection`'s tasks in one of
+    /// `statuses`: none of those tasks runs until its breaker is released.
+    pub async fn forced_open_over(
+        &self,
+        selection: &Selection,
+        statuses: &[Status],
+    ) -> Result<Vec<Breaker>> {
+        let statuses: Vec<&str> = statuses.iter().map(|s| s.as_str()).collect();
+        let statement = format!(
+            "SELECT * FROM recovery_breaker b WHERE b.forced = 'open' AND EXISTS ( \
+                 SELECT 1 FROM recovery_task WHERE {CONDITION} AND status = ANY($19) \
+                   AND handler = b.handler) \
+             ORDER BY b.handler"
+        );
+        let rows = bind_selection(sqlx::query(&statement), selection)
+            .bind(statuses)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(breaker_from_row).collect()
     }
 
@@ -174,7 +206,7 @@ impl Store {
         let before = breaker.clone();
         let reason = format!(
             "{} by {}{}",
-            command.action().replace('_', " "),
+            command.done(),
             operator.actor,
             operator
                 .reason

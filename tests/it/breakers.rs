@@ -933,3 +933,158 @@ cool_down = "60s"
         server.requests().len()
     );
 }
+
+/// Found by an operator: a breaker forced open over one that a failed probe had opened
+/// was shown in every face as "a probe failed", held until a time that moved on every
+/// cool-down. Each face now says who forced it open and why, and that it holds until
+/// released; a retry of its tasks warns that none of them runs before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_breaker_forced_open_says_who_and_why_everywhere_and_a_retry_of_its_tasks_warns() {
+    use crate::admin_api::{with_tokens, Api, OPERATE, READ};
+    use crate::console::Console;
+    use crate::console_actions::session;
+    use redrive::resilience::breaker::Tally;
+
+    let (store, settings) = fresh_store().await;
+    let mut settings = with_tokens(settings);
+    settings
+        .handlers
+        .insert("log".into(), breaker(1, Duration::from_millis(50)));
+    let id = store.enqueue(&NewTask::new("log", "x")).await.unwrap().id();
+    // Opened by a failure, half-open after its cool-down, open again: a probe failed.
+    let quick = settings.handlers["log"].breaker.clone().unwrap();
+    let failed = Tally {
+        successes: 0,
+        failures: 1,
+        trailing_failures: 1,
+    };
+    store.record_calls("log", failed, &quick).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    store.advance_breaker("log", &quick).await.unwrap();
+    let (probed, _) = store.record_calls("log", failed, &quick).await.unwrap();
+    assert_eq!(probed.reason.as_deref(), Some("a probe failed"));
+
+    let cli = |args: &[&str]| {
+        let out = crate::operator_cli::redrive(&settings)
+            .env("REDRIVE__HANDLERS__LOG__BREAKER__COOL_DOWN", "50ms")
+            .args(args)
+            .output_within(CHILD_LIMIT)
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        (text(&out.stdout), text(&out.stderr))
+    };
+    cli(&["breakers", "open", "log", "--reason", "billing maintenance"]);
+    // A member renews the hold of the forced breaker meanwhile.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (renewed, _) = store.advance_breaker("log", &quick).await.unwrap();
+    assert!(renewed.hold_until.is_some());
+    let why = renewed.reason.clone().unwrap();
+    assert!(
+        why.starts_with("forced open by cli:") && why.ends_with(": billing maintenance"),
+        "{why}"
+    );
+
+    // The CLI.
+    let (table, _) = cli(&["breakers", "list"]);
+    // (A cell is cut at 60 characters: the whole reason is in the JSON.)
+    assert!(
+        table.contains("forced open by cli:") && table.contains("until released"),
+        "{table}"
+    );
+    assert!(!table.contains("probe"), "{table}");
+    let (listed, _) = cli(&["breakers", "list", "--json"]);
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed["items"][0]["reason"], why.as_str(), "{listed}");
+    assert!(listed["items"][0]["hold_until"].is_null(), "{listed}");
+    let (shown, _) = cli(&["tasks", "show", &id.to_string()]);
+    assert!(
+        shown.contains(&format!(
+            "the breaker of `log` is {why}; its tasks wait until it is released"
+        )),
+        "{shown}"
+    );
+    assert!(!shown.contains("held until"), "{shown}");
+    let (_, warned) = cli(&["tasks", "retry", &id.to_string(), "--yes"]);
+    assert!(
+        warned.contains("none of the retried tasks of `log` will run until it is released"),
+        "{warned}"
+    );
+
+    // The API.
+    let api = Api::start(&store, &settings).await;
+    let (status, breakers) = api.get("/api/v1/breakers", Some(READ)).await;
+    assert_eq!(status, 200, "{breakers}");
+    let log = &breakers["items"][0];
+    assert_eq!(log["handler"], "log", "{breakers}");
+    assert_eq!(log["reason"], why.as_str(), "{breakers}");
+    assert!(log["hold_until"].is_null(), "{breakers}");
+    let (_, detail) = api.get(&format!("/api/v1/tasks/{id}"), Some(READ)).await;
+    assert_eq!(detail["waiting"]["state"], "breaker_open", "{detail}");
+    assert!(detail["waiting"].get("until").is_none(), "{detail}");
+    assert_eq!(detail["waiting"]["reason"], why.as_str(), "{detail}");
+    let (status, retried) = api
+        .post(
+            "/api/v1/tasks/retry",
+            Some(OPERATE),
+            serde_json::json!({ "ids": [id.0] }),
+        )
+        .await;
+    assert_eq!(status, 200, "{retried}");
+    assert_eq!(
+        retried["held_by_breakers"][0]["handler"], "log",
+        "{retried}"
+    );
+    assert_eq!(retried["held_by_breakers"][0]["reason"], why.as_str());
+    // Other handlers' tasks are not warned about.
+    let other = store.enqueue(&NewTask::new("h", "y")).await.unwrap().id();
+    let (_, quiet) = api
+        .post(
+            "/api/v1/tasks/retry",
+            Some(OPERATE),
+            serde_json::json!({ "ids": [other.0] }),
+        )
+        .await;
+    assert!(quiet.get("held_by_breakers").is_none(), "{quiet}");
+
+    // The console: the fleet page, the task's page and a retry's confirm page.
+    let console = Console::start(&settings, false).await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let cookie = session(&client, &console, OPERATE).await;
+    let page = |path: &str| {
+        let request = client.get(console.url(path)).header("cookie", &cookie);
+        async move { request.send().await.unwrap().text().await.unwrap() }
+    };
+    let escaped = why.replace('\'', "&#39;");
+    let fleet = page("/console/fleet").await;
+    assert!(
+        fleet.contains(&escaped) && fleet.contains("until released"),
+        "{fleet}"
+    );
+    assert!(!fleet.contains("a probe failed"), "{fleet}");
+    let task_page = page(&format!("/console/tasks/{id}")).await;
+    assert!(
+        task_page.contains(&format!(
+            "is {escaped}; its tasks wait until it is released"
+        )),
+        "{task_page}"
+    );
+    assert!(!task_page.contains("held until"), "{task_page}");
+    let confirm = client
+        .post(console.url("/console/actions/preview"))
+        .header("cookie", &cookie)
+        .form(&[("verb", "retry"), ("id", &id.to_string())])
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        confirm.contains("none of the retried tasks of `log` will run until it is released"),
+        "{confirm}"
+    );
+}

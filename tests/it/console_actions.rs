@@ -168,7 +168,7 @@ async fn an_operator_discards_by_filter_after_confirming_the_count_and_retries_t
 }
 
 /// Signs in over HTTP with `token`: the session cookie.
-async fn session(client: &reqwest::Client, console: &Console, token: &str) -> String {
+pub(crate) async fn session(client: &reqwest::Client, console: &Console, token: &str) -> String {
     let signed_in = client
         .post(console.url("/console/login"))
         .form(&[("token", token)])
@@ -429,7 +429,7 @@ async fn an_operator_starts_cancels_and_resumes_replays_and_engages_and_releases
     browser.fill("#breaker-open-0", "billing is down").await;
     browser.follow("#breaker-open-0 + button").await;
     let forced = "SELECT count(*) FROM recovery_breaker WHERE handler = 'log' \
-        AND forced = 'open' AND reason = 'breaker open by ops: billing is down'";
+        AND forced = 'open' AND reason = 'forced open by ops: billing is down'";
     assert_eq!(scalar(&store, forced).await, 1);
     assert!(browser.text("table.breakers").await.contains("open"));
     browser.screenshot("breaker-forced-open").await;

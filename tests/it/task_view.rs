@@ -198,9 +198,14 @@ async fn why_a_task_waits_is_told_in_data_and_in_words() {
     assert_eq!(detail["waiting"]["forced"], true);
     let words = headline(&text);
     assert!(
-        words.starts_with("the breaker of `mailer` is forced open: breaker open by alice: mail server maintenance;"),
+        words.starts_with(
+            "the breaker of `mailer` is forced open by alice: mail server maintenance; \
+             its tasks wait until it is released"
+        ),
         "{text}"
     );
+    assert!(!words.contains("held until"), "{text}");
+    assert!(detail["waiting"].get("until").is_none(), "{detail}");
 
     // Running under a claim.
     let busy = enqueue(&store, NewTask::new("busy", "x")).await;

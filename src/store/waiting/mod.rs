@@ -129,8 +129,9 @@ pub enum WaitingState {
         breaker: String,
         /// Whether an operator forced it open (it holds until released).
         forced: bool,
-        /// When the hold ends (renewed while forced).
-        until: DateTime<Utc>,
+        /// When the hold ends; absent while forced open (it holds until released).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        until: Option<DateTime<Utc>>,
         /// Why it opened.
         reason: Option<String>,
     },
@@ -311,13 +312,17 @@ fn state(
         });
     }
     let hold = super::time::optional(row, "breaker_until")?;
-    if let Some(until) = hold.filter(|&until| until > now && task.next_attempt_at <= until) {
-        let forced: Option<String> = row.try_get("breaker_forced")?;
+    let forced: Option<String> = row.try_get("breaker_forced")?;
+    let forced_open = forced.as_deref() == Some("open");
+    // A breaker forced open holds its tasks until released, whatever its renewed hold
+    // says; another holds them until its hold ends.
+    let until = hold.filter(|&until| until > now && task.next_attempt_at <= until);
+    if forced_open || until.is_some() {
         return Ok(WaitingState::BreakerOpen {
             handler: task.handler.clone(),
             breaker: row.try_get("breaker_state")?,
-            forced: forced.as_deref() == Some("open"),
-            until,
+            forced: forced_open,
+            until: until.filter(|_| !forced_open),
             reason: row.try_get("breaker_reason")?,
         });
     }

@@ -65,25 +65,29 @@ fn sentence(state: &WaitingState, handler: &str, key: Option<&str>, now: DateTim
             until,
             reason,
         } => {
+            let until = until.map_or("its release".to_owned(), when);
+            if *forced {
+                // Who forced it and why: "forced open by ACTOR: REASON", as the store
+                // records the command.
+                let why = match reason.as_deref() {
+                    Some(r) if r.starts_with("forced open") => r.to_owned(),
+                    Some(r) => format!("forced open ({r})"),
+                    None => "forced open".to_owned(),
+                };
+                return format!(
+                    "the breaker of `{handler}` is {why}; its tasks wait until it is \
+                     released (`redrive breakers release {handler}`)"
+                );
+            }
             let reason = reason
                 .as_deref()
                 .map_or(String::new(), |r| format!(": {r}"));
-            match (forced, breaker.as_str()) {
-                (true, _) => format!(
-                    "the breaker of `{handler}` is forced open{reason}; its tasks wait until \
-                     it is released (`redrive breakers release {handler}`), held until {} \
-                     for now",
-                    when(*until)
-                ),
-                (false, "half_open") => format!(
+            match breaker.as_str() {
+                "half_open" => format!(
                     "the breaker of `{handler}` is half-open{reason}: a few probe tasks run, \
-                     the others wait until {}",
-                    when(*until)
+                     the others wait until {until}"
                 ),
-                _ => format!(
-                    "the breaker of `{handler}` is open until {}{reason}",
-                    when(*until)
-                ),
+                _ => format!("the breaker of `{handler}` is open until {until}{reason}"),
             }
         }
         WaitingState::Due {
