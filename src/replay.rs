@@ -37,6 +37,9 @@ const REPLAY_BATCH_BYTES: i64 = 16 * 1024 * 1024;
 const BEAT_EVERY: Duration = Duration::from_secs(1);
 /// Longest wait for Kafka metadata, watermarks or a read-back.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for the metadata of a replay's topics before it is recorded: an
+/// operator waits for the answer (an unreachable cluster is told within this).
+pub const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a replay could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -68,7 +71,18 @@ pub async fn check_replay(
     tokio::task::spawn_blocking(move || {
         let reader = Reader::new(&kafka)?;
         for topic in topics {
-            reader.partitions(&topic)?;
+            // Bounded: an operator waits. Who could not be asked, and what failed.
+            reader
+                .partitions_within(&topic, CHECK_TIMEOUT)
+                .map_err(|error| match error {
+                    ReplayError::Kafka(why) => ReplayError::Kafka(format!(
+                        "cannot check topic {topic:?} with the bootstrap servers {} within \
+                         {}s: {why}; nothing was recorded or produced",
+                        kafka.bootstrap_servers,
+                        CHECK_TIMEOUT.as_secs()
+                    )),
+                    other => other,
+                })?;
         }
         Ok(())
     })
@@ -501,9 +515,14 @@ impl Reader {
 
     /// The partitions of `topic`; an error when it does not exist.
     fn partitions(&self, topic: &str) -> Result<Vec<i32>, ReplayError> {
+        self.partitions_within(topic, KAFKA_TIMEOUT)
+    }
+
+    /// [`Reader::partitions`], waiting at most `timeout` for the metadata.
+    fn partitions_within(&self, topic: &str, timeout: Duration) -> Result<Vec<i32>, ReplayError> {
         let metadata = self
             .consumer
-            .fetch_metadata(Some(topic), KAFKA_TIMEOUT)
+            .fetch_metadata(Some(topic), timeout)
             .map_err(|e| self.kafka_error(e))?;
         let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else {
             return Err(ReplayError::UnknownTopic(topic.to_owned()));

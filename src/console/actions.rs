@@ -12,6 +12,7 @@
 
 use axum::extract::rejection::FormRejection;
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
 
@@ -19,7 +20,9 @@ use super::confirm;
 use super::error::PageError;
 use super::filter;
 use super::Shared;
-use crate::operations::{ActRequest, Actor, FilterParams, ReplayRequest, Runner, Verb};
+use crate::operations::{
+    ActRequest, Actor, FilterParams, OperationError, ReplayRequest, Runner, Verb,
+};
 
 /// What the operator asks for: a verb, or a replay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -211,7 +214,7 @@ pub(crate) async fn preview(
         Asked::Replay => {
             let request = form.replay_request(true)?;
             let preview = console.app.preview_replay(&actor, &request).await?;
-            Ok(confirm::replay_page(&actor, &form, &preview))
+            Ok(confirm::replay_page(&actor, &form, &preview, None))
         }
     }
 }
@@ -247,10 +250,29 @@ pub(crate) async fn run(
         }
         Asked::Replay => {
             let request = form.replay_request(false)?;
-            let job = (console.app)
+            let refused = match (console.app)
                 .start_replay(&actor, &request, Runner::Fleet)
-                .await?;
-            Ok(Redirect::to(&format!("/console/replays#job-{}", job.id)).into_response())
+                .await
+            {
+                Ok(job) => {
+                    return Ok(
+                        Redirect::to(&format!("/console/replays#job-{}", job.id)).into_response()
+                    )
+                }
+                // Kafka could not be asked, or refused the target: the form again, as
+                // typed, with the reason, rather than a bare error page.
+                Err(OperationError::Kafka(why)) => (StatusCode::SERVICE_UNAVAILABLE, why),
+                Err(OperationError::BadRequest(why)) => (StatusCode::BAD_REQUEST, why),
+                Err(other) => return Err(other.into()),
+            };
+            let (status, why) = refused;
+            let dry_run = ReplayRequest {
+                dry_run: true,
+                ..request
+            };
+            let preview = console.app.preview_replay(&actor, &dry_run).await?;
+            let page = confirm::replay_page(&actor, &form, &preview, Some(&why));
+            Ok((status, page).into_response())
         }
     }
 }

@@ -84,10 +84,16 @@ pub(crate) fn replay_page(
     actor: &Actor,
     form: &ActionForm,
     preview: &ReplayPreview,
+    refused: Option<&str>,
 ) -> Html<String> {
     let body = html! {
         section.confirm aria-labelledby="what" {
             h2 #what { "Replay " (form.describe().unwrap_or_default()) }
+            @if let Some(why) = refused {
+                p.error.replay-refused role="alert" {
+                    "The replay was not started: " (layout::text_opt(Some(why)))
+                }
+            }
             p.count {
                 "This would replay the " strong.exact-count data-count=(preview.matched) { (preview.matched) }
                 " tasks that match: to each task's original topic it would produce "
@@ -108,18 +114,18 @@ pub(crate) fn replay_page(
         }
         form.confirm method="post" action="/console/actions/run" {
             (carried(form))
-            (reason_field("replay"))
+            (reason_field_with("replay", form.reason.as_deref()))
             div.field {
                 label for="c-to" { "Target topic" }
-                input #c-to type="text" name="to" autocomplete="off" aria-describedby="h-to";
+                input #c-to type="text" name="to" autocomplete="off" aria-describedby="h-to" value=[form.to.as_deref()];
                 small #h-to { "empty: each task's original topic" }
             }
             div.field {
                 label for="c-rate" { "Rate (messages a second, optional)" }
-                input #c-rate type="number" name="rate" min="0.001" step="any";
+                input #c-rate type="number" name="rate" min="0.001" step="any" value=[form.rate.as_deref()];
             }
             div.field.check {
-                input #c-resolved type="checkbox" name="mark_resolved" value="true";
+                input #c-resolved type="checkbox" name="mark_resolved" value="true" checked[form.mark_resolved];
                 label for="c-resolved" { "Mark each replayed task resolved" }
             }
             div.buttons {
@@ -145,10 +151,15 @@ fn carried(form: &ActionForm) -> Markup {
 }
 
 fn reason_field(name: &str) -> Markup {
+    reason_field_with(name, None)
+}
+
+/// The reason field, holding `typed` (what the operator typed before a refusal).
+fn reason_field_with(name: &str, typed: Option<&str>) -> Markup {
     html! {
         div.field {
             label for="c-reason" { "Reason (required)" }
-            input #c-reason type="text" name="reason" required autocomplete="off" aria-describedby="h-reason";
+            input #c-reason type="text" name="reason" required autocomplete="off" aria-describedby="h-reason" value=[typed];
             small #h-reason { "written to the audit log with this " (name) }
         }
     }

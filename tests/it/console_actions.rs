@@ -443,3 +443,58 @@ async fn an_operator_starts_cancels_and_resumes_replays_and_engages_and_releases
         AND reason IN ('billing is down', 'billing is back')";
     assert_eq!(scalar(&store, audit).await, 2);
 }
+
+/// Found by an operator during a Kafka outage: a replay confirmed against a cluster
+/// that could not be reached answered, after 30 s, a bare "Bad Gateway" page. Within
+/// seconds the confirm page is shown again, with what the operator typed and why the
+/// replay was not started (the bootstrap servers, what failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_against_an_unreachable_cluster_shows_the_form_again_with_the_reason() {
+    let kafka = cluster(&[("replayed", 1)]);
+    let bootstrap = kafka.bootstrap_servers();
+    drop(kafka);
+    let (store, mut settings) = fresh_store().await;
+    settings.kafka.bootstrap_servers = bootstrap.clone();
+    enqueue(
+        &store,
+        (1..=3)
+            .map(|i| task("orders", format!("order-{i}").as_bytes(), b"{}"))
+            .collect(),
+    )
+    .await;
+    let console = Console::start(&settings, false).await;
+    let browser = Browser::start().await;
+    console
+        .sign_in(&browser, OPERATE, "/console/tasks?handler=orders")
+        .await;
+    browser.click("#select-filter").await;
+    browser.follow("#act button[value=replay]").await;
+    browser.fill("#c-reason", "consumer fixed").await;
+    browser.fill("#c-to", "replayed").await;
+    browser.fill("#c-rate", "5").await;
+    let started = Instant::now();
+    browser.follow("#confirm").await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(10), "answered after {took:?}");
+    let refused = browser.text(".replay-refused").await;
+    assert!(
+        refused.contains(&format!("bootstrap servers {bootstrap}"))
+            && refused.contains("\"replayed\""),
+        "{refused}"
+    );
+    browser.screenshot("replay-refused").await;
+    assert_eq!(value(&browser, "#c-reason").await, "consumer fixed");
+    assert_eq!(value(&browser, "#c-to").await, "replayed");
+    assert_eq!(value(&browser, "#c-rate").await, "5");
+    assert_eq!(browser.text(".exact-count").await, "3");
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_replay").await,
+        0
+    );
+}
+
+/// The value of the field `css` selects.
+async fn value(browser: &Browser, css: &str) -> String {
+    let field = browser.client.find(Locator::Css(css)).await.unwrap();
+    field.prop("value").await.unwrap().unwrap_or_default()
+}

@@ -820,3 +820,60 @@ async fn a_replay_cancelled_mid_batch_stops_soon_and_counts_every_message_it_pro
         "mark_resolved resolved what was produced"
     );
 }
+
+/// Found by an operator during a Kafka outage: a replay against a cluster that could
+/// not be reached took 30 s (the topic check's metadata wait) and said only that Kafka
+/// failed. The check is bounded, and its answer names the bootstrap servers and what
+/// failed, through the API and the CLI; nothing is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_against_an_unreachable_cluster_answers_within_seconds_with_the_reason() {
+    use crate::admin_api::{with_tokens, Api, OPERATE};
+    use std::time::Instant;
+
+    // A cluster that stopped: nothing listens at its address any more.
+    let kafka = cluster(&[("replayed", 1)]);
+    let bootstrap = kafka.bootstrap_servers();
+    drop(kafka);
+    let (store, mut settings) = fresh_store().await;
+    settings.kafka.bootstrap_servers = bootstrap.clone();
+    let settings = with_tokens(settings);
+    stored_failures(&store, 3).await;
+
+    let api = Api::start(&store, &settings).await;
+    let started = Instant::now();
+    let (status, answer) = api
+        .post(
+            "/api/v1/tasks/replay",
+            Some(OPERATE),
+            serde_json::json!({ "all": true, "to": "replayed", "reason": "outage drill" }),
+        )
+        .await;
+    let took = started.elapsed();
+    assert_eq!(status, 503, "{answer}");
+    assert!(took < Duration::from_secs(10), "answered after {took:?}");
+    let error = answer["error"].as_str().unwrap();
+    assert!(
+        error.contains(&format!("bootstrap servers {bootstrap}"))
+            && error.contains("\"replayed\"")
+            && error.contains("nothing was recorded"),
+        "{error}"
+    );
+
+    let started = Instant::now();
+    let out = run(
+        &settings,
+        &["tasks", "replay", "--all", "--to", "replayed", "--yes"],
+    );
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(took < Duration::from_secs(10), "answered after {took:?}");
+    assert!(
+        stderr.contains(&format!("bootstrap servers {bootstrap}")),
+        "{stderr}"
+    );
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_replay").await,
+        0
+    );
+}
