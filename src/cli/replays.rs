@@ -146,6 +146,7 @@ pub async fn run_in_foreground(
 ) -> anyhow::Result<()> {
     let actor = Actor::shell();
     let request = ReplayRequest {
+        ids: Vec::new(),
         filter: args.filter.given(),
         all: args.all,
         to: args.to.clone(),

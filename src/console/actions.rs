@@ -29,7 +29,7 @@ use crate::operations::{
 pub(crate) enum Asked {
     /// Retry, discard or resolve.
     Act(Verb),
-    /// Replay (by filter only: the layer replays what a filter selects).
+    /// Replay (the ticked tasks, or what the filter selects).
     Replay,
 }
 
@@ -150,18 +150,13 @@ impl ActionForm {
 
     /// The layer's request for a replay.
     pub(crate) fn replay_request(&self, dry_run: bool) -> Result<ReplayRequest, PageError> {
-        if !self.by_filter {
-            return Err(PageError::bad_request(
-                "a replay selects tasks by filter: tick \"select all that match this \
-                 filter\" on the task list",
-            ));
-        }
-        let (_, filter, all) = self.selection()?;
+        let (ids, filter, all) = self.selection()?;
         let rate = (self.rate.as_deref())
             .map(|r| r.parse::<f64>())
             .transpose()
             .map_err(|_| PageError::bad_request("rate must be a number of messages a second"))?;
         Ok(ReplayRequest {
+            ids,
             filter,
             all,
             to: self.to.clone(),

@@ -238,10 +238,15 @@ pub(crate) fn list_url(filter: &TaskFilter, more: &[(&'static str, String)]) -> 
 /// status failed`, or `every task`.
 pub(crate) fn describe(filter: &TaskFilter) -> String {
     let pairs = to_pairs(filter);
-    if pairs.is_empty() {
+    let mut words: Vec<String> = Vec::new();
+    if !filter.ids.is_empty() {
+        let ids: Vec<String> = filter.ids.iter().map(|id| id.0.to_string()).collect();
+        words.push(format!("tasks {}", ids.join(", ")));
+    }
+    if pairs.is_empty() && words.is_empty() {
         return "every task".to_owned();
     }
-    let words: Vec<String> = pairs.iter().map(|(n, v)| format!("{n} {v}")).collect();
+    words.extend(pairs.iter().map(|(n, v)| format!("{n} {v}")));
     words.join(", ")
 }
 

@@ -8,17 +8,19 @@ use super::act::SAMPLE;
 use super::actor::{optional_reason, Actor};
 use super::error::Result;
 use super::page::{Page, PageRequest};
-use super::selection::{select_filter, FilterParams};
+use super::selection::{select, FilterParams};
 use super::Operations;
 use crate::replay::{check_replay, replay_topics};
-use crate::store::{NewReplay, ReplayJob, TaskSummary};
+use crate::store::{NewReplay, ReplayJob, Selection, TaskFilter, TaskSummary};
 
 /// What to replay: the body of `POST /api/v1/tasks/replay`, and what `redrive tasks
 /// replay` reads.
 #[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ReplayRequest {
-    /// The tasks to replay.
+    /// These tasks (at most 10,000, ticked on a list); or give `filter`.
+    pub ids: Vec<i64>,
+    /// The tasks to replay; or give `ids`.
     pub filter: Option<FilterParams>,
     /// Required with an empty filter: replay every task.
     pub all: bool,
@@ -83,6 +85,7 @@ impl Operations {
     ) -> Result<ReplayPreview> {
         actor.must_operate()?;
         let replay = new_replay(request, Runner::Fleet)?;
+        self.store.ensure_exist(&replay.filter.ids).await?;
         let topics = replay_topics(&self.store, &self.routes, &replay).await?;
         let target = replay.target_topic.as_deref();
         let counts = self.store.replay_counts(&replay.filter, target).await?;
@@ -121,6 +124,7 @@ impl Operations {
     ) -> Result<ReplayJob> {
         actor.must_operate()?;
         let replay = new_replay(request, runner)?;
+        self.store.ensure_exist(&replay.filter.ids).await?;
         check_replay(&self.store, &self.kafka, &self.routes, &replay).await?;
         let operator = actor.operator(optional_reason(request.reason.as_deref())?);
         let name = match runner {
@@ -168,8 +172,21 @@ impl Operations {
 
 /// The job `request` describes, its selection checked.
 fn new_replay(request: &ReplayRequest, runner: Runner<'_>) -> Result<NewReplay> {
+    // A replay job is a filter (it walks its tasks in id order, batch by batch): ticked
+    // ids become a filter of those ids.
+    let filter = match select(&request.ids, request.filter.as_ref(), request.all)? {
+        Selection::Ids(mut ids) => {
+            ids.sort();
+            ids.dedup();
+            TaskFilter {
+                ids,
+                ..TaskFilter::default()
+            }
+        }
+        Selection::Filter(filter) => filter,
+    };
     Ok(NewReplay {
-        filter: select_filter(request.filter.as_ref(), request.all)?,
+        filter,
         target_topic: request.to.clone(),
         mark_resolved: request.mark_resolved,
         rate: request.rate,

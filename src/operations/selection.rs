@@ -153,6 +153,7 @@ impl FilterParams {
             previous_task: self.previous_task.map(TaskId),
             cause: self.cause,
             search: not_empty("search", &self.search)?,
+            ids: Vec::new(),
         };
         filter.validate().map_err(OperationError::BadRequest)?;
         Ok(filter)

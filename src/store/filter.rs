@@ -73,6 +73,10 @@ pub struct TaskFilter {
     /// lists only (an action on what a search found acts on ticked ids).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub search: Option<String>,
+    /// These tasks only (a replay of tasks ticked by id); empty: every task the rest
+    /// of the filter selects.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ids: Vec<TaskId>,
 }
 
 /// Most tasks one page of a search reads, newest first: a search answers within a
@@ -215,7 +219,10 @@ pub(crate) fn bind_selection<'q>(
     let empty = TaskFilter::default();
     let (filter, ids) = match selection {
         Selection::Ids(ids) => (&empty, Some(ids.iter().map(|id| id.0).collect::<Vec<_>>())),
-        Selection::Filter(filter) => (filter, None),
+        Selection::Filter(filter) => (
+            filter,
+            (!filter.ids.is_empty()).then(|| filter.ids.iter().map(|id| id.0).collect()),
+        ),
     };
     let statuses = (!filter.status.is_empty()).then(|| {
         filter

@@ -444,6 +444,60 @@ async fn an_operator_starts_cancels_and_resumes_replays_and_engages_and_releases
     assert_eq!(scalar(&store, audit).await, 2);
 }
 
+/// Found by an operator: two tasks ticked on the list and replayed answered a bare "Bad
+/// Request" (a replay took a filter only). A replay of ticked tasks produces those
+/// tasks' messages, and nothing else, to the target topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_ticked_tasks_replayed_from_the_list_reach_the_target_topic_and_nothing_else() {
+    let kafka = cluster(&[("replayed", 1)]);
+    let bootstrap = kafka.bootstrap_servers();
+    let (store, mut settings) = fresh_store().await;
+    settings.kafka.bootstrap_servers = bootstrap.clone();
+    let ids = enqueue(
+        &store,
+        (1..=4)
+            .map(|i| task("orders", format!("order-{i}").as_bytes(), b"{}"))
+            .collect(),
+    )
+    .await;
+    let console = Console::start(&settings, false).await;
+    let browser = Browser::start().await;
+    console
+        .sign_in(&browser, OPERATE, "/console/tasks?handler=orders")
+        .await;
+    for id in [ids[1], ids[3]] {
+        browser.click(&format!("#select-{id}")).await;
+    }
+    browser.follow("#act button[value=replay]").await;
+    let main = browser.text("main").await;
+    assert_eq!(browser.path().await, "/console/actions/preview", "{main}");
+    assert_eq!(browser.text(".exact-count").await, "2", "{main}");
+    browser.fill("#c-reason", "consumer fixed").await;
+    browser.fill("#c-to", "replayed").await;
+    browser.screenshot("confirm-replay-ticked").await;
+    browser.follow("#confirm").await;
+    let main = browser.text("main").await;
+    assert!(
+        browser.path().await.starts_with("/console/replays"),
+        "{main}"
+    );
+    assert!(
+        main.contains(&format!("tasks {}, {}", ids[1], ids[3])),
+        "{main}"
+    );
+    eventually(Duration::from_secs(30), "the replay ends", || async {
+        replay_status(&store, 1).await == "done"
+    })
+    .await;
+    let messages = crate::broker::consume(&bootstrap, "replayed", 1, 3, Duration::from_secs(5));
+    let mut keys: Vec<Vec<u8>> = messages
+        .iter()
+        .map(|m| crate::broker::bytes(m).0.unwrap())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, [b"order-2".to_vec(), b"order-4".to_vec()]);
+}
+
 /// Found by an operator during a Kafka outage: a replay confirmed against a cluster
 /// that could not be reached answered, after 30 s, a bare "Bad Gateway" page. Within
 /// seconds the confirm page is shown again, with what the operator typed and why the
