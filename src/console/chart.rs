@@ -15,6 +15,13 @@ const PLOT_TOP: i64 = 14;
 const PLOT_HEIGHT: i64 = 100;
 /// Stacking order, bottom up.
 const CLASSES: [&str; 4] = ["ok", "retry", "failed", "other"];
+/// The legend: each class's colour and the outcomes it stands for.
+const LEGEND: [(&str, &str); 4] = [
+    ("ok", "resolved"),
+    ("retry", "retry, lease expired, released"),
+    ("failed", "permanent failure"),
+    ("other", "other"),
+];
 
 /// The chart of `minutes` (as [`crate::store::Store::outcome_minutes`] reads them).
 pub(crate) fn outcomes(minutes: &[OutcomeMinute]) -> Markup {
@@ -38,6 +45,7 @@ pub(crate) fn outcomes(minutes: &[OutcomeMinute]) -> Markup {
     }
     let width = SLOT * i64::from(MINUTES);
     html! {
+        figure.chart-box {
         svg.chart viewBox={ "0 0 " (width) " " (PLOT_TOP + PLOT_HEIGHT + 16) }
             role="img" aria-label="Attempt outcomes per minute over the last hour" {
             text.axis x="0" y="10" { "peak " (highest) " a minute" }
@@ -55,6 +63,14 @@ pub(crate) fn outcomes(minutes: &[OutcomeMinute]) -> Markup {
             }
             text.axis x="0" y=(PLOT_TOP + PLOT_HEIGHT + 14) { "60 min ago" }
             text.axis.end x=(width) y=(PLOT_TOP + PLOT_HEIGHT + 14) { "now" }
+        }
+        figcaption {
+            ul.legend aria-label="Colours" {
+                @for (class, said) in LEGEND {
+                    li { span class={ "swatch " (class) } aria-hidden="true" {} (said) }
+                }
+            }
+        }
         }
     }
 }
@@ -104,6 +120,12 @@ mod tests {
         assert!(svg.contains("59 min ago: 4 permanent_failure"), "{svg}");
         assert!(svg.contains("peak 40 a minute"), "{svg}");
         assert!(!svg.contains("style="), "colours come from the stylesheet");
+        assert!(
+            svg.contains(
+                r#"<span class="swatch failed" aria-hidden="true"></span>permanent failure"#
+            ),
+            "the legend names each colour: {svg}"
+        );
         let mut classes = BTreeMap::new();
         classes.insert("ok", 30);
         classes.insert("retry", 10);

@@ -71,7 +71,8 @@ pub(crate) fn act_page(
                 }
             }
             div.buttons {
-                button #confirm type="submit" disabled[answer.matched == 0] { "Confirm: " (name) " " (answer.matched) }
+                button #confirm type="submit" disabled[answer.matched == 0]
+                    class=[(verb == Verb::Discard).then_some("danger")] { "Confirm: " (name) " " (answer.matched) }
                 a href="/console/tasks" { "Cancel" }
             }
         }

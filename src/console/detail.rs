@@ -19,7 +19,7 @@ use super::layout::{self, Nav};
 use super::Shared;
 use crate::config::Target;
 use crate::operations::Actor;
-use crate::store::{Attempt, CompensationView, HeaderView, TaskDetail, TaskFilter};
+use crate::store::{Attempt, CompensationView, HeaderView, TaskDetail, TaskFilter, WaitingState};
 use crate::task::{Status, TaskId};
 
 /// Fields the headline and the message sections show; the rest are listed below them.
@@ -51,9 +51,10 @@ pub(crate) async fn page(
         })?;
     let detail = console.app.show(id.0).await?;
     let title = format!("Task {id}");
+    let operate = caller.role == crate::config::Role::Operate;
     let body = html! {
-        @if caller.role == crate::config::Role::Operate { (actions(id)) }
-        (body(id, &detail))
+        @if operate { (actions(id)) }
+        (body(id, &detail, operate))
     };
     Ok(layout::page(&caller, Nav::Tasks, &title, body))
 }
@@ -64,7 +65,8 @@ fn actions(id: TaskId) -> Markup {
         form.task-actions method="post" action="/console/actions/preview" {
             input type="hidden" name="id" value=(id);
             @for (verb, label) in super::tasks::VERBS.iter().filter(|(v, _)| *v != "replay") {
-                button type="submit" name="verb" value=(verb) { (label) "…" }
+                button type="submit" name="verb" value=(verb)
+                    class=[(*verb == "discard").then_some("danger")] { (label) "…" }
             }
         }
     }
@@ -78,7 +80,7 @@ fn field_text<'a>(detail: &'a TaskDetail, name: &str) -> Option<&'a str> {
     field(detail, name).and_then(Value::as_str)
 }
 
-fn body(id: TaskId, detail: &TaskDetail) -> Markup {
+fn body(id: TaskId, detail: &TaskDetail, operate: bool) -> Markup {
     let status = field_text(detail, "status").and_then(|s| s.parse::<Status>().ok());
     let done = field(detail, "attempts").map_or("0".to_owned(), Value::to_string);
     let attempts = match detail.attempts_allowed {
@@ -101,7 +103,10 @@ fn body(id: TaskId, detail: &TaskDetail) -> Markup {
                 dt { "Route" } dd { (layout::text_opt(field_text(detail, "route"))) }
                 dt { "Attempts" } dd { (attempts) }
                 dt { @if status.is_some_and(Status::is_final) { "Ended" } @else { "Now" } }
-                dd.waiting { (detail.waiting.words) }
+                dd.waiting {
+                    (words(&detail.waiting.words))
+                    (what_to_do(&detail.waiting.state, operate))
+                }
             }
             h2 { "Last error" }
             @match field_text(detail, "last_error") {
@@ -152,6 +157,42 @@ fn body(id: TaskId, detail: &TaskDetail) -> Markup {
         @if let Some(compensation) = &detail.compensation {
             (compensation_section(compensation))
         }
+    }
+}
+
+/// The store's words, what they quote in backticks (a handler, a command) as code.
+fn words(text: &str) -> Markup {
+    html! {
+        @for (i, part) in text.split('`').enumerate() {
+            @if i % 2 == 1 { code { (part) } } @else { (part) }
+        }
+    }
+}
+
+/// What the words tell an operator to run, done here: a forced-open breaker's release
+/// (`redrive breakers release NAME`) is a button with its reason for an operate
+/// caller, and a link to the breakers for a read one.
+fn what_to_do(state: &WaitingState, operate: bool) -> Markup {
+    match state {
+        WaitingState::BreakerOpen {
+            handler,
+            forced: true,
+            ..
+        } => {
+            let action = format!("/console/breakers/{}/release", layout::segment(handler));
+            html! {
+                @if operate {
+                    form.inline-command method="post" action=(action) {
+                        label for="release-breaker" { "Reason to release the breaker of " (handler) }
+                        input #release-breaker type="text" name="reason" required autocomplete="off";
+                        button #release-breaker-button type="submit" { "Release the breaker" }
+                    }
+                } @else {
+                    " " a href="/console/fleet#breakers" { "The breakers" }
+                }
+            }
+        }
+        _ => html! {},
     }
 }
 

@@ -9,6 +9,7 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 use maud::{html, Markup};
 
+use super::overview::ListChoices;
 use crate::operations::{FilterParams, StatusNames};
 use crate::store::{TaskFilter, MAX_PAGE, SEARCH_MAX_BYTES, SEARCH_SCAN};
 use crate::task::{Status, TaskId};
@@ -16,7 +17,8 @@ use crate::task::{Status, TaskId};
 /// Tasks per page unless the form says otherwise.
 pub(crate) const DEFAULT_LIMIT: i64 = 50;
 
-const STATUSES: [Status; 4] = [
+/// The statuses, in the order of the list's tabs and the overview's columns.
+pub(crate) const STATUSES: [Status; 4] = [
     Status::Failed,
     Status::PermanentFailure,
     Status::Resolved,
@@ -266,13 +268,81 @@ pub(crate) fn thousands(n: i64) -> String {
     out
 }
 
-/// The filter form, filled in with `params`.
-pub(crate) fn form(params: &ListParams) -> Markup {
+/// The status tabs: every status, then each one alone, each a link to the list with the
+/// rest of the filter kept (and the first page), with its count when there is one.
+fn tabs(params: &ListParams, choices: &ListChoices) -> Markup {
+    let f = &params.filter;
+    let mut more = Vec::new();
+    if params.limit != DEFAULT_LIMIT {
+        more.push(("limit", params.limit.to_string()));
+    }
+    let url = |status: Vec<Status>| {
+        let filter = TaskFilter {
+            status,
+            ..f.clone()
+        };
+        list_url(&filter, &more)
+    };
+    let counted = choices.counts.map(|(counts, at)| {
+        let whose = match &f.handler {
+            Some(handler) => format!("tasks of handler {handler}"),
+            None => "tasks of every handler".to_owned(),
+        };
+        let said = format!("{whose}, counted at {}", at.format("%H:%M:%S UTC"));
+        (counts, said)
+    });
+    html! {
+        nav.status-tabs aria-label="Status" {
+            a #tab-all href=(url(Vec::new())) aria-current=[f.status.is_empty().then_some("page")]
+                title=[counted.as_ref().map(|(_, said)| said)] {
+                "All"
+                @if let Some((counts, _)) = &counted {
+                    " " span.count { (thousands(counts.iter().sum())) }
+                }
+            }
+            @for (i, status) in STATUSES.into_iter().enumerate() {
+                @let alone = f.status == [status];
+                @let among = !alone && f.status.contains(&status);
+                a id=(format!("tab-{}", status.as_str())) class={ "tab-" (status.as_str()) @if among { " among" } }
+                    href=(url(vec![status])) aria-current=[alone.then_some("page")]
+                    title=[counted.as_ref().map(|(_, said)| said)] {
+                    (status.as_str())
+                    @if let Some((counts, _)) = &counted {
+                        " " span.count { (thousands(counts[i])) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A `<select>` of `names` (any, or one of them; the current one is kept if the list
+/// lacks it).
+fn choice(name: &str, label: &str, current: Option<&str>, names: &[String]) -> Markup {
+    let missing = current.filter(|c| !names.iter().any(|n| n == c));
+    html! {
+        div.field {
+            label for=(format!("f-{name}")) { (label) }
+            select id=(format!("f-{name}")) name=(name) {
+                option value="" selected[current.is_none()] { "any" }
+                @if let Some(missing) = missing {
+                    option value=(missing) selected { (missing) }
+                }
+                @for n in names {
+                    option value=(n) selected[current == Some(n.as_str())] { (n) }
+                }
+            }
+        }
+    }
+}
+
+/// The filter as a compact bar: the status tabs with their counts, the search box,
+/// handler and route among the fleet's names, and every other field folded under
+/// "More filters" (open when one of them is set), filled in with `params`.
+pub(crate) fn form(params: &ListParams, choices: &ListChoices) -> Markup {
     let f = &params.filter;
     let time = |t: Option<DateTime<Utc>>| t.map(rfc3339);
-    let text_fields: [(&str, &str, Option<String>, &str); 16] = [
-        ("handler", "Handler", f.handler.clone(), ""),
-        ("route", "Route", f.route.clone(), ""),
+    let text_fields: [(&str, &str, Option<String>, &str); 14] = [
         ("topic", "Topic", f.topic.clone(), ""),
         ("key", "Key (exactly)", f.key.clone(), ""),
         ("key_prefix", "Key starts with", f.key_prefix.clone(), ""),
@@ -343,29 +413,43 @@ pub(crate) fn form(params: &ListParams) -> Markup {
             "a cause id, as What broke links it",
         ),
     ];
+    let set = text_fields
+        .iter()
+        .filter(|(_, _, v, _)| v.is_some())
+        .count()
+        + usize::from(params.limit != DEFAULT_LIMIT);
     html! {
+        (tabs(params, choices))
         form.filter method="get" action="/console/tasks" {
-            fieldset.statuses {
-                legend { "Status" }
-                @for status in STATUSES {
-                    @let id = format!("status-{}", status.as_str());
-                    span.check {
-                        input type="checkbox" id=(id) name="status" value=(status.as_str())
-                            checked[f.status.contains(&status)];
-                        label for=(id) { (status.as_str()) }
+            @for status in &f.status {
+                input type="hidden" name="status" value=(status.as_str());
+            }
+            div.bar {
+                div.field.search {
+                    label.visually-hidden for="f-search" { "Search key, value, headers" }
+                    input type="search" id="f-search" name="search" value=[f.search.as_deref()]
+                        placeholder="Search keys, values, headers (press /)"
+                        autocomplete="off" maxlength=(SEARCH_MAX_BYTES) aria-describedby="h-search"
+                        title={ "Text as typed (case-sensitive), among the newest "
+                            (thousands(SEARCH_SCAN)) " tasks the rest of the filter selects" };
+                    small.visually-hidden id="h-search" {
+                        "Text as typed (case-sensitive), among the newest "
+                        (thousands(SEARCH_SCAN)) " tasks the rest of the filter selects"
                     }
                 }
-            }
-            div.field.search {
-                label for="f-search" { "Search key, value, headers" }
-                input type="search" id="f-search" name="search" value=[f.search.as_deref()]
-                    autocomplete="off" maxlength=(SEARCH_MAX_BYTES) aria-describedby="h-search";
-                small id="h-search" {
-                    "Text as typed (case-sensitive), among the newest "
-                    (thousands(SEARCH_SCAN)) " tasks the rest of the filter selects"
+                (choice("handler", "Handler", f.handler.as_deref(), &choices.handlers))
+                (choice("route", "Route", f.route.as_deref(), &choices.routes))
+                div.buttons {
+                    button type="submit" { "Filter" }
+                    a href="/console/tasks" { "Clear the filter" }
                 }
             }
-            div.fields {
+            details.more open[set > 0] {
+                summary {
+                    "More filters"
+                    @if set > 0 { " (" (set) " set)" }
+                }
+                div.fields {
                 @for (name, label, value, hint) in text_fields {
                     div.field {
                         label for=(format!("f-{name}")) { (label) }
@@ -382,10 +466,7 @@ pub(crate) fn form(params: &ListParams) -> Markup {
                     input type="number" id="f-limit" name="limit" min="1" max=(MAX_PAGE)
                         value=(params.limit);
                 }
-            }
-            div.buttons {
-                button type="submit" { "Filter" }
-                a href="/console/tasks" { "Clear the filter" }
+                }
             }
         }
     }
@@ -529,7 +610,7 @@ mod tests {
                 .search,
             None
         );
-        let form = form(&params).into_string();
+        let form = form(&params, &ListChoices::default()).into_string();
         assert!(
             form.contains(r#"name="search" value=" order 7 ""#),
             "{form}"

@@ -93,6 +93,7 @@ pub(crate) fn page(caller: &Actor, current: Nav, title: &str, body: Markup) -> H
                                 }
                             }
                         }
+                        span.keys-hint { "Keys: " kbd { "?" } }
                         div.who {
                             span { "Signed in as " b { (caller.name) } " (" span.role { (role) } ")" }
                             @if caller.name != "anonymous" {
@@ -106,11 +107,35 @@ pub(crate) fn page(caller: &Actor, current: Nav, title: &str, body: Markup) -> H
                         h1 { (title) }
                         (body)
                     }
+                    (keys_help())
                 }
             }
         }
         .into_string(),
     )
+}
+
+/// The keyboard's help, shown by `?` and closed by Esc (the script).
+fn keys_help() -> Markup {
+    const KEYS: [(&str, &str); 6] = [
+        ("/", "search the tasks"),
+        ("j / k", "next / previous task in the list"),
+        ("Enter", "open the task marked"),
+        ("x", "tick or clear the task marked"),
+        ("?", "show or hide this help"),
+        ("Esc", "close this help; leave a field"),
+    ];
+    html! {
+        div #keys.keys role="dialog" aria-labelledby="keys-title" hidden {
+            h2 #keys-title { "Keyboard" }
+            dl {
+                @for (key, does) in KEYS {
+                    dt { kbd { (key) } }
+                    dd { (does) }
+                }
+            }
+        }
+    }
 }
 
 /// Characters left as they are in a path segment (RFC 3986's unreserved ones).
@@ -142,6 +167,24 @@ pub(crate) fn ago(at: DateTime<Utc>, now: DateTime<Utc>) -> Markup {
         60..=3599 => format!("{} min ago", s / 60),
         3600..=86_399 => format!("{} h ago", s / 3600),
         _ => format!("{} d ago", s / 86_400),
+    };
+    html! {
+        time datetime=(at.to_rfc3339()) title=(at.format("%Y-%m-%d %H:%M:%S UTC")) { (said) }
+    }
+}
+
+/// A time relative to `now`, past (`3 min ago`) or to come (`in 3 min`), the exact UTC
+/// time in its title and machine-readable.
+pub(crate) fn relative(at: DateTime<Utc>, now: DateTime<Utc>) -> Markup {
+    if at <= now {
+        return ago(at, now);
+    }
+    let s = (at - now).num_seconds();
+    let said = match s {
+        0..=59 => format!("in {s} s"),
+        60..=3599 => format!("in {} min", s / 60),
+        3600..=86_399 => format!("in {} h", s / 3600),
+        _ => format!("in {} d", s / 86_400),
     };
     html! {
         time datetime=(at.to_rfc3339()) title=(at.format("%Y-%m-%d %H:%M:%S UTC")) { (said) }

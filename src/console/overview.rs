@@ -80,6 +80,58 @@ async fn snapshot(console: &Console) -> Result<Arc<Snapshot>, PageError> {
     Ok(snapshot)
 }
 
+/// What the task list's filter bar offers, from the overview's figures: the tasks of
+/// each status (of the filter's handler when it has one), and the fleet's handler and
+/// route names.
+///
+/// The counts are the overview's own reading (exact `count(*)` by status and handler),
+/// at most [`REFRESH`] old and read at most once per [`REFRESH`] per member however
+/// many consoles list tasks, in one of the API's heavy-read slots: a list page never
+/// counts a million tasks itself. When the slots are all taken and nothing was read
+/// yet, the tabs show without counts.
+pub(crate) async fn list_choices(console: &Console, handler: Option<&str>) -> ListChoices {
+    let Ok(s) = snapshot(console).await else {
+        return ListChoices::default();
+    };
+    let mut counts = [0i64; 4];
+    let mut handlers = std::collections::BTreeSet::new();
+    for count in &s.stats.tasks {
+        handlers.insert(count.handler.clone());
+        if handler.is_some_and(|h| h != count.handler) {
+            continue;
+        }
+        if let Some(i) = super::filter::STATUSES
+            .iter()
+            .position(|c| *c == count.status)
+        {
+            counts[i] += count.count;
+        }
+    }
+    handlers.extend(s.breakers.iter().map(|b| b.handler.clone()));
+    handlers.extend(
+        s.stats
+            .members
+            .iter()
+            .flat_map(|m| m.handlers.iter().cloned()),
+    );
+    ListChoices {
+        counts: Some((counts, s.read_at)),
+        handlers: handlers.into_iter().collect(),
+        routes: s.brakes.iter().map(|b| b.route.clone()).collect(),
+    }
+}
+
+/// The task list's status counts and names to choose from (see [`list_choices`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ListChoices {
+    /// Tasks per status of [`super::filter::STATUSES`], and when they were counted.
+    pub counts: Option<([i64; 4], DateTime<Utc>)>,
+    /// Every handler with tasks, a breaker, or a member serving it by name.
+    pub handlers: Vec<String>,
+    /// Every configured route (and every route whose brake ever engaged).
+    pub routes: Vec<String>,
+}
+
 /// `GET /console/`.
 pub(crate) async fn page(
     State(console): Shared,

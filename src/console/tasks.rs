@@ -65,17 +65,19 @@ pub(crate) async fn page(
         )),
         Role::Read => None,
     };
+    let choices = super::overview::list_choices(&console, params.filter.handler.as_deref()).await;
+    let now = chrono::Utc::now();
     let body = html! {
-        (filter::form(&params))
+        (filter::form(&params, &choices))
         @if let Some(searched) = &page.searched { (searched_line(searched)) }
         @match matching {
             Some(matching) => {
                 form #act method="post" action="/console/actions/preview" {
                     (actions(&params, matching))
-                    (results(&params, &page, true))
+                    (results(&params, &page, true, now))
                 }
             }
-            None => (results(&params, &page, false)),
+            None => (results(&params, &page, false, now)),
         }
     };
     Ok(layout::page(&caller, Nav::Tasks, "Tasks", body))
@@ -127,7 +129,8 @@ fn actions(params: &ListParams, matching: Matching) -> Markup {
             span.buttons {
                 @for (verb, label) in VERBS {
                     @if !(searched && verb == "replay") {
-                        button type="submit" name="verb" value=(verb) { (label) "…" }
+                        button type="submit" name="verb" value=(verb)
+                            class=[(verb == "discard").then_some("danger")] { (label) "…" }
                     }
                 }
             }
@@ -161,7 +164,12 @@ fn searched_line(searched: &Searched) -> Markup {
     }
 }
 
-fn results(params: &ListParams, page: &Page<TaskSummary>, selectable: bool) -> Markup {
+fn results(
+    params: &ListParams,
+    page: &Page<TaskSummary>,
+    selectable: bool,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Markup {
     let mut more = Vec::new();
     if params.limit != DEFAULT_LIMIT {
         more.push(("limit", params.limit.to_string()));
@@ -173,7 +181,7 @@ fn results(params: &ListParams, page: &Page<TaskSummary>, selectable: bool) -> M
         filter::list_url(&params.filter, &with_cursor)
     });
     html! {
-        section aria-labelledby="results" {
+        section.results aria-labelledby="results" {
             h2 #results {
                 @if params.filter.is_everything() { "Every task" } @else { "Tasks that match" }
                 @if let Some(after) = params.after { ", older than task " (after) }
@@ -193,7 +201,7 @@ fn results(params: &ListParams, page: &Page<TaskSummary>, selectable: bool) -> M
                         }
                     }
                     tbody {
-                        @for task in &page.items { (row(task, selectable)) }
+                        @for task in &page.items { (row(task, selectable, now)) }
                     }
                 }
             }
@@ -205,7 +213,13 @@ fn results(params: &ListParams, page: &Page<TaskSummary>, selectable: bool) -> M
     }
 }
 
-fn row(task: &TaskSummary, selectable: bool) -> Markup {
+/// One task, on one line: a long key or error is cut with an ellipsis, whole in its
+/// title, and a click on it shows it whole (the script); whole as the list reads it,
+/// that is: the store's summary has an error's and a key's first bytes, the task's page
+/// all of them.
+fn row(task: &TaskSummary, selectable: bool, now: chrono::DateTime<chrono::Utc>) -> Markup {
+    let key = task.key.as_deref().map(layout::visible);
+    let error = task.last_error.as_deref().map(layout::visible);
     let source = task.topic.as_ref().map(|topic| {
         let at = |n: Option<i64>| n.map_or("?".to_owned(), |n| n.to_string());
         format!(
@@ -221,16 +235,26 @@ fn row(task: &TaskSummary, selectable: bool) -> Markup {
             td { (task.handler) }
             td { (layout::text_opt(task.route.as_deref())) }
             td { (layout::text_opt(source.as_deref())) }
-            td.key { (layout::text_opt(task.key.as_deref().map(layout::visible).as_deref())) }
+            td.key {
+                @match &key {
+                    Some(key) => span.cut title=(key) data-expand { (key) },
+                    None => (layout::dash()),
+                }
+            }
             td.number { (task.attempts) }
             td {
                 @if task.held { "held" }
                 @else if task.lease_owner.is_some() { "running" }
-                @else if let Some(due) = task.next_attempt_at { (layout::when(due)) }
+                @else if let Some(due) = task.next_attempt_at { (layout::relative(due, now)) }
                 @else { (layout::dash()) }
             }
-            td.error { (layout::text_opt(task.last_error.as_deref())) }
-            td { (layout::when(task.updated_at)) }
+            td.error {
+                @match &error {
+                    Some(error) => span.cut title=(error) data-expand { (error) },
+                    None => (layout::dash()),
+                }
+            }
+            td { (layout::ago(task.updated_at, now)) }
             @if selectable {
                 td.select {
                     input type="checkbox" name="id" value=(task.id)

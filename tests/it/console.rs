@@ -260,14 +260,15 @@ async fn an_operator_reads_the_fleet_its_tasks_and_their_payloads_in_a_browser()
     // Every task, then a filter typed into the form narrows them.
     browser.open(&console.url("/console/tasks")).await;
     assert_eq!(listed_ids(&browser).await.len(), 14);
-    browser.fill("#f-handler", "billing").await;
+    browser.click("#f-handler option[value=billing]").await;
     browser.follow("form.filter button[type=submit]").await;
     assert!(browser.path().await.contains("handler=billing"));
     let billing_rows = rows(&browser, "table.tasks").await;
     assert_eq!(billing_rows.len(), 3, "{billing_rows:?}");
     assert!(billing_rows.iter().all(|row| row[2] == "billing"));
     browser.screenshot("tasks-filtered").await;
-    browser.fill("#f-handler", "").await;
+    browser.click("#f-handler option[value='']").await;
+    browser.click("details.more summary").await;
     browser.fill("#f-error", "TIMEOUT").await;
     browser.follow("form.filter button[type=submit]").await;
     assert_eq!(listed_ids(&browser).await.len(), 3, "error text, any case");
@@ -324,9 +325,14 @@ async fn an_operator_reads_the_fleet_its_tasks_and_their_payloads_in_a_browser()
         focused.push(browser.focused_id().await);
     }
     let at = |id: &str| focused.iter().position(|f| f == id);
-    let (status, handler, limit) = (at("status-failed"), at("f-handler"), at("f-limit"));
+    let (status, search, handler, route) = (
+        at("tab-failed"),
+        at("f-search"),
+        at("f-handler"),
+        at("f-route"),
+    );
     assert!(
-        status.is_some() && status < handler && handler < limit,
+        status.is_some() && status < search && search < handler && handler < route,
         "{focused:?}"
     );
 
@@ -917,4 +923,661 @@ async fn an_open_api_needs_no_sign_in_and_answers_loopback_names_only() {
     assert_eq!(rebound.status(), StatusCode::FORBIDDEN);
     assert_secured("a foreign host", rebound.headers());
     stop.cancel();
+}
+
+/// Runs `script` (a function body; its arguments in `args`) in the page shown.
+async fn run(browser: &Browser, script: &str, args: Vec<serde_json::Value>) -> serde_json::Value {
+    browser.client.execute(script, args).await.expect(script)
+}
+
+/// The computed CSS `property` of the first element `css` selects.
+async fn style(browser: &Browser, css: &str, property: &str) -> String {
+    let value = run(
+        browser,
+        "var e = document.querySelector(arguments[0]); \
+         return e ? getComputedStyle(e).getPropertyValue(arguments[1]) : null;",
+        vec![css.into(), property.into()],
+    )
+    .await;
+    value
+        .as_str()
+        .unwrap_or_else(|| panic!("no element {css}"))
+        .to_owned()
+}
+
+/// The red, green and blue of a computed colour (`rgb(…)` or `rgba(…)`).
+fn rgb(colour: &str) -> [f64; 3] {
+    let digits: Vec<f64> = colour
+        .trim_start_matches("rgba(")
+        .trim_start_matches("rgb(")
+        .trim_end_matches(')')
+        .split(',')
+        .map(|n| n.trim().parse().unwrap_or_else(|_| panic!("{colour}")))
+        .collect();
+    [digits[0], digits[1], digits[2]]
+}
+
+/// WCAG's relative luminance of a colour.
+fn luminance(colour: [f64; 3]) -> f64 {
+    let channel = |c: f64| {
+        let c = c / 255.0;
+        if c <= 0.039_28 {
+            c / 12.92
+        } else {
+            ((c + 0.055) / 1.055).powf(2.4)
+        }
+    };
+    0.2126 * channel(colour[0]) + 0.7152 * channel(colour[1]) + 0.0722 * channel(colour[2])
+}
+
+/// WCAG's contrast ratio of two colours (1 to 21).
+fn contrast(a: [f64; 3], b: [f64; 3]) -> f64 {
+    let (la, lb) = (luminance(a), luminance(b));
+    (la.max(lb) + 0.05) / (la.min(lb) + 0.05)
+}
+
+/// Whether a colour reads as red: red well above green and blue.
+fn reddish(colour: [f64; 3]) -> bool {
+    colour[0] > 150.0 && colour[0] > colour[1] + 70.0 && colour[0] > colour[2] + 70.0
+}
+
+/// Presses the key of `c` (a letter, `/`, `?`) once.
+async fn press_char(browser: &Browser, c: char) {
+    use fantoccini::actions::{InputSource, KeyAction, KeyActions};
+    let press = KeyActions::new("keyboard".into())
+        .then(KeyAction::Down { value: c })
+        .then(KeyAction::Up { value: c });
+    browser.client.perform_actions(press).await.unwrap();
+}
+
+/// 45 tasks: 30 of `orders` with a long error, 12 of `billing`, 3 of them discarded.
+async fn many_tasks(store: &Store) -> Vec<TaskId> {
+    // (the list has an error's first 120 bytes; the task's page has it whole)
+    let long = "upstream shipping-api answered 503 Service Unavailable after 3 retries: \
+                the warehouse is closed for inventory END";
+    assert!(long.len() <= 120);
+    let orders: Vec<NewTask> = (1..=30)
+        .map(|i| failing("orders", &format!("order-{i}"), "HttpError", long))
+        .collect();
+    let mut ids = enqueue(store, orders).await;
+    let billing: Vec<NewTask> = (1..=15)
+        .map(|i| failing("billing", &format!("invoice-{i}"), "Timeout", "timed out"))
+        .collect();
+    ids.extend(enqueue(store, billing).await);
+    let operator = Operator {
+        actor: "ops".into(),
+        reason: Some("test data".into()),
+    };
+    store
+        .act(
+            &operator,
+            &Action::Discard,
+            &Selection::Ids(ids[42..].to_vec()),
+        )
+        .await
+        .unwrap();
+    ids
+}
+
+/// The window of the density test: what an operator's laptop shows.
+async fn laptop(browser: &Browser) {
+    browser.client.set_window_size(1400, 1000).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_task_list_is_dense_with_status_tabs_choices_and_folded_filters() {
+    let (store, settings) = fresh_store().await;
+    let ids = many_tasks(&store).await;
+    let console = Console::start(&settings, false).await;
+    let browser = Browser::start().await;
+    console.sign_in(&browser, OPERATE, "/console/tasks").await;
+    browser.screenshot("dense-tasks").await;
+    laptop(&browser).await;
+
+    // 25 tasks and more are on the screen at once, each on one line.
+    let seen = run(
+        &browser,
+        "var h = window.innerHeight, n = 0, tallest = 0; \
+         document.querySelectorAll('table.tasks tbody tr').forEach(function (r) { \
+           var b = r.getBoundingClientRect(); \
+           tallest = Math.max(tallest, b.height); \
+           if (b.top >= 0 && b.bottom <= h) { n += 1; } }); \
+         return [n, h, tallest, document.querySelectorAll('table.tasks tbody tr').length];",
+        Vec::new(),
+    )
+    .await;
+    let visible = seen[0].as_u64().unwrap();
+    assert!(
+        visible >= 25,
+        "{visible} task rows on the screen (innerHeight, tallest row, rows): {seen}"
+    );
+    assert!(seen[2].as_f64().unwrap() < 30.0, "one line a task: {seen}");
+
+    // A long error is cut with an ellipsis on its line, whole in its title and on a
+    // click.
+    let cut = "table.tasks tbody tr:last-child td.error .cut";
+    assert_eq!(style(&browser, cut, "text-overflow").await, "ellipsis");
+    let widths = run(
+        &browser,
+        "var e = document.querySelector(arguments[0]); \
+         return [e.scrollWidth, e.clientWidth, e.offsetHeight, e.getAttribute('title')];",
+        vec![cut.into()],
+    )
+    .await;
+    assert!(
+        widths[0].as_f64() > widths[1].as_f64(),
+        "the error is cut: {widths}"
+    );
+    let title = widths[3].as_str().unwrap();
+    assert!(
+        title.starts_with("upstream shipping-api") && title.ends_with("END"),
+        "{title}"
+    );
+    browser.click(cut).await;
+    let opened = run(
+        &browser,
+        "return document.querySelector(arguments[0]).offsetHeight;",
+        vec![cut.into()],
+    )
+    .await;
+    assert!(
+        opened.as_f64().unwrap() > 1.5 * widths[2].as_f64().unwrap(),
+        "a click shows it whole: {opened} high, was {widths}"
+    );
+    browser.screenshot("dense-tasks-error-whole").await;
+
+    // Tabs by status, with the fleet's counts; each keeps the rest of the filter.
+    assert_eq!(browser.text("#tab-all").await, "All 45");
+    assert_eq!(browser.text("#tab-failed").await, "failed 42");
+    assert_eq!(browser.text("#tab-discarded").await, "discarded 3");
+    assert_eq!(browser.text("#tab-resolved").await, "resolved 0");
+    browser
+        .open(&console.url("/console/tasks?handler=billing&limit=20"))
+        .await;
+    assert_eq!(
+        href(&browser, "#tab-discarded").await,
+        "/console/tasks?status=discarded&handler=billing&limit=20"
+    );
+    assert_eq!(browser.text("#tab-failed").await, "failed 12", "billing's");
+    browser.follow("#tab-discarded").await;
+    assert_eq!(listed_ids(&browser).await.len(), 3);
+    assert_eq!(
+        browser.text("nav.status-tabs a[aria-current=page]").await,
+        "discarded 3"
+    );
+    assert_eq!(
+        href(&browser, "#tab-all").await,
+        "/console/tasks?handler=billing&limit=20"
+    );
+
+    // Handler and route are the fleet's names to choose from.
+    browser.open(&console.url("/console/tasks")).await;
+    let handlers = run(
+        &browser,
+        "return Array.prototype.map.call(document.querySelectorAll('#f-handler option'), \
+           function (o) { return o.value; });",
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(handlers, serde_json::json!(["", "billing", "orders"]));
+    assert_eq!(browser.count("select#f-route").await, 1);
+    browser.click("#f-handler option[value=orders]").await;
+    browser.follow("form.filter button[type=submit]").await;
+    assert!(browser.path().await.contains("&handler=orders&"));
+    assert_eq!(listed_ids(&browser).await.len(), 30);
+    assert_eq!(ids.len(), 45);
+
+    // The other fields are folded, and unfolded when one of them is set.
+    let open = "return document.querySelector('details.more').open;";
+    assert_eq!(
+        run(&browser, open, Vec::new()).await,
+        serde_json::json!(false)
+    );
+    assert_eq!(browser.text("details.more summary").await, "More filters");
+    browser
+        .open(&console.url("/console/tasks?key_prefix=invoice-1"))
+        .await;
+    assert_eq!(
+        run(&browser, open, Vec::new()).await,
+        serde_json::json!(true)
+    );
+    assert_eq!(
+        browser.text("details.more summary").await,
+        "More filters (1 set)"
+    );
+    assert_eq!(
+        listed_ids(&browser).await.len(),
+        7,
+        "invoice-1 and 10 to 15"
+    );
+    browser.screenshot("dense-tasks-more-filters").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destructive_actions_are_red_and_the_others_are_not() {
+    let (store, settings) = fresh_store().await;
+    let ids = enqueue(
+        &store,
+        vec![task("orders", b"k1", b"v"), task("orders", b"k2", b"v")],
+    )
+    .await;
+    let console = Console::start(&settings, false).await;
+    let browser = Browser::start().await;
+    console.sign_in(&browser, OPERATE, "/console/tasks").await;
+    browser.screenshot("danger-list").await;
+    let colour = |css: &'static str| {
+        let browser = &browser;
+        async move { rgb(&style(browser, css, "background-color").await) }
+    };
+    let discard = colour("button[value=discard]").await;
+    assert!(reddish(discard), "discard: {discard:?}");
+    for verb in ["retry", "resolve", "replay"] {
+        let other = rgb(&style(
+            &browser,
+            &format!("button[value={verb}]"),
+            "background-color",
+        )
+        .await);
+        assert!(!reddish(other), "{verb}: {other:?}");
+        assert_ne!(other, discard, "{verb}");
+    }
+    assert!(
+        contrast(
+            discard,
+            rgb(&style(&browser, "button[value=discard]", "color").await)
+        ) >= 4.5,
+        "its label reads"
+    );
+
+    // The task's page, and the confirm page of a discard; not of a retry.
+    browser
+        .open(&console.url(&format!("/console/tasks/{}", ids[0])))
+        .await;
+    assert!(reddish(
+        colour("form.task-actions button[value=discard]").await
+    ));
+    assert!(!reddish(
+        colour("form.task-actions button[value=retry]").await
+    ));
+    browser
+        .follow("form.task-actions button[value=discard]")
+        .await;
+    browser.screenshot("danger-confirm-discard").await;
+    assert!(reddish(colour("#confirm").await), "confirming a discard");
+    browser
+        .open(&console.url(&format!("/console/tasks/{}", ids[0])))
+        .await;
+    browser
+        .follow("form.task-actions button[value=resolve]")
+        .await;
+    assert!(!reddish(colour("#confirm").await), "confirming a resolve");
+}
+
+/// A Chrome DevTools command, sent through chromedriver's `goog/cdp/execute`.
+#[derive(Debug)]
+struct DevTools(serde_json::Value);
+
+impl fantoccini::wd::WebDriverCompatibleCommand for DevTools {
+    fn endpoint(
+        &self,
+        base_url: &reqwest::Url,
+        session_id: Option<&str>,
+    ) -> Result<reqwest::Url, <reqwest::Url as std::str::FromStr>::Err> {
+        base_url.join(&format!(
+            "session/{}/goog/cdp/execute",
+            session_id.unwrap_or_default()
+        ))
+    }
+
+    fn method_and_body(&self, _: &reqwest::Url) -> (reqwest::Method, Option<String>) {
+        (reqwest::Method::POST, Some(self.0.to_string()))
+    }
+}
+
+/// Makes the pages of `browser` see a system in dark mode.
+async fn dark_system(browser: &Browser) {
+    browser
+        .client
+        .issue_cmd(DevTools(serde_json::json!({
+            "cmd": "Emulation.setEmulatedMedia",
+            "params": { "features": [{ "name": "prefers-color-scheme", "value": "dark" }] },
+        })))
+        .await
+        .expect("chromedriver passes a DevTools command");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_follows_a_dark_system_scheme_and_every_part_reads() {
+    let (store, settings) = fresh_store().await;
+    many_tasks(&store).await;
+    enqueue(
+        &store,
+        vec![task("log", b"l1", b"1"), task("log", b"l2", b"2")],
+    )
+    .await;
+    let console = Console::start(&settings, true).await;
+    eventually(Duration::from_secs(30), "the worker resolved", || async {
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE status = 'resolved'",
+        )
+        .await
+            == 2
+    })
+    .await;
+    let browser = Browser::start().await;
+    console.sign_in(&browser, OPERATE, "/console/").await;
+    let light = rgb(&style(&browser, "body", "background-color").await);
+    assert!(luminance(light) > 0.5, "light by default: {light:?}");
+
+    dark_system(&browser).await;
+    browser.open(&console.url("/console/")).await;
+    browser.click("[data-live-toggle]").await;
+    browser.screenshot("dark-overview").await;
+    let matches = run(
+        &browser,
+        "return matchMedia('(prefers-color-scheme: dark)').matches;",
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(matches, serde_json::json!(true), "the system is dark");
+    let body = rgb(&style(&browser, "body", "background-color").await);
+    assert!(luminance(body) < 0.05, "a dark page: {body:?}");
+
+    // Text against what it is drawn on, in every part: 4.5 to 1 at least.
+    let parts = [
+        ("main h1", "body"),
+        ("table.broke td.fingerprint", "section.broke"),
+        ("table.backlog th a", "section"),
+        ("table.backlog thead th", "table.backlog thead th"),
+        ("ul.cards li .figure", "ul.cards li"),
+        ("ul.legend li", "section"),
+        ("header.top .brand", "header.top"),
+        ("p.as-of", "body"),
+    ];
+    for (text, under) in parts {
+        let ink = rgb(&style(&browser, text, "color").await);
+        let paper = rgb(&style(&browser, under, "background-color").await);
+        let ratio = contrast(ink, paper);
+        assert!(
+            ratio >= 4.5,
+            "{text} on {under}: {ratio:.1} ({ink:?} on {paper:?})"
+        );
+    }
+    let chart = rgb(&style(&browser, "svg.chart", "background-color").await);
+    assert!(luminance(chart) < 0.05, "the chart's ground: {chart:?}");
+    let axis = rgb(&style(&browser, "svg.chart .axis", "fill").await);
+    assert!(contrast(axis, chart) >= 4.5, "the chart's words: {axis:?}");
+
+    browser.open(&console.url("/console/tasks")).await;
+    browser.screenshot("dark-tasks").await;
+    for (text, under) in [
+        ("table.tasks td a", "section"),
+        ("table.tasks td.error .cut", "section"),
+        ("table.tasks thead th", "table.tasks thead th"),
+        (
+            "table.tasks .badge.status-failed",
+            "table.tasks .badge.status-failed",
+        ),
+        (
+            "table.tasks .badge.status-discarded",
+            "table.tasks .badge.status-discarded",
+        ),
+        ("#f-search", "#f-search"),
+        ("#f-handler", "#f-handler"),
+        (
+            "nav.status-tabs a[aria-current=page]",
+            "nav.status-tabs a[aria-current=page]",
+        ),
+        ("button[value=retry]", "button[value=retry]"),
+        ("button[value=discard]", "button[value=discard]"),
+        ("fieldset.actions label", "section"),
+    ] {
+        let ink = rgb(&style(&browser, text, "color").await);
+        let mut paper = rgb(&style(&browser, under, "background-color").await);
+        if style(&browser, under, "background-color").await == "rgba(0, 0, 0, 0)" {
+            paper = rgb(&style(&browser, "section", "background-color").await);
+        }
+        let ratio = contrast(ink, paper);
+        assert!(
+            ratio >= 4.5,
+            "{text} on {under}: {ratio:.1} ({ink:?} on {paper:?})"
+        );
+    }
+    browser
+        .click("table.tasks tbody tr:last-child td.error .cut")
+        .await;
+    browser.screenshot("dark-tasks-error-whole").await;
+    let first = browser.text("table.tasks tbody tr:last-child td a").await;
+    browser
+        .open(&console.url(&format!("/console/tasks/{first}")))
+        .await;
+    browser.screenshot("dark-task").await;
+    let ink = rgb(&style(&browser, "div.payload pre", "color").await);
+    let paper = rgb(&style(&browser, "div.payload pre", "background-color").await);
+    assert!(contrast(ink, paper) >= 4.5, "the payload reads");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_keyboard_searches_moves_through_tasks_opens_one_and_shows_its_help() {
+    use fantoccini::key::Key;
+    let (store, settings) = fresh_store().await;
+    let ids = enqueue(
+        &store,
+        (1..=5)
+            .map(|i| task("orders", format!("order-{i}").as_bytes(), b"{}"))
+            .collect(),
+    )
+    .await;
+    let console = Console::start(&settings, false).await;
+    let browser = Browser::start().await;
+    console.sign_in(&browser, OPERATE, "/console/tasks").await;
+    let marked = || async {
+        run(
+            &browser,
+            "return Array.prototype.map.call(document.querySelectorAll('table.tasks tbody tr.current'), \
+               function (r) { return r.querySelector('a').textContent; });",
+            Vec::new(),
+        )
+        .await
+    };
+
+    // `/` goes to the search box; keys typed there are text, not commands.
+    press_char(&browser, '/').await;
+    assert_eq!(browser.focused_id().await, "f-search");
+    for c in "jk?".chars() {
+        press_char(&browser, c).await;
+    }
+    let typed = run(
+        &browser,
+        "return document.getElementById('f-search').value;",
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(typed, serde_json::json!("jk?"));
+    assert_eq!(marked().await, serde_json::json!([]));
+    assert_eq!(browser.count("#keys:not([hidden])").await, 0);
+    // Esc leaves the field.
+    browser.press(Key::Escape).await;
+    assert_ne!(browser.focused_id().await, "f-search");
+
+    // j and k move a visible mark through the rows (newest first).
+    let newest: Vec<String> = ids.iter().rev().map(|id| id.0.to_string()).collect();
+    press_char(&browser, 'j').await;
+    assert_eq!(marked().await, serde_json::json!([newest[0]]));
+    press_char(&browser, 'j').await;
+    press_char(&browser, 'j').await;
+    press_char(&browser, 'k').await;
+    assert_eq!(marked().await, serde_json::json!([newest[1]]));
+    let ground = rgb(&style(&browser, "table.tasks tbody tr.current", "background-color").await);
+    let others = style(
+        &browser,
+        "table.tasks tbody tr:last-child",
+        "background-color",
+    )
+    .await;
+    assert_ne!(
+        format!("{ground:?}"),
+        format!(
+            "{:?}",
+            rgb(&others.replace("rgba(0, 0, 0, 0)", "rgb(255, 255, 255)"))
+        ),
+        "the mark shows"
+    );
+    // x ticks the marked task.
+    press_char(&browser, 'x').await;
+    let ticked = run(
+        &browser,
+        "return document.querySelector('table.tasks tbody tr.current input[name=id]').checked;",
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(ticked, serde_json::json!(true));
+    browser.screenshot("keyboard-marked").await;
+
+    // ? shows the keys; Esc closes them.
+    press_char(&browser, '?').await;
+    assert_eq!(browser.count("#keys:not([hidden])").await, 1);
+    let help = browser.text("#keys").await;
+    for key in ["/", "j / k", "Enter", "?", "Esc"] {
+        assert!(help.contains(key), "{help}");
+    }
+    browser.screenshot("keyboard-help").await;
+    browser.press(Key::Escape).await;
+    assert_eq!(browser.count("#keys:not([hidden])").await, 0);
+
+    // Enter opens the marked task.
+    let page = browser
+        .client
+        .find(fantoccini::Locator::Css("html"))
+        .await
+        .unwrap();
+    browser.press(Key::Enter).await;
+    eventually(Duration::from_secs(10), "the task's page", || async {
+        page.attr("lang").await.is_err()
+    })
+    .await;
+    assert_eq!(
+        browser.path().await,
+        format!("/console/tasks/{}", newest[1])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outcome_chart_says_which_colour_is_which_outcome() {
+    let (store, settings) = fresh_store().await;
+    enqueue(&store, vec![task("log", b"l1", b"1")]).await;
+    let console = Console::start(&settings, true).await;
+    eventually(Duration::from_secs(30), "the worker resolved", || async {
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE status = 'resolved'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    let browser = Browser::start().await;
+    console.sign_in(&browser, OPERATE, "/console/").await;
+    browser.click("[data-live-toggle]").await;
+    browser.screenshot("chart-legend").await;
+    let legend = rows_of(&browser, "ul.legend li").await;
+    assert_eq!(
+        legend,
+        [
+            "resolved",
+            "retry, lease expired, released",
+            "permanent failure",
+            "other"
+        ]
+    );
+    // Each swatch is its bars' colour.
+    let swatch = style(&browser, "ul.legend .swatch.ok", "background-color").await;
+    let bar = style(&browser, "svg.chart rect.bar.ok", "fill").await;
+    assert_eq!(rgb(&swatch), rgb(&bar));
+    for class in ["retry", "failed", "other"] {
+        let other = style(
+            &browser,
+            &format!("ul.legend .swatch.{class}"),
+            "background-color",
+        )
+        .await;
+        assert_ne!(rgb(&other), rgb(&swatch), "{class}");
+    }
+}
+
+/// The texts of every element `css` selects.
+async fn rows_of(browser: &Browser, css: &str) -> Vec<String> {
+    let mut texts = Vec::new();
+    for element in browser
+        .client
+        .find_all(fantoccini::Locator::Css(css))
+        .await
+        .unwrap()
+    {
+        texts.push(element.text().await.unwrap());
+    }
+    texts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_held_by_a_forced_open_breaker_releases_it_from_its_page() {
+    use std::io::Write;
+    let (store, settings) = fresh_store().await;
+    let mut config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    write!(config, "[handlers.log.breaker]\n").unwrap();
+    let id = enqueue(&store, vec![task("log", b"l1", b"1")]).await[0];
+    sqlx::query("INSERT INTO recovery_breaker (handler) VALUES ('log')")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let console = Console::start_configured(&settings, false, Some(config.path())).await;
+    let browser = Browser::start().await;
+    console.sign_in(&browser, OPERATE, "/console/fleet").await;
+    browser.fill("#breaker-open-0", "shipping is down").await;
+    browser.follow("#breaker-open-0 + button").await;
+
+    browser
+        .open(&console.url(&format!("/console/tasks/{id}")))
+        .await;
+    browser.screenshot("breaker-release-from-task").await;
+    let waiting = browser.text("dd.waiting").await;
+    assert!(
+        waiting.contains("redrive breakers release log"),
+        "the words still say it: {waiting}"
+    );
+    assert_eq!(
+        browser.text("dd.waiting code:nth-of-type(2)").await,
+        "redrive breakers release log"
+    );
+    assert_eq!(
+        browser.text("#release-breaker-button").await,
+        "Release the breaker"
+    );
+    browser.fill("#release-breaker", "shipping is back").await;
+    browser.follow("#release-breaker-button").await;
+    let released = "SELECT count(*) FROM recovery_breaker WHERE handler = 'log' AND forced IS NULL";
+    assert_eq!(scalar(&store, released).await, 1);
+    let audit = "SELECT count(*) FROM recovery_audit WHERE actor = 'ops' \
+        AND action = 'breaker_release' AND reason = 'shipping is back'";
+    assert_eq!(scalar(&store, audit).await, 1);
+
+    // A read-only caller is shown where the breakers are, and no button.
+    let other = Browser::start().await;
+    store_force_open(&browser, &console).await;
+    console
+        .sign_in(&other, READ, &format!("/console/tasks/{id}"))
+        .await;
+    assert_eq!(other.count("#release-breaker-button").await, 0);
+    assert_eq!(
+        href(&other, "dd.waiting a").await,
+        "/console/fleet#breakers"
+    );
+}
+
+/// Forces the `log` breaker open again from the fleet page.
+async fn store_force_open(browser: &Browser, console: &Console) {
+    browser.open(&console.url("/console/fleet")).await;
+    browser.fill("#breaker-open-0", "down again").await;
+    browser.follow("#breaker-open-0 + button").await;
 }

@@ -7,7 +7,12 @@
 // [data-live-toggle] button pauses and resumes the reloads.
 //
 // A [data-select-page] checkbox ticks or clears every task checkbox (name="id") of its
-// form.
+// form. A click on a [data-expand] text cut with an ellipsis shows it whole (again:
+// cut).
+//
+// Keys (not while typing in a field): / the search box, j / k the next / previous
+// task of the list (marked), Enter opens it, x ticks it, ? the help (#keys), Esc
+// closes the help or leaves the field.
 (function () {
   'use strict';
 
@@ -54,7 +59,114 @@
       });
   }
 
+  function typing(target) {
+    if (!target || !target.tagName) {
+      return false;
+    }
+    var tag = target.tagName;
+    return tag === 'INPUT' || tag === 'TEXTAREA' || tag === 'SELECT' || target.isContentEditable;
+  }
+
+  function keyboard() {
+    var help = document.getElementById('keys');
+    var current = -1;
+
+    function rows() {
+      return document.querySelectorAll('table.tasks tbody tr');
+    }
+
+    function move(by) {
+      var all = rows();
+      if (all.length === 0) {
+        return;
+      }
+      if (current >= 0 && current < all.length) {
+        all[current].classList.remove('current');
+      }
+      current = current < 0 ? 0 : Math.min(all.length - 1, Math.max(0, current + by));
+      all[current].classList.add('current');
+      all[current].scrollIntoView({ block: 'nearest' });
+    }
+
+    function marked() {
+      var all = rows();
+      return current >= 0 && current < all.length ? all[current] : null;
+    }
+
+    document.addEventListener('keydown', function (event) {
+      if (event.ctrlKey || event.metaKey || event.altKey) {
+        return;
+      }
+      if (event.key === 'Escape') {
+        if (help && !help.hidden) {
+          help.hidden = true;
+          event.preventDefault();
+        } else if (typing(event.target)) {
+          event.target.blur();
+        }
+        return;
+      }
+      if (typing(event.target)) {
+        return;
+      }
+      var row;
+      switch (event.key) {
+        case '/':
+          var search = document.getElementById('f-search');
+          if (search) {
+            event.preventDefault();
+            search.focus();
+            search.select();
+          }
+          break;
+        case '?':
+          if (help) {
+            event.preventDefault();
+            help.hidden = !help.hidden;
+          }
+          break;
+        case 'j':
+          move(1);
+          break;
+        case 'k':
+          move(-1);
+          break;
+        case 'x':
+          row = marked();
+          var box = row && row.querySelector('input[type=checkbox][name=id]');
+          if (box) {
+            box.checked = !box.checked;
+          }
+          break;
+        case 'Enter':
+          if (event.target.closest && event.target.closest('a, button, summary')) {
+            return;
+          }
+          row = marked();
+          var link = row && row.querySelector('a[href]');
+          if (link) {
+            event.preventDefault();
+            window.location.href = link.href;
+          }
+          break;
+        default:
+          break;
+      }
+    });
+  }
+
+  function expandable() {
+    document.addEventListener('click', function (event) {
+      var cut = event.target.closest && event.target.closest('[data-expand]');
+      if (cut) {
+        cut.classList.toggle('whole');
+      }
+    });
+  }
+
   function start() {
+    keyboard();
+    expandable();
     var regions = document.querySelectorAll('[data-live]');
     Array.prototype.forEach.call(regions, function (region) {
       var seconds = Math.max(2, Number(region.getAttribute('data-every')) || 5);
