@@ -44,9 +44,29 @@ pub struct DemoOptions {
     /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9464.
     #[arg(long)]
     pub metrics: Option<SocketAddr>,
+    /// Serve the console (and the admin API) on this loopback address; when it is
+    /// taken, on a free port of the same host, as printed.
+    #[arg(long, default_value = "127.0.0.1:9465")]
+    pub console: SocketAddr,
+    /// Serve no console.
+    #[arg(long)]
+    pub no_console: bool,
     /// Keep running after the count is reached, until Ctrl-C.
     #[arg(long)]
     pub keep_running: bool,
+}
+
+/// `wanted`, or when it is taken a free port of its host (the demo's console must not
+/// fail because another program holds the port).
+fn console_address(wanted: SocketAddr) -> anyhow::Result<SocketAddr> {
+    match std::net::TcpListener::bind(wanted) {
+        Ok(listener) => Ok(listener.local_addr()?),
+        Err(error) if error.kind() == std::io::ErrorKind::AddrInUse => {
+            let free = std::net::TcpListener::bind(SocketAddr::new(wanted.ip(), 0))?;
+            Ok(free.local_addr()?)
+        }
+        Err(error) => Err(anyhow::anyhow!("--console {wanted}: {error}")),
+    }
 }
 
 /// Runs the demo with `settings` (database, worker and retry tuning) as a base.
@@ -60,7 +80,17 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> anyhow::Result<(
         broker.create_topic(topic, partitions, 1)?;
     }
     let bootstrap = broker.bootstrap_servers();
-    let settings = demo_settings(settings, &bootstrap, options);
+    let mut settings = demo_settings(settings, &bootstrap, options);
+    if !options.no_console {
+        anyhow::ensure!(
+            options.console.ip().is_loopback(),
+            "--console {}: the demo's console has no sign-in, so it listens on a loopback \
+             address only (127.0.0.1:PORT)",
+            options.console
+        );
+        settings.admin.listen = Some(console_address(options.console)?);
+        settings.admin.tokens.clear();
+    }
     let store = (Store::connect(&settings.database).await).with_context(|| {
         format!(
             "connecting to PostgreSQL (the URL from {})",
@@ -87,6 +117,12 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> anyhow::Result<(
     outln!("  add your own failures while it runs: echo oops | kcat -b {bootstrap} -t {DEAD_LETTER_TOPIC} -P");
     if let Some(addr) = options.metrics {
         outln!("  metrics: http://{addr}/metrics");
+    }
+    if let Some(addr) = settings.admin.listen {
+        outln!(
+            "  console: http://{addr}/console/ (what broke, tasks, actions; no sign-in on \
+             loopback; it stops with the demo, --keep-running keeps it)"
+        );
     }
     outln!();
 

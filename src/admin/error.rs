@@ -96,6 +96,9 @@ impl From<StoreError> for ApiError {
                      (or it was cancelled); narrow it, or raise admin.statement_timeout",
                 )
             }
+            StoreError::SearchTimedOut { .. } => {
+                ApiError::new(StatusCode::GATEWAY_TIMEOUT, error.to_string())
+            }
             _ if error.is_unavailable() => {
                 tracing::warn!(%error, "admin API: database unavailable");
                 ApiError {

@@ -42,10 +42,14 @@ pub struct ConsoleBenchOptions {
     /// Options of the bulk action beside a drain.
     #[command(flatten)]
     pub bulk: super::bulk::BulkBenchOptions,
+    /// Only the "what broke" figures: groups and search latency, and the drain beside an
+    /// operator grouping and searching (no list latency, no bulk action).
+    #[arg(long)]
+    pub what_broke_only: bool,
 }
 
 /// The token the benchmark signs in with.
-const TOKEN: &str = "bench-console-token-0123456789";
+pub(super) const TOKEN: &str = "bench-console-token-0123456789";
 
 /// One timed query: its name and the query string it sends.
 struct Query {
@@ -85,10 +89,10 @@ fn queries(tasks: usize) -> Vec<Query> {
 }
 
 /// Latency percentiles of one query, in milliseconds.
-struct Latency {
-    p50: f64,
-    p95: f64,
-    p99: f64,
+pub(super) struct Latency {
+    pub(super) p50: f64,
+    pub(super) p95: f64,
+    pub(super) p99: f64,
 }
 
 /// The value at `share` (0 to 1) of sorted `values`, nearest rank.
@@ -122,8 +126,29 @@ pub async fn run(settings: &Settings, options: &ConsoleBenchOptions) -> anyhow::
         seeded.discarded
     );
     list_latency(&settings, &store, options).await?;
+    let operations = bench_fleet(&settings, 100, 400)?
+        .operations(admin::api_store(&settings.database, &settings.admin)?);
+    super::broke::drain_beside_console(
+        &settings,
+        &store,
+        &operations,
+        options.bulk.drain_tasks,
+        options.bulk.rounds,
+    )
+    .await?;
+    // The drained tasks go, so that the seeded store can be checked as it was.
+    sqlx::raw_sql(
+        "DELETE FROM recovery_attempt WHERE task_id IN \
+             (SELECT id FROM recovery_task WHERE handler = 'noop'); \
+         DELETE FROM recovery_task WHERE handler = 'noop'",
+    )
+    .execute(store.pool())
+    .await?;
     verify_seed(&store, &seeded).await?;
     drop_schema(&store).await?;
+    if options.what_broke_only {
+        return Ok(());
+    }
     super::bulk::run(&settings, &options.bulk).await
 }
 
@@ -161,56 +186,74 @@ async fn list_latency(
                 .execute(store.pool())
                 .await?;
         }
-        outln!(
-            "list latency over HTTP, {} requests per query after {} warm-up, {}:",
-            options.requests,
-            options.warmup,
-            if analyzed {
-                "after ANALYZE"
-            } else {
-                "no ANALYZE since seeding"
-            }
-        );
-        outln!(
-            "  {:<8} {:<28} {:>8} {:>8} {:>8}",
-            "face",
-            "query",
-            "p50 ms",
-            "p95 ms",
-            "p99 ms"
-        );
-        let mut misses = Vec::new();
-        for query in queries(options.tasks) {
-            for (face, path, auth) in [
-                ("console", "/console/tasks", ("cookie", cookie.clone())),
-                (
-                    "api",
-                    "/api/v1/tasks",
-                    ("authorization", format!("Bearer {TOKEN}")),
-                ),
-            ] {
-                let url = format!("{base}{path}?{}", query.query);
-                let latency = time_requests(&client, &url, auth, options).await?;
-                outln!(
-                    "  {:<8} {:<28} {:>8.1} {:>8.1} {:>8.1}",
-                    face,
-                    query.name,
-                    latency.p50,
-                    latency.p95,
-                    latency.p99
-                );
-                if latency.p95 > 200.0 {
-                    misses.push(format!("{face} {}", query.name));
-                }
-            }
+        if analyzed {
+            outln!("after ANALYZE:");
         }
-        match misses.is_empty() {
-            true => outln!("  every query answered within 200 ms at p95"),
-            false => outln!("  over 200 ms at p95: {}", misses.join(", ")),
+        if !options.what_broke_only {
+            list_round(&client, &base, &cookie, options, analyzed).await?;
         }
+        super::broke::latency(&client, &base, options).await?;
     }
     stop.cancel();
     serving.await?;
+    Ok(())
+}
+
+/// Times every list query on the console and the API, once.
+async fn list_round(
+    client: &reqwest::Client,
+    base: &str,
+    cookie: &str,
+    options: &ConsoleBenchOptions,
+    analyzed: bool,
+) -> anyhow::Result<()> {
+    outln!(
+        "list latency over HTTP, {} requests per query after {} warm-up, {}:",
+        options.requests,
+        options.warmup,
+        if analyzed {
+            "after ANALYZE"
+        } else {
+            "no ANALYZE since seeding"
+        }
+    );
+    outln!(
+        "  {:<8} {:<28} {:>8} {:>8} {:>8}",
+        "face",
+        "query",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms"
+    );
+    let mut misses = Vec::new();
+    for query in queries(options.tasks) {
+        for (face, path, auth) in [
+            ("console", "/console/tasks", ("cookie", cookie.to_owned())),
+            (
+                "api",
+                "/api/v1/tasks",
+                ("authorization", format!("Bearer {TOKEN}")),
+            ),
+        ] {
+            let url = format!("{base}{path}?{}", query.query);
+            let latency = time_requests(client, &url, auth, options).await?;
+            outln!(
+                "  {:<8} {:<28} {:>8.1} {:>8.1} {:>8.1}",
+                face,
+                query.name,
+                latency.p50,
+                latency.p95,
+                latency.p99
+            );
+            if latency.p95 > 200.0 {
+                misses.push(format!("{face} {}", query.name));
+            }
+        }
+    }
+    match misses.is_empty() {
+        true => outln!("  every query answered within 200 ms at p95"),
+        false => outln!("  over 200 ms at p95: {}", misses.join(", ")),
+    }
     Ok(())
 }
 
@@ -236,7 +279,7 @@ async fn sign_in(client: &reqwest::Client, base: &str) -> anyhow::Result<String>
 
 /// Sends `options.warmup` then `options.requests` GETs of `url` one after another, each
 /// read whole and required to answer 200; answers the timed ones' percentiles.
-async fn time_requests(
+pub(super) async fn time_requests(
     client: &reqwest::Client,
     url: &str,
     (header, value): (&str, String),
@@ -287,7 +330,7 @@ struct Seeded {
 const SEED: &str = r#"
 INSERT INTO recovery_task (dedup_key, handler, route, source_topic, source_partition, source_offset,
     msg_key, msg_value, error_class, error_message, status, attempts, next_attempt_at, last_error,
-    created_at, updated_at, finished_at)
+    created_at, updated_at, finished_at, cause_id, cause_at)
 SELECT 'kafka:' || topic || ':' || (i % 12) || ':' || i, handler, route, topic, i % 12, i,
        convert_to('customer-' || ((i * 7919) % 50000) || ':order-' || i, 'UTF8'),
        convert_to('{"order":' || i || ',"lines":"' || repeat('x', 200) || '"}', 'UTF8'),
@@ -298,7 +341,8 @@ SELECT 'kafka:' || topic || ':' || (i % 12) || ':' || i, handler, route, topic, 
             ELSE now() + (i % 1440) * interval '1 minute' END,
        CASE WHEN status = 'resolved' THEN NULL ELSE error END,
        created, created + interval '2 minutes',
-       CASE WHEN status = 'failed' THEN NULL ELSE created + interval '2 minutes' END
+       CASE WHEN status = 'failed' THEN NULL ELSE created + interval '2 minutes' END,
+       cause, created + interval '2 minutes'
 FROM (
     SELECT i,
            now() - ($1 - i) * interval '30 days' / $1 AS created,
@@ -313,13 +357,31 @@ FROM (
                 WHEN (i / 1000 * 7) % 50 < 35 THEN 'java.net.ConnectException: Connection refused'
                 WHEN (i / 1000 * 7) % 50 < 45 THEN 'HTTP 503 Service Unavailable from inventory-api'
                 WHEN (i / 1000 * 7) % 50 < 49 THEN 'validation failed: missing field customer_id'
-                ELSE 'deserialization failed: unexpected end of JSON input at line 1' END AS error
+                ELSE 'deserialization failed: unexpected end of JSON input at line 1' END AS error,
+           CASE WHEN (i / 1000 * 7) % 50 < 20 THEN 1 WHEN (i / 1000 * 7) % 50 < 35 THEN 2
+                WHEN (i / 1000 * 7) % 50 < 45 THEN 3 WHEN (i / 1000 * 7) % 50 < 49 THEN 4
+                ELSE 5 END AS cause
     FROM generate_series(1, $1::bigint) i) s
 "#;
 
 /// Seeds `tasks` tasks ([`SEED`], one statement) without `ANALYZE`; answers
 /// what it wrote, as counted by the seed's own rules.
 async fn seed(store: &Store, tasks: usize) -> anyhow::Result<Seeded> {
+    // The five causes the seeded errors have (ids 1 to 5, in SEED's order).
+    sqlx::query(
+        "INSERT INTO recovery_cause (id, class, fingerprint, example, first_seen) OVERRIDING SYSTEM VALUE \
+         SELECT i, c, f, f, now() - interval '30 days' FROM unnest($1::text[], $2::text[]) \
+             WITH ORDINALITY AS u(c, f, i)",
+    )
+    .bind(["java.net.SocketTimeoutException", "java.net.ConnectException", "http.5xx",
+           "handler.permanent", "handler.permanent"])
+    .bind(["java.net.SocketTimeoutException: Read timed out",
+           "java.net.ConnectException: Connection refused",
+           "HTTP <n> Service Unavailable from inventory-api",
+           "validation failed: missing field customer_id",
+           "deserialization failed: unexpected end of JSON input at line <n>"])
+    .execute(store.pool())
+    .await?;
     sqlx::query(SEED)
         .bind(tasks as i64)
         .execute(store.pool())

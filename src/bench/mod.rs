@@ -8,6 +8,7 @@
 //! number of members. Each run uses a fresh schema
 //! (`<schema>_bench`), dropped afterwards.
 
+mod broke;
 pub mod bulk;
 mod cluster;
 pub mod console;
@@ -233,6 +234,9 @@ fn bench_fleet(settings: &Settings, batch: u32, concurrency: u32) -> anyhow::Res
     settings.worker.batch_size = batch;
     settings.worker.concurrency = concurrency;
     settings.worker.handlers = Vec::new();
+    // A benchmark's store is seeded with old final tasks: retention would delete them
+    // beside the drain it measures.
+    settings.retention.enabled = false;
     Ok(Fleet::builder(settings)
         .handler("noop", NoopHandler)
         .build()?)

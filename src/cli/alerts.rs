@@ -19,6 +19,10 @@ pub struct AlertsArgs {
         default_value = "https://github.com/redrive/redrive/blob/main/docs/runbook.md"
     )]
     pub runbook_base: String,
+    /// The console's address: each alert's `console_url` links to the page to look at
+    /// first (reach it through a Service that keeps unready members; see the README).
+    #[arg(long, default_value = "http://localhost:9465/console")]
+    pub console_url: String,
     /// Permanent failures of one handler in 15 minutes that raise an alert (above).
     #[arg(long, default_value_t = 10)]
     pub permanent_failures: u64,
@@ -55,6 +59,7 @@ impl From<AlertsArgs> for AlertSettings {
         AlertSettings {
             selector: args.selector,
             runbook_base: args.runbook_base,
+            console_base: args.console_url,
             permanent_failures: args.permanent_failures,
             oldest_due: args.oldest_due,
             consumer_lag: args.consumer_lag,

@@ -115,7 +115,7 @@ pub fn searched_line(searched: &Searched) -> String {
     match (searched.bounded, searched.down_to) {
         (true, Some(oldest)) => format!(
             "searched the newest {} task(s) of the filter, down to task {oldest}; older ones \
-             were not searched (the next page continues below it)",
+             were not searched yet: page on (--after) to go on",
             searched.scanned
         ),
         _ => format!(

@@ -104,7 +104,7 @@ fn row(group: &Group, bucket_seconds: u64, now: DateTime<Utc>) -> Markup {
             }
             td.number { (thousands(group.tasks)) }
             td.trend { (trend(&group.trend, bucket_seconds)) }
-            td.seen { (ago_opt(group.first_seen.or(group.cause.as_ref().map(|c| c.first_seen)), now)) }
+            td.seen { (ago_opt(group.first_seen.or(group.cause.as_ref().and_then(|c| c.first_seen)), now)) }
             td.seen { (ago_opt(group.last_seen, now)) }
             td.handlers {
                 @if group.handlers.is_empty() { (layout::dash()) }
@@ -195,7 +195,7 @@ mod tests {
                     class: "<b>Timeout</b>".into(),
                     fingerprint: fingerprint.into(),
                     example: "x".into(),
-                    first_seen: at("2026-12-03T10:00:00Z"),
+                    first_seen: Some(at("2026-12-03T10:00:00Z")),
                 }),
                 tasks: 1234,
                 first_seen: None,

@@ -77,6 +77,9 @@ impl From<StoreError> for PageError {
             StoreError::Database(database) => database.as_database_error().and_then(|e| e.code()),
             _ => None,
         };
+        if let StoreError::SearchTimedOut { .. } = error {
+            return PageError::new(StatusCode::GATEWAY_TIMEOUT, error.to_string());
+        }
         if code.as_deref() == Some(QUERY_CANCELED) {
             tracing::warn!(%error, "console: a statement was cancelled");
             return PageError::new(

@@ -1,6 +1,7 @@
 //! What broke: the causes of failures ([`crate::task::cause`]), one row each, and the
 //! ids that tasks carry.
 
+use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 
 use std::collections::BTreeMap;
@@ -19,29 +20,64 @@ pub(super) async fn cause_ids(
     conn: &mut PgConnection,
     causes: &[Option<&Cause>],
 ) -> Result<Vec<Option<i64>>> {
-    let mut distinct: BTreeMap<(&str, &str), &str> = BTreeMap::new();
-    for cause in causes.iter().flatten() {
-        distinct
+    let seen = vec![None; causes.len()];
+    ids_of(conn, causes, &seen, NEW_CAUSES).await
+}
+
+/// Causes first seen now; one a concurrent transaction inserted is left as it is.
+const NEW_CAUSES: &str = "\
+    INSERT INTO recovery_cause (class, fingerprint, example, first_seen) \
+    SELECT c, f, e, coalesce(s, now()) \
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[]) WITH ORDINALITY AS u(c, f, e, s, o) \
+    ORDER BY o \
+    ON CONFLICT (class, fingerprint) DO NOTHING";
+
+/// Causes of earlier tasks: first seen when their earliest task was stored, which moves
+/// an existing cause's first sighting back (one seen again since the upgrade would
+/// otherwise look new, and page as a new cause that grows).
+const EARLIER_CAUSES: &str = "\
+    INSERT INTO recovery_cause AS r (class, fingerprint, example, first_seen) \
+    SELECT c, f, e, coalesce(s, now()) \
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[]) WITH ORDINALITY AS u(c, f, e, s, o) \
+    ORDER BY o \
+    ON CONFLICT (class, fingerprint) DO UPDATE SET first_seen = EXCLUDED.first_seen \
+    WHERE r.first_seen > EXCLUDED.first_seen";
+
+/// The ids of `causes` (stored by `insert` where new), each first seen at its `seen`
+/// (the earliest of a cause's) or now.
+async fn ids_of(
+    conn: &mut PgConnection,
+    causes: &[Option<&Cause>],
+    seen: &[Option<DateTime<Utc>>],
+    insert: &str,
+) -> Result<Vec<Option<i64>>> {
+    // (class, fingerprint) -> (example, first seen)
+    type Distinct<'a> = BTreeMap<(&'a str, &'a str), (&'a str, Option<DateTime<Utc>>)>;
+    let mut distinct: Distinct = BTreeMap::new();
+    for (cause, seen) in causes.iter().zip(seen) {
+        let Some(cause) = cause else { continue };
+        let entry = distinct
             .entry((cause.class.as_str(), cause.fingerprint.as_str()))
-            .or_insert(cause.example.as_str());
+            .or_insert((cause.example.as_str(), *seen));
+        entry.1 = match (entry.1, *seen) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
     }
     if distinct.is_empty() {
         return Ok(vec![None; causes.len()]);
     }
     let classes: Vec<&str> = distinct.keys().map(|(class, _)| *class).collect();
     let prints: Vec<&str> = distinct.keys().map(|(_, print)| *print).collect();
-    let examples: Vec<&str> = distinct.values().copied().collect();
-    sqlx::query(
-        "INSERT INTO recovery_cause (class, fingerprint, example) \
-         SELECT c, f, e FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(c, f, e, o) \
-         ORDER BY o \
-         ON CONFLICT (class, fingerprint) DO NOTHING",
-    )
-    .bind(&classes)
-    .bind(&prints)
-    .bind(&examples)
-    .execute(&mut *conn)
-    .await?;
+    let examples: Vec<&str> = distinct.values().map(|(example, _)| *example).collect();
+    let firsts: Vec<Option<DateTime<Utc>>> = distinct.values().map(|(_, seen)| *seen).collect();
+    sqlx::query(insert)
+        .bind(&classes)
+        .bind(&prints)
+        .bind(&examples)
+        .bind(&firsts)
+        .execute(&mut *conn)
+        .await?;
     let rows = sqlx::query(
         "SELECT c.id, c.class, c.fingerprint FROM recovery_cause c \
          JOIN unnest($1::text[], $2::text[]) AS u(class, fingerprint) \
@@ -119,8 +155,11 @@ impl super::Store {
             return Ok(Backfill::Done);
         }
         let rows = sqlx::query(
-            "SELECT id, status, error_class, disposition, error_message, last_error, attempts, \
-                    cause_id IS NOT NULL AS has_cause \
+            "SELECT id, status, left(error_class, 1000) AS error_class, disposition, \
+                    left(error_message, 4096) AS error_message, left(last_error, 4096) AS last_error, \
+                    attempts, cause_id IS NOT NULL AS has_cause, \
+                    CASE WHEN created_at BETWEEN '0001-01-01 00:00:00+00' AND '9999-12-31 23:59:59+00' \
+                         THEN created_at END AS created_at \
              FROM recovery_task WHERE id > $1 AND id <= $2 ORDER BY id LIMIT $3",
         )
         .bind(done_upto)
@@ -130,6 +169,7 @@ impl super::Store {
         .await?;
         let mut ids = Vec::new();
         let mut causes = Vec::new();
+        let mut seen = Vec::new();
         for row in &rows {
             if row.try_get("has_cause")? {
                 continue;
@@ -150,9 +190,10 @@ impl super::Store {
             };
             ids.push(row.try_get::<i64, _>("id")?);
             causes.push(cause);
+            seen.push(row.try_get::<Option<DateTime<Utc>>, _>("created_at")?);
         }
         let refs: Vec<Option<&Cause>> = causes.iter().map(Some).collect();
-        let cause_ids = cause_ids(&mut tx, &refs).await?;
+        let cause_ids = ids_of(&mut tx, &refs, &seen, EARLIER_CAUSES).await?;
         let set = sqlx::query(
             "UPDATE recovery_task t SET cause_id = u.cause_id, cause_at = t.updated_at \
              FROM unnest($1::bigint[], $2::bigint[]) AS u(id, cause_id) \

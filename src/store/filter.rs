@@ -126,6 +126,13 @@ impl TaskFilter {
                 ));
             }
         }
+        if self.search.as_ref().is_some_and(|s| s.contains('\u{fffd}')) {
+            return Err(
+                "search must be valid UTF-8 text (it is looked for as its UTF-8 bytes; \
+                 a percent-encoded byte that is not UTF-8 reads as U+FFFD)"
+                    .into(),
+            );
+        }
         if self
             .search
             .as_ref()

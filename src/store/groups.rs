@@ -121,8 +121,8 @@ pub struct CauseView {
     pub fingerprint: String,
     /// The first message seen with it.
     pub example: String,
-    /// When it was first seen.
-    pub first_seen: DateTime<Utc>,
+    /// When it was first seen (absent when the stored time cannot be read).
+    pub first_seen: Option<DateTime<Utc>>,
 }
 
 /// One group.
@@ -176,7 +176,7 @@ pub struct Groups {
 /// The groups of a selection, biggest first (`{KEY}`: the grouped column; `$19`: since,
 /// `$20`: most groups). First seen is the oldest task's creation except by cause.
 const GROUPED: &str = "\
-    SELECT {KEY}::text AS key, count(*) AS tasks, max(cause_at) AS last_seen, {FIRST} AS first_seen, \
+    SELECT {KEY}::text AS key, count(*) AS tasks, {READABLE(max(cause_at))} AS last_seen, {FIRST} AS first_seen, \
            count(*) OVER () AS total_groups, (sum(count(*)) OVER ())::bigint AS total_tasks \
     FROM recovery_task WHERE {CONDITION} AND ($19::timestamptz IS NULL OR cause_at >= $19) \
     GROUP BY {KEY} ORDER BY tasks DESC, key LIMIT $20";
@@ -184,7 +184,7 @@ const GROUPED: &str = "\
 /// The trend of listed groups (`$19`: their keys; `$20`: the trend's start in epoch
 /// seconds; `$21`: a bucket's width in seconds; `$22`: since).
 const TREND: &str = "\
-    SELECT {KEY}::text AS key, floor((extract(epoch FROM cause_at) - $20) / $21)::int AS bucket, \
+    SELECT {KEY}::text AS key, least(floor((extract(epoch FROM cause_at) - $20) / $21), 1e9)::int AS bucket, \
            count(*) AS tasks \
     FROM recovery_task WHERE {CONDITION} AND {KEY} = ANY($19::text[]::{TYPE}[]) \
       AND cause_at >= to_timestamp($20) AND ($22::timestamptz IS NULL OR cause_at >= $22) \
@@ -200,15 +200,26 @@ const SAMPLE: &str = "\
           AND ($21::timestamptz IS NULL OR cause_at >= $21) \
         ORDER BY cause_at DESC LIMIT $20) s";
 
+/// `time`, or NULL where no program reads it (infinity, or beyond the years 1 to 9999: a
+/// row written by hand must not stop a grouping).
+fn readable(time: &str) -> String {
+    format!(
+        "CASE WHEN {time} BETWEEN '0001-01-01 00:00:00+00' AND '9999-12-31 23:59:59+00' \
+         THEN {time} END"
+    )
+}
+
 fn statement(template: &str, by: GroupBy) -> String {
     let (first, kind) = match by {
         GroupBy::Cause | GroupBy::Class => ("NULL::timestamptz", "bigint"),
-        _ => ("min(created_at)", "text"),
+        _ => ("{READABLE(min(created_at))}", "text"),
     };
     template
+        .replace("{FIRST}", first)
+        .replace("{READABLE(max(cause_at))}", &readable("max(cause_at)"))
+        .replace("{READABLE(min(created_at))}", &readable("min(created_at)"))
         .replace("{CONDITION}", CONDITION)
         .replace("{KEY}", by.column())
-        .replace("{FIRST}", first)
         .replace("{TYPE}", kind)
 }
 
@@ -250,6 +261,21 @@ impl Store {
         sqlx::query(&format!("SET LOCAL statement_timeout = '{GROUPS_TIMEOUT}'"))
             .execute(&mut *tx)
             .await?;
+        let not_done =
+            (statuses.iter()).all(|s| matches!(s, Status::Failed | Status::PermanentFailure));
+        if matches!(query.by, GroupBy::Cause | GroupBy::Class) && not_done {
+            // The cause index read alone, in its order (an index-only scan: no heap page
+            // where the visibility map says so), rather than a bitmap over the statuses'
+            // indexes and every heap page of the tasks not done (what a planner without
+            // statistics picks) or every task (with them): measured on 1M tasks (130k not
+            // done), 190 and 420 ms against 90 ms with every page still to check.
+            for setting in [
+                "SET LOCAL enable_bitmapscan = off",
+                "SET LOCAL enable_seqscan = off",
+            ] {
+                sqlx::query(setting).execute(&mut *tx).await?;
+            }
+        }
         let rows = bind_selection(sqlx::query(&statement(GROUPED, query.by)), &selection)
             .bind(since)
             .bind(limit)
@@ -284,17 +310,19 @@ impl Store {
                 .bind(since)
                 .fetch_all(&mut *tx)
                 .await?;
-            let causes =
-                match query.by {
-                    GroupBy::Cause | GroupBy::Class => sqlx::query(
-                        "SELECT id, class, fingerprint, example, first_seen FROM recovery_cause \
-                         WHERE id = ANY($1::text[]::bigint[])",
-                    )
+            let causes = match query.by {
+                GroupBy::Cause | GroupBy::Class => {
+                    sqlx::query(&format!(
+                        "SELECT id, class, fingerprint, example, {} AS first_seen \
+                             FROM recovery_cause WHERE id = ANY($1::text[]::bigint[])",
+                        readable("first_seen")
+                    ))
                     .bind(&keys)
                     .fetch_all(&mut *tx)
-                    .await?,
-                    _ => Vec::new(),
-                };
+                    .await?
+                }
+                _ => Vec::new(),
+            };
             (trend, sample, causes)
         };
         tx.commit().await?;
@@ -347,7 +375,7 @@ impl Store {
                 let cause = causes.get(&key).cloned();
                 let span = spans.remove(&key).unwrap_or_default();
                 Group {
-                    first_seen: cause.as_ref().map(|c| c.first_seen).or(c.first_seen),
+                    first_seen: cause.as_ref().and_then(|c| c.first_seen).or(c.first_seen),
                     cause,
                     tasks: c.tasks,
                     last_seen: c.last_seen,

@@ -130,6 +130,18 @@ pub enum StoreError {
     /// A brake that is not engaged cannot be released.
     #[error("the brake of route {0:?} is not engaged")]
     NotEngaged(String),
+    /// A search did not finish reading within its time.
+    #[error(
+        "the search did not finish reading the newest {scan} task(s) of the filter within \
+         {seconds} s (their payloads are large, or the filter is rare among the newest \
+         tasks): narrow the filter (a status, a handler, created_after) so that it reads fewer"
+    )]
+    SearchTimedOut {
+        /// Most tasks it was to read.
+        scan: i64,
+        /// Its time, in seconds.
+        seconds: u64,
+    },
     /// A stored row could not be read back; the text names the row.
     #[error("a stored row is malformed: {0}")]
     MalformedRow(String),

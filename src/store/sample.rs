@@ -170,7 +170,9 @@ impl Store {
         .await?;
         // The cause index alone (`recovery_task_cause`), then one row per listed cause.
         let causes = sqlx::query_as(
-            "SELECT g.cause_id, c.class, g.tasks, extract(epoch FROM c.first_seen)::float8 \
+            "SELECT g.cause_id, c.class, g.tasks, \
+                    CASE WHEN isfinite(c.first_seen) THEN extract(epoch FROM c.first_seen)::float8 \
+                         ELSE 0 END \
              FROM (SELECT cause_id, count(*) AS tasks FROM recovery_task \
                    WHERE status IN ('failed', 'permanent_failure') AND cause_id IS NOT NULL \
                    GROUP BY cause_id ORDER BY tasks DESC, cause_id LIMIT $1) g \

@@ -13,6 +13,9 @@ use super::inspect::{summary_from_row, summary_statement, TaskSummary, MAX_PAGE}
 use super::{Result, Store};
 use crate::task::TaskId;
 
+/// PostgreSQL's SQLSTATE for a statement cancelled by `statement_timeout`.
+const QUERY_CANCELED: &str = "57014";
+
 /// How long one page of a search may take before the database stops it.
 pub const SEARCH_TIMEOUT_MS: u64 = 5_000;
 
@@ -90,7 +93,16 @@ impl Store {
             .bind(scan.max(1))
             .bind(text.as_bytes())
             .fetch_all(&mut *tx)
-            .await?;
+            .await
+            .map_err(
+                |error| match error.as_database_error().and_then(|e| e.code()) {
+                    Some(code) if code == QUERY_CANCELED => super::StoreError::SearchTimedOut {
+                        scan: scan.max(1),
+                        seconds: SEARCH_TIMEOUT_MS / 1000,
+                    },
+                    _ => error.into(),
+                },
+            )?;
         tx.commit().await?;
         let mut tasks = Vec::new();
         let (mut scanned, mut down_to) = (0, None);

@@ -250,7 +250,16 @@ fn is_word(c: char) -> bool {
 /// Zero-width and direction-changing characters (a terminal or a page would reorder
 /// the text around them).
 fn is_invisible(c: char) -> bool {
-    matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+    matches!(
+        c,
+        '\u{ad}'
+            | '\u{61c}'
+            | '\u{180e}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2060}'..='\u{2069}'
+            | '\u{feff}'
+    )
 }
 
 fn is_quote(c: char) -> bool {
@@ -383,7 +392,8 @@ mod tests {
         assert!(print.len() <= FINGERPRINT_MAX_BYTES, "{}", print.len());
         assert!(print.starts_with("order <n> failed"), "{print}");
 
-        let controls = "bad\u{1b}[31m red\u{0}nul\u{7f} and \u{202e}rtl";
+        let controls =
+            "bad\u{1b}[31m red\u{0}nul\u{7f} and \u{202e}rtl \u{61c}\u{180e}\u{2060}\u{ad}x";
         let print = fingerprint(controls);
         assert!(
             !print.chars().any(|c| c.is_control() || is_invisible(c)),

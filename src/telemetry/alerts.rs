@@ -27,6 +27,9 @@ pub struct AlertSettings {
     pub selector: String,
     /// The runbook's address; each rule links to `BASE#alertname`.
     pub runbook_base: String,
+    /// The console's address (`http://ADMIN/console`); each rule's `console_url` links
+    /// to the page to look at first (the cause's or the handler's tasks, the fleet).
+    pub console_base: String,
     /// `RedrivePermanentFailuresRising`: more permanent failures of a handler in 15 minutes.
     pub permanent_failures: u64,
     /// `RedriveOldestDueTaskTooOld`: a due task waiting longer.
@@ -54,6 +57,7 @@ impl Default for AlertSettings {
         AlertSettings {
             selector: r#"job="redrive""#.into(),
             runbook_base: "https://github.com/redrive/redrive/blob/main/docs/runbook.md".into(),
+            console_base: "http://localhost:9465/console".into(),
             permanent_failures: 10,
             oldest_due: Duration::from_secs(900),
             consumer_lag: 1000,
@@ -84,6 +88,10 @@ impl AlertSettings {
         let parameters = [
             ("selector", self.selector.clone()),
             ("runbook", self.runbook_base.clone()),
+            (
+                "console",
+                self.console_base.trim_end_matches('/').to_owned(),
+            ),
             ("permanent_failures", self.permanent_failures.to_string()),
             ("oldest_due_seconds", self.oldest_due.as_secs().to_string()),
             ("consumer_lag", self.consumer_lag.to_string()),
@@ -136,6 +144,15 @@ impl AlertSettings {
         }
         if self.runbook_base.is_empty() || self.runbook_base.contains(char::is_whitespace) {
             return error("--runbook-base", "must be an address without spaces");
+        }
+        let console = &self.console_base;
+        if console.is_empty()
+            || console.contains(|c: char| c.is_whitespace() || c == '"' || c == '{')
+        {
+            return error(
+                "--console-url",
+                "must be an address without spaces, quotes or braces (http://ADMIN:9465/console)",
+            );
         }
         for (option, duration) in [
             ("--not-ready-for", self.not_ready_for),

@@ -582,6 +582,10 @@ async fn the_cli_and_the_api_group_list_and_act_by_cause() {
     let (_, after) = api.get("/api/v1/groups", Some(READ)).await;
     assert_eq!(after["total_tasks"], 1, "{after}");
 
+    // A byte that is not UTF-8 cannot be looked for as text: refused, not read as U+FFFD
+    // (found by an attack).
+    let (status, refused) = api.get("/api/v1/tasks?search=%FF", Some(READ)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
     // A search lists; acting on it is refused with the reason, in both faces.
     let (status, found) = api.get("/api/v1/tasks?search=%7B%7D", Some(READ)).await;
     assert_eq!(status, StatusCode::OK, "{found}");
@@ -601,4 +605,79 @@ async fn the_cli_and_the_api_group_list_and_act_by_cause() {
     let out = run(&settings, &["tasks", "retry", "--search", "x", "--yes"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("search"));
+}
+
+/// Found by an attack: the backfill recorded an earlier task's cause as first seen at
+/// the upgrade, so every old cause with many tasks paged as "a new cause that grows".
+#[tokio::test]
+async fn a_cause_the_backfill_finds_was_first_seen_when_its_earliest_task_was_stored() {
+    let (store, _) = fresh_store().await;
+    for days in [30, 20] {
+        sqlx::query(
+            "INSERT INTO recovery_task (handler, status, error_class, error_message, created_at, updated_at) \
+             VALUES ('h', 'failed', 'com.acme.Old', 'order 7 not found', \
+                     now() - make_interval(days => $1), now() - make_interval(days => $1))",
+        )
+        .bind(days)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
+    // The same cause seen again after the upgrade, before the backfill reached them.
+    store
+        .enqueue(&reported("com.acme.Old", "order 9 not found", "h"))
+        .await
+        .unwrap();
+    sqlx::query("UPDATE recovery_backfill SET upto = (SELECT max(id) FROM recovery_task)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    while store.backfill_causes().await.unwrap() != Backfill::Done {}
+    let age_days = scalar(
+        &store,
+        "SELECT extract(day FROM now() - first_seen)::bigint FROM recovery_cause \
+         WHERE class = 'com.acme.Old'",
+    )
+    .await;
+    assert_eq!(age_days, 30, "first seen with the earliest task");
+    let groups = store.groups(&GroupQuery::default()).await.unwrap();
+    assert_eq!(groups.groups.len(), 1, "{groups:#?}");
+    let group = &groups.groups[0];
+    assert!(group.first_seen <= group.last_seen, "{group:#?}");
+}
+
+/// Found by an attack: a time no program reads (infinity, the year 294276), written by
+/// hand, made the grouping panic and the overview answer nothing.
+#[tokio::test]
+async fn times_written_by_hand_do_not_stop_a_grouping() {
+    let (store, _) = fresh_store().await;
+    for _ in 0..4 {
+        store
+            .enqueue(&reported("k.C", "broken", "h"))
+            .await
+            .unwrap();
+    }
+    sqlx::raw_sql(
+        "UPDATE recovery_task SET cause_at = 'infinity' WHERE id = 1; \
+         UPDATE recovery_task SET cause_at = '294276-12-31 23:59:59+00' WHERE id = 2; \
+         UPDATE recovery_task SET cause_at = '-infinity', created_at = '-infinity' WHERE id = 3; \
+         UPDATE recovery_cause SET first_seen = 'infinity'",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    for (_, by) in GroupBy::ALL {
+        for since in [None, Some(Duration::from_secs(3600))] {
+            let query = GroupQuery {
+                by,
+                since,
+                ..GroupQuery::default()
+            };
+            let groups = store.groups(&query).await.unwrap();
+            assert!(groups.total_tasks >= 1, "{by:?}: {groups:#?}");
+        }
+    }
+    let figures = store.sample_figures(Duration::ZERO).await.unwrap();
+    assert_eq!(figures.causes.len(), 1);
+    assert!(figures.causes[0].3.is_finite(), "{:?}", figures.causes);
 }

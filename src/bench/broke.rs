@@ -1,0 +1,196 @@
+//! The "what broke" figures of `redrive bench console`, on its seeded store: the groups
+//! view and search over HTTP (p50, p95, p99), and a fleet's drain beside an operator who
+//! keeps grouping and searching, against the same drain alone (interleaved rounds).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::console::{time_requests, ConsoleBenchOptions, TOKEN};
+use super::median;
+use crate::cli::output::outln;
+use crate::config::Settings;
+use crate::operations::{FilterParams, GroupParams, Operations, PageRequest};
+use crate::store::Store;
+
+/// The groups and search requests timed: (name, path and query).
+const QUERIES: [(&str, &str); 7] = [
+    ("groups (what broke)", "/api/v1/groups"),
+    ("groups by class", "/api/v1/groups?by=class"),
+    ("groups since=1h", "/api/v1/groups?since=1h"),
+    (
+        "groups handler=billing",
+        "/api/v1/groups?handler=billing&status=permanent_failure",
+    ),
+    ("groups by handler", "/api/v1/groups?by=handler"),
+    (
+        "search a key",
+        "/api/v1/tasks?search=customer-4242%3Aorder-",
+    ),
+    ("search, no match", "/api/v1/tasks?search=no-such-text"),
+];
+
+/// Times [`QUERIES`] over HTTP at `base`.
+pub(super) async fn latency(
+    client: &reqwest::Client,
+    base: &str,
+    options: &ConsoleBenchOptions,
+) -> anyhow::Result<()> {
+    outln!(
+        "what broke over HTTP (the API), {} requests per query:",
+        options.requests
+    );
+    outln!(
+        "  {:<28} {:>8} {:>8} {:>8}",
+        "query",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms"
+    );
+    for (name, path) in QUERIES {
+        let url = format!("{base}{path}");
+        let auth = ("authorization", format!("Bearer {TOKEN}"));
+        let latency = time_requests(client, &url, auth, options).await?;
+        outln!(
+            "  {:<28} {:>8.1} {:>8.1} {:>8.1}",
+            name,
+            latency.p50,
+            latency.p95,
+            latency.p99
+        );
+    }
+    Ok(())
+}
+
+/// How an operator uses the console beside the drain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Use {
+    /// No console.
+    None,
+    /// As at 3 a.m.: the overview open (its "What broke" refreshed every 5 s, as the
+    /// console does) and an operator grouping by class or searching every 2 s.
+    Paced,
+    /// The worst case: groups and searches back to back, one after another.
+    BackToBack,
+}
+
+/// Drains `drain_tasks` noop tasks alone, beside a paced console and beside back-to-back
+/// requests, `rounds` times each (the order rotating); prints the medians and ratios.
+pub(super) async fn drain_beside_console(
+    settings: &Settings,
+    store: &Store,
+    operations: &Operations,
+    drain_tasks: usize,
+    rounds: usize,
+) -> anyhow::Result<()> {
+    outln!(
+        "drain of {drain_tasks} tasks (batch 100, concurrency 400) alone, beside a console in \
+         use (What broke refreshed every 5 s, a grouping or search every 2 s) and beside \
+         groupings and searches back to back; {rounds} round(s), medians shown:"
+    );
+    let uses = [Use::None, Use::Paced, Use::BackToBack];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); uses.len()];
+    for round in 0..rounds {
+        for turn in 0..uses.len() {
+            let which = (turn + round) % uses.len();
+            let usage = uses[which];
+            seed_noop(store, drain_tasks).await?;
+            let stop = Arc::new(AtomicBool::new(false));
+            let answered = Arc::new(AtomicU64::new(0));
+            let operator = use_console(operations, usage, stop.clone(), answered.clone());
+            let drain = async {
+                let rate = super::drain_noop(settings, store, drain_tasks, 100, 400).await;
+                stop.store(true, Ordering::SeqCst);
+                rate
+            };
+            let (rate, used) = tokio::join!(drain, operator);
+            let (rate, seconds) = (rate?, used?);
+            let per_second = answered.load(Ordering::SeqCst) as f64 / seconds.max(1e-3);
+            outln!(
+                "  round {}: {:<30} {rate:>8.0} tasks/s ({per_second:.1} groupings/searches per s)",
+                round + 1,
+                match usage {
+                    Use::None => "drain alone:",
+                    Use::Paced => "beside a console in use:",
+                    Use::BackToBack => "beside back-to-back requests:",
+                }
+            );
+            rates[which].push(rate);
+        }
+    }
+    let alone = median(&rates[0]);
+    let (paced, busy) = (median(&rates[1]), median(&rates[2]));
+    outln!("  drain alone (median):                 {alone:>8.0} tasks/s");
+    outln!(
+        "  beside a console in use (median):     {paced:>8.0} tasks/s, ratio {:.2} (the goal is at least 0.90)",
+        paced / alone
+    );
+    outln!(
+        "  beside back-to-back requests (median): {busy:>7.0} tasks/s, ratio {:.2} (no goal: the worst case)",
+        busy / alone
+    );
+    Ok(())
+}
+
+/// Uses the console as `usage` says until `stop`; answers how long it ran, counting each
+/// grouping or search in `answered`.
+async fn use_console(
+    operations: &Operations,
+    usage: Use,
+    stop: Arc<AtomicBool>,
+    answered: Arc<AtomicU64>,
+) -> anyhow::Result<f64> {
+    let started = std::time::Instant::now();
+    let search = FilterParams {
+        search: Some("customer-4242:order-".into()),
+        ..FilterParams::default()
+    };
+    let by_class = GroupParams {
+        by: Some("class".into()),
+        ..GroupParams::default()
+    };
+    let mut turn = 0u64;
+    while usage != Use::None && !stop.load(Ordering::SeqCst) {
+        // Every turn is a second when paced: the overview every 5th, the operator every 2nd.
+        let overview = usage == Use::BackToBack || turn % 5 == 0;
+        let operator = usage == Use::BackToBack || turn % 2 == 0;
+        if overview {
+            operations
+                .groups(&FilterParams::default(), &GroupParams::default())
+                .await?;
+            answered.fetch_add(1, Ordering::SeqCst);
+        }
+        if operator {
+            match turn % 4 {
+                0 | 1 => drop(
+                    operations
+                        .groups(&FilterParams::default(), &by_class)
+                        .await?,
+                ),
+                _ => drop(operations.list(&search, &PageRequest::default()).await?),
+            }
+            answered.fetch_add(1, Ordering::SeqCst);
+        }
+        turn += 1;
+        if usage == Use::Paced {
+            let second = std::time::Duration::from_secs(1);
+            let until = started + second * u32::try_from(turn).unwrap_or(u32::MAX);
+            while !stop.load(Ordering::SeqCst) && std::time::Instant::now() < until {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// Inserts `count` unattempted noop tasks due now, by SQL.
+async fn seed_noop(store: &Store, count: usize) -> anyhow::Result<()> {
+    sqlx::query(
+        "INSERT INTO recovery_task (handler, msg_key, msg_value) \
+         SELECT 'noop', convert_to('k' || i, 'UTF8'), convert_to(repeat('x', 256), 'UTF8') \
+         FROM generate_series(1, $1) i",
+    )
+    .bind(count as i64)
+    .execute(store.pool())
+    .await?;
+    Ok(())
+}
