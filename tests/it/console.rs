@@ -1525,7 +1525,7 @@ async fn a_task_held_by_a_forced_open_breaker_releases_it_from_its_page() {
     use std::io::Write;
     let (store, settings) = fresh_store().await;
     let mut config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
-    write!(config, "[handlers.log.breaker]\n").unwrap();
+    writeln!(config, "[handlers.log.breaker]").unwrap();
     let id = enqueue(&store, vec![task("log", b"l1", b"1")]).await[0];
     sqlx::query("INSERT INTO recovery_breaker (handler) VALUES ('log')")
         .execute(store.pool())
