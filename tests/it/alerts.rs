@@ -49,7 +49,8 @@ fn cannot_consume_firing(count: u32, window: &str) -> String {
             exp_annotations:
               summary: "Member a cannot consume from Kafka: AllBrokersDown"
               description: "The Kafka consumer of a keeps reporting AllBrokersDown ({count} in the last {window}): no broker answers, or the brokers refuse its login or its access to the topics or group. Dead letters wait on Kafka."
-              runbook_url: https://github.com/redrive/redrive/blob/main/docs/runbook.md#redrivecannotconsume"#
+              runbook_url: https://github.com/redrive/redrive/blob/main/docs/runbook.md#redrivecannotconsume
+              console_url: http://localhost:9465/console/fleet"#
     )
 }
 
