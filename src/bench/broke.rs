@@ -1,65 +1,16 @@
-//! The "what broke" figures of `redrive bench console`, on its seeded store: the groups
-//! view and search over HTTP (p50, p95, p99), and a fleet's drain beside an operator who
-//! keeps grouping and searching, against the same drain alone (interleaved rounds).
+//! The drain figure of `redrive bench console --what-broke-only`, on its seeded store: a
+//! fleet's drain beside an operator who groups and searches, against the same drain
+//! alone (rotating rounds). The groups and search latency is timed with the list's
+//! (`super::console`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::console::{time_requests, ConsoleBenchOptions, TOKEN};
 use super::median;
 use crate::cli::output::outln;
 use crate::config::Settings;
 use crate::operations::{FilterParams, GroupParams, Operations, PageRequest};
 use crate::store::Store;
-
-/// The groups and search requests timed: (name, path and query).
-const QUERIES: [(&str, &str); 7] = [
-    ("groups (what broke)", "/api/v1/groups"),
-    ("groups by class", "/api/v1/groups?by=class"),
-    ("groups since=1h", "/api/v1/groups?since=1h"),
-    (
-        "groups handler=billing",
-        "/api/v1/groups?handler=billing&status=permanent_failure",
-    ),
-    ("groups by handler", "/api/v1/groups?by=handler"),
-    (
-        "search a key",
-        "/api/v1/tasks?search=customer-4242%3Aorder-",
-    ),
-    ("search, no match", "/api/v1/tasks?search=no-such-text"),
-];
-
-/// Times [`QUERIES`] over HTTP at `base`.
-pub(super) async fn latency(
-    client: &reqwest::Client,
-    base: &str,
-    options: &ConsoleBenchOptions,
-) -> anyhow::Result<()> {
-    outln!(
-        "what broke over HTTP (the API), {} requests per query:",
-        options.requests
-    );
-    outln!(
-        "  {:<28} {:>8} {:>8} {:>8}",
-        "query",
-        "p50 ms",
-        "p95 ms",
-        "p99 ms"
-    );
-    for (name, path) in QUERIES {
-        let url = format!("{base}{path}");
-        let auth = ("authorization", format!("Bearer {TOKEN}"));
-        let latency = time_requests(client, &url, auth, options).await?;
-        outln!(
-            "  {:<28} {:>8.1} {:>8.1} {:>8.1}",
-            name,
-            latency.p50,
-            latency.p95,
-            latency.p99
-        );
-    }
-    Ok(())
-}
 
 /// How an operator uses the console beside the drain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

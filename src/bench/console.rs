@@ -49,7 +49,7 @@ pub struct ConsoleBenchOptions {
 }
 
 /// The token the benchmark signs in with.
-pub(super) const TOKEN: &str = "bench-console-token-0123456789";
+const TOKEN: &str = "bench-console-token-0123456789";
 
 /// One timed query: its name and the query string it sends.
 struct Query {
@@ -89,10 +89,10 @@ fn queries(tasks: usize) -> Vec<Query> {
 }
 
 /// Latency percentiles of one query, in milliseconds.
-pub(super) struct Latency {
-    pub(super) p50: f64,
-    pub(super) p95: f64,
-    pub(super) p99: f64,
+struct Latency {
+    p50: f64,
+    p95: f64,
+    p99: f64,
 }
 
 /// The value at `share` (0 to 1) of sorted `values`, nearest rank.
@@ -192,7 +192,7 @@ async fn list_latency(
         if !options.what_broke_only {
             list_round(&client, &base, &cookie, options, analyzed).await?;
         }
-        super::broke::latency(&client, &base, options).await?;
+        what_broke_latency(&client, &base, options).await?;
     }
     stop.cancel();
     serving.await?;
@@ -257,6 +257,55 @@ async fn list_round(
     Ok(())
 }
 
+/// The groups and search requests timed: (name, path and query).
+const QUERIES: [(&str, &str); 7] = [
+    ("groups (what broke)", "/api/v1/groups"),
+    ("groups by class", "/api/v1/groups?by=class"),
+    ("groups since=1h", "/api/v1/groups?since=1h"),
+    (
+        "groups handler=billing",
+        "/api/v1/groups?handler=billing&status=permanent_failure",
+    ),
+    ("groups by handler", "/api/v1/groups?by=handler"),
+    (
+        "search a key",
+        "/api/v1/tasks?search=customer-4242%3Aorder-",
+    ),
+    ("search, no match", "/api/v1/tasks?search=no-such-text"),
+];
+
+/// Times [`QUERIES`] over HTTP at `base`.
+async fn what_broke_latency(
+    client: &reqwest::Client,
+    base: &str,
+    options: &ConsoleBenchOptions,
+) -> anyhow::Result<()> {
+    outln!(
+        "what broke over HTTP (the API), {} requests per query:",
+        options.requests
+    );
+    outln!(
+        "  {:<28} {:>8} {:>8} {:>8}",
+        "query",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms"
+    );
+    for (name, path) in QUERIES {
+        let url = format!("{base}{path}");
+        let auth = ("authorization", format!("Bearer {TOKEN}"));
+        let latency = time_requests(client, &url, auth, options).await?;
+        outln!(
+            "  {:<28} {:>8.1} {:>8.1} {:>8.1}",
+            name,
+            latency.p50,
+            latency.p95,
+            latency.p99
+        );
+    }
+    Ok(())
+}
+
 /// Signs in to the console with [`TOKEN`] as a browser does; answers the session cookie.
 async fn sign_in(client: &reqwest::Client, base: &str) -> anyhow::Result<String> {
     let response = client
@@ -279,7 +328,7 @@ async fn sign_in(client: &reqwest::Client, base: &str) -> anyhow::Result<String>
 
 /// Sends `options.warmup` then `options.requests` GETs of `url` one after another, each
 /// read whole and required to answer 200; answers the timed ones' percentiles.
-pub(super) async fn time_requests(
+async fn time_requests(
     client: &reqwest::Client,
     url: &str,
     (header, value): (&str, String),

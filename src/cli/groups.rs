@@ -1,10 +1,41 @@
 //! `redrive tasks groups`: what broke, grouped by cause, as a table or JSON.
 
 use super::output::{errln, outln};
+use super::selection::FilterArgs;
 use super::table;
-use super::tasks::GroupsArgs;
+use super::watch::WatchArgs;
 use crate::operations::{GroupParams, Operations};
 use crate::store::{GroupBy, Groups, Searched};
+use clap::Args;
+
+/// Options of `tasks groups`.
+#[derive(Debug, Args)]
+pub struct GroupsArgs {
+    /// Which tasks (with no --status: failed and permanent_failure).
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    /// Group by cause (the default), class, handler, route or topic.
+    #[arg(long)]
+    pub by: Option<String>,
+    /// Only tasks that failed within this long ("1h").
+    #[arg(long)]
+    pub since: Option<String>,
+    /// The trend's span ("1h", the default; "1d"), cut into --buckets.
+    #[arg(long)]
+    pub trend: Option<String>,
+    /// Buckets of the trend (default 12).
+    #[arg(long)]
+    pub buckets: Option<u32>,
+    /// Most groups listed (default 50).
+    #[arg(long)]
+    pub limit: Option<i64>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Print again every interval.
+    #[command(flatten)]
+    pub watch: WatchArgs,
+}
 
 /// Prints the groups `args` asks for.
 pub async fn print(operations: &Operations, args: &GroupsArgs) -> anyhow::Result<()> {

@@ -41,7 +41,7 @@ pub enum TasksCommand {
     /// With no --status, the tasks not done (failed and permanent_failure). List a
     /// group's tasks with `tasks list --cause ID`, and act on all of them with
     /// `tasks retry|discard|resolve|replay --cause ID`.
-    Groups(GroupsArgs),
+    Groups(groups::GroupsArgs),
     /// Counts by status and handler, due work, the last hour's attempts, live members.
     Stats(StatsArgs),
     /// Check the store's invariants; exit status 1 when any is broken.
@@ -68,35 +68,6 @@ pub struct ListArgs {
     /// Continue after this task id (the previous page's last, as printed).
     #[arg(long)]
     pub after: Option<i64>,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    pub json: bool,
-    /// Print again every interval.
-    #[command(flatten)]
-    pub watch: WatchArgs,
-}
-
-/// Options of `tasks groups`.
-#[derive(Debug, Args)]
-pub struct GroupsArgs {
-    /// Which tasks (with no --status: failed and permanent_failure).
-    #[command(flatten)]
-    pub filter: FilterArgs,
-    /// Group by cause (the default), class, handler, route or topic.
-    #[arg(long)]
-    pub by: Option<String>,
-    /// Only tasks that failed within this long ("1h").
-    #[arg(long)]
-    pub since: Option<String>,
-    /// The trend's span ("1h", the default; "1d"), cut into --buckets.
-    #[arg(long)]
-    pub trend: Option<String>,
-    /// Buckets of the trend (default 12).
-    #[arg(long)]
-    pub buckets: Option<u32>,
-    /// Most groups listed (default 50).
-    #[arg(long)]
-    pub limit: Option<i64>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
