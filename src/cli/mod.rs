@@ -34,6 +34,9 @@ mod table;
 mod tasks;
 mod watch;
 
+#[cfg(test)]
+mod documented_commands;
+
 pub use act::{BulkArgs, DecideArgs, ResolveArgs, RetryArgs};
 pub use alerts::AlertsArgs;
 pub use brake::BrakeCommand;

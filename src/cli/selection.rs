@@ -61,7 +61,8 @@ pub struct FilterArgs {
     /// The re-failures of this task (the tasks that came from it).
     #[arg(long)]
     pub previous_task: Option<i64>,
-    /// What broke: the tasks of this cause (an id `tasks groups` prints).
+    /// What broke: the tasks of this cause (an id `tasks groups` prints); without
+    /// `--status`, those not done (failed, permanent_failure), as the groups count them.
     #[arg(long)]
     pub cause: Option<i64>,
     /// Text in the key, the value or the headers (exact bytes, case-sensitive), looked

@@ -1,9 +1,10 @@
 //! `redrive tasks show ID`: one task as a person reads it. First what matters (status,
-//! handler, route, attempts used of allowed, the last error, and why it waits or how it
-//! ended), then where it came from and when, its payload (JSON re-indented, text as
-//! text, other bytes in hex with their size), headers, checkpoint, compensation and
-//! attempt history. Times are UTC, with how long ago or ahead they are by the database's
-//! clock. `--json` prints the store's [`TaskDetail`].
+//! handler, route, attempts used of allowed, the last error, its cause with the id
+//! `--cause` takes, and why it waits or how it ended), then where it came from and
+//! when, its payload (JSON re-indented, text as text, other bytes in hex with their
+//! size), headers, checkpoint, compensation and attempt history. Times are UTC, with
+//! how long ago or ahead they are by the database's clock. `--json` prints the store's
+//! [`TaskDetail`].
 
 use clap::Args;
 use std::fmt::Write;
@@ -97,6 +98,13 @@ fn render(detail: &TaskDetail) -> String {
     field(&mut out, "attempts", format!("{}{allowed}", task.attempts));
     if let Some(error) = &task.last_error {
         multiline(&mut out, "last_error", error);
+    }
+    if let Some(cause) = &detail.cause {
+        field(
+            &mut out,
+            "cause",
+            format!("{} {}: {}", cause.id, cause.class, cause.fingerprint),
+        );
     }
 
     out.push('\n');

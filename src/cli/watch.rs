@@ -1,4 +1,4 @@
-//! `--watch [SECONDS]` of `tasks list` and `tasks stats`: the verb's output again every
+//! `--watch [INTERVAL]` of `tasks list`, `tasks groups` and `tasks stats`: the verb's output again every
 //! interval until Ctrl-C. On a terminal each refresh clears the screen; elsewhere
 //! refreshes follow one another, each after a blank line and a line with its time. A
 //! closed standard output ends the watch quietly.
@@ -13,15 +13,39 @@ use crate::when::at;
 /// The `--watch` option.
 #[derive(Debug, Clone, Args)]
 pub struct WatchArgs {
-    /// Print again every SECONDS (2 when not given) until Ctrl-C.
+    /// Print again every INTERVAL (seconds, or a duration such as `10s` or `1m`; 2 s when
+    /// not given) until Ctrl-C.
     #[arg(
         long,
-        value_name = "SECONDS",
+        value_name = "INTERVAL",
         num_args = 0..=1,
         default_missing_value = "2",
-        value_parser = clap::value_parser!(u64).range(1..=86_400)
+        value_parser = interval
     )]
     pub watch: Option<u64>,
+}
+
+/// Longest interval between refreshes, in seconds (a day).
+const LONGEST: u64 = 86_400;
+
+/// An interval as written: whole seconds (`10`) or a duration (`10s`, `1m`), from 1 s
+/// to a day; answers seconds.
+fn interval(text: &str) -> Result<u64, String> {
+    let seconds = match text.parse::<u64>() {
+        Ok(seconds) => seconds,
+        Err(_) => {
+            let duration = humantime::parse_duration(text)
+                .map_err(|error| format!("{error}: give seconds (10) or a duration (10s, 1m)"))?;
+            if duration.subsec_nanos() != 0 {
+                return Err("give whole seconds".to_owned());
+            }
+            duration.as_secs()
+        }
+    };
+    match seconds {
+        1..=LONGEST => Ok(seconds),
+        _ => Err(format!("from 1 s to a day ({LONGEST} s)")),
+    }
 }
 
 /// Options of `tasks stats`.
@@ -69,4 +93,36 @@ where
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::interval;
+
+    #[test]
+    fn an_interval_is_seconds_or_a_duration_from_a_second_to_a_day() {
+        for (text, seconds) in [
+            ("10", 10),
+            ("10s", 10),
+            ("1m", 60),
+            ("1day", 86_400),
+            ("1", 1),
+        ] {
+            assert_eq!(interval(text), Ok(seconds), "{text}");
+        }
+        for text in [
+            "0",
+            "0s",
+            "1500ms",
+            "86401",
+            "2days",
+            "-1",
+            "1e-20",
+            "",
+            "ten",
+            "18446744073709551616",
+        ] {
+            assert!(interval(text).is_err(), "{text} is refused");
+        }
+    }
 }

@@ -95,7 +95,9 @@ pub struct FilterParams {
     pub min_generation: Option<i32>,
     /// The re-failures of this task (the tasks that came from it).
     pub previous_task: Option<i64>,
-    /// What broke: the tasks of this cause (an id from the groups).
+    /// What broke: the tasks of this cause (an id from the groups). Without `status`,
+    /// the tasks not done (failed, permanent_failure), as the groups count them: a
+    /// replay by cause never re-sends what already succeeded.
     pub cause: Option<i64>,
     /// Text in the key, the value or the headers (exact bytes, case-sensitive), looked
     /// for among the newest 100,000 tasks the rest of the filter selects (lists only).
@@ -116,6 +118,7 @@ impl FilterParams {
     /// [`FilterParams::filter`], durations ago counted back from `now`.
     pub fn filter_at(&self, now: DateTime<Utc>) -> Result<TaskFilter> {
         let status = match &self.status {
+            None if self.cause.is_some() => vec![Status::Failed, Status::PermanentFailure],
             None => Vec::new(),
             Some(StatusNames(names)) => {
                 let mut statuses = Vec::new();

@@ -202,7 +202,7 @@ const SAMPLE: &str = "\
 
 /// `time`, or NULL where no program reads it (infinity, or beyond the years 1 to 9999: a
 /// row written by hand must not stop a grouping).
-fn readable(time: &str) -> String {
+pub(super) fn readable(time: &str) -> String {
     format!(
         "CASE WHEN {time} BETWEEN '0001-01-01 00:00:00+00' AND '9999-12-31 23:59:59+00' \
          THEN {time} END"

@@ -55,7 +55,7 @@ const SEARCH: &str = "\
         SELECT id FROM scanned \
         WHERE position($22::bytea IN coalesce(msg_key, '')) > 0 \
            OR position($22::bytea IN coalesce(msg_value, '')) > 0 \
-           OR position($22::bytea IN msg_headers) > 0 \
+           OR (position($22::bytea IN msg_headers) > 0 AND recovery_headers_hold(msg_headers, $22)) \
         ORDER BY id DESC LIMIT $20), \
     page AS (SELECT {SUMMARY} FROM recovery_task WHERE id IN (SELECT id FROM found)) \
     SELECT page.*, s.scanned, s.down_to \

@@ -47,6 +47,9 @@ pub struct TaskDetail {
     pub history: Vec<super::Attempt>,
     /// Its compensation, if its handler compensates and it ended in permanent failure.
     pub compensation: Option<super::CompensationView>,
+    /// The cause of its last failure (`--cause`, `?cause=`); absent before one is set
+    /// (a task stored by an earlier release, until the backfill reaches it).
+    pub cause: Option<super::CauseView>,
     /// Why the stored row cannot be read whole (its headers cannot be decoded, so none
     /// are shown); absent when it can.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -114,6 +117,7 @@ impl Store {
         let (task, unreadable) = task_to_show(&row)?;
         let history = self.attempts(id).await?;
         let compensation = self.compensation(id).await?;
+        let cause = self.cause_of_task(id).await?;
         let key = task.failure.key.as_deref().map(Readable::new);
         let value = task.failure.value.as_deref().map(Readable::new);
         let headers = task
@@ -150,6 +154,7 @@ impl Store {
             headers,
             history,
             compensation,
+            cause,
             unreadable,
             targets: None,
             record: task,
