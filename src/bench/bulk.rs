@@ -53,7 +53,7 @@ async fn seed(store: &Store, handler: &str, count: usize, due_in_days: i32) -> a
 pub async fn run(settings: &Settings, options: &BulkBenchOptions) -> anyhow::Result<()> {
     let store = fresh_store(settings).await?;
     // Due tomorrow, as the bulk retries keep them: due tasks of a handler no member
-    // serves would lie in every claim's path (see README).
+    // serves would lie in every claim's path (see docs/operating.md).
     seed(&store, BULK_HANDLER, options.bulk_tasks, 1).await?;
     sqlx::query("ANALYZE recovery_task")
         .execute(store.pool())

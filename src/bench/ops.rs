@@ -132,7 +132,7 @@ pub async fn run(settings: &Settings, options: &OpsBenchOptions) -> anyhow::Resu
 async fn drain(settings: &Settings, options: &OpsBenchOptions, bulk: bool) -> anyhow::Result<f64> {
     let store = fresh_store(settings).await?;
     // The other handler's tasks are due tomorrow, as its retries keep them: due tasks
-    // of a handler no member serves would lie in every claim's path (see README).
+    // of a handler no member serves would lie in every claim's path (see docs/operating.md).
     seed(&store, "idle", options.bulk_tasks, 1).await?;
     seed(&store, "noop", options.drain_tasks, 0).await?;
     let stop_bulk = CancellationToken::new();

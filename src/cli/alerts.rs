@@ -20,7 +20,7 @@ pub struct AlertsArgs {
     )]
     pub runbook_base: String,
     /// The console's address: each alert's `console_url` links to the page to look at
-    /// first (reach it through a Service that keeps unready members; see the README).
+    /// first (reach it through a Service that keeps unready members; see docs/deploying.md).
     #[arg(long, default_value = "http://localhost:9465/console")]
     pub console_url: String,
     /// Permanent failures of one handler in 15 minutes that raise an alert (above).

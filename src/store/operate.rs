@@ -31,7 +31,7 @@ pub const ACTION_BATCH: i64 = 500;
 /// How long an action pauses after each batch, as a multiple of the time that batch took:
 /// an action by filter over a million tasks yields the database to the fleet's drain (on
 /// the benchmark's two cores the drain kept 0.67 of its rate beside an action that never
-/// paused; see the README's Benchmark section). With 2 it runs a third of the time.
+/// paused; see docs/benchmarks.md). With 2 it runs a third of the time.
 pub(crate) const YIELD_FACTOR: u32 = 2;
 
 /// Longest wait for a row lock held by a worker before the batch is tried again.

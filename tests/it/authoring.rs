@@ -1,5 +1,5 @@
-//! What a handler author meets: configured webhooks served by any binary, the README's
-//! handler kept as the example that CI builds, and `redrive::testing`.
+//! What a handler author meets: configured webhooks served by any binary, the handler of
+//! docs/handlers.md kept as the example that CI builds, and `redrive::testing`.
 
 use async_trait::async_trait;
 use redrive::config::WebhookSettings;
@@ -9,6 +9,7 @@ use redrive::{Fleet, FleetError, Handler, HandlerContext, HandlerError, Settings
 use serde_json::json;
 use std::time::Duration;
 
+use crate::docs::blocks;
 use crate::support::settings;
 
 struct Noop;
@@ -70,32 +71,17 @@ fn a_webhook_named_like_a_handler_in_code_is_refused_naming_its_key() {
     }
 }
 
-/// The ```rust blocks of a README section (from its `## title` to the next `## `).
-fn rust_blocks(readme: &str, section: &str) -> Vec<String> {
-    let start = readme
-        .find(&format!("\n## {section}\n"))
-        .unwrap_or_else(|| panic!("README has a section {section:?}"));
-    let body = &readme[start + 1..];
-    let end = body[3..].find("\n## ").map_or(body.len(), |at| at + 3);
-    body[..end]
-        .split("```rust\n")
-        .skip(1)
-        .map(|block| block.split("```").next().unwrap().to_owned())
-        .collect()
-}
-
 #[test]
-fn the_readmes_handler_and_its_test_are_the_order_sync_example_that_ci_builds() {
+fn the_handler_pages_handler_and_its_test_are_the_order_sync_example_that_ci_builds() {
     let root = env!("CARGO_MANIFEST_DIR");
-    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
     let example = std::fs::read_to_string(format!("{root}/examples/order_sync.rs")).unwrap();
     for section in ["Writing a handler", "Testing a handler"] {
-        let blocks = rust_blocks(&readme, section);
+        let blocks = blocks("docs/handlers.md", section, "rust");
         assert!(!blocks.is_empty(), "{section} shows code");
         for block in blocks {
             assert!(
                 example.contains(&block),
-                "README's {section} shows code that examples/order_sync.rs does not hold:\n{block}"
+                "docs/handlers.md's {section} shows code that examples/order_sync.rs does not hold:\n{block}"
             );
         }
     }

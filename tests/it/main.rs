@@ -15,6 +15,7 @@ mod config;
 mod console;
 mod console_actions;
 mod dead_letters;
+mod docs;
 mod guarantees;
 mod hardening;
 mod hostile;

@@ -1,12 +1,14 @@
 //! A newcomer's first steps through the binary: the demo's next commands work as printed,
 //! a missing database is named with the variable that named it, config errors name keys
-//! as written, and a member without routes says it only works tasks.
+//! as written, a member without routes says it only works tasks, and the configuration
+//! docs/deploying.md shows loads.
 
 use secrecy::ExposeSecret;
 use std::io::Write;
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use crate::docs::block;
 use crate::support::{eventually, fresh_store, settings, unique_schema, Spawn};
 use crate::support::{Bounded, CHILD_LIMIT};
 
@@ -180,72 +182,12 @@ async fn the_demos_summary_ends_with_three_commands_that_work_as_printed() {
     }
 }
 
-/// The README's text.
-fn readme() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap()
-}
-
-/// The first ````lang` block of the README section `## title`.
-fn block(readme: &str, title: &str, lang: &str) -> String {
-    let section = readme
-        .split(&format!("\n## {title}\n"))
-        .nth(1)
-        .unwrap_or_else(|| panic!("README has a section {title:?}"));
-    let section = section.split("\n## ").next().unwrap();
-    let code = section
-        .split(&format!("```{lang}\n"))
-        .nth(1)
-        .unwrap_or_else(|| panic!("{title} shows {lang}"));
-    code.split("```").next().unwrap().to_owned()
-}
-
-/// GitHub's anchor of a heading: lower case, spaces to `-`, punctuation dropped.
-fn anchor(heading: &str) -> String {
-    heading
-        .to_lowercase()
-        .chars()
-        .filter_map(|c| match c {
-            ' ' => Some('-'),
-            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
-            _ => None,
-        })
-        .collect()
-}
-
 #[test]
-fn the_readmes_contents_list_every_section_in_order() {
-    let readme = readme();
-    let headings: Vec<&str> = (readme.lines())
-        .filter_map(|line| line.strip_prefix("## "))
-        .filter(|heading| *heading != "Contents")
-        .collect();
-    let expected: Vec<String> = (headings.iter())
-        .map(|h| format!("- [{h}](#{})", anchor(h)))
-        .collect();
-    let contents = readme
-        .split("\n## Contents\n\n")
-        .nth(1)
-        .expect("a Contents section");
-    let listed: Vec<&str> = contents
-        .lines()
-        .take_while(|l| l.starts_with("- "))
-        .collect();
-    assert_eq!(
-        listed, expected,
-        "README's Contents, one line per ## section"
-    );
-    assert!(
-        readme.find("\n## Deploy\n") < readme.find("\n## Kafka\n"),
-        "Deploy comes before the Kafka semantics"
-    );
-}
-
-#[test]
-fn the_readmes_deploy_configuration_loads_with_its_secrets_from_the_environment() {
-    let readme = readme();
-    let file = config_file(&block(&readme, "Deploy", "toml"));
+fn the_deploying_pages_configuration_loads_with_its_secrets_from_the_environment() {
+    let (page, title) = ("docs/deploying.md", "A fleet's configuration");
+    let file = config_file(&block(page, title, "toml"));
     let mut env = std::collections::HashMap::new();
-    for line in block(&readme, "Deploy", "bash").lines() {
+    for line in block(page, title, "bash").lines() {
         let (name, _) = line.split_once('=').expect("NAME=value");
         let value = match name {
             "DATABASE_URL" => settings("unused").database.url.expose_secret().to_owned(),
