@@ -211,7 +211,10 @@ fn print_dry_run(preview: &ActAnswer, verb: Verb, json: bool) -> anyhow::Result<
     if preview.refused > 0 {
         outln!("{}", left_alone(verb, preview.refused));
     }
-    warn_held(preview);
+    // Part of the report: on standard output with the rest of it.
+    for held in &preview.held_by_breakers {
+        outln!("warning: {}", crate::readable::visible(&held.warning));
+    }
     Ok(())
 }
 

@@ -7,7 +7,8 @@ use crate::operations::Page;
 
 /// Prints a list verb's `page`: with `json`, the list envelope as the API answers it;
 /// else one `row` per item under `header` (or `nothing` when it is empty), then the
-/// option that shows the next page, if there is one.
+/// option that shows the next page, if there is one (an empty page of a bounded search
+/// has one: older tasks were not searched yet).
 pub fn print_page<T: Serialize>(
     page: &Page<T>,
     json: bool,
@@ -21,10 +22,10 @@ pub fn print_page<T: Serialize>(
     }
     if page.items.is_empty() {
         errln!("{nothing}");
-        return Ok(());
+    } else {
+        let rows: Vec<Vec<String>> = page.items.iter().map(row).collect();
+        print(header, &rows);
     }
-    let rows: Vec<Vec<String>> = page.items.iter().map(row).collect();
-    print(header, &rows);
     if let Some(cursor) = page.next_cursor {
         errln!("more: --after {cursor}");
     }

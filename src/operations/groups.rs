@@ -79,11 +79,21 @@ impl GroupParams {
                 "search lists tasks; it does not group them (leave it out)",
             ));
         }
+        let trend = duration("trend", &self.trend)?.unwrap_or(defaults.trend);
+        // A bucket is whole seconds: a shorter trend was read as buckets of a second
+        // each, a span the operator did not ask for (found by a review).
+        if trend.as_secs() < u64::from(buckets) || trend.subsec_nanos() != 0 {
+            return Err(bad(format!(
+                "trend must be whole seconds, at least one per bucket ({buckets} s for \
+                 {buckets} buckets; got {:?})",
+                self.trend.as_deref().unwrap_or_default()
+            )));
+        }
         Ok(GroupQuery {
             filter,
             by,
             since: duration("since", &self.since)?,
-            trend: duration("trend", &self.trend)?.unwrap_or(defaults.trend),
+            trend,
             buckets,
             limit,
         })

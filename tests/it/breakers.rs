@@ -1005,6 +1005,13 @@ async fn a_breaker_forced_open_says_who_and_why_everywhere_and_a_retry_of_its_ta
         "{shown}"
     );
     assert!(!shown.contains("held until"), "{shown}");
+    // The dry run's report says so too, with what it would change (a review read the
+    // report alone and missed it on standard error).
+    let (previewed, _) = cli(&["tasks", "retry", &id.to_string(), "--dry-run"]);
+    assert!(
+        previewed.contains("none of the retried tasks of `log` will run until it is released"),
+        "{previewed}"
+    );
     let (_, warned) = cli(&["tasks", "retry", &id.to_string(), "--yes"]);
     assert!(
         warned.contains("none of the retried tasks of `log` will run until it is released"),

@@ -540,6 +540,10 @@ async fn the_cli_and_the_api_group_list_and_act_by_cause() {
         "buckets=0",
         "limit=501",
         "trend=0s",
+        // Shorter than a second per bucket, or not whole seconds (found by a review).
+        "trend=1ns",
+        "trend=11s",
+        "trend=1500ms&buckets=1",
         "cause=-1",
         "search=x",
     ] {
@@ -832,4 +836,26 @@ async fn a_search_looks_in_header_names_and_values_not_in_their_encoding() {
         .unwrap();
     assert_eq!(found("abc").await, [id]);
     assert!(found("needle").await.is_empty());
+}
+
+/// Found by a review: a search whose bound stopped it before a match printed "no task
+/// matches" and no way on, though older tasks were not searched yet.
+#[tokio::test]
+async fn a_bounded_search_without_a_match_still_says_how_to_go_on() {
+    use crate::operator_cli::run;
+
+    let (store, settings) = fresh_store().await;
+    sqlx::query(
+        "INSERT INTO recovery_task (handler, msg_key) \
+         SELECT 'h', convert_to('k-' || i, 'UTF8') FROM generate_series(1, $1::int) i",
+    )
+    .bind(redrive::store::SEARCH_SCAN as i32 + 10)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let out = run(&settings, &["tasks", "list", "--search", "no-such-text"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("no task matches"), "{said}");
+    assert!(said.contains("more: --after 11"), "{said}");
 }
