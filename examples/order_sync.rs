@@ -1,6 +1,6 @@
-//! A fleet member with a handler of your own, in a few lines, and its test. The README's
-//! "Writing a handler" and "Testing a handler" show this file; `cargo test --example
-//! order_sync` runs its test.
+//! A fleet member with a handler of your own, in a few lines, and its test.
+//! docs/handlers.md shows this file ("Writing a handler", "Testing a handler"); `cargo
+//! test --example order_sync` runs its test.
 //!
 //! Run it against the local PostgreSQL, then feed it tasks from another terminal:
 //!

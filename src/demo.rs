@@ -1,14 +1,16 @@
 //! `redrive demo`: the whole loop on a fresh machine. An in-process Kafka-protocol broker
-//! (librdkafka's mock cluster), the local PostgreSQL, a stream of sample failures on a
-//! dead-letter topic, and a fleet member that captures them and republishes them behind
-//! a fault-injecting wrapper.
+//! (librdkafka's mock cluster), the local PostgreSQL (or, when none answers and no URL is
+//! given, a private throwaway one started from the server programs on the machine), a
+//! stream of sample failures on a dead-letter topic, and a fleet member that captures
+//! them and republishes them behind a fault-injecting wrapper.
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use clap::Args;
 use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
+use secrecy::SecretString;
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -20,11 +22,14 @@ use crate::fleet::{cancel_on_signal, Fleet};
 use crate::handlers::faults::FaultInjecting;
 use crate::handlers::{LogHandler, RepublishHandler};
 use crate::kafka::client_config;
+use crate::private_cluster::PrivateCluster;
 use crate::store::{StatusCounts, Store};
 
 const DEAD_LETTER_TOPIC: &str = "orders.dlt";
 const TARGET_TOPIC: &str = "orders";
 const PARKING_TOPIC: &str = "orders.parking";
+/// The server of the default `database.url`, where the demo looks when no URL is given.
+const DEFAULT_SERVER: &str = "127.0.0.1:5432";
 
 /// Options of `redrive demo`.
 #[derive(Debug, Clone, Args)]
@@ -91,6 +96,7 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> anyhow::Result<(
         settings.admin.listen = Some(console_address(options.console)?);
         settings.admin.tokens.clear();
     }
+    let private = private_server(&mut settings).await?;
     let store = (Store::connect(&settings.database).await).with_context(|| {
         format!(
             "connecting to PostgreSQL (the URL from {})",
@@ -109,6 +115,15 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> anyhow::Result<(
         "  PostgreSQL schema {:?} (recreated for this run)",
         store.schema()
     );
+    if let Some(cluster) = &private {
+        outln!(
+            "  PostgreSQL: none answers at {DEFAULT_SERVER} and no DATABASE_URL is given, so \
+             a private throwaway server runs on 127.0.0.1:{} (its programs from {}); it is \
+             removed when the demo ends",
+            cluster.port(),
+            cluster.programs_shown()
+        );
+    }
     outln!(
         "  faults injected: {:.0}% transient, {:.0}% permanent",
         options.transient * 100.0,
@@ -211,9 +226,50 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> anyhow::Result<(
     );
     outln!("  still failed            {}", counts.failed);
     outln!("  attempts made           {attempts}");
-    next_commands(&store).await?;
+    match &private {
+        None => next_commands(&store).await?,
+        Some(_) => outln!(
+            "\nthe private PostgreSQL server goes with the demo: look while it runs (the \
+             console; --keep-running keeps both until Ctrl-C), or give DATABASE_URL to keep \
+             what it leaves"
+        ),
+    }
     drop(broker);
+    drop(store);
+    drop(private);
     Ok(())
+}
+
+/// A private throwaway server when no URL is given and none answers at
+/// [`DEFAULT_SERVER`], with `settings` pointed at it; `None` otherwise (the URL given,
+/// or the server answering there, is used as it is).
+async fn private_server(settings: &mut Settings) -> anyhow::Result<Option<PrivateCluster>> {
+    if settings.database.url_given() {
+        return Ok(None);
+    }
+    let probe = tokio::net::TcpStream::connect(DEFAULT_SERVER);
+    if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), probe).await {
+        return Ok(None);
+    }
+    let Some(programs) = PrivateCluster::programs() else {
+        bail!(
+            "no PostgreSQL answers at {DEFAULT_SERVER} and no DATABASE_URL is given, and this \
+             machine has no PostgreSQL server programs (initdb) to start a private one: \
+             install them (apt-get install postgresql), run the whole stack with \
+             `docker compose up`, or give DATABASE_URL"
+        );
+    };
+    let cluster = tokio::task::spawn_blocking(move || PrivateCluster::start(Some(&programs), &[]))
+        .await?
+        .with_context(|| {
+            format!(
+                "no PostgreSQL answers at {DEFAULT_SERVER} and no DATABASE_URL is given; \
+                 starting a private one"
+            )
+        })?;
+    settings.database.url = SecretString::from(cluster.url());
+    settings.database.url_origin = "the demo's private server".to_owned();
+    Ok(Some(cluster))
 }
 
 /// Prints three commands to look at what the demo left, in its schema (kept until the

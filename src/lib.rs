@@ -35,6 +35,8 @@ mod listener;
 pub mod operations;
 mod parking;
 mod parts;
+#[cfg(any(feature = "demo", feature = "bench"))]
+mod private_cluster;
 pub mod rate;
 pub mod readable;
 pub mod replay;

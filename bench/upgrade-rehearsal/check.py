@@ -91,7 +91,7 @@ for c in calls:
 pay_tasks = {(int(t[4]), int(t[5])): t for t in tasks if t[3] == "payments"}
 never = [m["id"] for m in pay.values() if ok_calls[m["id"]] == 0]
 say(not never, f"every one of {len(pay)} process-mode messages succeeded at the webhook", never)
-# Inline calls are at least once (README, process mode): a member that stops or loses
+# Inline calls are at least once (docs/kafka.md, capture and process modes): a member that stops or loses
 # partitions right after its calls, before its commit went through, leaves them to the
 # next owner, which calls again. Reported, not failed: a task stored twice is the defect.
 twice = [(m["id"], ok_calls[m["id"]]) for m in pay.values() if ok_calls[m["id"]] > 1]

@@ -10,7 +10,6 @@
 
 mod broke;
 pub mod bulk;
-mod cluster;
 pub mod console;
 mod cpu;
 pub mod horizon;

@@ -135,6 +135,13 @@ pub struct DatabaseSettings {
     pub url_origin: String,
 }
 
+impl DatabaseSettings {
+    /// Whether the URL was given (a variable or the file), not the default's.
+    pub fn url_given(&self) -> bool {
+        self.url_origin != DEFAULT_URL_ORIGIN
+    }
+}
+
 impl Default for DatabaseSettings {
     fn default() -> Self {
         DatabaseSettings {

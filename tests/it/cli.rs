@@ -696,3 +696,60 @@ async fn bench_horizon_runs_on_a_private_server_and_checks_its_tasks() {
         );
     }
 }
+
+/// On a fresh machine with no database server running (a network of its own, where
+/// nothing answers at 127.0.0.1:5432) and no URL given, the demo starts a private
+/// throwaway PostgreSQL from the server programs on the machine, says so, runs the
+/// whole loop on it and removes it as it ends.
+#[test]
+fn the_demo_starts_a_private_postgresql_when_none_answers_and_no_url_is_given() {
+    let isolated = Command::new("unshare")
+        .args(["-n", "true"])
+        .output()
+        .expect("unshare (util-linux) runs");
+    assert!(
+        isolated.status.success(),
+        "this test needs a network namespace of its own (root, or unprivileged namespaces): {}",
+        String::from_utf8_lossy(&isolated.stderr)
+    );
+    let before = private_data_dirs();
+    let mut demo = Command::new("unshare");
+    demo.args(["-n", "sh", "-c", "ip link set lo up && exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_redrive"))
+        .args(["demo", "--messages", "40", "--rate", "400", "--no-console"])
+        .args(["--transient", "0.2", "--permanent", "0.1"])
+        .env_remove("DATABASE_URL")
+        .env_remove("REDRIVE__DATABASE__URL")
+        .env_remove("REDRIVE_CONFIG")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null());
+    let out = demo.output_within(Duration::from_secs(180)).unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("none answers at 127.0.0.1:5432 and no DATABASE_URL is given")
+            && stdout.contains("private throwaway server"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("tasks ingested          40"), "{stdout}");
+    assert_eq!(
+        private_data_dirs(),
+        before,
+        "the private server's data is removed"
+    );
+}
+
+/// The private servers' data folders now in the temporary directory.
+fn private_data_dirs() -> Vec<String> {
+    let mut dirs: Vec<String> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter(|name| name.starts_with("redrive-pg-"))
+        .collect();
+    dirs.sort();
+    dirs
+}

@@ -656,7 +656,7 @@ async fn a_replay_into_a_consumed_topic_is_refused_on_resume_and_on_pickup() {
 /// tasks for good, inside the pending batch and past it): the resumed job produces
 /// every task its cursor had not passed, the pending batch's new ones included, each
 /// exactly once; tasks that started matching behind the cursor are not in this replay
-/// (README, "What a replay covers").
+/// (docs/operating.md, "What a replay covers").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_killed_mid_batch_and_resumed_while_its_selection_grew_produces_each_once() {
     let kafka = cluster(&[("orders", 3), ("replayed", 3)]);

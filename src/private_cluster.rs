@@ -1,6 +1,7 @@
-//! A private PostgreSQL server for a benchmark that must control the server's settings
-//! (autovacuum above all: the machine's shared server may run without it). `initdb`
-//! into a temporary directory, started on a free loopback port with PostgreSQL's own
+//! A private, throwaway PostgreSQL server: for a benchmark that must control the
+//! server's settings (autovacuum above all: the machine's shared server may run without
+//! it), and for the demo on a machine where no server answers. `initdb` into a
+//! temporary directory, started on a free loopback port with PostgreSQL's own
 //! defaults (autovacuum on, fsync on) unless told otherwise, stopped and removed when
 //! dropped. As root, the server runs as the `postgres` user (PostgreSQL refuses root).
 
@@ -24,14 +25,13 @@ pub(crate) struct PrivateCluster {
 impl PrivateCluster {
     /// Creates and starts a server with `settings` (`name=value`, PostgreSQL's
     /// `-c`) on top of its defaults. `bin` is the folder of `initdb` and `pg_ctl`; by
-    /// default the newest under `/usr/lib/postgresql`, else the `PATH`'s.
+    /// default [`PrivateCluster::programs`].
     pub(crate) fn start(bin: Option<&Path>, settings: &[String]) -> anyhow::Result<Self> {
         let bin = match bin {
             Some(bin) => bin.to_owned(),
-            None => newest_server_bin(),
+            None => Self::programs().unwrap_or_default(),
         };
-        let data =
-            std::env::temp_dir().join(format!("redrive-bench-pg-{:016x}", rand::random::<u64>()));
+        let data = std::env::temp_dir().join(format!("redrive-pg-{:016x}", rand::random::<u64>()));
         std::fs::create_dir(&data).with_context(|| format!("creating {}", data.display()))?;
         let run_as = if unsafe { libc::geteuid() } == 0 {
             let ids = user_ids("postgres").context(
@@ -110,7 +110,7 @@ impl PrivateCluster {
         }
         let out = command
             .output()
-            .with_context(|| format!("running {} (give --pg-bin)", path.display()))?;
+            .with_context(|| format!("running {}", path.display()))?;
         if !out.status.success() {
             bail!(
                 "{program} failed ({}): {}{}",
@@ -123,6 +123,45 @@ impl PrivateCluster {
     }
 }
 
+impl PrivateCluster {
+    /// The folder of the server's programs (`initdb`, `pg_ctl`): the newest
+    /// `/usr/lib/postgresql/<major>/bin`, else the `PATH`'s (an empty path); `None` when
+    /// neither has `initdb`.
+    pub(crate) fn programs() -> Option<PathBuf> {
+        let majors = std::fs::read_dir(DEBIAN_SERVERS)
+            .into_iter()
+            .flatten()
+            .flatten();
+        let debian = majors
+            .filter_map(|entry| {
+                let major: u32 = entry.file_name().to_str()?.parse().ok()?;
+                let bin = entry.path().join("bin");
+                bin.join("initdb").exists().then_some((major, bin))
+            })
+            .max_by_key(|(major, _)| *major)
+            .map(|(_, bin)| bin);
+        debian.or_else(|| {
+            let path = std::env::var_os("PATH")?;
+            std::env::split_paths(&path)
+                .any(|dir| dir.join("initdb").exists())
+                .then(PathBuf::new)
+        })
+    }
+
+    /// Where its programs are, for a person.
+    pub(crate) fn programs_shown(&self) -> String {
+        match self.bin.as_os_str().is_empty() {
+            true => "the PATH".to_owned(),
+            false => self.bin.display().to_string(),
+        }
+    }
+
+    /// Its port on 127.0.0.1.
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+}
+
 impl Drop for PrivateCluster {
     fn drop(&mut self) {
         let data = self.data_text();
@@ -131,23 +170,6 @@ impl Drop for PrivateCluster {
         }
         let _removed = std::fs::remove_dir_all(&self.data);
     }
-}
-
-/// The newest `/usr/lib/postgresql/<major>/bin`, or an empty path (the `PATH`).
-fn newest_server_bin() -> PathBuf {
-    let majors = std::fs::read_dir(DEBIAN_SERVERS)
-        .into_iter()
-        .flatten()
-        .flatten();
-    majors
-        .filter_map(|entry| {
-            let major: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let bin = entry.path().join("bin");
-            bin.join("initdb").exists().then_some((major, bin))
-        })
-        .max_by_key(|(major, _)| *major)
-        .map(|(_, bin)| bin)
-        .unwrap_or_default()
 }
 
 /// The user and group id of `name`.
