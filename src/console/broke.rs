@@ -1,6 +1,9 @@
-//! The overview's "What broke": the biggest causes of the tasks not done (failed and
-//! given up), one compact row each: class, fingerprint, tasks, first and last seen, a
-//! trend (inline SVG bars, classes only), handlers, and a link to the cause's tasks.
+//! What broke: the biggest causes of the tasks not done (failed and given up), one
+//! compact row each: class, fingerprint (and an example message, muted, under it),
+//! tasks, a trend (inline SVG bars, classes only, on one scale for every row), first
+//! and last seen, handlers, and a link to the cause's tasks. The overview shows the
+//! [`SHOWN`] biggest ([`section`]); the causes page ([`super::causes`]) shows them all,
+//! or the groups by class, handler, route or topic, with the same [`table`].
 //!
 //! The groups are read with the overview's other figures; a refused or failed reading
 //! is said in the section, and the rest of the overview shows as usual.
@@ -11,16 +14,20 @@ use maud::{html, Markup};
 use super::filter::{list_url, thousands};
 use super::layout;
 use crate::operations::GroupParams;
-use crate::store::{Group, Groups, TaskFilter};
+use crate::store::{Group, GroupBy, Groups, TaskFilter};
 use crate::task::Status;
 
 /// Causes the overview lists, biggest first.
 pub(crate) const SHOWN: i64 = 10;
 /// Characters of a fingerprint shown in the row (all of it in its title).
 const FINGERPRINT_SHOWN: usize = 90;
+/// Characters of an example message shown under it (all of it in its title).
+const EXAMPLE_SHOWN: usize = 120;
 /// A trend bar's width and the trend's height, in SVG units.
 const BAR: i64 = 6;
 const HEIGHT: i64 = 18;
+/// What a blank message is shown as.
+pub(crate) const EMPTY_MESSAGE: &str = "(empty message)";
 
 /// How the overview groups: by cause, the tasks not done, the last hour's trend.
 pub(crate) fn params() -> GroupParams {
@@ -40,7 +47,49 @@ pub(crate) fn cause_url(cause: i64) -> String {
     list_url(&filter, &[])
 }
 
-/// The section, for `groups` read at `now` (or why they could not be).
+/// Where a group's row leads: its tasks not done (a cause, a handler, a route, a
+/// topic), or a class's causes; nowhere for tasks without one (no route, a cause not
+/// yet set), which no filter selects alone.
+fn group_url(by: GroupBy, group: &Group) -> Option<(String, &'static str)> {
+    let key = group.key.clone()?;
+    let not_done = |filter: TaskFilter| {
+        list_url(
+            &TaskFilter {
+                status: vec![Status::Failed, Status::PermanentFailure],
+                ..filter
+            },
+            &[],
+        )
+    };
+    Some(match by {
+        GroupBy::Cause => (cause_url(group.cause.as_ref()?.id), "tasks →"),
+        GroupBy::Class => (super::causes::class_url(&key), "causes →"),
+        GroupBy::Handler => (
+            not_done(TaskFilter {
+                handler: Some(key),
+                ..TaskFilter::default()
+            }),
+            "tasks →",
+        ),
+        GroupBy::Route => (
+            not_done(TaskFilter {
+                route: Some(key),
+                ..TaskFilter::default()
+            }),
+            "tasks →",
+        ),
+        GroupBy::Topic => (
+            not_done(TaskFilter {
+                topic: Some(key),
+                ..TaskFilter::default()
+            }),
+            "tasks →",
+        ),
+    })
+}
+
+/// The overview's section, for `groups` read at `now` (or why they could not be), with
+/// a link to every cause when it lists only the biggest.
 pub(crate) fn section(groups: &Result<Groups, String>, now: DateTime<Utc>) -> Markup {
     html! {
         section.broke aria-labelledby="broke" {
@@ -50,72 +99,173 @@ pub(crate) fn section(groups: &Result<Groups, String>, now: DateTime<Utc>) -> Ma
                 Ok(groups) if groups.groups.is_empty() => {
                     p.empty { "Nothing is broken: no task is failed or given up." }
                 }
-                Ok(groups) => (table(groups, now)),
+                Ok(groups) => {
+                    p.meta {
+                        (thousands(groups.total_tasks)) " tasks failed or given up, "
+                        (thousands(groups.total_groups))
+                        @if groups.total_groups == 1 { " cause" } @else { " causes" }
+                        @if groups.total_groups > groups.groups.len() as i64 {
+                            "; the " (groups.groups.len()) " biggest: "
+                            a.all-causes href="/console/causes" {
+                                "all " (thousands(groups.total_groups)) " causes →"
+                            }
+                        } @else {
+                            ". "
+                            a.all-causes href="/console/causes?by=class" {
+                                "By class, handler, route or topic →"
+                            }
+                        }
+                    }
+                    (table(groups, now))
+                }
             }
         }
     }
 }
 
-fn table(groups: &Groups, now: DateTime<Utc>) -> Markup {
-    let span = groups.bucket_seconds * groups.groups[0].trend.len() as u64;
+/// The heading of a grouping's key column.
+fn key_heading(by: GroupBy) -> &'static str {
+    match by {
+        GroupBy::Cause | GroupBy::Class => "Class",
+        GroupBy::Handler => "Handler",
+        GroupBy::Route => "Route",
+        GroupBy::Topic => "Topic",
+    }
+}
+
+/// The groups as a table, one row each, their trends on one scale.
+pub(crate) fn table(groups: &Groups, now: DateTime<Utc>) -> Markup {
+    let buckets = groups.groups.first().map_or(0, |g| g.trend.len()) as u64;
+    let span = groups.bucket_seconds * buckets;
+    let highest = groups
+        .groups
+        .iter()
+        .flat_map(|g| g.trend.iter().copied())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let by = groups.by;
+    let scale = format!(
+        "Tasks failing per {}; every row's bars on one scale, the tallest {}",
+        layout::age(groups.bucket_seconds as f64),
+        thousands(highest)
+    );
     html! {
-        p.meta {
-            (thousands(groups.total_tasks)) " tasks failed or given up, "
-            (thousands(groups.total_groups))
-            @if groups.total_groups == 1 { " cause" } @else { " causes" }
-            @if groups.total_groups > groups.groups.len() as i64 {
-                "; the " (groups.groups.len()) " biggest:"
-            }
-        }
-        table.broke {
+        table.broke data-by=(by.as_str()) {
             thead {
                 tr {
-                    th scope="col" { "Class" }
-                    th scope="col" { "Fingerprint" }
+                    th scope="col" { (key_heading(by)) }
+                    @if by == GroupBy::Cause { th scope="col" { "Fingerprint" } }
                     th scope="col" class="number" { "Tasks" }
-                    th scope="col" { (span_words(span)) }
+                    th scope="col" title=(scale) { (span_words(span)) }
                     th scope="col" { "First seen" }
                     th scope="col" { "Last seen" }
-                    th scope="col" { "Handlers" }
-                    th scope="col" { span.visually-hidden { "Tasks of the cause" } }
+                    th scope="col" { @if by == GroupBy::Handler { "Routes" } @else { "Handlers" } }
+                    th scope="col" { span.visually-hidden { "Tasks of the group" } }
                 }
             }
             tbody {
-                @for group in &groups.groups { (row(group, groups.bucket_seconds, now)) }
+                @for group in &groups.groups { (row(by, group, groups.bucket_seconds, highest, now)) }
             }
         }
     }
 }
 
-fn row(group: &Group, bucket_seconds: u64, now: DateTime<Utc>) -> Markup {
+/// A message's text, or [`EMPTY_MESSAGE`] when it is blank.
+fn message(text: &str, most: usize) -> Markup {
+    if text.trim().is_empty() {
+        return html! { span.none.empty-message { (EMPTY_MESSAGE) } };
+    }
+    html! { (cut(&layout::visible(text), most)) }
+}
+
+/// An example message, muted under the group's name (whole in its title); none when
+/// it says no more than the fingerprint.
+fn example(text: Option<&str>, fingerprint: Option<&str>) -> Markup {
+    match text {
+        Some(text) if !matches!(fingerprint, Some(f) if f.trim() == text.trim()) => html! {
+            span.example title=(layout::visible(text)) {
+                span.visually-hidden { "For example: " }
+                (message(text, EXAMPLE_SHOWN))
+            }
+        },
+        _ => html! {},
+    }
+}
+
+fn row(
+    by: GroupBy,
+    group: &Group,
+    bucket_seconds: u64,
+    highest: i64,
+    now: DateTime<Utc>,
+) -> Markup {
+    let spans = match by {
+        GroupBy::Handler => &group.routes,
+        _ => &group.handlers,
+    };
     html! {
         tr {
-            @match &group.cause {
-                Some(cause) => {
+            @match (by, &group.cause) {
+                (GroupBy::Cause, Some(cause)) => {
                     td.class { code { (layout::visible(&cause.class)) } }
-                    td.fingerprint title=(layout::visible(&cause.fingerprint)) {
-                        (cut(&layout::visible(&cause.fingerprint), FINGERPRINT_SHOWN))
+                    td.fingerprint title=[(!cause.fingerprint.trim().is_empty()).then(|| layout::visible(&cause.fingerprint))] {
+                        span.print { (message(&cause.fingerprint, FINGERPRINT_SHOWN)) }
+                        (example(Some(&cause.example), Some(&cause.fingerprint)))
                     }
                 }
-                None => {
+                (GroupBy::Cause, None) => {
                     td.class { (layout::dash()) }
                     td.fingerprint { span.none { "no cause yet (stored before causes)" } }
                 }
+                (_, _) => {
+                    td.class {
+                        @match &group.key {
+                            Some(key) if by == GroupBy::Class => code { (layout::visible(key)) },
+                            Some(key) => span.name { (layout::visible(key)) },
+                            None => span.none { (none_words(by)) },
+                        }
+                        (example(group.example_error.as_deref(), None))
+                    }
+                }
             }
             td.number { (thousands(group.tasks)) }
-            td.trend { (trend(&group.trend, bucket_seconds)) }
+            td.trend { (trend(&group.trend, bucket_seconds, highest)) }
             td.seen { (ago_opt(group.first_seen.or(group.cause.as_ref().and_then(|c| c.first_seen)), now)) }
             td.seen { (ago_opt(group.last_seen, now)) }
             td.handlers {
-                @if group.handlers.is_empty() { (layout::dash()) }
-                @else { (group.handlers.join(", ")) }
+                @if spans.is_empty() { (layout::dash()) }
+                @else { (spans.join(", ")) }
             }
             td.go {
-                @if let Some(cause) = &group.cause {
-                    a href=(cause_url(cause.id)) aria-label=(format!("Tasks of cause {}", cause.id)) { "tasks →" }
+                @if let Some((url, words)) = group_url(by, group) {
+                    a href=(url) aria-label=(go_label(by, group)) { (words) }
                 }
             }
         }
+    }
+}
+
+/// What a group without a key holds.
+fn none_words(by: GroupBy) -> &'static str {
+    match by {
+        GroupBy::Cause | GroupBy::Class => "no cause yet (stored before causes)",
+        GroupBy::Handler => "no handler",
+        GroupBy::Route => "no route",
+        GroupBy::Topic => "no topic",
+    }
+}
+
+/// The link's words for a reader that hears them out of the row.
+fn go_label(by: GroupBy, group: &Group) -> String {
+    let key = group.key.as_deref().unwrap_or_default();
+    match by {
+        GroupBy::Cause => format!(
+            "Tasks of cause {}",
+            group.cause.as_ref().map_or(0, |c| c.id)
+        ),
+        GroupBy::Class => format!("Causes of class {key}"),
+        other => format!("Tasks of {} {key}", other.as_str()),
     }
 }
 
@@ -145,16 +295,17 @@ fn cut(text: &str, most: usize) -> String {
     }
 }
 
-/// The trend as bars, oldest first, scaled to its busiest bucket; an empty bucket is a
-/// baseline tick.
-fn trend(counts: &[i64], bucket_seconds: u64) -> Markup {
-    let highest = counts.iter().copied().max().unwrap_or(0).max(1);
+/// The trend as bars, oldest first, scaled to `highest` (the busiest bucket of every
+/// row shown, so that rows compare); an empty bucket is a baseline tick.
+fn trend(counts: &[i64], bucket_seconds: u64, highest: i64) -> Markup {
+    let highest = highest.max(1);
     let width = BAR * counts.len() as i64;
-    let said: Vec<String> = counts.iter().map(i64::to_string).collect();
+    let said: Vec<String> = counts.iter().map(|n| thousands(*n)).collect();
     let label = format!(
-        "Tasks failing per {}, oldest first: {}",
+        "Tasks failing per {}, oldest first: {} (every row on one scale, the tallest {})",
         layout::age(bucket_seconds as f64),
-        said.join(", ")
+        said.join(", "),
+        thousands(highest)
     );
     html! {
         svg.spark viewBox={ "0 0 " (width) " " (HEIGHT) } width=(width * 2) height=(HEIGHT)
@@ -163,7 +314,7 @@ fn trend(counts: &[i64], bucket_seconds: u64) -> Markup {
             @for (i, count) in counts.iter().enumerate() {
                 @let x = i as i64 * BAR;
                 @if *count > 0 {
-                    @let height = (count * (HEIGHT - 1) / highest).max(2);
+                    @let height = (count.saturating_mul(HEIGHT - 1) / highest).clamp(2, HEIGHT - 1);
                     rect.bar x=(x + 1) y=(HEIGHT - height) width=(BAR - 2) height=(height) {}
                 } @else {
                     rect.zero x=(x + 1) y=(HEIGHT - 1) width=(BAR - 2) height="1" {}
@@ -229,7 +380,7 @@ mod tests {
             "title=\"&lt;script&gt;alert(1)&lt;/script&gt; {}\"",
             "y".repeat(200)
         )));
-        assert!(html.contains("…</td>"), "cut with an ellipsis: {html}");
+        assert!(html.contains("…</span>"), "cut with an ellipsis: {html}");
         assert!(
             html.contains(
                 "href=\"/console/tasks?status=failed&amp;status=permanent_failure&amp;cause=7\""
@@ -244,6 +395,102 @@ mod tests {
         assert!(html.contains("orders, billing"), "{html}");
         assert_eq!(html.matches("<rect class=\"bar\"").count(), 2, "{html}");
         assert!(!html.contains("style="), "colours come from the stylesheet");
+    }
+
+    /// Found by a review: a 1-task cause's bars were as tall as a 605-task one's.
+    #[test]
+    fn every_rows_bars_are_on_one_scale() {
+        let mut two = groups("x");
+        two.groups[0].trend = vec![0, 605];
+        let mut small = two.groups[0].clone();
+        small.trend = vec![1, 0];
+        small.tasks = 1;
+        two.groups.push(small);
+        let html = table(&two, at("2026-12-03T12:00:00Z")).into_string();
+        let heights: Vec<&str> = html
+            .split("<rect class=\"bar\"")
+            .skip(1)
+            .map(|r| {
+                r.split("height=\"")
+                    .nth(1)
+                    .unwrap()
+                    .split('"')
+                    .next()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(heights, ["17", "2"], "{html}");
+        assert!(html.contains("the tallest 605"), "{html}");
+    }
+
+    /// Found by a review: a blank message was an empty cell, and the example message a
+    /// cause was named after was nowhere.
+    #[test]
+    fn a_blank_message_is_said_and_the_example_is_under_the_fingerprint() {
+        let now = at("2026-12-03T12:00:00Z");
+        let mut blank = groups("  ");
+        blank.groups[0].cause.as_mut().unwrap().example = " ".into();
+        let html = section(&Ok(blank), now).into_string();
+        assert!(html.contains("(empty message)"), "{html}");
+        assert!(!html.contains("class=\"example\""), "{html}");
+
+        let mut example = groups("timed out after <n> ms");
+        example.groups[0].cause.as_mut().unwrap().example = "timed out after 30001 ms".into();
+        let html = section(&Ok(example.clone()), now).into_string();
+        assert!(
+            html.contains("title=\"timed out after 30001 ms\"")
+                && html.contains("For example: </span>timed out after 30001 ms</span>"),
+            "{html}"
+        );
+        example.groups[0].cause.as_mut().unwrap().example = "timed out after <n> ms".into();
+        let html = section(&Ok(example), now).into_string();
+        assert!(!html.contains("For example"), "the same words once: {html}");
+    }
+
+    /// Found by a review: "16 causes; the 10 biggest:" led nowhere.
+    #[test]
+    fn the_overview_links_every_cause_when_it_lists_the_biggest() {
+        let now = at("2026-12-03T12:00:00Z");
+        let mut many = groups("x");
+        many.total_groups = 1_616;
+        let html = section(&Ok(many), now).into_string();
+        assert!(
+            html.contains("the 1 biggest: <a class=\"all-causes\" href=\"/console/causes\">all 1,616 causes →</a>"),
+            "{html}"
+        );
+    }
+
+    #[test]
+    fn other_groupings_name_their_key_and_link_its_tasks() {
+        let now = at("2026-12-03T12:00:00Z");
+        let mut by = groups("x");
+        by.by = GroupBy::Handler;
+        by.groups[0].cause = None;
+        by.groups[0].key = Some("orders".into());
+        by.groups[0].routes = vec!["r1".into()];
+        by.groups[0].example_error = Some("boom 7".into());
+        let html = table(&by, now).into_string();
+        assert!(html.contains("<th scope=\"col\">Handler</th>"), "{html}");
+        assert!(html.contains("<th scope=\"col\">Routes</th>"), "{html}");
+        assert!(
+            html.contains("href=\"/console/tasks?status=failed&amp;status=permanent_failure&amp;handler=orders\""),
+            "{html}"
+        );
+        assert!(html.contains("boom 7"), "{html}");
+        by.by = GroupBy::Class;
+        by.groups[0].key = Some("java.io.IOException".into());
+        let html = table(&by, now).into_string();
+        assert!(
+            html.contains("href=\"/console/causes?class=java.io.IOException\""),
+            "{html}"
+        );
+        by.by = GroupBy::Route;
+        by.groups[0].key = None;
+        let html = table(&by, now).into_string();
+        assert!(
+            html.contains("no route") && !html.contains("tasks →"),
+            "{html}"
+        );
     }
 
     #[test]

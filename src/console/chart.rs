@@ -33,7 +33,11 @@ pub(crate) fn outcomes(minutes: &[OutcomeMinute]) -> Markup {
     {
         let (classes, said) = bars.entry(m.minutes_ago).or_default();
         *classes.entry(outcome_class(&m.outcome)).or_default() += m.count;
-        said.push(format!("{} {}", m.count, m.outcome));
+        said.push(format!(
+            "{} {}",
+            super::filter::thousands(m.count),
+            m.outcome
+        ));
     }
     let highest = bars
         .values()
@@ -48,7 +52,7 @@ pub(crate) fn outcomes(minutes: &[OutcomeMinute]) -> Markup {
         figure.chart-box {
         svg.chart viewBox={ "0 0 " (width) " " (PLOT_TOP + PLOT_HEIGHT + 16) }
             role="img" aria-label="Attempt outcomes per minute over the last hour" {
-            text.axis x="0" y="10" { "peak " (highest) " a minute" }
+            text.axis x="0" y="10" { "peak " (super::filter::thousands(highest)) " a minute" }
             @for (ago, (classes, said)) in &bars {
                 @let x = (i64::from(MINUTES - 1 - ago)) * SLOT;
                 g {

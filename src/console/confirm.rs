@@ -42,7 +42,7 @@ pub(crate) fn act_page(
             @if !answer.held_by_breakers.is_empty() {
                 ul.held-by-breakers role="alert" {
                     @for held in &answer.held_by_breakers {
-                        li.warning { (layout::text_opt(Some(&held.warning))) }
+                        li.warning { (layout::words(&held.warning)) }
                     }
                 }
             }

@@ -101,18 +101,33 @@ fn body(id: TaskId, detail: &TaskDetail, operate: bool) -> Markup {
                 dd { @if let Some(status) = status { (layout::status(status)) } @else { (layout::dash()) } }
                 dt { "Handler" } dd { (layout::text_opt(field_text(detail, "handler"))) }
                 dt { "Route" } dd { (layout::text_opt(field_text(detail, "route"))) }
+                dt { "Cause" }
+                dd.cause {
+                    @match &detail.cause {
+                        Some(cause) => {
+                            code.class { (layout::visible(&cause.class)) } ": "
+                            @if cause.fingerprint.trim().is_empty() {
+                                span.none { (super::broke::EMPTY_MESSAGE) }
+                            } @else {
+                                span.fingerprint { (layout::visible(&cause.fingerprint)) }
+                            }
+                            " "
+                            a href=(super::broke::cause_url(cause.id)) {
+                                "tasks of cause " (cause.id) " →"
+                            }
+                        }
+                        None => span.none { "none set yet (stored before causes)" },
+                    }
+                }
                 dt { "Attempts" } dd { (attempts) }
                 dt { @if status.is_some_and(Status::is_final) { "Ended" } @else { "Now" } }
                 dd.waiting {
-                    (words(&detail.waiting.words))
+                    (layout::words(&detail.waiting.words))
                     (what_to_do(&detail.waiting.state, operate))
                 }
             }
             h2 { "Last error" }
-            @match field_text(detail, "last_error") {
-                Some(error) => pre.error { (layout::visible(error)) },
-                None => p { (layout::dash()) },
-            }
+            (last_error(detail))
         }
         @if let Some(why) = &detail.unreadable {
             p.warning role="alert" { "This task's stored row cannot be read whole: " (why) }
@@ -160,12 +175,34 @@ fn body(id: TaskId, detail: &TaskDetail, operate: bool) -> Markup {
     }
 }
 
-/// The store's words, what they quote in backticks (a handler, a command) as code.
-fn words(text: &str) -> Markup {
-    html! {
-        @for (i, part) in text.split('`').enumerate() {
-            @if i % 2 == 1 { code { (part) } } @else { (part) }
-        }
+/// The last attempt's error; before any attempt failed, the error the task was
+/// reported with (its dead letter's), said to be that.
+fn last_error(detail: &TaskDetail) -> Markup {
+    if let Some(error) = field_text(detail, "last_error") {
+        return html! { pre.error { (layout::visible(error)) } };
+    }
+    let class = field_text(detail, "error_class");
+    match field_text(detail, "error_message") {
+        Some(message) => html! {
+            p.meta.reported {
+                "No attempt has failed yet: the error it was reported with"
+                @if let Some(class) = class { ", " code { (layout::visible(class)) } }
+                ":"
+            }
+            pre.error.reported {
+                @if message.trim().is_empty() { (super::broke::EMPTY_MESSAGE) }
+                @else { (layout::visible(message)) }
+            }
+        },
+        None => match class {
+            Some(class) => html! {
+                p.meta.reported {
+                    "No attempt has failed yet: it was reported with "
+                    code { (layout::visible(class)) } ", without a message."
+                }
+            },
+            None => html! { p { (layout::dash()) } },
+        },
     }
 }
 

@@ -268,9 +268,20 @@ pub(crate) fn thousands(n: i64) -> String {
     out
 }
 
+/// What the status tabs count, and that in words (shown beside them).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TabCounts {
+    /// Tasks per status of [`STATUSES`]; `None` where not counted.
+    pub counts: [Option<i64>; 4],
+    /// What they count: every task (of a handler) and when, or the filter's.
+    pub said: String,
+}
+
 /// The status tabs: every status, then each one alone, each a link to the list with the
-/// rest of the filter kept (and the first page), with its count when there is one.
-fn tabs(params: &ListParams, choices: &ListChoices) -> Markup {
+/// rest of the filter kept (and the first page), with its count when there is one. The
+/// tab of the selection shown is marked; so are the statuses of a selection of several
+/// (failed and permanent_failure, as What broke links a cause), each of them.
+fn tabs(params: &ListParams, counts: &TabCounts) -> Markup {
     let f = &params.filter;
     let mut more = Vec::new();
     if params.limit != DEFAULT_LIMIT {
@@ -283,37 +294,50 @@ fn tabs(params: &ListParams, choices: &ListChoices) -> Markup {
         };
         list_url(&filter, &more)
     };
-    let counted = choices.counts.map(|(counts, at)| {
-        let whose = match &f.handler {
-            Some(handler) => format!("tasks of handler {handler}"),
-            None => "tasks of every handler".to_owned(),
-        };
-        let said = format!("{whose}, counted at {}", at.format("%H:%M:%S UTC"));
-        (counts, said)
+    // "All" keeps the rest of the filter, which may itself choose statuses (a cause's
+    // tasks not done): it selects what that filter without a status does.
+    let every = self::params(&TaskFilter {
+        status: Vec::new(),
+        ..f.clone()
     });
+    let all_statuses = match every.filter() {
+        Ok(filter) if !filter.status.is_empty() => filter.status,
+        _ => STATUSES.to_vec(),
+    };
+    let all_current = f.status.is_empty() || f.status.len() > 1 && same(&f.status, &all_statuses);
+    let all_count = all_statuses.iter().try_fold(0i64, |sum, status| {
+        let i = STATUSES.iter().position(|s| s == status)?;
+        Some(sum + counts.counts[i]?)
+    });
+    let shown = |count: Option<i64>| count.map_or_else(|| "?".to_owned(), thousands);
+    let counted = counts.counts.iter().any(Option::is_some);
+    let said = (!counts.said.is_empty()).then_some(counts.said.as_str());
     html! {
         nav.status-tabs aria-label="Status" {
-            a #tab-all href=(url(Vec::new())) aria-current=[f.status.is_empty().then_some("page")]
-                title=[counted.as_ref().map(|(_, said)| said)] {
-                "All"
-                @if let Some((counts, _)) = &counted {
-                    " " span.count { (thousands(counts.iter().sum())) }
-                }
+            a #tab-all href=(url(Vec::new())) aria-current=[all_current.then_some("page")] title=[said] {
+                @if all_statuses.len() == STATUSES.len() { "All" }
+                @else { "All not done" }
+                @if counted { " " span.count { (shown(all_count)) } }
             }
             @for (i, status) in STATUSES.into_iter().enumerate() {
                 @let alone = f.status == [status];
                 @let among = !alone && f.status.contains(&status);
                 a id=(format!("tab-{}", status.as_str())) class={ "tab-" (status.as_str()) @if among { " among" } }
                     href=(url(vec![status])) aria-current=[alone.then_some("page")]
-                    title=[counted.as_ref().map(|(_, said)| said)] {
+                    title=[said] {
                     (status.as_str())
-                    @if let Some((counts, _)) = &counted {
-                        " " span.count { (thousands(counts[i])) }
-                    }
+                    @if counted { " " span.count { (shown(counts.counts[i])) } }
+                    @if among { span.visually-hidden { " (among the statuses shown)" } }
                 }
             }
+            @if let Some(said) = said { span.counted { (said) } }
         }
     }
+}
+
+/// Whether `a` and `b` hold the same statuses.
+fn same(a: &[Status], b: &[Status]) -> bool {
+    a.len() == b.len() && a.iter().all(|s| b.contains(s))
 }
 
 /// A `<select>` of `names` (any, or one of them; the current one is kept if the list
@@ -339,7 +363,7 @@ fn choice(name: &str, label: &str, current: Option<&str>, names: &[String]) -> M
 /// The filter as a compact bar: the status tabs with their counts, the search box,
 /// handler and route among the fleet's names, and every other field folded under
 /// "More filters" (open when one of them is set), filled in with `params`.
-pub(crate) fn form(params: &ListParams, choices: &ListChoices) -> Markup {
+pub(crate) fn form(params: &ListParams, choices: &ListChoices, counts: &TabCounts) -> Markup {
     let f = &params.filter;
     let time = |t: Option<DateTime<Utc>>| t.map(rfc3339);
     let text_fields: [(&str, &str, Option<String>, &str); 14] = [
@@ -419,7 +443,7 @@ pub(crate) fn form(params: &ListParams, choices: &ListChoices) -> Markup {
         .count()
         + usize::from(params.limit != DEFAULT_LIMIT);
     html! {
-        (tabs(params, choices))
+        (tabs(params, counts))
         form.filter method="get" action="/console/tasks" {
             @for status in &f.status {
                 input type="hidden" name="status" value=(status.as_str());
@@ -610,7 +634,7 @@ mod tests {
                 .search,
             None
         );
-        let form = form(&params, &ListChoices::default()).into_string();
+        let form = form(&params, &ListChoices::default(), &TabCounts::default()).into_string();
         assert!(
             form.contains(r#"name="search" value=" order 7 ""#),
             "{form}"

@@ -14,6 +14,7 @@ use maud::{html, Markup};
 
 use super::commands::reason_form;
 use super::error::PageError;
+use super::filter::thousands;
 use super::layout::{self, Nav};
 use super::Shared;
 use crate::config::Role;
@@ -112,8 +113,8 @@ pub(crate) fn breakers_table(breakers: &[Breaker], operate: bool) -> Markup {
                         th scope="row" { (b.handler) }
                         td { span class={ "badge breaker-" (b.state.as_str()) } { (b.state.as_str()) } }
                         td { (layout::text_opt(b.forced.map(BreakerState::as_str))) }
-                        td.number { (b.consecutive_failures) }
-                        td.number { (b.window_failures) " / " (b.window_calls) }
+                        td.number { (thousands(i64::from(b.consecutive_failures))) }
+                        td.number { (thousands(i64::from(b.window_failures))) " / " (thousands(i64::from(b.window_calls))) }
                         td {
                             @if b.forced_open() { "until released" }
                             @else { (layout::when_opt(b.hold_until)) }

@@ -204,6 +204,16 @@ pub(crate) fn dash() -> Markup {
     html! { span.none aria-label="none" { "—" } }
 }
 
+/// The store's and the layer's words (a waiting state, a warning): what they quote in
+/// backticks (a handler, a command) as code, never a backtick shown.
+pub(crate) fn words(text: &str) -> Markup {
+    html! {
+        @for (i, part) in text.split('`').enumerate() {
+            @if i % 2 == 1 { code { (visible(part)) } } @else { (visible(part)) }
+        }
+    }
+}
+
 /// Text, or a dash.
 pub(crate) fn text_opt(text: Option<&str>) -> Markup {
     match text {

@@ -3,7 +3,8 @@
 //!
 //! - **Pages**: the fleet overview, live-updating
 //!   ([`overview`], opening with what broke, [`broke`], and with the outcome chart of
-//!   [`chart`]); the task list with every filter
+//!   [`chart`]); every cause, or the groups by class, handler, route or topic
+//!   ([`causes`]); the task list with every filter
 //!   of [`TaskFilter`](crate::store::TaskFilter) and keyset paging ([`tasks`], the form in
 //!   [`filter`]); a task's detail ([`detail`]); replay jobs with their progress
 //!   ([`replays`]); the audit log ([`audit`]); members, breakers and brakes ([`fleet`]).
@@ -29,6 +30,7 @@ mod actions;
 mod assets;
 mod audit;
 mod broke;
+mod causes;
 mod chart;
 mod commands;
 mod confirm;
@@ -89,6 +91,7 @@ pub(crate) fn router(app: Arc<Operations>, tokens: Arc<Tokens>, heavy: Arc<Semap
     let pages = Router::new()
         .route("/console/", get(overview::page))
         .route("/console/live/overview", get(overview::live))
+        .route("/console/causes", get(causes::page))
         .route("/console/tasks", get(tasks::page))
         .route("/console/tasks/{id}", get(detail::page))
         .route("/console/actions/preview", post(actions::preview))

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::error::PageError;
-use super::filter::list_url;
+use super::filter::{list_url, thousands};
 use super::fleet::{brakes_table, breakers_table, members_table};
 use super::layout::{self, Nav};
 use super::{broke, chart, Console, Shared};
@@ -115,6 +115,12 @@ pub(crate) async fn list_choices(console: &Console, handler: Option<&str>) -> Li
             .flat_map(|m| m.handlers.iter().cloned()),
     );
     ListChoices {
+        forced_open: s
+            .breakers
+            .iter()
+            .filter(|b| b.forced == Some(BreakerState::Open))
+            .map(|b| b.handler.clone())
+            .collect(),
         counts: Some((counts, s.read_at)),
         handlers: handlers.into_iter().collect(),
         routes: s.brakes.iter().map(|b| b.route.clone()).collect(),
@@ -130,6 +136,9 @@ pub(crate) struct ListChoices {
     pub handlers: Vec<String>,
     /// Every configured route (and every route whose brake ever engaged).
     pub routes: Vec<String>,
+    /// The handlers whose breaker an operator forced open: their tasks wait until it is
+    /// released, whatever their next attempt's time says.
+    pub forced_open: Vec<String>,
 }
 
 /// `GET /console/`.
@@ -196,12 +205,12 @@ fn figures(s: &Snapshot) -> Markup {
         (broke::section(&s.groups, s.read_at))
         p.as-of { "Figures as of " (layout::when(s.read_at)) "." }
         ul.cards aria-label="At a glance" {
-            li { a href=(filtered(Some(Status::Failed), None)) { span.figure { (totals[0]) } " waiting or in an attempt" } }
-            li { span.figure { (due) } " due now" }
-            li { a href=(filtered(Some(Status::PermanentFailure), None)) { span.figure { (totals[1]) } " failed for good" } }
-            li { a href="/console/fleet" { span.figure { (s.stats.members.len()) } " live members" } }
-            li.alarm[open_breakers > 0] { a href="/console/fleet" { span.figure { (open_breakers) } " breakers not closed" } }
-            li.alarm[engaged > 0] { a href="/console/fleet" { span.figure { (engaged) } " brakes engaged" } }
+            li { a href=(filtered(Some(Status::Failed), None)) { span.figure { (thousands(totals[0])) } " waiting or in an attempt" } }
+            li { span.figure { (thousands(due)) } " due now" }
+            li { a href=(filtered(Some(Status::PermanentFailure), None)) { span.figure { (thousands(totals[1])) } " failed for good" } }
+            li { a href="/console/fleet" { span.figure { (thousands(s.stats.members.len() as i64)) } " live members" } }
+            li.alarm[open_breakers > 0] { a href="/console/fleet" { span.figure { (thousands(open_breakers as i64)) } " breakers not closed" } }
+            li.alarm[engaged > 0] { a href="/console/fleet" { span.figure { (thousands(engaged as i64)) } " brakes engaged" } }
         }
         section aria-labelledby="backlog" {
             h2 #backlog { "Tasks by handler and status" }
@@ -220,7 +229,7 @@ fn figures(s: &Snapshot) -> Markup {
                             tr {
                                 th scope="row" { a href=(filtered(None, Some(handler))) { (handler) } }
                                 @for (status, n) in COLUMNS.iter().zip(row) {
-                                    td.number { a href=(filtered(Some(*status), Some(handler))) { (n) } }
+                                    td.number { a href=(filtered(Some(*status), Some(handler))) { (thousands(*n)) } }
                                 }
                             }
                         }
@@ -228,7 +237,7 @@ fn figures(s: &Snapshot) -> Markup {
                     tfoot {
                         tr {
                             th scope="row" { "All handlers" }
-                            @for n in totals { td.number { (n) } }
+                            @for n in totals { td.number { (thousands(n)) } }
                         }
                     }
                 }
@@ -251,11 +260,11 @@ fn figures(s: &Snapshot) -> Markup {
                             @let serving = s.stats.members.iter().filter(|m| m.serves(&d.handler)).count();
                             tr {
                                 th scope="row" { a href=(filtered(Some(Status::Failed), Some(&d.handler))) { (d.handler) } }
-                                td.number { (d.due) }
+                                td.number { (thousands(d.due)) }
                                 td { (layout::age(d.oldest_due_seconds)) }
                                 td {
                                     @if serving == 0 { span.warning { "none: nothing works these tasks" } }
-                                    @else { (serving) }
+                                    @else { (thousands(serving as i64)) }
                                 }
                             }
                         }
@@ -272,7 +281,7 @@ fn figures(s: &Snapshot) -> Markup {
                         thead { tr { th scope="col" { "Outcome" } th scope="col" { "Attempts" } } }
                         tbody {
                             @for o in &s.stats.last_hour {
-                                tr { th scope="row" { (o.outcome) } td.number { (o.count) } }
+                                tr { th scope="row" { (o.outcome) } td.number { (thousands(o.count)) } }
                             }
                         }
                     }

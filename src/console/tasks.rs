@@ -66,21 +66,163 @@ pub(crate) async fn page(
         Role::Read => None,
     };
     let choices = super::overview::list_choices(&console, params.filter.handler.as_deref()).await;
+    let counts = tab_counts(&console, &params.filter, &choices).await?;
+    let cause = match params.filter.cause {
+        Some(id) => Some(cause_banner(&console, id, &page).await),
+        None => None,
+    };
     let now = chrono::Utc::now();
+    let forced = &choices.forced_open;
     let body = html! {
-        (filter::form(&params, &choices))
+        @if let Some(cause) = &cause { (cause) }
+        (filter::form(&params, &choices, &counts))
         @if let Some(searched) = &page.searched { (searched_line(searched)) }
         @match matching {
             Some(matching) => {
                 form #act method="post" action="/console/actions/preview" {
                     (actions(&params, matching))
-                    (results(&params, &page, true, now))
+                    (results(&params, &page, true, forced, now))
                 }
             }
-            None => (results(&params, &page, false, now)),
+            None => (results(&params, &page, false, forced, now)),
         }
     };
-    Ok(layout::page(&caller, Nav::Tasks, "Tasks", body))
+    let title = match params.filter.cause {
+        Some(id) => format!("Tasks of cause {id}"),
+        None => "Tasks".to_owned(),
+    };
+    Ok(layout::page(&caller, Nav::Tasks, &title, body))
+}
+
+/// What the status tabs count: the fleet's figures (of the filter's handler) when the
+/// filter narrows no further, read with the overview's; else the tasks of the filter in
+/// each status (without its search), each counted up to [`MATCHING_COUNTED_MAX`] within
+/// [`MATCHING_COUNTED_WITHIN`], all at once.
+async fn tab_counts(
+    console: &super::Console,
+    filter: &crate::store::TaskFilter,
+    choices: &super::overview::ListChoices,
+) -> Result<filter::TabCounts, PageError> {
+    use crate::store::TaskFilter;
+    let narrowed = TaskFilter {
+        status: Vec::new(),
+        handler: None,
+        search: None,
+        ..filter.clone()
+    } != TaskFilter::default();
+    if !narrowed {
+        return Ok(match choices.counts {
+            Some((counts, at)) => filter::TabCounts {
+                counts: counts.map(Some),
+                said: format!(
+                    "Counts: {}, at {}{}",
+                    match &filter.handler {
+                        Some(handler) => format!("every task of handler {handler}"),
+                        None => "every task".to_owned(),
+                    },
+                    at.format("%H:%M:%S UTC"),
+                    if filter.search.is_some() {
+                        ", without the search"
+                    } else {
+                        ""
+                    }
+                ),
+            },
+            None => filter::TabCounts::default(),
+        });
+    }
+    let counted = futures::future::try_join_all(filter::STATUSES.map(|status| {
+        let one = filter::params(&TaskFilter {
+            status: vec![status],
+            search: None,
+            ..filter.clone()
+        });
+        async move {
+            console
+                .app
+                .count_up_to(
+                    &[],
+                    Some(&one),
+                    false,
+                    MATCHING_COUNTED_MAX,
+                    MATCHING_COUNTED_WITHIN,
+                )
+                .await
+        }
+    }))
+    .await?;
+    let mut counts = [None; 4];
+    for (slot, count) in counts.iter_mut().zip(counted) {
+        *slot = count;
+    }
+    Ok(filter::TabCounts {
+        counts,
+        said: format!(
+            "Counts: the tasks of this filter in each status{}; ? is more than {}, or not counted in time",
+            if filter.search.is_some() { ", without the search" } else { "" },
+            filter::thousands(MATCHING_COUNTED_MAX)
+        ),
+    })
+}
+
+/// The banner of a cause's list: its id, class, fingerprint and tasks not done, its
+/// example message on demand. Read as What broke reads it; when none of its tasks is
+/// failed or given up, from the first task listed, or its id alone.
+async fn cause_banner(console: &super::Console, id: i64, page: &Page<TaskSummary>) -> Markup {
+    let of_cause = crate::operations::FilterParams {
+        cause: Some(id),
+        ..Default::default()
+    };
+    let one = crate::operations::GroupParams {
+        limit: Some(1),
+        buckets: Some(1),
+        ..Default::default()
+    };
+    let group = match console.app.groups(&of_cause, &one).await {
+        Ok(groups) => groups.groups.into_iter().next(),
+        Err(_) => None,
+    };
+    let tasks = group.as_ref().map_or(0, |g| g.tasks);
+    let mut cause = group.and_then(|g| g.cause);
+    if cause.is_none() {
+        if let Some(first) = page.items.first() {
+            cause = (console.app.store().cause_of_task(first.id).await)
+                .ok()
+                .flatten()
+                .filter(|c| c.id == id);
+        }
+    }
+    html! {
+        section.cause-banner aria-label="Cause" {
+            p {
+                strong { "Cause " (id) }
+                @if let Some(cause) = &cause {
+                    " · " code.class { (layout::visible(&cause.class)) }
+                    " · " span.fingerprint {
+                        @if cause.fingerprint.trim().is_empty() { span.none { (super::broke::EMPTY_MESSAGE) } }
+                        @else { (layout::visible(&cause.fingerprint)) }
+                    }
+                }
+                " · " span.tasks {
+                    (filter::thousands(tasks)) @if tasks == 1 { " task" } @else { " tasks" }
+                    " failed or given up"
+                }
+                " · " a href="/console/causes" { "every cause →" }
+            }
+            @if let Some(cause) = &cause {
+                details.example {
+                    summary { "Its example message" }
+                    pre.example {
+                        @if cause.example.trim().is_empty() { (super::broke::EMPTY_MESSAGE) }
+                        @else { (layout::visible(&cause.example)) }
+                    }
+                    @if let Some(first) = cause.first_seen {
+                        p.meta { "First seen " (layout::when(first)) "." }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The action bar of an operate caller: what to select, and the verbs.
@@ -168,6 +310,7 @@ fn results(
     params: &ListParams,
     page: &Page<TaskSummary>,
     selectable: bool,
+    forced_open: &[String],
     now: chrono::DateTime<chrono::Utc>,
 ) -> Markup {
     let mut more = Vec::new();
@@ -201,7 +344,7 @@ fn results(
                         }
                     }
                     tbody {
-                        @for task in &page.items { (row(task, selectable, now)) }
+                        @for task in &page.items { (row(task, selectable, forced_open, now)) }
                     }
                 }
             }
@@ -216,8 +359,16 @@ fn results(
 /// One task, on one line: a long key or error is cut with an ellipsis, whole in its
 /// title, and a click on it shows it whole (the script); whole as the list reads it,
 /// that is: the store's summary has an error's and a key's first bytes, the task's page
-/// all of them.
-fn row(task: &TaskSummary, selectable: bool, now: chrono::DateTime<chrono::Utc>) -> Markup {
+/// all of them. A task whose handler's breaker is forced open waits until it is
+/// released, whatever its next attempt's time says.
+fn row(
+    task: &TaskSummary,
+    selectable: bool,
+    forced_open: &[String],
+    now: chrono::DateTime<chrono::Utc>,
+) -> Markup {
+    let behind_breaker =
+        task.status == crate::task::Status::Failed && forced_open.contains(&task.handler);
     let key = task.key.as_deref().map(layout::visible);
     let error = task.last_error.as_deref().map(layout::visible);
     let source = task.topic.as_ref().map(|topic| {
@@ -245,6 +396,11 @@ fn row(task: &TaskSummary, selectable: bool, now: chrono::DateTime<chrono::Utc>)
             td {
                 @if task.held { "held" }
                 @else if task.lease_owner.is_some() { "running" }
+                @else if behind_breaker {
+                    span.held-breaker title="An operator forced its handler's breaker open: nothing runs until it is released" {
+                        "held: breaker forced open (until released)"
+                    }
+                }
                 @else if let Some(due) = task.next_attempt_at { (layout::relative(due, now)) }
                 @else { (layout::dash()) }
             }

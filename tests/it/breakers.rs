@@ -1091,7 +1091,9 @@ async fn a_breaker_forced_open_says_who_and_why_everywhere_and_a_retry_of_its_ta
         .await
         .unwrap();
     assert!(
-        confirm.contains("none of the retried tasks of `log` will run until it is released"),
+        confirm.contains(
+            "none of the retried tasks of <code>log</code> will run until it is released"
+        ),
         "{confirm}"
     );
 }
