@@ -180,6 +180,10 @@ async fn tokens_decide_who_may_read_and_who_may_act() {
 /// script's timeout) stopped after its first batches, and nobody learnt that some tasks
 /// changed. Once started, it runs to its end and its audit entry counts every task.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_bulk_action_whose_client_hangs_up_still_runs_to_its_end() {
     let (store, settings) = fresh_store().await;
     let api = Api::start(&store, &with_tokens(settings)).await;
@@ -1023,6 +1027,10 @@ async fn retry_and_resolve_over_a_started_compensation_need_force() {
 /// promptly, and now warns what it left: the tasks changed so far (counted by the audit
 /// entry) and that the same selection finishes the work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_member_stopped_mid_bulk_action_says_what_it_left() {
     let (store, settings) = fresh_store().await;
     const TASKS: i64 = 200_000;

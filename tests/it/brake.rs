@@ -97,6 +97,10 @@ async fn tasks(store: &Store) -> i64 {
 const LET_THROUGH: i64 = 20 + 5 * BATCH as i64;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_bad_deploy_pauses_the_route_until_an_operator_releases_it() {
     let (_broker, store, settings, bootstrap) = braked_route(BrakeSettings {
         failure_ratio: 0.8,
@@ -188,6 +192,10 @@ async fn a_bad_deploy_pauses_the_route_until_an_operator_releases_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn the_route_resumes_after_the_cool_down_and_brakes_again_while_still_broken() {
     let (_broker, store, settings, _) = braked_route(BrakeSettings {
         failure_ratio: 1.0,
@@ -271,6 +279,10 @@ async fn brakes_engaged(store: &Store) -> i64 {
 /// breaker's business, not a bad deploy. The route keeps consuming (each failure a task,
 /// for the pool to retry once the downstream is back) and the brake stays off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_downstream_outage_does_not_engage_the_brake_of_a_handler_with_a_breaker() {
     let (_broker, store, settings, bootstrap, member) = fronting_run(|_| {
         Err(HandlerError::transient(
@@ -293,6 +305,10 @@ async fn a_downstream_outage_does_not_engage_the_brake_of_a_handler_with_a_break
 /// A new version that fails messages itself (permanent verdicts, panics) engages the
 /// brake even though its handler has a breaker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_handler_failing_messages_itself_engages_the_brake_despite_its_breaker() {
     let (_broker, store, _settings, _bootstrap, member) = fronting_run(|task| {
         let value = task.failure.value.as_deref().unwrap_or_default();
@@ -338,6 +354,10 @@ async fn produce_events(bootstrap: &str, from: i64, to: i64) {
 /// member stops consuming it, so what is produced meanwhile is neither stored nor
 /// committed, until the brake is released; then it is stored, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn an_operator_engages_a_capture_routes_brake_and_it_stops_consuming_until_released() {
     use crate::admin_api::{with_tokens, Api, OPERATE, READ};
     use serde_json::json;

@@ -48,6 +48,10 @@ async fn breaker_state(store: &Store, handler: &str) -> Option<BreakerState> {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_down_server_opens_the_breaker_for_the_fleet_and_tasks_wait_without_using_attempts() {
     let (store, mut settings) = fresh_store().await;
     fast_retries(&mut settings);
@@ -271,6 +275,10 @@ async fn operators_force_a_breaker_open_and_release_it_with_an_audit_row() {
 /// until its first read of the breakers: a breaker not read yet counted as closed. A
 /// breaker not read yet now counts as open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_member_starting_under_a_forced_open_breaker_calls_nothing() {
     let (store, mut settings) = fresh_store().await;
     fast_retries(&mut settings);
@@ -436,6 +444,10 @@ async fn a_bulkhead_caps_one_handler_while_others_use_the_rest() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn the_fleet_rate_is_shared_among_live_members() {
     let (store, mut settings) = fresh_store().await;
     settings.worker.poll_interval = Duration::from_millis(50);
@@ -518,6 +530,10 @@ async fn the_fleet_rate_is_shared_among_live_members() {
 /// claim loops at once (found by an attack: 2,200 transactions a second, a quarter of a
 /// core, for an idle member).
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_rate_limited_backlog_does_not_spin_an_idle_member() {
     let (store, mut settings) = fresh_store().await;
     settings.handlers.insert(
@@ -556,6 +572,10 @@ async fn a_rate_limited_backlog_does_not_spin_an_idle_member() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn the_fleet_rate_is_shared_only_among_members_serving_the_handler() {
     let (store, mut settings) = fresh_store().await;
     settings.worker.poll_interval = Duration::from_millis(50);
@@ -774,6 +794,10 @@ impl Handler for CountedDown {
 /// the downstream at the full rate of the topic, the breaker shut until the pool's own
 /// retries failed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn failed_inline_calls_open_the_handlers_breaker() {
     use crate::broker::{cluster, produce, producer, route, use_cluster, Sample};
     use redrive::config::RouteMode;
@@ -915,7 +939,7 @@ cool_down = "60s"
         "the hold ends a cool-down from now by PostgreSQL's clock"
     );
     // The one call running as the breaker opened may have written its retry before the
-    // hold (README, breakers); every other task waits for the hold.
+    // hold (docs/resilience.md); every other task waits for the hold.
     assert!(
         scalar(
             &store,

@@ -222,6 +222,10 @@ async fn every_task(store: &Store) -> Vec<Row> {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn groups_equal_a_brute_force_count_over_random_stores() {
     for seed in 0..4u64 {
         let (store, _) = fresh_store().await;

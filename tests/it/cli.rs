@@ -104,6 +104,10 @@ async fn enqueue_then_run_resolves_tasks_and_sigterm_stops_cleanly() {
 /// connection") after a few seconds of database outage, taking its broker with it,
 /// while the member inside it waited for the database as every member does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn the_demo_waits_out_a_database_outage_and_finishes() {
     let (_store, settings) = fresh_store().await;
     let proxy = crate::support::PgProxy::start().await;
@@ -173,6 +177,10 @@ async fn bad_input_is_refused_with_the_key_or_name_and_a_non_zero_exit() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn the_demo_runs_the_whole_loop_and_stops_by_itself() {
     let (_store, settings) = fresh_store().await;
     use secrecy::ExposeSecret;
@@ -343,6 +351,10 @@ async fn enqueue_refuses_a_delay_beyond_ten_years() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn enqueue_refuses_empty_input_unless_allowed() {
     let (store, settings) = fresh_store().await;
     let out = enqueue(&settings, &["--handler", "log"], b"");
@@ -418,6 +430,10 @@ async fn enqueue_refuses_input_over_the_message_size_limit() {
 /// Regression: repeating an enqueue with the same dedup key but another `--delay`
 /// silently kept the first due time. The same delay is a repeat; another is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn enqueue_with_another_delay_for_an_existing_key_is_refused() {
     let (store, settings) = fresh_store().await;
     let args = ["--handler", "log", "--dedup-key", "k-1", "--delay", "1h"];
@@ -479,6 +495,10 @@ fn bench_stdout(settings: &redrive::Settings, args: &[&str]) -> String {
 /// every figure is printed and every streamed task checked resolved once. No rate is
 /// asserted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn bench_queue_runs_at_tiny_sizes_with_its_stream_on_a_store_never_analysed() {
     let (_store, settings) = fresh_store().await;
     let stdout = bench_stdout(
@@ -511,6 +531,10 @@ async fn bench_queue_runs_at_tiny_sizes_with_its_stream_on_a_store_never_analyse
 /// own thread, the interleaved drains, the CPU accounting, the breaker's held backlog and
 /// the final check of every task) keeps working. No figure is asserted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn bench_webhook_runs_at_tiny_sizes_and_checks_its_tasks() {
     let (_store, settings) = fresh_store().await;
     let stdout = bench_stdout(
@@ -544,6 +568,10 @@ async fn bench_webhook_runs_at_tiny_sizes_and_checks_its_tasks() {
 /// HTTP with a console sign-in, every timed query, the bulk action beside a drain and
 /// both final checks) keeps working. No figure is asserted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn bench_console_runs_at_tiny_sizes_and_checks_its_tasks() {
     let (_store, settings) = fresh_store().await;
     let stdout = bench_stdout(
@@ -581,6 +609,10 @@ async fn bench_console_runs_at_tiny_sizes_and_checks_its_tasks() {
 /// the final check covers at least every task its drains were asked for. No rate is
 /// asserted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn bench_scale_prints_each_size_and_member_count_and_checks_its_tasks() {
     let (_store, settings) = fresh_store().await;
     let stdout = bench_stdout(
@@ -627,6 +659,10 @@ async fn bench_scale_prints_each_size_and_member_count_and_checks_its_tasks() {
 /// `redrive bench scale --members` with no count leaves the member figures out, as its
 /// help says (an empty list used to be refused as "cannot parse integer").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn bench_scale_without_member_counts_prints_only_the_sizes() {
     let (_store, settings) = fresh_store().await;
     let stdout = bench_stdout(
@@ -650,6 +686,10 @@ async fn bench_scale_without_member_counts_prints_only_the_sizes() {
 /// the bench's (`--pg-set`), the stream, the snapshot held and released, the summary,
 /// and the final check that each task was resolved once. No figure is asserted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn bench_horizon_runs_on_a_private_server_and_checks_its_tasks() {
     let (_store, settings) = fresh_store().await;
     let stdout = bench_stdout(
@@ -702,6 +742,10 @@ async fn bench_horizon_runs_on_a_private_server_and_checks_its_tasks() {
 /// throwaway PostgreSQL from the server programs on the machine, says so, runs the
 /// whole loop on it and removes it as it ends.
 #[test]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 fn the_demo_starts_a_private_postgresql_when_none_answers_and_no_url_is_given() {
     let isolated = Command::new("unshare")
         .args(["-n", "true"])

@@ -475,6 +475,10 @@ async fn an_operators_retry_during_a_compensation_cancels_the_call() {
 /// Regression: compensation claims were never heartbeated, so a call longer than the
 /// lease was claimed and run again by another member while the first still ran.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_compensation_longer_than_the_lease_runs_once_among_members() {
     let (store, settings) = fresh_store().await;
     let undo = SlowUndo::new(Duration::from_secs(3), true);

@@ -155,6 +155,10 @@ async fn listed_ids(browser: &Browser) -> Vec<i64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn an_operator_reads_the_fleet_its_tasks_and_their_payloads_in_a_browser() {
     let (store, settings) = fresh_store().await;
     let orders = enqueue(
@@ -371,6 +375,10 @@ async fn an_operator_reads_the_fleet_its_tasks_and_their_payloads_in_a_browser()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_read_only_token_reads_every_page_and_sees_no_action_control() {
     let (store, settings) = fresh_store().await;
     let ids = enqueue(&store, vec![task("orders", b"k", b"v")]).await;
@@ -410,6 +418,10 @@ async fn a_read_only_token_reads_every_page_and_sees_no_action_control() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_wrong_token_is_refused_and_the_sixth_rapid_attempt_waits() {
     let (_store, settings) = fresh_store().await;
     let console = Console::start(&settings, false).await;
@@ -480,6 +492,10 @@ async fn href(browser: &Browser, css: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn the_overview_opens_with_what_broke_and_links_each_cause_to_its_tasks() {
     let (store, settings) = fresh_store().await;
     let timeouts = enqueue(
@@ -649,6 +665,10 @@ async fn the_overview_opens_with_what_broke_and_links_each_cause_to_its_tasks() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_search_finds_text_in_keys_values_and_headers_and_says_what_it_read() {
     let (store, settings) = fresh_store().await;
     let mut traced = task("orders", b"order-3", b"{}");
@@ -1030,6 +1050,10 @@ async fn laptop(browser: &Browser) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn the_task_list_is_dense_with_status_tabs_choices_and_folded_filters() {
     let (store, settings) = fresh_store().await;
     let ids = many_tasks(&store).await;
@@ -1159,6 +1183,10 @@ async fn the_task_list_is_dense_with_status_tabs_choices_and_folded_filters() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn destructive_actions_are_red_and_the_others_are_not() {
     let (store, settings) = fresh_store().await;
     let ids = enqueue(
@@ -1252,6 +1280,10 @@ async fn dark_system(browser: &Browser) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn the_console_follows_a_dark_system_scheme_and_every_part_reads() {
     let (store, settings) = fresh_store().await;
     many_tasks(&store).await;
@@ -1364,6 +1396,10 @@ async fn the_console_follows_a_dark_system_scheme_and_every_part_reads() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn the_keyboard_searches_moves_through_tasks_opens_one_and_shows_its_help() {
     use fantoccini::key::Key;
     let (store, settings) = fresh_store().await;
@@ -1469,6 +1505,10 @@ async fn the_keyboard_searches_moves_through_tasks_opens_one_and_shows_its_help(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn the_outcome_chart_says_which_colour_is_which_outcome() {
     let (store, settings) = fresh_store().await;
     enqueue(&store, vec![task("log", b"l1", b"1")]).await;
@@ -1526,6 +1566,10 @@ async fn rows_of(browser: &Browser, css: &str) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_task_held_by_a_forced_open_breaker_releases_it_from_its_page() {
     use std::io::Write;
     let (store, settings) = fresh_store().await;
@@ -1624,6 +1668,10 @@ async fn cause_of(store: &Store, id: TaskId) -> i64 {
 /// Found by a review: What broke said "16 causes; the 10 biggest:" and nothing showed
 /// the other six. It links a page of every cause, grouped as asked, over a span.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn every_cause_is_one_link_away_grouped_and_spanned_as_asked() {
     let (store, settings) = fresh_store().await;
     let causes = sixteen_causes(&store).await;
@@ -1742,6 +1790,10 @@ async fn every_cause_is_one_link_away_grouped_and_spanned_as_asked() {
 /// example message was nowhere, and the overview wrote "1,303" in What broke but "1339"
 /// in its tiles and tables.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn what_broke_rows_compare_and_the_overview_writes_numbers_one_way() {
     let (store, settings) = fresh_store().await;
     let big: Vec<NewTask> = (1..=1303)
@@ -1832,6 +1884,10 @@ async fn what_broke_rows_compare_and_the_overview_writes_numbers_one_way() {
 /// Found by a review: a task's page said nothing of its cause, and a dead letter not
 /// yet attempted showed "Last error —" though it came with an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_task_page_shows_its_cause_and_the_error_it_was_reported_with() {
     let (store, settings) = fresh_store().await;
     let message = "connect timed out after 30001 ms to 10.0.0.1:9092";
@@ -1889,6 +1945,10 @@ async fn a_task_page_shows_its_cause_and_the_error_it_was_reported_with() {
 /// the folded filters, its tabs counted every task while it listed a few, and with
 /// failed and permanent_failure chosen no tab looked chosen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_causes_task_list_names_the_cause_and_its_tabs_count_its_tasks() {
     let (store, settings) = fresh_store().await;
     let first = "connect timed out after 30001 ms to 10.0.0.1:9092";
@@ -2033,6 +2093,10 @@ async fn force_open(store: &Store, handler: &str) {
 /// label under it; a task's page ran the forced-open words into the release form's
 /// label; a retry's confirm page showed the breaker warning's backticks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_checkbox_sits_by_its_label_and_commands_read_apart_and_as_code() {
     use std::io::Write;
     let (store, settings) = fresh_store().await;
@@ -2099,6 +2163,10 @@ async fn a_checkbox_sits_by_its_label_and_commands_read_apart_and_as_code() {
 /// Found by a review: a task held behind a breaker forced open until released showed
 /// "Next attempt: in 1 s" in the list.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_task_behind_a_forced_open_breaker_says_so_in_the_list() {
     let (store, settings) = fresh_store().await;
     let held = enqueue(&store, vec![task("log", b"l1", b"1")]).await[0];

@@ -67,6 +67,10 @@ async fn status_count(store: &Store, handler: &str, status: &str) -> i64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn an_operator_discards_by_filter_after_confirming_the_count_and_retries_two_ticked_tasks() {
     let (store, settings) = fresh_store().await;
     enqueue(
@@ -279,6 +283,10 @@ async fn replay_status(store: &Store, id: i64) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn an_operator_starts_cancels_and_resumes_replays_and_engages_and_releases_a_brake() {
     let kafka = cluster(&[("incoming.dlt", 1), ("replayed", 1)]);
     let bootstrap = kafka.bootstrap_servers();
@@ -448,6 +456,10 @@ async fn an_operator_starts_cancels_and_resumes_replays_and_engages_and_releases
 /// Request" (a replay took a filter only). A replay of ticked tasks produces those
 /// tasks' messages, and nothing else, to the target topic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn two_ticked_tasks_replayed_from_the_list_reach_the_target_topic_and_nothing_else() {
     let kafka = cluster(&[("replayed", 1)]);
     let bootstrap = kafka.bootstrap_servers();
@@ -503,6 +515,10 @@ async fn two_ticked_tasks_replayed_from_the_list_reach_the_target_topic_and_noth
 /// seconds the confirm page is shown again, with what the operator typed and why the
 /// replay was not started (the bootstrap servers, what failed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_replay_against_an_unreachable_cluster_shows_the_form_again_with_the_reason() {
     let kafka = cluster(&[("replayed", 1)]);
     let bootstrap = kafka.bootstrap_servers();

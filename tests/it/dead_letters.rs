@@ -394,6 +394,10 @@ async fn hostile_share_group_headers_are_stored_as_unfetchable() {
 /// task recorded the first time, even when its original cannot be fetched any more:
 /// not a second task.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_redelivered_share_group_dead_letter_is_not_recorded_twice() {
     let (broker, store, mut settings) = billing_dlq(&[("billing", 1), ("billing.dlq", 1)]).await;
     let bootstrap = broker.bootstrap_servers();
@@ -448,6 +452,10 @@ async fn a_redelivered_share_group_dead_letter_is_not_recorded_twice() {
 /// its own, keyed by the dead letter's own offset); the disposition is stored and
 /// filters, and a Karafka 2.5 dead letter (`source_*`) is recognised, its group said.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_share_group_dead_letter_written_twice_is_one_task_with_its_disposition() {
     let (broker, store, mut settings) =
         billing_dlq(&[("billing", 1), ("billing.dlq", 1), ("events", 1)]).await;
@@ -565,6 +573,10 @@ async fn a_share_group_dead_letter_written_twice_is_one_task_with_its_dispositio
 /// headers-only dead letter: the `redrive-task-id` that links it is in the original
 /// record fetched, not in the dead letter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_republished_record_failing_again_in_its_share_group_links_to_its_task() {
     let (broker, store, settings) = billing_dlq(&[("billing", 1), ("billing.dlq", 1)]).await;
     let bootstrap = broker.bootstrap_servers();
@@ -656,6 +668,10 @@ fn spring(topic: &str, offset: i64) -> Vec<Header> {
 /// record was republished as an empty record; so was one whose topic header is not
 /// readable, to the route's `republish_topic`. Both are unavailable originals now.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_headers_only_original_or_an_unreadable_topic_is_unavailable_never_republished_empty() {
     let broker = cluster(&[("billing", 1), ("billing.dlq", 1), ("billing.retry", 1)]);
     let bootstrap = broker.bootstrap_servers();
@@ -961,6 +977,10 @@ fn assert_refused_fetch(task: &redrive::Task, why: &str) {
 /// had the fleet fetch any topic it may read (`secrets[0]@0`), store the record and
 /// republish it. With `fetch_originals_from`, only the listed topics are fetched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn an_original_outside_fetch_originals_from_is_not_fetched() {
     let (broker, store, mut settings) =
         billing_dlq(&[("billing", 1), ("billing.dlq", 1), ("secrets", 1)]).await;

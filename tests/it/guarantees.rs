@@ -94,6 +94,10 @@ async fn a_pattern_route_consumes_exactly_the_topics_it_claims() {
 /// The database refuses one message (a trigger raising a non-data error, as in an
 /// outage) until after shutdown; nothing at or after it may be committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn an_unstored_batch_is_a_barrier_for_every_later_commit() {
     let broker = cluster(&[("dlt", 1)]);
     let (store, mut settings) = fresh_store().await;
@@ -150,6 +154,10 @@ async fn an_unstored_batch_is_a_barrier_for_every_later_commit() {
 /// deleted and recreated, two clusters on one database) was logged as a conflict and
 /// dropped. It is stored as a task of its own; its redelivery creates nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_new_message_at_old_coordinates_is_stored_not_dropped() {
     let broker = cluster(&[("dlt", 1)]);
     let (store, mut settings) = fresh_store().await;
@@ -630,6 +638,10 @@ async fn messages_of_every_compression_codec_are_captured() {
 /// `message.max.bytes` while capture accepted far larger messages. A message just under
 /// the capture limit, with odd header names, goes out exactly as it came in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn odd_header_names_and_large_messages_are_republished_byte_for_byte() {
     let broker = cluster(&[("in.dlt", 1), ("out", 1)]);
     let (store, mut settings) = fresh_store().await;

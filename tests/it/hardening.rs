@@ -428,6 +428,10 @@ fn alice(value: &str) -> crate::broker::Sample {
 /// is then SIGKILLed: the second member gets everything again. The message that has a
 /// task is not run again; the downstream ends on each key's newest message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_redelivered_process_mode_message_that_has_a_task_is_not_run_again() {
     let broker = crate::broker::cluster(&[("accounts", 1)]);
     let bootstrap = broker.bootstrap_servers();
@@ -484,6 +488,10 @@ async fn a_redelivered_process_mode_message_that_has_a_task_is_not_run_again() {
 /// v1 succeeds inline (no task), v2 fails inline (a task) and the pool applies it; the
 /// commits were refused, the member is SIGKILLed, the next one gets both again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_redelivered_message_without_a_task_is_not_applied_after_a_newer_one_of_its_key() {
     let broker = crate::broker::cluster(&[("accounts", 1)]);
     let bootstrap = broker.bootstrap_servers();
@@ -552,6 +560,10 @@ impl Handler for Deaf {
 /// Regression: a handler that ignored its token ran on after its lease was taken
 /// over, and its side effect landed after the new owner's attempt began.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_call_whose_lease_was_taken_over_is_stopped_even_if_it_ignores_its_token() {
     let (store, mut settings) = fresh_store().await;
     settings.worker.lease = Duration::from_secs(10);
@@ -588,6 +600,10 @@ async fn a_call_whose_lease_was_taken_over_is_stopped_even_if_it_ignores_its_tok
 /// ran on past the lease, while another member could take the task (and the next task
 /// of its key) over. The call is stopped once its lease could not be renewed in time.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_member_cut_off_from_the_database_stops_calls_whose_lease_ran_out() {
     let (store, settings) = fresh_store().await;
     let proxy = crate::support::PgProxy::start().await;
@@ -623,6 +639,10 @@ async fn a_member_cut_off_from_the_database_stops_calls_whose_lease_ran_out() {
 /// messages are done and their offsets committed, so the partition's new owner never
 /// runs a message the old owner is still running inline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_revoked_partitions_inline_call_ends_before_its_new_owner_starts() {
     // Well within the revoke's wait for flushes (10 s, `REVOKED_FLUSH_WAIT`) however
     // late the second member joins: a call as long as the wait could outlast it (a
@@ -856,6 +876,10 @@ handler = "log"
 /// a bound: the member stops, says why, and its uncommitted messages are delivered
 /// again (and deduplicated) once the group moves its partitions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_member_whose_brokers_die_as_it_stops_still_exits() {
     let CutOff {
         store,
@@ -880,6 +904,10 @@ async fn a_member_whose_brokers_die_as_it_stops_still_exits() {
 /// above, whenever the brokers died before its last commit). The batch is stored, the
 /// commit is left to the bounded close, and the member exits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_member_holding_a_batch_when_its_brokers_die_stores_it_and_exits() {
     let CutOff {
         store,

@@ -333,6 +333,10 @@ const CLI: &[&[&str]] = &[
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn hostile_numbers_on_the_command_line_are_refused_with_an_error() {
     let (store, settings) = crate::support::fresh_store().await;
     let mut task = redrive::NewTask::new("log", b"x".to_vec());

@@ -68,6 +68,10 @@ async fn committed_never_passes_an_unstored_message(store: &Store, settings: &Se
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn random_faults_rebalances_and_shutdowns_lose_and_duplicate_nothing() {
     let seed: u64 = std::env::var("REDRIVE_FAULT_SEED")
         .ok()
@@ -166,6 +170,10 @@ async fn random_faults_rebalances_and_shutdowns_lose_and_duplicate_nothing() {
 /// partition stayed idle, so the group's committed offset stayed behind what was
 /// stored (lag for ever, and a redelivery at the next rebalance or restart).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_refused_commit_is_tried_again_though_no_message_follows() {
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
     let broker = cluster(&[("idle.dlt", 1)]);

@@ -271,6 +271,10 @@ async fn a_closed_or_stuck_stderr_neither_stops_nor_wedges_a_member() {
 /// A member that cannot listen for notifications again (its database out of reach)
 /// says so once, not at every try, and says when it listens again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_listener_that_cannot_reconnect_says_so_once() {
     let (_store, settings) = fresh_store().await;
     let proxy = crate::support::PgProxy::start().await;

@@ -63,6 +63,10 @@ fn env_number(name: &str) -> Option<u64> {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn the_store_agrees_with_a_model_of_leases_under_random_interleavings() {
     let cases = env_number("REDRIVE_MODEL_CASES").unwrap_or(200);
     let first_seed = env_number("REDRIVE_MODEL_SEED").unwrap_or_else(rand::random);

@@ -178,6 +178,10 @@ fn prefixed_names(expr: &str, prefix: &str) -> BTreeSet<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn every_dashboard_panel_and_alert_evaluates_against_a_real_prometheus() {
     let kafka = cluster(&[("orders.dlt", 2), ("payments", 1)]);
     let bootstrap = kafka.bootstrap_servers();
@@ -700,6 +704,10 @@ fn the_shipped_alert_rules_are_the_generators_default_output() {
 /// ready and counts AllBrokersDown; a real Prometheus scraping it with the shipped rules
 /// turns that into alerts, pending at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_member_cut_off_from_kafka_raises_alerts_in_a_real_prometheus() {
     let (store, mut settings) = fresh_store().await;
     let nowhere = free_address();
@@ -782,6 +790,10 @@ async fn metrics_page(at: SocketAddr) -> String {
 /// their lag and committed offset (stale series would make per-topic stall alerts and
 /// lag panels lie), also after its later statistics reports.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_member_stops_exporting_the_partitions_a_rebalance_took_away() {
     let kafka = cluster(&[("orders.dlt", 2)]);
     let bootstrap = kafka.bootstrap_servers();

@@ -677,6 +677,10 @@ async fn a_bulk_action_reports_its_progress_after_every_batch() {
 /// Statuses are compared one by one (so each has its index): every combination selects
 /// exactly its tasks, in lists and in counts; the console's count stops at its bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn every_combination_of_statuses_selects_exactly_its_tasks_and_counts_stop_at_their_bound() {
     use redrive::store::{Action, Selection};
     use redrive::task::Status;

@@ -542,6 +542,10 @@ fn run_measured(mut command: Command) -> (Output, u64) {
 
 /// Bulk discard and retry of 100,000 tasks run in bounded memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn bulk_actions_on_100_000_tasks_stay_under_100_mb() {
     let (store, settings) = fresh_store().await;
     sqlx::query(

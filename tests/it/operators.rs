@@ -605,6 +605,10 @@ async fn retention_deletes_exactly_the_expired_tasks_with_two_members_at_once() 
 /// batch of 500: quadratic, 0.7 s a batch on a million tasks. Batches walk the primary
 /// key; the table's scan counter proves it (flushed when the acting connections close).
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn bulk_batches_walk_the_key_even_with_stale_statistics() {
     let (setup, settings) = fresh_store().await;
     sqlx::query(

@@ -70,6 +70,10 @@ fn finish(task: &Task, outcome: FinishOutcome) -> Finish {
 /// open task of the claimed task's key; after every step: at most one unheld open
 /// task per key, and `check` finds nothing.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn random_interleavings_never_attempt_a_task_before_an_older_open_task_of_its_key() {
     let (store, _) = fresh_store().await;
     let handlers = ["h".to_owned()];
@@ -302,6 +306,10 @@ impl Handler for Ledger {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn process_mode_runs_nothing_inline_behind_an_open_failure_of_its_key() {
     let broker = cluster(&[("balances", 1)]);
     let (store, mut settings) = fresh_store().await;
@@ -405,6 +413,10 @@ fn key_and_sequence(body: &serde_json::Value) -> (String, u64) {
 /// member killed with SIGKILL mid-run and started again. Per key, the calls the server
 /// saw never go back to an earlier message, and every message was delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn killed_members_keep_every_keys_deliveries_in_order() {
     const PER_KEY: u64 = 40;
     let broker = cluster(&[("accounts.dlt", 3)]);

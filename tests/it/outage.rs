@@ -53,6 +53,10 @@ async fn assert_each_message_once(store: &Store, total: usize) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn an_ingest_process_killed_mid_stream_loses_and_duplicates_nothing() {
     let broker = cluster(&[("stream.dlt", 3)]);
     let bootstrap = broker.bootstrap_servers();
@@ -96,6 +100,10 @@ async fn an_ingest_process_killed_mid_stream_loses_and_duplicates_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_member_joining_mid_stream_shares_partitions_without_duplicates() {
     let broker = cluster(&[("shared.dlt", 4)]);
     let bootstrap = broker.bootstrap_servers();
@@ -133,6 +141,10 @@ async fn a_member_joining_mid_stream_shares_partitions_without_duplicates() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_postgres_outage_stops_commits_then_ingest_resumes_with_nothing_lost() {
     let broker = cluster(&[("pg.dlt", 2)]);
     let bootstrap = broker.bootstrap_servers();
@@ -280,6 +292,10 @@ async fn a_member_started_while_postgres_is_down_waits_for_it_then_works() {
 /// store its partitions' messages, and it takes its share back once the database
 /// answers: nothing lost, nothing stored twice, nothing committed unstored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_member_cut_off_from_postgres_gives_its_partitions_to_the_group_and_takes_them_back() {
     let broker = cluster(&[("cut.dlt", 4)]);
     let bootstrap = broker.bootstrap_servers();

@@ -109,6 +109,10 @@ async fn enqueue_work(store: &Store, count: usize) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn two_processes_of_four_workers_handle_each_of_ten_thousand_tasks_once() {
     let (store, settings) = fresh_store().await;
     create_calls_table(&store).await;
@@ -292,6 +296,10 @@ async fn produce_to_every_partition(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_killed_members_partitions_move_to_the_survivor_within_the_session_timeout() {
     let (store, settings) = fresh_store().await;
     let broker = cluster(&[(REBALANCE_TOPIC, REBALANCE_PARTITIONS)]);

@@ -127,21 +127,37 @@ async fn new_messages_at_old_offsets_are_kept(mode: RouteMode, ordering: Orderin
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn an_ordered_process_route_runs_new_messages_at_old_offsets() {
     new_messages_at_old_offsets_are_kept(RouteMode::Process, Ordering::Key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn an_unordered_process_route_runs_new_messages_at_old_offsets() {
     new_messages_at_old_offsets_are_kept(RouteMode::Process, Ordering::None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn an_ordered_capture_route_stores_new_dead_letters_at_old_offsets() {
     new_messages_at_old_offsets_are_kept(RouteMode::Capture, Ordering::Key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn an_unordered_capture_route_stores_new_dead_letters_at_old_offsets() {
     new_messages_at_old_offsets_are_kept(RouteMode::Capture, Ordering::None).await;
 }

@@ -79,6 +79,10 @@ async fn ids(store: &Store, filter: TaskFilter) -> Vec<TaskId> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_message_failing_again_links_generations_and_past_the_limit_is_parked_not_republished() {
     let broker = cluster(&[(DLT, 1), (ORIGINAL, 1), (PARKING, 1)]);
     let bootstrap = broker.bootstrap_servers();
@@ -205,6 +209,10 @@ async fn a_message_failing_again_links_generations_and_past_the_limit_is_parked_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_forged_or_unknown_task_id_is_a_first_failure() {
     let broker = cluster(&[(DLT, 1), ("payments.dlt", 1)]);
     let bootstrap = broker.bootstrap_servers();

@@ -150,6 +150,10 @@ async fn kill_mid_batch(settings: &redrive::Settings, store: &Store, args: &[&st
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_replay_killed_mid_batch_resumes_without_producing_twice() {
     let kafka = cluster(&[("orders", 3), ("replayed", 3)]);
     let bootstrap = kafka.bootstrap_servers();
@@ -273,6 +277,10 @@ async fn a_replay_to_an_internal_or_malformed_topic_is_refused_before_anything_r
 /// Started over HTTP, a replay to each task's original topic is run by a fleet member,
 /// which marks the tasks resolved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_detached_replay_is_run_by_a_fleet_member() {
     let kafka = cluster(&[("orders", 3)]);
     let bootstrap = kafka.bootstrap_servers();
@@ -444,6 +452,10 @@ async fn a_replay_to_an_internal_original_topic_is_refused() {
 /// `--status permanent_failure` replay), everything after the re-read's page was
 /// skipped, tasks of the original batch among them: "done 201/200".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_resumed_batch_whose_selection_grew_produces_every_task_once() {
     let kafka = cluster(&[("orders", 3)]);
     let bootstrap = kafka.bootstrap_servers();
@@ -504,6 +516,10 @@ async fn a_resumed_batch_whose_selection_grew_produces_every_task_once() {
 /// A selected task whose row cannot be read (malformed stored headers) is skipped and
 /// counted; the job goes on past it, even when a whole page is unreadable, and ends done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_task_that_cannot_be_read_is_skipped_and_the_replay_goes_on() {
     let kafka = cluster(&[("orders", 3)]);
     let bootstrap = kafka.bootstrap_servers();
@@ -658,6 +674,10 @@ async fn a_replay_into_a_consumed_topic_is_refused_on_resume_and_on_pickup() {
 /// exactly once; tasks that started matching behind the cursor are not in this replay
 /// (docs/operating.md, "What a replay covers").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_replay_killed_mid_batch_and_resumed_while_its_selection_grew_produces_each_once() {
     let kafka = cluster(&[("orders", 3), ("replayed", 3)]);
     let bootstrap = kafka.bootstrap_servers();
@@ -743,6 +763,10 @@ async fn a_replay_killed_mid_batch_and_resumed_while_its_selection_grew_produces
 /// with mark_resolved, resolved), so the job said fewer than the topic held. The runner
 /// now learns of a cancel within about a second and records what it produced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_replay_cancelled_mid_batch_stops_soon_and_counts_every_message_it_produced() {
     let kafka = cluster(&[("orders", 3)]);
     let bootstrap = kafka.bootstrap_servers();
@@ -826,6 +850,10 @@ async fn a_replay_cancelled_mid_batch_stops_soon_and_counts_every_message_it_pro
 /// failed. The check is bounded, and its answer names the bootstrap servers and what
 /// failed, through the API and the CLI; nothing is recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_replay_against_an_unreachable_cluster_answers_within_seconds_with_the_reason() {
     use crate::admin_api::{with_tokens, Api, OPERATE};
     use std::time::Instant;

@@ -21,6 +21,10 @@ fn spring_context(topic: &str) -> Vec<Header> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn republish_writes_the_same_bytes_and_replaces_context_headers() {
     let broker = cluster(&[("orders.dlt", 1), ("orders", 1)]);
     let bootstrap = broker.bootstrap_servers();
@@ -127,6 +131,10 @@ async fn a_permanent_failure_is_parked_with_its_context() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_broker_outage_pauses_ingest_and_republish_and_loses_nothing() {
     let broker = cluster(&[("flaky.dlt", 2), ("flaky", 2)]);
     let bootstrap = broker.bootstrap_servers();

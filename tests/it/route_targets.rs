@@ -32,6 +32,10 @@ fn header(headers: &[Header], name: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn each_routes_failures_go_to_its_own_republish_and_parking_topics() {
     let topics = [
         "orders.dlt",
@@ -235,6 +239,10 @@ async fn tasks_show_and_the_api_name_the_targets_that_apply_and_where_they_come_
 /// back as a new dead letter, and looped. The republish handler refuses it: the task
 /// ends PERMANENT_FAILURE, parked, with the topic and the route in its error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_dead_letter_whose_original_topic_a_capture_route_consumes_is_parked_not_republished() {
     let broker = cluster(&[("orders1.dlt", 1), ("payments.dlt", 1), ("parking", 1)]);
     let bootstrap = broker.bootstrap_servers();

@@ -471,6 +471,10 @@ impl Handler for Stubborn {
 /// the new lease's entry; the new lease was no longer heartbeated, lapsed in turn, and
 /// a handler that always succeeds never got its result written.
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_lapsed_lease_reclaimed_by_the_same_process_keeps_its_new_lease_alive() {
     let (store, mut settings) = fresh_store().await;
     settings.worker.lease = Duration::from_secs(1);

@@ -172,6 +172,10 @@ async fn tasks_of(store: &redrive::Store, key: &str) -> Vec<(i64, String, i32, O
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_key_ordered_process_route_under_kills_ends_every_key_on_its_newest_message() {
     let knobs = Knobs::from_env();
     let chaos_for = Duration::from_secs(knobs.secs) / 2;

@@ -702,6 +702,10 @@ impl Stored {
 // ---------------------------------------------------------------- the test
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
 async fn a_fleet_under_kills_terminations_and_an_outage_loses_and_repeats_nothing() {
     let knobs = Knobs::from_env();
     println!(
