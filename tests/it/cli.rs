@@ -787,6 +787,40 @@ fn the_demo_starts_a_private_postgresql_when_none_answers_and_no_url_is_given() 
     );
 }
 
+/// Without a server answering, a URL, or the server programs to start one (a mount of
+/// its own hides `/usr/lib/postgresql`), the demo says how to get one and stops.
+#[test]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
+fn the_demo_without_a_database_or_its_programs_says_how_to_get_one() {
+    let empty = tempfile::tempdir().unwrap();
+    let script = format!(
+        "ip link set lo up && mount --bind {} /usr/lib/postgresql && exec \"$0\" \"$@\"",
+        empty.path().display()
+    );
+    let out = Command::new("unshare")
+        .args(["-m", "-n", "sh", "-c", &script])
+        .arg(env!("CARGO_BIN_EXE_redrive"))
+        .args(["demo", "--messages", "10", "--no-console"])
+        .env_remove("DATABASE_URL")
+        .env_remove("REDRIVE__DATABASE__URL")
+        .env_remove("REDRIVE_CONFIG")
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .stdin(Stdio::null())
+        .output_within(CHILD_LIMIT)
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("no PostgreSQL server programs (initdb)")
+            && stderr.contains("apt-get install postgresql")
+            && stderr.contains("docker compose up"),
+        "{stderr}"
+    );
+}
+
 /// The private servers' data folders now in the temporary directory.
 fn private_data_dirs() -> Vec<String> {
     let mut dirs: Vec<String> = std::fs::read_dir(std::env::temp_dir())
