@@ -220,23 +220,13 @@ impl super::Store {
 impl super::Store {
     /// The cause task `id` carries (its last failure's), or `None` before one is set.
     pub async fn cause_of_task(&self, id: crate::task::TaskId) -> Result<Option<super::CauseView>> {
-        let row = sqlx::query(&format!(
+        Ok(sqlx::query_as(&format!(
             "SELECT c.id, c.class, c.fingerprint, c.example, {} AS first_seen \
              FROM recovery_task t JOIN recovery_cause c ON c.id = t.cause_id WHERE t.id = $1",
             super::groups::readable("c.first_seen")
         ))
         .bind(id.0)
         .fetch_optional(&self.pool)
-        .await?;
-        row.map(|row| {
-            Ok(super::CauseView {
-                id: row.try_get("id")?,
-                class: row.try_get("class")?,
-                fingerprint: row.try_get("fingerprint")?,
-                example: row.try_get("example")?,
-                first_seen: row.try_get("first_seen")?,
-            })
-        })
-        .transpose()
+        .await?)
     }
 }

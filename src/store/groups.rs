@@ -111,7 +111,7 @@ impl Default for GroupQuery {
 }
 
 /// A cause as stored.
-#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct CauseView {
     /// Its id (`--cause`, `?cause=`).
     pub id: i64,
@@ -312,7 +312,7 @@ impl Store {
                 .await?;
             let causes = match query.by {
                 GroupBy::Cause | GroupBy::Class => {
-                    sqlx::query(&format!(
+                    sqlx::query_as::<_, CauseView>(&format!(
                         "SELECT id, class, fingerprint, example, {} AS first_seen \
                              FROM recovery_cause WHERE id = ANY($1::text[]::bigint[])",
                         readable("first_seen")
@@ -328,14 +328,7 @@ impl Store {
         tx.commit().await?;
 
         let mut causes = HashMap::new();
-        for row in &cause_rows {
-            let cause = CauseView {
-                id: row.try_get("id")?,
-                class: row.try_get("class")?,
-                fingerprint: row.try_get("fingerprint")?,
-                example: row.try_get("example")?,
-                first_seen: row.try_get("first_seen")?,
-            };
+        for cause in cause_rows {
             causes.insert(cause.id.to_string(), cause);
         }
         let mut trends: HashMap<String, Vec<i64>> = HashMap::new();
