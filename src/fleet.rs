@@ -455,6 +455,7 @@ impl Fleet {
             },
             started_at: chrono::Utc::now(),
             last_seen: chrono::Utc::now(),
+            budgets: Some(self.budgets()),
         }
     }
 

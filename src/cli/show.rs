@@ -32,7 +32,8 @@ const HEX_ON_ONE_LINE: usize = 32;
 /// Bytes a line of a hex dump.
 const HEX_ROW: usize = 16;
 
-/// Prints task `args.id`, with the targets and budget of the reader's configuration.
+/// Prints task `args.id`, with the targets of the reader's configuration and the budget
+/// of the fleet's.
 pub async fn run(operations: &Operations, args: ShowArgs) -> anyhow::Result<()> {
     let detail = operations.show(args.id).await?;
     if args.json {

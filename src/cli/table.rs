@@ -1,6 +1,7 @@
 //! Plain text tables for the operator verbs.
 
 use serde::Serialize;
+use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
 
 use super::output::{errln, out, outln};
 use crate::operations::Page;
@@ -33,44 +34,62 @@ pub fn print_page<T: Serialize>(
 }
 
 /// Prints `rows` under `header`, each column as wide as its widest cell (cells are cut
-/// to `MAX_CELL` characters).
+/// to [`MAX_CELL`] terminal columns).
 pub fn print(header: &[&str], rows: &[Vec<String>]) {
     out!("{}", render(header, rows));
 }
 
-/// Longest cell shown.
+/// Widest cell shown, in terminal columns.
 const MAX_CELL: usize = 60;
 
-/// The table as text.
-pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
-    let cut = |cell: &str| -> String {
-        // Text from messages, downstreams and operators: no terminal escape obeyed.
-        let cell = crate::readable::visible(cell);
-        if cell.chars().count() > MAX_CELL {
-            let mut short: String = cell.chars().take(MAX_CELL - 1).collect();
-            short.push('…');
-            short
-        } else {
-            cell.into_owned()
+/// Columns `text` takes on a terminal (a CJK character two, a combining mark none).
+fn columns(text: &str) -> usize {
+    UnicodeWidthStr::width(text)
+}
+
+/// A cell as one line a terminal shows as it is: no escape obeyed ([`visible`]), a line
+/// break or a tab written `\n` or `\t`, cut with `…` to [`MAX_CELL`] columns.
+///
+/// [`visible`]: crate::readable::visible
+fn cell(text: &str) -> String {
+    let text = crate::readable::visible(text)
+        .replace('\n', "\\n")
+        .replace('\t', "\\t");
+    if columns(&text) <= MAX_CELL {
+        return text;
+    }
+    let mut short = String::new();
+    let mut width = 0;
+    for c in text.chars() {
+        let wide = UnicodeWidthChar::width(c).unwrap_or(0);
+        if width + wide > MAX_CELL - 1 {
+            break;
         }
-    };
+        width += wide;
+        short.push(c);
+    }
+    short.push('…');
+    short
+}
+
+/// The table as text, each column as wide as its widest cell in terminal columns.
+pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
     let rows: Vec<Vec<String>> = rows
         .iter()
-        .map(|row| row.iter().map(|c| cut(c)).collect())
+        .map(|row| row.iter().map(|c| cell(c)).collect())
         .collect();
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| columns(h)).collect();
     for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
+            *width = (*width).max(columns(cell));
         }
     }
     let line = |cells: Vec<&str>| -> String {
         let mut out = String::new();
         for (i, (cell, width)) in cells.iter().zip(&widths).enumerate() {
-            if i + 1 == cells.len() {
-                out.push_str(cell);
-            } else {
-                out.push_str(&format!("{cell:<width$}  "));
+            out.push_str(cell);
+            if i + 1 < cells.len() {
+                out.push_str(&" ".repeat(width - columns(cell) + 2));
             }
         }
         out.trim_end().to_owned() + "\n"
@@ -100,5 +119,42 @@ mod tests {
         assert_eq!(lines[0], "ID     STATUS");
         assert_eq!(lines[1], "1      failed");
         assert!(lines[2].ends_with('…') && lines[2].chars().count() == 7 + MAX_CELL);
+    }
+
+    /// Columns in terminal cells: a wide (CJK) character takes two, a tab or a line
+    /// break in a cell is shown escaped and cannot move the columns after it.
+    #[test]
+    fn wide_characters_and_tabs_keep_the_columns() {
+        let text = render(
+            &["KEY", "STATUS"],
+            &[
+                vec!["注文".into(), "failed".into()],
+                vec!["a\tb\nc".into(), "failed".into()],
+                vec!["abc".into(), "failed".into()],
+            ],
+        );
+        let lines: Vec<&str> = text.lines().collect();
+        let status_column = |line: &str| {
+            let head = &line[..line.find("STATUS").or(line.find("failed")).unwrap()];
+            unicode_width::UnicodeWidthStr::width(head)
+        };
+        assert!(!text.contains('\t'), "a tab reached the terminal: {text:?}");
+        assert!(lines[2].starts_with("a\\tb\\nc"), "{text:?}");
+        let columns: Vec<usize> = lines.iter().map(|l| status_column(l)).collect();
+        assert!(
+            columns.iter().all(|c| *c == columns[0]),
+            "{columns:?} in\n{text}"
+        );
+    }
+
+    #[test]
+    fn a_wide_cell_is_cut_to_the_cell_limit_in_columns() {
+        let text = render(&["KEY"], &[vec!["注".repeat(100)]]);
+        let row = text.lines().nth(1).unwrap();
+        assert!(row.ends_with('…'), "{row}");
+        assert!(
+            unicode_width::UnicodeWidthStr::width(row) <= MAX_CELL,
+            "{row}"
+        );
     }
 }

@@ -362,7 +362,8 @@ fn choice(name: &str, label: &str, current: Option<&str>, names: &[String]) -> M
 
 /// The filter as a compact bar: the status tabs with their counts, the search box,
 /// handler and route among the fleet's names, and every other field folded under
-/// "More filters" (open when one of them is set), filled in with `params`.
+/// "More filters" (open when one of them is set, but for the cause: the banner above the
+/// list names it), filled in with `params`.
 pub(crate) fn form(params: &ListParams, choices: &ListChoices, counts: &TabCounts) -> Markup {
     let f = &params.filter;
     let time = |t: Option<DateTime<Utc>>| t.map(rfc3339);
@@ -442,6 +443,7 @@ pub(crate) fn form(params: &ListParams, choices: &ListChoices, counts: &TabCount
         .filter(|(_, _, v, _)| v.is_some())
         .count()
         + usize::from(params.limit != DEFAULT_LIMIT);
+    let unfold = set > usize::from(f.cause.is_some());
     html! {
         (tabs(params, counts))
         form.filter method="get" action="/console/tasks" {
@@ -468,7 +470,7 @@ pub(crate) fn form(params: &ListParams, choices: &ListChoices, counts: &TabCount
                     a href="/console/tasks" { "Clear the filter" }
                 }
             }
-            details.more open[set > 0] {
+            details.more open[unfold] {
                 summary {
                     "More filters"
                     @if set > 0 { " (" (set) " set)" }

@@ -177,7 +177,7 @@ impl Operations {
         progress: impl FnMut(ActionReport) + Send,
     ) -> Result<ActAnswer> {
         actor.must_operate()?;
-        let action = self.action(verb, request)?;
+        let action = self.action(verb, request).await?;
         let reason = match verb {
             Verb::Discard | Verb::Resolve if !request.dry_run => {
                 Some(required_reason(request.reason.as_deref())?)
@@ -228,7 +228,7 @@ impl Operations {
     }
 
     /// The store's action for `verb`, its options checked.
-    fn action(&self, verb: Verb, request: &ActRequest) -> Result<Action> {
+    async fn action(&self, verb: Verb, request: &ActRequest) -> Result<Action> {
         if verb != Verb::Retry && (request.at.is_some() || request.more_attempts.is_some()) {
             return Err(OperationError::bad_request(
                 "at and more_attempts belong to retry",
@@ -246,7 +246,7 @@ impl Operations {
                     None => Budget::Fresh,
                     Some(attempts) if (1..=MAX_MORE_ATTEMPTS).contains(&attempts) => Budget::More {
                         attempts,
-                        budgets: self.budgets.clone(),
+                        budgets: self.budgets().await?,
                     },
                     Some(n) => {
                         return Err(OperationError::bad_request(format!(

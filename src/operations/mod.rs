@@ -63,7 +63,8 @@ pub struct Operations {
     routes: Vec<RouteSettings>,
     /// Where a task is republished and parked, for `show`.
     targets: Targets,
-    /// The attempt budgets, for `retry --more-attempts` and `check`.
+    /// This configuration's attempt budgets, where the fleet's members recorded none
+    /// ([`Operations::budgets`]).
     budgets: Budgets,
     /// The configured breakers, by handler.
     breakers: BTreeMap<String, BreakerSettings>,
@@ -88,5 +89,13 @@ impl Operations {
     /// The store the verbs work on.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// The attempt budgets the fleet applies, as its live members recorded them, over
+    /// this configuration's: what `show`, `check` and `retry --more-attempts` count
+    /// with, so that a reader configured otherwise (a laptop, a member serving other
+    /// handlers) counts as the members that run the tasks do.
+    async fn budgets(&self) -> Result<Budgets> {
+        Ok(self.store.fleet_budgets(&self.budgets).await?)
     }
 }

@@ -39,13 +39,13 @@ impl Operations {
         Ok(Page::after(tasks, limit, |task| task.id.0))
     }
 
-    /// Every field of task `id`, its payload readable, its attempt history, and where
-    /// this configuration republishes and parks it.
+    /// Every field of task `id`, its payload readable, its attempt history, where this
+    /// configuration republishes and parks it, and the attempts the fleet allows it.
     pub async fn show(&self, id: i64) -> Result<TaskDetail> {
         match self.store.detail(TaskId(id)).await? {
             Some(detail) => Ok(detail
                 .with_targets(&self.targets)
-                .with_budgets(&self.budgets)),
+                .with_budgets(&self.budgets().await?)),
             None => Err(OperationError::NotFound(format!("no such task: {id}"))),
         }
     }
@@ -90,10 +90,9 @@ impl Operations {
         Ok(self.store.outcome_minutes().await?)
     }
 
-    /// The store's invariants, checked against this configuration's budgets (reads
-    /// every task).
+    /// The store's invariants, checked against the fleet's budgets (reads every task).
     pub async fn check(&self) -> Result<CheckReport> {
-        Ok(self.store.check(&self.budgets).await?)
+        Ok(self.store.check(&self.budgets().await?).await?)
     }
 
     /// The fleet's members seen recently, by id.

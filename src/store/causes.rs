@@ -24,21 +24,31 @@ pub(super) async fn cause_ids(
     ids_of(conn, causes, &seen, NEW_CAUSES).await
 }
 
-/// Causes first seen now; one a concurrent transaction inserted is left as it is.
+/// Causes first seen now; one a concurrent transaction inserted is left as it is. A
+/// cause already stored is not offered to the insert: an insert that meets its conflict
+/// still draws an id, and the ids operators type would run with gaps.
 const NEW_CAUSES: &str = "\
     INSERT INTO recovery_cause (class, fingerprint, example, first_seen) \
     SELECT c, f, e, coalesce(s, now()) \
     FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[]) WITH ORDINALITY AS u(c, f, e, s, o) \
+    WHERE NOT EXISTS (SELECT 1 FROM recovery_cause r WHERE r.class = u.c AND r.fingerprint = u.f) \
     ORDER BY o \
     ON CONFLICT (class, fingerprint) DO NOTHING";
 
 /// Causes of earlier tasks: first seen when their earliest task was stored, which moves
 /// an existing cause's first sighting back (one seen again since the upgrade would
-/// otherwise look new, and page as a new cause that grows).
+/// otherwise look new, and page as a new cause that grows). Stored causes are moved by
+/// an update, not offered to the insert (see [`NEW_CAUSES`]).
 const EARLIER_CAUSES: &str = "\
+    WITH u AS ( \
+        SELECT c, f, e, coalesce(s, now()) AS s, o \
+        FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[]) WITH ORDINALITY AS u(c, f, e, s, o)), \
+    moved AS ( \
+        UPDATE recovery_cause r SET first_seen = u.s FROM u \
+        WHERE r.class = u.c AND r.fingerprint = u.f AND r.first_seen > u.s) \
     INSERT INTO recovery_cause AS r (class, fingerprint, example, first_seen) \
-    SELECT c, f, e, coalesce(s, now()) \
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[]) WITH ORDINALITY AS u(c, f, e, s, o) \
+    SELECT c, f, e, s FROM u \
+    WHERE NOT EXISTS (SELECT 1 FROM recovery_cause x WHERE x.class = u.c AND x.fingerprint = u.f) \
     ORDER BY o \
     ON CONFLICT (class, fingerprint) DO UPDATE SET first_seen = EXCLUDED.first_seen \
     WHERE r.first_seen > EXCLUDED.first_seen";

@@ -18,7 +18,7 @@ const SHOWN_PER_KIND: i64 = 100;
 const EXPIRED_LEASE_GRACE_SECONDS: f64 = 60.0;
 
 /// Attempt budgets as the fleet applies them, for tasks that set none of their own.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Budgets {
     /// Routes whose policy sets max attempts.
     pub routes: Vec<(String, i32)>,
@@ -29,6 +29,54 @@ pub struct Budgets {
 }
 
 impl Budgets {
+    /// The budgets a fleet of `members` (newest started first) applies, over `own`:
+    /// a handler's from the newest member whose workers serve it (they count its
+    /// attempts), else from the newest that knows it, else `own`'s; the routes' and the
+    /// default from the newest member that recorded budgets (members share the routes'
+    /// configuration). With no member's record (a fleet down, members older than the
+    /// record), `own`. Mid-upgrade, members may disagree: the newest is what the fleet
+    /// is moving to.
+    pub fn of_fleet(members: &[super::members::Member], own: &Budgets) -> Budgets {
+        let recorded: Vec<(&super::members::Member, &Budgets)> = members
+            .iter()
+            .filter_map(|m| m.budgets.as_ref().map(|b| (m, b)))
+            .collect();
+        let Some((_, newest)) = recorded.first() else {
+            return own.clone();
+        };
+        let mut handlers: Vec<(String, i32)> = Vec::new();
+        let names = recorded
+            .iter()
+            .flat_map(|(_, b)| b.handlers.iter().map(|(name, _)| name))
+            .chain(own.handlers.iter().map(|(name, _)| name));
+        for name in names {
+            if handlers.iter().any(|(known, _)| known == name) {
+                continue;
+            }
+            let of = |budgets: &Budgets| {
+                budgets
+                    .handlers
+                    .iter()
+                    .find(|(h, _)| h == name)
+                    .map(|h| h.1)
+            };
+            let budget = recorded
+                .iter()
+                .filter(|(member, _)| member.serves(name))
+                .chain(recorded.iter())
+                .find_map(|(_, budgets)| of(budgets))
+                .or_else(|| of(own));
+            if let Some(budget) = budget {
+                handlers.push((name.clone(), budget));
+            }
+        }
+        Budgets {
+            routes: newest.routes.clone(),
+            handlers,
+            default: newest.default,
+        }
+    }
+
     /// Binds the budgets as the next five parameters, in the order SQL's
     /// `recovery_attempts_allowed(task, ...)` takes them.
     pub(crate) fn bind<'q>(

@@ -5,6 +5,7 @@ use serde::Serialize;
 use sqlx::Row;
 use std::time::Duration;
 
+use super::check::Budgets;
 use super::{Result, Store};
 
 /// How often a member records itself.
@@ -33,6 +34,9 @@ pub struct Member {
     pub started_at: DateTime<Utc>,
     /// When it last recorded itself.
     pub last_seen: DateTime<Utc>,
+    /// The attempt budgets it applies (none: a member older than this field).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budgets: Option<Budgets>,
 }
 
 impl Member {
@@ -48,10 +52,11 @@ impl Store {
     /// forgets members gone for a day.
     pub async fn record_member(&self, member: &Member) -> Result<()> {
         sqlx::query(
-            "INSERT INTO recovery_member (id, host, version, roles, handlers, started_at, last_seen) \
-             VALUES ($1, $2, $3, $4, $5, $6, now()) \
+            "INSERT INTO recovery_member \
+                 (id, host, version, roles, handlers, started_at, last_seen, budgets) \
+             VALUES ($1, $2, $3, $4, $5, $6, now(), $7) \
              ON CONFLICT (id) DO UPDATE SET last_seen = now(), roles = excluded.roles, \
-                 handlers = excluded.handlers",
+                 handlers = excluded.handlers, budgets = excluded.budgets",
         )
         .bind(&member.id)
         .bind(&member.host)
@@ -59,6 +64,7 @@ impl Store {
         .bind(&member.roles)
         .bind(&member.handlers)
         .bind(member.started_at)
+        .bind(member.budgets.as_ref().map(sqlx::types::Json))
         .execute(&self.pool)
         .await?;
         sqlx::query(&format!(
@@ -97,8 +103,19 @@ impl Store {
                     handlers: r.try_get("handlers")?,
                     started_at: super::time::required(r, "started_at")?,
                     last_seen: super::time::required(r, "last_seen")?,
+                    budgets: r
+                        .try_get::<Option<sqlx::types::Json<Budgets>>, _>("budgets")?
+                        .map(|budgets| budgets.0),
                 })
             })
             .collect()
+    }
+
+    /// The attempt budgets the fleet applies, as its live members recorded them, over
+    /// `own` (the reader's configuration): see [`Budgets::of_fleet`].
+    pub async fn fleet_budgets(&self, own: &Budgets) -> Result<Budgets> {
+        let mut members = self.live_members().await?;
+        members.sort_by(|a, b| b.started_at.cmp(&a.started_at).then(a.id.cmp(&b.id)));
+        Ok(Budgets::of_fleet(&members, own))
     }
 }

@@ -863,3 +863,56 @@ async fn a_bounded_search_without_a_match_still_says_how_to_go_on() {
     assert!(said.contains("no task matches"), "{said}");
     assert!(said.contains("more: --after 11"), "{said}");
 }
+
+/// Found by a review: a cause seen again took an id from the sequence each time (an
+/// insert that met its conflict), so the ids an operator types ran 1, 2, 57, 312.
+/// Seen again, by ingest or by the backfill, a cause takes no id.
+#[tokio::test]
+async fn causes_seen_again_take_no_ids_so_the_ids_run_without_gaps() {
+    let (store, _) = fresh_store().await;
+    for round in 0..5 {
+        for message in ["order 4711 not found", "connection to db:5432 refused"] {
+            store
+                .enqueue(&reported(
+                    "com.acme.Fault",
+                    &message.replace("47", &round.to_string()),
+                    "h",
+                ))
+                .await
+                .unwrap();
+        }
+    }
+    // Tasks the backfill gives causes to, one of them new.
+    sqlx::query(
+        "INSERT INTO recovery_task (handler, status, error_class, error_message, created_at, updated_at) \
+         VALUES ('h', 'failed', 'com.acme.Fault', 'order 9 not found', now() - interval '1 day', now()), \
+                ('h', 'failed', 'com.acme.Other', 'disk full', now(), now())",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    sqlx::query("UPDATE recovery_backfill SET upto = (SELECT max(id) FROM recovery_task)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    while store.backfill_causes().await.unwrap() != Backfill::Done {}
+    store
+        .enqueue(&reported("com.acme.Third", "timeout after 30 s", "h"))
+        .await
+        .unwrap();
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM recovery_cause ORDER BY id")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(ids, vec![1, 2, 3, 4], "cause ids");
+    let age_days = scalar(
+        &store,
+        "SELECT extract(day FROM now() - first_seen)::bigint FROM recovery_cause \
+         WHERE fingerprint LIKE 'order%'",
+    )
+    .await;
+    assert_eq!(
+        age_days, 1,
+        "the backfill still moves a first sighting back"
+    );
+}

@@ -1180,6 +1180,17 @@ async fn the_task_list_is_dense_with_status_tabs_choices_and_folded_filters() {
         "invoice-1 and 10 to 15"
     );
     browser.screenshot("dense-tasks-more-filters").await;
+
+    // A cause is named by the banner above the list: it leaves the fold closed.
+    browser.open(&console.url("/console/tasks?cause=1")).await;
+    assert_eq!(
+        run(&browser, open, Vec::new()).await,
+        serde_json::json!(false)
+    );
+    assert_eq!(
+        browser.text("details.more summary").await,
+        "More filters (1 set)"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

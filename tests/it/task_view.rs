@@ -5,7 +5,8 @@
 use chrono::Utc;
 use redrive::config::BreakerSettings;
 use redrive::store::{
-    Action, BreakerCommand, CompensationOutcome, CompensationResult, Finish, Operator, Selection,
+    Action, BreakerCommand, Budgets, CompensationOutcome, CompensationResult, Finish, Member,
+    Operator, Selection,
 };
 use redrive::task::{order_key, FinishOutcome};
 use redrive::{Failure, NewTask, Settings, Store, Task, TaskId};
@@ -80,6 +81,83 @@ async fn finish(store: &Store, task: &Task, outcome: FinishOutcome, compensate: 
 fn no_far_future(text: &str, detail: &Value) {
     assert!(!text.contains("9999-"), "{text}");
     assert!(!detail.to_string().contains("9999-"), "{detail}");
+}
+
+/// A live worker member `id` serving `billing`, started `age` ago, with `budgets`.
+async fn record_member(store: &Store, id: &str, age: chrono::Duration, budgets: Option<Budgets>) {
+    let member = Member {
+        id: id.into(),
+        host: "host".into(),
+        version: "0".into(),
+        roles: vec!["worker".into()],
+        handlers: vec!["billing".into()],
+        started_at: Utc::now() - age,
+        last_seen: Utc::now(),
+        budgets,
+    };
+    store.record_member(&member).await.unwrap();
+}
+
+/// The attempts a task is allowed are counted with the budgets the fleet's members
+/// apply, not with the reader's configuration: a CLI configured otherwise (here the
+/// default, 10) shows what the members that run the task allow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_budget_shown_is_the_fleets_not_the_readers() {
+    let (store, settings) = fresh_store().await;
+    let api = Api::start(&store, &with_tokens(settings.clone())).await;
+    let billing = enqueue(&store, NewTask::new("billing", "x")).await;
+    let other = enqueue(&store, NewTask::new("ledger", "x")).await;
+    let mut routed = NewTask::new("billing", "x");
+    routed.failure.route = Some("payments".into());
+    let routed = enqueue(&store, routed).await;
+    let allowed = |text: &str, detail: &Value, n: i64| {
+        assert!(
+            text.contains(&format!("{:<22} 0 of {n}", "attempts")),
+            "{text}"
+        );
+        assert_eq!(detail["attempts_allowed"], n, "{detail}");
+    };
+
+    // No member recorded budgets: the reader's own.
+    let (text, detail) = shown(&settings, &api, billing).await;
+    allowed(&text, &detail, 10);
+
+    let fleet = Budgets {
+        routes: vec![("payments".into(), 3)],
+        handlers: vec![("billing".into(), 6)],
+        default: 7,
+    };
+    record_member(
+        &store,
+        "older",
+        chrono::Duration::hours(1),
+        Some(Budgets {
+            handlers: vec![("billing".into(), 9)],
+            ..fleet.clone()
+        }),
+    )
+    .await;
+    record_member(&store, "newer", chrono::Duration::minutes(1), Some(fleet)).await;
+    record_member(
+        &store,
+        "newest-but-old-version",
+        chrono::Duration::zero(),
+        None,
+    )
+    .await;
+    let (text, detail) = shown(&settings, &api, billing).await;
+    allowed(&text, &detail, 6);
+    let (text, detail) = shown(&settings, &api, other).await;
+    allowed(&text, &detail, 7);
+    let (text, detail) = shown(&settings, &api, routed).await;
+    allowed(&text, &detail, 3);
+
+    // The fleet gone: the reader's own again.
+    for id in ["older", "newer", "newest-but-old-version"] {
+        store.forget_member(id).await.unwrap();
+    }
+    let (text, detail) = shown(&settings, &api, billing).await;
+    allowed(&text, &detail, 10);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
