@@ -6,6 +6,7 @@ use super::table;
 use super::watch::WatchArgs;
 use crate::operations::{GroupParams, Operations};
 use crate::store::{GroupBy, Groups, Searched};
+use chrono::SecondsFormat;
 use clap::Args;
 
 /// Options of `tasks groups`.
@@ -69,7 +70,17 @@ pub async fn print(operations: &Operations, args: &GroupsArgs) -> anyhow::Result
         humantime::format_duration(std::time::Duration::from_secs(groups.bucket_seconds)),
     );
     if groups.by == GroupBy::Cause {
-        errln!("a cause's tasks: tasks list --cause ID; act on them: tasks retry|discard|resolve|replay --cause ID");
+        // The window travels with the hint, so that the list and the action select what
+        // the groups counted.
+        let window = groups.failed_after.map_or(String::new(), |at| {
+            format!(
+                " --failed-after {}",
+                at.to_rfc3339_opts(SecondsFormat::Millis, true)
+            )
+        });
+        errln!(
+            "a cause's tasks: tasks list --cause ID{window}; act on them: tasks retry|discard|resolve|replay --cause ID{window}"
+        );
     }
     Ok(())
 }

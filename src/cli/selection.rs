@@ -51,6 +51,10 @@ pub struct FilterArgs {
     /// Last changed before: a time or a duration ago, as for `--created-after`.
     #[arg(long)]
     pub updated_before: Option<String>,
+    /// Last failed (by its report or an attempt) at or after: a time or a duration ago,
+    /// as for `--created-after`; what `tasks groups --since` counts.
+    #[arg(long)]
+    pub failed_after: Option<String>,
     /// Generation exactly: 1 for first failures, N for a message redrive produced that
     /// failed N-1 times again.
     #[arg(long)]
@@ -94,6 +98,7 @@ impl FilterArgs {
             created_before: self.created_before.clone(),
             updated_after: self.updated_after.clone(),
             updated_before: self.updated_before.clone(),
+            failed_after: self.failed_after.clone(),
             generation: self.generation,
             min_generation: self.min_generation,
             previous_task: self.previous_task,

@@ -39,30 +39,45 @@ pub(crate) fn params() -> GroupParams {
 
 /// The task list of one cause's tasks not done.
 pub(crate) fn cause_url(cause: i64) -> String {
-    let filter = TaskFilter {
-        status: vec![Status::Failed, Status::PermanentFailure],
+    list_url(&not_done(cause_filter(cause)), &[])
+}
+
+fn cause_filter(cause: i64) -> TaskFilter {
+    TaskFilter {
         cause: Some(cause),
         ..TaskFilter::default()
-    };
-    list_url(&filter, &[])
+    }
+}
+
+/// `filter`'s tasks not done.
+fn not_done(filter: TaskFilter) -> TaskFilter {
+    TaskFilter {
+        status: vec![Status::Failed, Status::PermanentFailure],
+        ..filter
+    }
 }
 
 /// Where a group's row leads: its tasks not done (a cause, a handler, a route, a
 /// topic), or a class's causes; nowhere for tasks without one (no route, a cause not
-/// yet set), which no filter selects alone.
-fn group_url(by: GroupBy, group: &Group) -> Option<(String, &'static str)> {
+/// yet set), which no filter selects alone. A list keeps the groups' `window` (tasks
+/// that last failed since), so that it lists what the row counts.
+fn group_url(
+    by: GroupBy,
+    group: &Group,
+    window: Option<DateTime<Utc>>,
+) -> Option<(String, &'static str)> {
     let key = group.key.clone()?;
     let not_done = |filter: TaskFilter| {
         list_url(
-            &TaskFilter {
-                status: vec![Status::Failed, Status::PermanentFailure],
+            &not_done(TaskFilter {
+                failed_after: window,
                 ..filter
-            },
+            }),
             &[],
         )
     };
     Some(match by {
-        GroupBy::Cause => (cause_url(group.cause.as_ref()?.id), "tasks →"),
+        GroupBy::Cause => (not_done(cause_filter(group.cause.as_ref()?.id)), "tasks →"),
         GroupBy::Class => (super::causes::class_url(&key), "causes →"),
         GroupBy::Handler => (
             not_done(TaskFilter {
@@ -165,7 +180,9 @@ pub(crate) fn table(groups: &Groups, now: DateTime<Utc>) -> Markup {
                 }
             }
             tbody {
-                @for group in &groups.groups { (row(by, group, groups.bucket_seconds, highest, now)) }
+                @for group in &groups.groups {
+                    (row(by, group, groups.bucket_seconds, highest, groups.failed_after, now))
+                }
             }
         }
     }
@@ -198,6 +215,7 @@ fn row(
     group: &Group,
     bucket_seconds: u64,
     highest: i64,
+    window: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 ) -> Markup {
     let spans = match by {
@@ -238,7 +256,7 @@ fn row(
                 @else { (spans.join(", ")) }
             }
             td.go {
-                @if let Some((url, words)) = group_url(by, group) {
+                @if let Some((url, words)) = group_url(by, group, window) {
                     a href=(url) aria-label=(go_label(by, group)) { (words) }
                 }
             }
@@ -361,7 +379,24 @@ mod tests {
             total_tasks: 1234,
             trend_start: at("2026-12-03T11:00:00Z"),
             bucket_seconds: 900,
+            failed_after: None,
         }
+    }
+
+    /// Found by an attack: under a window, a row counted the tasks that failed within it
+    /// and linked to every task of its cause.
+    #[test]
+    fn a_row_under_a_window_links_the_tasks_it_counts() {
+        let mut windowed = groups("order <n> not found");
+        windowed.failed_after = Some(at("2026-12-03T11:00:00.250Z"));
+        let html = table(&windowed, at("2026-12-03T12:00:00Z")).into_string();
+        let link = html.split("td class=\"go\"><a href=\"").nth(1).unwrap();
+        let link = &link[..link.find('"').unwrap()];
+        assert!(link.contains("cause=7"), "{link}");
+        assert!(
+            link.contains("failed_after=2026-12-03T11%3A00%3A00.250Z"),
+            "{link}"
+        );
     }
 
     #[test]

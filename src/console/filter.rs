@@ -37,7 +37,7 @@ pub(crate) struct ListParams {
 }
 
 /// The parameters of a list request.
-const KNOWN: [&str; 20] = [
+const KNOWN: [&str; 21] = [
     "status",
     "search",
     "cause",
@@ -53,6 +53,7 @@ const KNOWN: [&str; 20] = [
     "created_before",
     "updated_after",
     "updated_before",
+    "failed_after",
     "generation",
     "min_generation",
     "previous_task",
@@ -103,6 +104,7 @@ pub(crate) fn parse(pairs: &[(String, String)], now: DateTime<Utc>) -> Result<Li
             "created_before" => written.created_before = text(),
             "updated_after" => written.updated_after = text(),
             "updated_before" => written.updated_before = text(),
+            "failed_after" => written.failed_after = text(),
             "generation" => written.generation = Some(number(name, value)?),
             "min_generation" => written.min_generation = Some(number(name, value)?),
             "previous_task" => written.previous_task = Some(number(name, value)?),
@@ -168,6 +170,7 @@ pub(crate) fn to_pairs(filter: &TaskFilter) -> Vec<(&'static str, String)> {
         ("created_before", filter.created_before),
         ("updated_after", filter.updated_after),
         ("updated_before", filter.updated_before),
+        ("failed_after", filter.failed_after),
     ];
     pairs.extend(
         times
@@ -213,6 +216,7 @@ pub(crate) fn params(filter: &TaskFilter) -> FilterParams {
         created_before: time(filter.created_before),
         updated_after: time(filter.updated_after),
         updated_before: time(filter.updated_before),
+        failed_after: time(filter.failed_after),
         generation: filter.generation,
         min_generation: filter.min_generation,
         previous_task: filter.previous_task.map(|id| id.0),
@@ -367,7 +371,7 @@ fn choice(name: &str, label: &str, current: Option<&str>, names: &[String]) -> M
 pub(crate) fn form(params: &ListParams, choices: &ListChoices, counts: &TabCounts) -> Markup {
     let f = &params.filter;
     let time = |t: Option<DateTime<Utc>>| t.map(rfc3339);
-    let text_fields: [(&str, &str, Option<String>, &str); 14] = [
+    let text_fields: [(&str, &str, Option<String>, &str); 15] = [
         ("topic", "Topic", f.topic.clone(), ""),
         ("key", "Key (exactly)", f.key.clone(), ""),
         ("key_prefix", "Key starts with", f.key_prefix.clone(), ""),
@@ -412,6 +416,12 @@ pub(crate) fn form(params: &ListParams, choices: &ListChoices, counts: &TabCount
             "Changed before",
             time(f.updated_before),
             "UTC time, or 2h",
+        ),
+        (
+            "failed_after",
+            "Failed after",
+            time(f.failed_after),
+            "UTC time, or 2h: last failed since then",
         ),
         (
             "generation",

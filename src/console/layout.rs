@@ -223,18 +223,23 @@ pub(crate) fn text_opt(text: Option<&str>) -> Markup {
 }
 
 /// A duration in seconds as a person reads it: `42 s`, `3 min 5 s`, `2 h 10 min`,
-/// `3 d 4 h`.
+/// `3 d 4 h`, `5 min`.
 pub(crate) fn age(seconds: f64) -> String {
     let s = if seconds.is_finite() {
         seconds.max(0.0).round() as u64
     } else {
         0
     };
-    match s {
-        0..=59 => format!("{s} s"),
-        60..=3599 => format!("{} min {} s", s / 60, s % 60),
-        3600..=86_399 => format!("{} h {} min", s / 3600, s % 3600 / 60),
-        _ => format!("{} d {} h", s / 86_400, s % 86_400 / 3600),
+    // A unit and the next smaller, left out when zero ("15 min", not "15 min 0 s").
+    let (big, big_unit, small, small_unit) = match s {
+        0..=59 => return format!("{s} s"),
+        60..=3599 => (s / 60, "min", s % 60, "s"),
+        3600..=86_399 => (s / 3600, "h", s % 3600 / 60, "min"),
+        _ => (s / 86_400, "d", s % 86_400 / 3600, "h"),
+    };
+    match small {
+        0 => format!("{big} {big_unit}"),
+        _ => format!("{big} {big_unit} {small} {small_unit}"),
     }
 }
 
@@ -340,6 +345,10 @@ mod tests {
         assert_eq!(age(273_600.0), "3 d 4 h");
         assert_eq!(age(-3.0), "0 s");
         assert_eq!(age(f64::NAN), "0 s");
+        // Found by an attack: a whole unit read "per 5 min 0 s".
+        assert_eq!(age(300.0), "5 min");
+        assert_eq!(age(3_600.0), "1 h");
+        assert_eq!(age(172_800.0), "2 d");
     }
 
     #[test]

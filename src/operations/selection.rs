@@ -89,6 +89,9 @@ pub struct FilterParams {
     pub updated_after: Option<String>,
     /// Last changed before: a time or a duration ago, as for created_after.
     pub updated_before: Option<String>,
+    /// Last failed (by its report or an attempt) at or after: a time or a duration ago,
+    /// as for created_after; what the groups' `since` counts.
+    pub failed_after: Option<String>,
     /// Generation exactly: 1 for first failures, 2 and up for re-failures.
     pub generation: Option<i32>,
     /// Generation at least (2: every re-failure).
@@ -151,6 +154,7 @@ impl FilterParams {
             created_before: time("created_before", &self.created_before)?,
             updated_after: time("updated_after", &self.updated_after)?,
             updated_before: time("updated_before", &self.updated_before)?,
+            failed_after: time("failed_after", &self.failed_after)?,
             generation: self.generation,
             min_generation: self.min_generation,
             previous_task: self.previous_task.map(TaskId),

@@ -112,7 +112,7 @@ impl Store {
         let statuses: Vec<&str> = statuses.iter().map(|s| s.as_str()).collect();
         let statement = format!(
             "SELECT * FROM recovery_breaker b WHERE b.forced = 'open' AND EXISTS ( \
-                 SELECT 1 FROM recovery_task WHERE {CONDITION} AND status = ANY($19) \
+                 SELECT 1 FROM recovery_task WHERE {CONDITION} AND status = ANY($20) \
                    AND handler = b.handler) \
              ORDER BY b.handler"
         );

@@ -29,6 +29,20 @@ pub struct Budgets {
 }
 
 impl Budgets {
+    /// The budgets a member recorded, as a reader may trust them: none when the record
+    /// does not read as budgets (written by hand, or by a release that changed its
+    /// shape) or its default is below 1; a handler's or a route's below 1 left out. A
+    /// bad record of one member must not stop every reader of the fleet.
+    pub fn recorded(value: serde_json::Value) -> Option<Budgets> {
+        let mut budgets: Budgets = serde_json::from_value(value).ok()?;
+        if budgets.default < 1 {
+            return None;
+        }
+        budgets.handlers.retain(|(_, budget)| *budget >= 1);
+        budgets.routes.retain(|(_, budget)| *budget >= 1);
+        Some(budgets)
+    }
+
     /// The budgets a fleet of `members` (newest started first) applies, over `own`:
     /// a handler's from the newest member whose workers serve it (they count its
     /// attempts), else from the newest that knows it, else `own`'s; the routes' and the

@@ -55,6 +55,10 @@ pub struct TaskFilter {
     /// Last changed before.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub updated_before: Option<DateTime<Utc>>,
+    /// Last failed (its cause set, by its report or an attempt) at or after: the window
+    /// of `tasks groups --since`, so that a group's count and its list agree.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed_after: Option<DateTime<Utc>>,
     /// Generation exactly: 1 for first failures, 2 and up for re-failures.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub generation: Option<i32>,
@@ -178,8 +182,8 @@ pub enum Selection {
     Filter(TaskFilter),
 }
 
-/// The condition over `recovery_task` (no alias) for parameters `$1` to `$18`, bound by
-/// [`bind_selection`]; a statement's own parameters start at `$19`. Each part is off
+/// The condition over `recovery_task` (no alias) for parameters `$1` to `$19`, bound by
+/// [`bind_selection`]; a statement's own parameters start at `$20`. Each part is off
 /// when its parameter is NULL. The key filters test each task's own key: a list by a
 /// narrow key finds its tasks first through the key heads ([`KEY_HEADS`]). Statuses (at
 /// most four distinct ones) are compared one by one with `=`, not with `= ANY`: planned
@@ -205,7 +209,8 @@ pub(crate) const CONDITION: &str = "\
     AND ($15::bigint IS NULL OR previous_task_id = $15) \
     AND ($16::text IS NULL OR strpos(lower(coalesce(error_message, '')), lower($16)) > 0) \
     AND ($17::text IS NULL OR disposition = $17) \
-    AND ($18::bigint IS NULL OR cause_id = $18)";
+    AND ($18::bigint IS NULL OR cause_id = $18) \
+    AND ($19::timestamptz IS NULL OR cause_at >= $19)";
 
 /// The key heads (`recovery_task_key_head`, the first 64 bytes of each stored task's key,
 /// recorded once when it is stored) that the key `$5` or the prefix `$6` of [`CONDITION`]
@@ -218,7 +223,7 @@ pub(crate) const KEY_HEADS: &str = "\
             BETWEEN substring($6 FROM 1 FOR 64) AND substring($6 FROM 1 FOR 64) \
                 || decode(repeat('ff', 64 - length(substring($6 FROM 1 FOR 64))), 'hex'))";
 
-/// Binds `$1`..`$18` of [`CONDITION`] for `selection`.
+/// Binds `$1`..`$19` of [`CONDITION`] for `selection`.
 pub(crate) fn bind_selection<'q>(
     query: Query<'q, Postgres, PgArguments>,
     selection: &'q Selection,
@@ -257,4 +262,5 @@ pub(crate) fn bind_selection<'q>(
         .bind(filter.first_error.clone())
         .bind(filter.disposition.clone())
         .bind(filter.cause)
+        .bind(filter.failed_after)
 }

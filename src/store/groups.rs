@@ -171,34 +171,48 @@ pub struct Groups {
     pub trend_start: DateTime<Utc>,
     /// Width of a trend bucket, in seconds.
     pub bucket_seconds: u64,
+    /// The window: tasks that last failed at or after this (the filter's `failed_after`,
+    /// or `since` ago, whichever is later). A group's list carries it, so that it lists
+    /// what the group counts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed_after: Option<DateTime<Utc>>,
 }
 
-/// The groups of a selection, biggest first (`{KEY}`: the grouped column; `$19`: since,
-/// `$20`: most groups). First seen is the oldest task's creation except by cause.
+/// The groups of a selection, biggest first (`{KEY}`: the grouped column; `$20`: most
+/// groups). First seen is the oldest task's creation except by cause.
 const GROUPED: &str = "\
     SELECT {KEY}::text AS key, count(*) AS tasks, {READABLE(max(cause_at))} AS last_seen, {FIRST} AS first_seen, \
            count(*) OVER () AS total_groups, (sum(count(*)) OVER ())::bigint AS total_tasks \
-    FROM recovery_task WHERE {CONDITION} AND ($19::timestamptz IS NULL OR cause_at >= $19) \
+    FROM recovery_task WHERE {CONDITION} \
     GROUP BY {KEY} ORDER BY tasks DESC, key LIMIT $20";
 
-/// The trend of listed groups (`$19`: their keys; `$20`: the trend's start in epoch
-/// seconds; `$21`: a bucket's width in seconds; `$22`: since).
+/// The trend of listed groups (`$20`: their keys, a NULL among them for the group
+/// without one; `$21`: the trend's start in epoch seconds; `$22`: a bucket's width in
+/// seconds). The group without a key is its own branch, folded away when not listed (a
+/// test of `{KEY} IS NULL` beside the keys would cost the cause index its scan).
 const TREND: &str = "\
-    SELECT {KEY}::text AS key, least(floor((extract(epoch FROM cause_at) - $20) / $21), 1e9)::int AS bucket, \
-           count(*) AS tasks \
-    FROM recovery_task WHERE {CONDITION} AND {KEY} = ANY($19::text[]::{TYPE}[]) \
-      AND cause_at >= to_timestamp($20) AND ($22::timestamptz IS NULL OR cause_at >= $22) \
+    SELECT {KEY}::text AS key, {BUCKET} AS bucket, count(*) AS tasks \
+    FROM recovery_task WHERE {CONDITION} AND {KEY} = ANY($20::text[]::{TYPE}[]) \
+      AND cause_at >= to_timestamp($21) \
+    GROUP BY 1, 2 \
+    UNION ALL \
+    SELECT NULL::text, {BUCKET}, count(*) \
+    FROM recovery_task WHERE {CONDITION} AND {KEY} IS NULL AND {NULL_LISTED} \
+      AND cause_at >= to_timestamp($21) \
     GROUP BY 1, 2";
 
-/// The newest tasks of each listed group (`$19`: keys; `$20`: how many of each; `$21`:
-/// since).
+/// The newest tasks of each listed group (`$20`: keys, a NULL among them for the group
+/// without one, its own branch as in [`TREND`]; `$21`: how many of each).
 const SAMPLE: &str = "\
-    SELECT k::text AS key, s.handler, s.route, s.id, s.error FROM unnest($19::text[]::{TYPE}[]) k \
+    SELECT k::text AS key, s.handler, s.route, s.id, s.error FROM unnest($20::text[]::{TYPE}[]) k \
     CROSS JOIN LATERAL ( \
         SELECT handler, route, id, left(coalesce(last_error, error_message), 500) AS error \
         FROM recovery_task WHERE {CONDITION} AND {KEY} = k \
-          AND ($21::timestamptz IS NULL OR cause_at >= $21) \
-        ORDER BY cause_at DESC LIMIT $20) s";
+        ORDER BY cause_at DESC LIMIT $21) s \
+    UNION ALL \
+    (SELECT NULL::text, handler, route, id, left(coalesce(last_error, error_message), 500) \
+     FROM recovery_task WHERE {CONDITION} AND {KEY} IS NULL AND {NULL_LISTED} \
+     ORDER BY cause_at DESC LIMIT $21)";
 
 /// `time`, or NULL where no program reads it (infinity, or beyond the years 1 to 9999: a
 /// row written by hand must not stop a grouping).
@@ -218,6 +232,14 @@ fn statement(template: &str, by: GroupBy) -> String {
         .replace("{FIRST}", first)
         .replace("{READABLE(max(cause_at))}", &readable("max(cause_at)"))
         .replace("{READABLE(min(created_at))}", &readable("min(created_at)"))
+        .replace(
+            "{BUCKET}",
+            "least(floor((extract(epoch FROM cause_at) - $21) / $22), 1e9)::int",
+        )
+        .replace(
+            "{NULL_LISTED}",
+            "array_position($20::text[], NULL) IS NOT NULL",
+        )
         .replace("{CONDITION}", CONDITION)
         .replace("{KEY}", by.column())
         .replace("{TYPE}", kind)
@@ -238,12 +260,16 @@ impl Store {
         if filter.status.is_empty() {
             filter.status = vec![Status::Failed, Status::PermanentFailure];
         }
-        let statuses = filter.status.clone();
-        let selection = Selection::Filter(filter);
+        // The window is the filter's `failed_after`, so that a group's list, and an
+        // action on it, select what the group counts.
         let since = query
             .since
             .and_then(|s| chrono::Duration::from_std(s).ok())
             .map(|s| Utc::now() - s);
+        filter.failed_after = filter.failed_after.max(since);
+        let statuses = filter.status.clone();
+        let failed_after = filter.failed_after;
+        let selection = Selection::Filter(filter);
         let buckets = query.buckets.clamp(1, 1000);
         let bucket_seconds = (query.trend.as_secs() / u64::from(buckets)).max(1);
         let trend_start =
@@ -277,7 +303,6 @@ impl Store {
             }
         }
         let rows = bind_selection(sqlx::query(&statement(GROUPED, query.by)), &selection)
-            .bind(since)
             .bind(limit)
             .fetch_all(&mut *tx)
             .await?;
@@ -293,7 +318,7 @@ impl Store {
                 first_seen: row.try_get("first_seen")?,
             });
         }
-        let keys: Vec<&str> = counted.iter().filter_map(|c| c.key.as_deref()).collect();
+        let keys: Vec<Option<&str>> = counted.iter().map(|c| c.key.as_deref()).collect();
         let (trend_rows, sample_rows, cause_rows) = if keys.is_empty() {
             (Vec::new(), Vec::new(), Vec::new())
         } else {
@@ -301,13 +326,11 @@ impl Store {
                 .bind(&keys)
                 .bind(trend_start.timestamp() as f64)
                 .bind(bucket_seconds as f64)
-                .bind(since)
                 .fetch_all(&mut *tx)
                 .await?;
             let sample = bind_selection(sqlx::query(&statement(SAMPLE, query.by)), &selection)
                 .bind(&keys)
                 .bind(SPAN_SAMPLE)
-                .bind(since)
                 .fetch_all(&mut *tx)
                 .await?;
             let causes = match query.by {
@@ -331,9 +354,9 @@ impl Store {
         for cause in cause_rows {
             causes.insert(cause.id.to_string(), cause);
         }
-        let mut trends: HashMap<String, Vec<i64>> = HashMap::new();
+        let mut trends: HashMap<Option<String>, Vec<i64>> = HashMap::new();
         for row in &trend_rows {
-            let key: String = row.try_get("key")?;
+            let key: Option<String> = row.try_get("key")?;
             let bucket: i32 = row.try_get("bucket")?;
             let tasks: i64 = row.try_get("tasks")?;
             let trend = trends
@@ -348,9 +371,9 @@ impl Store {
                 }
             }
         }
-        let mut spans: HashMap<String, Span> = HashMap::new();
+        let mut spans: HashMap<Option<String>, Span> = HashMap::new();
         for row in &sample_rows {
-            let key: String = row.try_get("key")?;
+            let key: Option<String> = row.try_get("key")?;
             let span = spans.entry(key).or_default();
             span.handlers.insert(row.try_get("handler")?);
             if let Some(route) = row.try_get::<Option<String>, _>("route")? {
@@ -364,16 +387,15 @@ impl Store {
         let mut groups: Vec<Group> = counted
             .into_iter()
             .map(|c| {
-                let key = c.key.clone().unwrap_or_default();
-                let cause = causes.get(&key).cloned();
-                let span = spans.remove(&key).unwrap_or_default();
+                let cause = c.key.as_ref().and_then(|key| causes.get(key)).cloned();
+                let span = spans.remove(&c.key).unwrap_or_default();
                 Group {
                     first_seen: cause.as_ref().and_then(|c| c.first_seen).or(c.first_seen),
                     cause,
                     tasks: c.tasks,
                     last_seen: c.last_seen,
                     trend: trends
-                        .remove(&key)
+                        .remove(&c.key)
                         .unwrap_or_else(|| vec![0; buckets as usize]),
                     handlers: span.handlers.into_iter().collect(),
                     routes: span.routes.into_iter().collect(),
@@ -396,6 +418,7 @@ impl Store {
             total_tasks,
             trend_start,
             bucket_seconds,
+            failed_after,
         })
     }
 }

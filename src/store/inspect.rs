@@ -104,15 +104,15 @@ pub(super) const SUMMARY_COLUMNS: &str = "\
     left(coalesce(last_error, error_message), {PREVIEW}) AS last_error, lease_owner, created_at, updated_at";
 
 const LIST: &str = "\
-    SELECT {SUMMARY} FROM recovery_task WHERE {CONDITION} AND ($19::bigint IS NULL OR id < $19) \
-    ORDER BY id DESC LIMIT $20";
+    SELECT {SUMMARY} FROM recovery_task WHERE {CONDITION} AND ($20::bigint IS NULL OR id < $20) \
+    ORDER BY id DESC LIMIT $21";
 
 /// [`LIST`] by a narrow key filter: its tasks (at most [`KEYED_SORT_MAX`]) are found by id
 /// from their key heads, then sorted.
 const LIST_BY_KEY_HEADS: &str = "\
-    SELECT {SUMMARY} FROM recovery_task WHERE {CONDITION} AND ($19::bigint IS NULL OR id < $19) \
+    SELECT {SUMMARY} FROM recovery_task WHERE {CONDITION} AND ($20::bigint IS NULL OR id < $20) \
         AND id = ANY(ARRAY(SELECT task_id FROM {KEY_HEADS})) \
-    ORDER BY id DESC LIMIT $20";
+    ORDER BY id DESC LIMIT $21";
 
 /// How every list runs: planned for its own filter each time (a prepared statement's
 /// generic plan would serve every filter with one plan).
@@ -126,8 +126,8 @@ const CUSTOM_PLANS: &str = "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan
 /// depend on the planner's statistics.
 const KEYED_SORT_MAX: i64 = 5_000;
 
-/// The key heads a selection's key filter selects (`$1`..`$18`), counted up to `$19`.
-const KEY_RANGE: &str = "SELECT count(*) FROM (SELECT 1 FROM {KEY_HEADS} LIMIT $19) s";
+/// The key heads a selection's key filter selects (`$1`..`$19`), counted up to `$20`.
+const KEY_RANGE: &str = "SELECT count(*) FROM (SELECT 1 FROM {KEY_HEADS} LIMIT $20) s";
 
 /// Most tasks of unresolved statuses a list finds through their indexes and sorts (a
 /// sort of 20,000 short rows takes milliseconds); with more it walks newest first.
@@ -136,9 +136,9 @@ const STATUS_SORT_MAX: i64 = 20_000;
 /// PostgreSQL's SQLSTATE for a statement cancelled by `statement_timeout`.
 const QUERY_CANCELED: &str = "57014";
 
-/// The tasks a selection (`$1`..`$18`) holds, counted up to `$19`.
+/// The tasks a selection (`$1`..`$19`) holds, counted up to `$20`.
 const COUNT_UP_TO: &str =
-    "SELECT count(*) FROM (SELECT 1 FROM recovery_task WHERE {CONDITION} LIMIT $19) s";
+    "SELECT count(*) FROM (SELECT 1 FROM recovery_task WHERE {CONDITION} LIMIT $20) s";
 
 /// The tasks `selection` holds, counted in `tx` up to `most + 1`.
 async fn count_up_to_in(

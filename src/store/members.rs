@@ -104,8 +104,8 @@ impl Store {
                     started_at: super::time::required(r, "started_at")?,
                     last_seen: super::time::required(r, "last_seen")?,
                     budgets: r
-                        .try_get::<Option<sqlx::types::Json<Budgets>>, _>("budgets")?
-                        .map(|budgets| budgets.0),
+                        .try_get::<Option<serde_json::Value>, _>("budgets")?
+                        .and_then(Budgets::recorded),
                 })
             })
             .collect()

@@ -190,15 +190,15 @@ pub struct Applicable {
 pub(super) const STARTED: &str = "(t.status IN ('permanent_failure', 'discarded') \
     AND c.attempts > 0 AND c.state <> 'cancelled')";
 
-// The history rows' outcomes are `$36` (`fenced`, for an attempt running meanwhile) and
-// `$37` (the action's own, [`Action::history`]).
+// The history rows' outcomes are `$37` (`fenced`, for an attempt running meanwhile) and
+// `$38` (the action's own, [`Action::history`]).
 const BATCH: &str = r#"
 WITH target AS (
     SELECT id, status, lease_owner, lease_version, attempts, leased_at, next_attempt_at, order_key
     FROM recovery_task
-    WHERE {CONDITION} AND id > $19 AND status = ANY($20)
+    WHERE {CONDITION} AND id > $20 AND status = ANY($21)
     ORDER BY id
-    LIMIT $21
+    LIMIT $22
     FOR UPDATE),
 -- Their compensations, locked (after the tasks, as a worker's finish locks them): a claim
 -- starting now skips them until this commits, and one that committed meanwhile is seen.
@@ -209,12 +209,12 @@ owed AS MATERIALIZED (
 started AS (
     SELECT t.id FROM target t JOIN owed c ON c.task_id = t.id WHERE {STARTED}),
 chosen AS (
-    SELECT * FROM target WHERE NOT $35 OR id NOT IN (SELECT id FROM started)),
+    SELECT * FROM target WHERE NOT $36 OR id NOT IN (SELECT id FROM started)),
 interrupted AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
     SELECT id, lease_version, attempts, lease_owner, least(greatest(coalesce(leased_at, now()), '4713-12-01 BC'), '262142-01-01'),
            least(greatest(extract(epoch FROM now() - least(greatest(leased_at, '4713-12-01 BC'), '262142-01-01')) * 1000, 0), 2147483647)::int,
-           $36::text, 'an operator acted (' || $22 || ') while this attempt ran; its result was dropped'
+           $37::text, 'an operator acted (' || $23 || ') while this attempt ran; its result was dropped'
     FROM chosen
     WHERE lease_owner IS NOT NULL
     ON CONFLICT DO NOTHING),
@@ -232,28 +232,28 @@ stopping AS (
     ON CONFLICT DO NOTHING),
 changed AS (
     UPDATE recovery_task t
-    SET status = $23,
+    SET status = $24,
         lease_owner = NULL,
         leased_at = NULL,
         lease_version = t.lease_version + 1,
         -- A held task stays behind its key's open task; the others wait for their
         -- handler's breaker hold, if any.
-        next_attempt_at = CASE WHEN $23 = 'failed' AND NOT t.held
+        next_attempt_at = CASE WHEN $24 = 'failed' AND NOT t.held
             THEN (SELECT due_at FROM recovery_due_at(t.handler,
-                      coalesce($24, now() + make_interval(secs => $29), now())))
+                      coalesce($25, now() + make_interval(secs => $30), now())))
             ELSE t.next_attempt_at END,
-        finished_at = CASE WHEN $23 = 'failed' THEN NULL ELSE now() END,
+        finished_at = CASE WHEN $24 = 'failed' THEN NULL ELSE now() END,
         -- From where the task stands: a whole budget after the attempts it made, or N
         -- more than it has left (attempts counted beyond its budget are not left).
         attempt_grants = CASE
-            WHEN $23 <> 'failed' THEN t.attempt_grants
-            WHEN $25::int IS NULL THEN t.attempts
-            ELSE least(t.attempt_grants::bigint + $25 + greatest(
-                     t.attempts - recovery_attempts_allowed(t, $30, $31, $32, $33, $34), 0),
+            WHEN $24 <> 'failed' THEN t.attempt_grants
+            WHEN $26::int IS NULL THEN t.attempts
+            ELSE least(t.attempt_grants::bigint + $26 + greatest(
+                     t.attempts - recovery_attempts_allowed(t, $31, $32, $33, $34, $35), 0),
                  2147483647)::int END,
         -- A forced retry over a compensation starts over: the checkpoint says done what
         -- the compensation may have undone.
-        checkpoint = CASE WHEN $23 = 'failed' AND t.id IN (SELECT id FROM started) THEN NULL
+        checkpoint = CASE WHEN $24 = 'failed' AND t.id IN (SELECT id FROM started) THEN NULL
                           ELSE t.checkpoint END,
         updated_at = now()
     FROM chosen
@@ -266,7 +266,7 @@ cancelled AS (
     UPDATE recovery_compensation c
     SET state = 'cancelled', finished_at = now(), version = c.version + 1
     FROM changed
-    WHERE c.task_id = changed.id AND c.state = 'pending' AND $23 IN ('failed', 'resolved')
+    WHERE c.task_id = changed.id AND c.state = 'pending' AND $24 IN ('failed', 'resolved')
     RETURNING c.task_id),
 -- Members check their leases and claims at once when told (on commit) that some were
 -- fenced, instead of at their next heartbeat.
@@ -276,9 +276,9 @@ told AS (
        OR EXISTS (SELECT 1 FROM cancelled)),
 recorded AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
-    SELECT id, lease_version, attempts, $26, now(), 0, $37::text, $27 FROM changed),
+    SELECT id, lease_version, attempts, $27, now(), 0, $38::text, $28 FROM changed),
 counted AS (
-    UPDATE recovery_audit SET count = count + (SELECT count(*) FROM changed) WHERE id = $28)
+    UPDATE recovery_audit SET count = count + (SELECT count(*) FROM changed) WHERE id = $29)
 SELECT (SELECT max(id) FROM target) AS scanned_to, (SELECT count(*) FROM changed) AS changed,
        (SELECT count(*) FROM target) - (SELECT count(*) FROM chosen) AS refused,
        (SELECT count(*) FROM told) AS told
@@ -288,7 +288,7 @@ const COUNT: &str = r#"
 SELECT count(*) AS applies,
        count(*) FILTER (WHERE EXISTS (
            SELECT 1 FROM recovery_compensation c WHERE c.task_id = t.id AND {STARTED})) AS started
-FROM recovery_task t WHERE {CONDITION} AND status = ANY($19)
+FROM recovery_task t WHERE {CONDITION} AND status = ANY($20)
 "#;
 
 /// `statement` with its fragments filled in.

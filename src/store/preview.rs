@@ -10,26 +10,26 @@ use super::operate::{Action, STARTED};
 use super::{Result, Store, StoreError, TaskSummary, ORDERED_WALK};
 
 /// The first tasks (by id, as the action walks them) in a status the action applies to,
-/// less those it would leave alone over a started compensation (`$20`).
+/// less those it would leave alone over a started compensation (`$21`).
 const ACTION_SAMPLE: &str = "\
-    SELECT {SUMMARY} FROM recovery_task t WHERE {CONDITION} AND status = ANY($19) \
-      AND NOT ($20 AND EXISTS (SELECT 1 FROM recovery_compensation c \
+    SELECT {SUMMARY} FROM recovery_task t WHERE {CONDITION} AND status = ANY($20) \
+      AND NOT ($21 AND EXISTS (SELECT 1 FROM recovery_compensation c \
                                WHERE c.task_id = t.id AND {STARTED})) \
-    ORDER BY id LIMIT $21";
+    ORDER BY id LIMIT $22";
 
-/// Whether a replay produces a task (`$19`: its target topic, if one was given): the
+/// Whether a replay produces a task (`$20`: its target topic, if one was given): the
 /// replay runner's own rule (`replay::target_of`).
-const PRODUCED: &str = "payload_stored AND ($19::text IS NOT NULL OR original_topic IS NOT NULL)";
+const PRODUCED: &str = "payload_stored AND ($20::text IS NOT NULL OR original_topic IS NOT NULL)";
 
 const REPLAY_COUNTS: &str = "\
     SELECT count(*) AS selected, count(*) FILTER (WHERE {PRODUCED}) AS produced, \
            count(*) FILTER (WHERE NOT payload_stored) AS payload_not_stored, \
-           count(*) FILTER (WHERE payload_stored AND $19::text IS NULL \
+           count(*) FILTER (WHERE payload_stored AND $20::text IS NULL \
                             AND original_topic IS NULL) AS no_original_topic \
     FROM recovery_task WHERE {CONDITION}";
 
 const REPLAY_SAMPLE: &str = "\
-    SELECT {SUMMARY} FROM recovery_task WHERE {CONDITION} AND {PRODUCED} ORDER BY id LIMIT $20";
+    SELECT {SUMMARY} FROM recovery_task WHERE {CONDITION} AND {PRODUCED} ORDER BY id LIMIT $21";
 
 /// The first tasks an action would change, in its order.
 #[derive(Debug, Default)]

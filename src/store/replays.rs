@@ -474,10 +474,10 @@ impl Store {
         let statement = format!(
             "SELECT {columns} FROM (SELECT *, row_number() OVER w AS rn, sum(coalesce(octet_length(msg_key), 0) \
                  + coalesce(octet_length(msg_value), 0) + octet_length(msg_headers)) OVER w AS running \
-             FROM (SELECT * FROM recovery_task WHERE {CONDITION} AND id > $19 \
-                   AND ($20::bigint IS NULL OR id <= $20) ORDER BY id LIMIT $21) t \
+             FROM (SELECT * FROM recovery_task WHERE {CONDITION} AND id > $20 \
+                   AND ($21::bigint IS NULL OR id <= $21) ORDER BY id LIMIT $22) t \
              WINDOW w AS (ORDER BY id)) b \
-             WHERE rn = 1 OR running <= $22 ORDER BY id",
+             WHERE rn = 1 OR running <= $23 ORDER BY id",
             columns = task_columns!()
         );
         let mut tx = self.pool.begin_with(ORDERED_WALK).await?;

@@ -45,18 +45,18 @@ pub struct SearchPage {
     pub searched: Searched,
 }
 
-/// `$19`: below this id; `$20`: page size; `$21`: most tasks read; `$22`: the text.
+/// `$20`: below this id; `$21`: page size; `$22`: most tasks read; `$23`: the text.
 const SEARCH: &str = "\
     WITH scanned AS MATERIALIZED ( \
         SELECT id, msg_key, msg_value, msg_headers FROM recovery_task \
-        WHERE {CONDITION} AND ($19::bigint IS NULL OR id < $19) \
-        ORDER BY id DESC LIMIT $21), \
+        WHERE {CONDITION} AND ($20::bigint IS NULL OR id < $20) \
+        ORDER BY id DESC LIMIT $22), \
     found AS MATERIALIZED ( \
         SELECT id FROM scanned \
-        WHERE position($22::bytea IN coalesce(msg_key, '')) > 0 \
-           OR position($22::bytea IN coalesce(msg_value, '')) > 0 \
-           OR (position($22::bytea IN msg_headers) > 0 AND recovery_headers_hold(msg_headers, $22)) \
-        ORDER BY id DESC LIMIT $20), \
+        WHERE position($23::bytea IN coalesce(msg_key, '')) > 0 \
+           OR position($23::bytea IN coalesce(msg_value, '')) > 0 \
+           OR (position($23::bytea IN msg_headers) > 0 AND recovery_headers_hold(msg_headers, $23)) \
+        ORDER BY id DESC LIMIT $21), \
     page AS (SELECT {SUMMARY} FROM recovery_task WHERE id IN (SELECT id FROM found)) \
     SELECT page.*, s.scanned, s.down_to \
     FROM (SELECT count(*) AS scanned, min(id) AS down_to FROM scanned) s \

@@ -916,3 +916,118 @@ async fn causes_seen_again_take_no_ids_so_the_ids_run_without_gaps() {
         "the backfill still moves a first sighting back"
     );
 }
+
+/// Found by an attack: under a window (`--since 1h`), a group counted 15 tasks while
+/// its link, its hint and an action by its cause selected all 433. The window travels
+/// as the filter's `failed_after`, in the CLI's hint and the API's answer (the
+/// console's links: `console::broke`'s tests), and a list or a dry run by it counts what
+/// the group counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_groups_window_travels_to_its_list_and_its_actions() {
+    use crate::operator_cli::run;
+
+    let (store, settings) = fresh_store().await;
+    for order in 0..5 {
+        store
+            .enqueue(&reported(
+                "com.acme.Missing",
+                &format!("order {order} not found"),
+                "billing",
+            ))
+            .await
+            .unwrap();
+    }
+    sqlx::query("UPDATE recovery_task SET cause_at = now() - interval '2 days' WHERE id <= 3")
+        .execute(store.pool())
+        .await
+        .unwrap();
+
+    let out = run(&settings, &["tasks", "groups", "--since", "1h", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let groups: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(groups["groups"][0]["tasks"], 2, "{groups}");
+    let window = groups["failed_after"]
+        .as_str()
+        .expect("the window in the answer")
+        .to_owned();
+    let cause = groups["groups"][0]["cause"]["id"]
+        .as_i64()
+        .unwrap()
+        .to_string();
+
+    let table = run(&settings, &["tasks", "groups", "--since", "1h"]);
+    let hint = String::from_utf8_lossy(&table.stderr).into_owned();
+    let hinted = hint
+        .split("--failed-after ")
+        .nth(1)
+        .and_then(|rest| rest.split([';', ' ', '\n']).next())
+        .unwrap_or_else(|| panic!("no window in the hint: {hint}"))
+        .to_owned();
+
+    let listed = run(
+        &settings,
+        &[
+            "tasks",
+            "list",
+            "--cause",
+            &cause,
+            "--failed-after",
+            &hinted,
+            "--json",
+        ],
+    );
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed["items"].as_array().unwrap().len(), 2, "{listed}");
+    let dry = run(
+        &settings,
+        &[
+            "tasks",
+            "retry",
+            "--cause",
+            &cause,
+            "--failed-after",
+            &window,
+            "--dry-run",
+        ],
+    );
+    let said =
+        String::from_utf8_lossy(&dry.stdout).into_owned() + &String::from_utf8_lossy(&dry.stderr);
+    assert!(dry.status.success(), "{said}");
+    assert!(
+        said.contains("2 task"),
+        "a dry run by the window selects 2: {said}"
+    );
+}
+
+/// Found by an attack: the group without a key (tasks with no route, stored by
+/// `redrive enqueue`) showed no trend, no handlers and no example though its tasks had
+/// just failed.
+#[tokio::test]
+async fn the_group_without_a_key_has_its_trend_handlers_and_example() {
+    let (store, _) = fresh_store().await;
+    store
+        .enqueue(&reported("com.acme.Down", "db down", "billing"))
+        .await
+        .unwrap();
+    let mut routed = reported("com.acme.Down", "db down", "ledger");
+    routed.failure.route = Some("payments".into());
+    store.enqueue(&routed).await.unwrap();
+    let groups = store.groups(&query(GroupBy::Route)).await.unwrap();
+    assert_eq!(groups.groups.len(), 2, "{groups:#?}");
+    for group in &groups.groups {
+        assert_eq!(group.trend.iter().sum::<i64>(), 1, "{group:#?}");
+        assert_eq!(group.handlers.len(), 1, "{group:#?}");
+        assert!(group.example_task.is_some(), "{group:#?}");
+    }
+    let none = groups.groups.iter().find(|g| g.key.is_none()).unwrap();
+    assert_eq!(none.handlers, vec!["billing".to_owned()]);
+}

@@ -160,6 +160,73 @@ async fn the_budget_shown_is_the_fleets_not_the_readers() {
     allowed(&text, &detail, 10);
 }
 
+/// Found by an attack: one member's budgets that did not read (written by hand, or by
+/// a release that changed their shape) failed `tasks show`, the API, `check` and
+/// `members` for the whole fleet, and a budget below 1 was counted as it was. Such a
+/// record is passed over; the budgets of the other members stand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_budgets_that_do_not_read_are_passed_over() {
+    let (store, settings) = fresh_store().await;
+    let api = Api::start(&store, &with_tokens(settings.clone())).await;
+    let billing = enqueue(&store, NewTask::new("billing", "x")).await;
+    record_member(
+        &store,
+        "sound",
+        chrono::Duration::hours(1),
+        Some(Budgets {
+            routes: vec![],
+            handlers: vec![("billing".into(), 6)],
+            default: 7,
+        }),
+    )
+    .await;
+    let hostile = [
+        "'{}'",
+        "'null'",
+        "'[]'",
+        "'\"6\"'",
+        r#"'{"routes":[],"handlers":[["billing",99999999999]],"default":5}'"#,
+        r#"'{"routes":[],"handlers":[["billing",-5]],"default":-5}'"#,
+        r#"'{"routes":[],"handlers":[["billing",0]],"default":0}'"#,
+    ];
+    for (i, budgets) in hostile.iter().enumerate() {
+        sqlx::query(&format!(
+            "INSERT INTO recovery_member (id, host, version, roles, handlers, started_at, last_seen, budgets) \
+             VALUES ('hostile-{i}', 'h', '9', ARRAY['worker'], ARRAY['billing'], now(), now(), {budgets})"
+        ))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
+    let (text, detail) = shown(&settings, &api, billing).await;
+    assert!(
+        text.contains(&format!("{:<22} 0 of 6", "attempts")),
+        "{text}"
+    );
+    assert_eq!(detail["attempts_allowed"], 6, "{detail}");
+    for verb in [&["tasks", "check"][..], &["members"][..]] {
+        let out = run(&settings, verb);
+        assert!(
+            out.status.success(),
+            "{verb:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // A handler's budget below 1 is left out; a sound default stands.
+    sqlx::query(
+        r#"UPDATE recovery_member SET budgets = '{"routes":[],"handlers":[["billing",-5]],"default":8}', started_at = now() + interval '1 minute' WHERE id = 'hostile-0'"#,
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let (text, _) = shown(&settings, &api, billing).await;
+    assert!(
+        text.contains(&format!("{:<22} 0 of 6", "attempts")),
+        "{text}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn why_a_task_waits_is_told_in_data_and_in_words() {
     let (store, settings) = fresh_store().await;
