@@ -23,6 +23,7 @@ use super::Shared;
 use crate::operations::{
     ActRequest, Actor, FilterParams, OperationError, ReplayRequest, Runner, Verb,
 };
+use crate::store::CauseView;
 
 /// What the operator asks for: a verb, or a replay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,6 +130,17 @@ impl ActionForm {
         })
     }
 
+    /// The cause a selection by filter names, as stored: the confirm page says what it
+    /// is, not only its id.
+    pub(crate) async fn cause(&self, store: &crate::store::Store) -> Option<CauseView> {
+        if !self.by_filter {
+            return None;
+        }
+        let pairs = serde_urlencoded::from_str::<Vec<(String, String)>>(&self.filter).ok()?;
+        let list = filter::parse(&pairs, chrono::Utc::now()).ok()?;
+        store.cause(list.filter.cause?).await.ok().flatten()
+    }
+
     /// The layer's request for a retry, discard or resolve.
     pub(crate) fn act_request(&self, dry_run: bool) -> Result<ActRequest, PageError> {
         let (ids, filter, all) = self.selection()?;
@@ -204,12 +216,27 @@ pub(crate) async fn preview(
             let selected = (console.app)
                 .count(&request.ids, request.filter.as_ref(), request.all)
                 .await?;
-            Ok(confirm::act_page(&actor, &form, verb, &answer, selected))
+            let cause = form.cause(console.app.store()).await;
+            Ok(confirm::act_page(
+                &actor,
+                &form,
+                cause.as_ref(),
+                verb,
+                &answer,
+                selected,
+            ))
         }
         Asked::Replay => {
             let request = form.replay_request(true)?;
             let preview = console.app.preview_replay(&actor, &request).await?;
-            Ok(confirm::replay_page(&actor, &form, &preview, None))
+            let cause = form.cause(console.app.store()).await;
+            Ok(confirm::replay_page(
+                &actor,
+                &form,
+                cause.as_ref(),
+                &preview,
+                None,
+            ))
         }
     }
 }
@@ -266,7 +293,8 @@ pub(crate) async fn run(
                 ..request
             };
             let preview = console.app.preview_replay(&actor, &dry_run).await?;
-            let page = confirm::replay_page(&actor, &form, &preview, Some(&why));
+            let cause = form.cause(console.app.store()).await;
+            let page = confirm::replay_page(&actor, &form, cause.as_ref(), &preview, Some(&why));
             Ok((status, page).into_response())
         }
     }

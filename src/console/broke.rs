@@ -11,7 +11,7 @@
 use chrono::{DateTime, Utc};
 use maud::{html, Markup};
 
-use super::filter::{list_url, thousands};
+use super::filter::{counted, list_url, thousands};
 use super::layout;
 use crate::operations::GroupParams;
 use crate::store::{Group, GroupBy, Groups, TaskFilter};
@@ -78,6 +78,9 @@ fn group_url(
     };
     Some(match by {
         GroupBy::Cause => (not_done(cause_filter(group.cause.as_ref()?.id)), "tasks →"),
+        // A blank class (a row written by hand: ingest says `unclassified`) has no
+        // address of its own: `?class=` is every class.
+        GroupBy::Class if key.trim().is_empty() => return None,
         GroupBy::Class => (super::causes::class_url(&key), "causes →"),
         GroupBy::Handler => (
             not_done(TaskFilter {
@@ -116,7 +119,7 @@ pub(crate) fn section(groups: &Result<Groups, String>, now: DateTime<Utc>) -> Ma
                 }
                 Ok(groups) => {
                     p.meta {
-                        (thousands(groups.total_tasks)) " tasks failed or given up, "
+                        (counted(groups.total_tasks, "task", "tasks")) " failed or given up, "
                         (thousands(groups.total_groups))
                         @if groups.total_groups == 1 { " cause" } @else { " causes" }
                         @if groups.total_groups > groups.groups.len() as i64 {
@@ -169,6 +172,7 @@ pub(crate) fn table(groups: &Groups, now: DateTime<Utc>) -> Markup {
         table.broke data-by=(by.as_str()) {
             thead {
                 tr {
+                    @if by == GroupBy::Cause { th scope="col" class="number" title="What --cause and ?cause= take" { "ID" } }
                     th scope="col" { (key_heading(by)) }
                     @if by == GroupBy::Cause { th scope="col" { "Fingerprint" } }
                     th scope="col" class="number" { "Tasks" }
@@ -226,6 +230,7 @@ fn row(
         tr {
             @match (by, &group.cause) {
                 (GroupBy::Cause, Some(cause)) => {
+                    td.id.number { (cause.id) }
                     td.class { code { (layout::visible(&cause.class)) } }
                     td.fingerprint title=[(!cause.fingerprint.trim().is_empty()).then(|| layout::visible(&cause.fingerprint))] {
                         span.print { (message(&cause.fingerprint, FINGERPRINT_SHOWN)) }
@@ -233,6 +238,7 @@ fn row(
                     }
                 }
                 (GroupBy::Cause, None) => {
+                    td.id.number { (layout::dash()) }
                     td.class { (layout::dash()) }
                     td.fingerprint { span.none { "no cause yet (stored before causes)" } }
                 }
@@ -276,7 +282,7 @@ fn none_words(by: GroupBy) -> &'static str {
 
 /// The link's words for a reader that hears them out of the row.
 fn go_label(by: GroupBy, group: &Group) -> String {
-    let key = group.key.as_deref().unwrap_or_default();
+    let key = layout::visible(group.key.as_deref().unwrap_or_default());
     match by {
         GroupBy::Cause => format!(
             "Tasks of cause {}",
@@ -403,6 +409,8 @@ mod tests {
     fn a_cause_row_escapes_cuts_and_links() {
         let long = format!("<script>alert(1)</script> {}", "y".repeat(200));
         let html = section(&Ok(groups(&long)), at("2026-12-03T12:00:00Z")).into_string();
+        // The id an operator types (`--cause 7`) is in its own column.
+        assert!(html.contains("<td class=\"id number\">7</td>"), "{html}");
         assert!(
             !html.contains("<script>") && !html.contains("<b>"),
             "{html}"
@@ -512,6 +520,14 @@ mod tests {
             "{html}"
         );
         assert!(html.contains("boom 7"), "{html}");
+        // Found by an attack: an escape character reached the link's spoken label.
+        by.groups[0].key = Some("ord\u{1b}[31mers".into());
+        let html = table(&by, now).into_string();
+        assert!(!html.contains('\u{1b}'), "{html}");
+        assert!(
+            html.contains("aria-label=\"Tasks of handler ord\\u{001B}[31mers\""),
+            "{html}"
+        );
         by.by = GroupBy::Class;
         by.groups[0].key = Some("java.io.IOException".into());
         let html = table(&by, now).into_string();
@@ -519,6 +535,9 @@ mod tests {
             html.contains("href=\"/console/causes?class=java.io.IOException\""),
             "{html}"
         );
+        by.groups[0].key = Some(" ".into());
+        let html = table(&by, now).into_string();
+        assert!(!html.contains("causes →"), "a blank class links nowhere: {html}");
         by.by = GroupBy::Route;
         by.groups[0].key = None;
         let html = table(&by, now).into_string();

@@ -16,7 +16,7 @@ use maud::{html, Markup};
 
 use super::broke;
 use super::error::PageError;
-use super::filter::thousands;
+use super::filter::{counted, thousands};
 use super::layout::{self, Nav};
 use super::Shared;
 use crate::operations::{Actor, FilterParams, GroupParams};
@@ -146,7 +146,7 @@ pub(crate) async fn page(
             (listed(&params, groups, now))
         }
     };
-    Ok(layout::page(&caller, Nav::Overview, &title, body))
+    Ok(layout::page(&caller, Nav::Causes, &title, body))
 }
 
 /// The groupings and the spans, each a link (the current one marked).
@@ -212,7 +212,7 @@ fn listed(params: &CausesParams, mut groups: Groups, now: chrono::DateTime<chron
     };
     html! {
         p.meta {
-            (thousands(groups.total_tasks)) " tasks failed or given up"
+            (counted(groups.total_tasks, "task", "tasks")) " failed or given up"
             @if params.since != "all" { " within the " (within) }
             ", " (thousands(groups.total_groups)) " "
             @if groups.total_groups == 1 { (name.0) } @else { (name.1) }

@@ -8,13 +8,28 @@ use maud::{html, Markup};
 use super::actions::ActionForm;
 use super::layout::{self, Nav};
 use crate::operations::{ActAnswer, Actor, ReplayPreview, Verb};
-use crate::store::TaskSummary;
+use crate::store::{CauseView, TaskSummary};
+
+/// The cause a selection names, said whole: what an operator confirms acting on.
+fn named(cause: Option<&CauseView>) -> Markup {
+    match cause {
+        Some(cause) => html! {
+            p.cause-named {
+                "Cause " (cause.id) ": " code.class { (layout::visible(&cause.class)) } " "
+                @if cause.fingerprint.trim().is_empty() { span.none { (super::broke::EMPTY_MESSAGE) } }
+                @else { span.fingerprint { (layout::visible(&cause.fingerprint)) } }
+            }
+        },
+        None => html! {},
+    }
+}
 
 /// The confirm page of a retry, discard or resolve; `selected` is how many tasks the
 /// selection holds in any status.
 pub(crate) fn act_page(
     actor: &Actor,
     form: &ActionForm,
+    cause: Option<&CauseView>,
     verb: Verb,
     answer: &ActAnswer,
     selected: i64,
@@ -25,6 +40,7 @@ pub(crate) fn act_page(
     let body = html! {
         section.confirm aria-labelledby="what" {
             h2 #what { (capitalized(name)) " " (form.describe().unwrap_or_default()) }
+            (named(cause))
             p.count {
                 "This would " (name) " " strong.exact-count data-count=(answer.matched) { (answer.matched) }
                 @if answer.matched == 1 { " task" } @else { " tasks" } "."
@@ -84,12 +100,14 @@ pub(crate) fn act_page(
 pub(crate) fn replay_page(
     actor: &Actor,
     form: &ActionForm,
+    cause: Option<&CauseView>,
     preview: &ReplayPreview,
     refused: Option<&str>,
 ) -> Html<String> {
     let body = html! {
         section.confirm aria-labelledby="what" {
             h2 #what { "Replay " (form.describe().unwrap_or_default()) }
+            (named(cause))
             @if let Some(why) = refused {
                 p.error.replay-refused role="alert" {
                     "The replay was not started: " (layout::text_opt(Some(why)))

@@ -179,7 +179,7 @@ fn body(id: TaskId, detail: &TaskDetail, operate: bool) -> Markup {
 /// reported with (its dead letter's), said to be that.
 fn last_error(detail: &TaskDetail) -> Markup {
     if let Some(error) = field_text(detail, "last_error") {
-        return html! { pre.error { (layout::visible(error)) } };
+        return html! { pre.error { (layout::long_text(error)) } };
     }
     let class = field_text(detail, "error_class");
     match field_text(detail, "error_message") {
@@ -191,7 +191,7 @@ fn last_error(detail: &TaskDetail) -> Markup {
             }
             pre.error.reported {
                 @if message.trim().is_empty() { (super::broke::EMPTY_MESSAGE) }
-                @else { (layout::visible(message)) }
+                @else { (layout::long_text(message)) }
             }
         },
         None => match class {
@@ -238,7 +238,7 @@ fn json(value: &Value) -> Markup {
         Value::Null => layout::dash(),
         Value::String(text) => match chrono::DateTime::parse_from_rfc3339(text) {
             Ok(at) => layout::when(at.with_timezone(&chrono::Utc)),
-            Err(_) => html! { (layout::visible(text)) },
+            Err(_) => layout::long_text(text),
         },
         Value::Bool(_) | Value::Number(_) => html! { (value.to_string()) },
         _ => html! { code { (layout::visible(&value.to_string())) } },

@@ -272,6 +272,11 @@ pub(crate) fn thousands(n: i64) -> String {
     out
 }
 
+/// `n` things with thousands separators and the noun that fits: `1 task`, `1,234 tasks`.
+pub(crate) fn counted(n: i64, one: &str, many: &str) -> String {
+    format!("{} {}", thousands(n), if n == 1 { one } else { many })
+}
+
 /// What the status tabs count, and that in words (shown beside them).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct TabCounts {

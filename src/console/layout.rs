@@ -17,14 +17,16 @@ use crate::task::Status;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Nav {
     Overview,
+    Causes,
     Tasks,
     Replays,
     Fleet,
     Audit,
 }
 
-const NAV: [(Nav, &str, &str); 5] = [
+const NAV: [(Nav, &str, &str); 6] = [
     (Nav::Overview, "/console/", "Overview"),
+    (Nav::Causes, "/console/causes", "What broke"),
     (Nav::Tasks, "/console/tasks", "Tasks"),
     (Nav::Replays, "/console/replays", "Replays"),
     (Nav::Fleet, "/console/fleet", "Members, breakers, brakes"),
@@ -119,8 +121,8 @@ pub(crate) fn page(caller: &Actor, current: Nav, title: &str, body: Markup) -> H
 fn keys_help() -> Markup {
     const KEYS: [(&str, &str); 6] = [
         ("/", "search the tasks"),
-        ("j / k", "next / previous task in the list"),
-        ("Enter", "open the task marked"),
+        ("j / k", "next / previous row: a task, a cause, a group"),
+        ("Enter", "open the row marked"),
         ("x", "tick or clear the task marked"),
         ("?", "show or hide this help"),
         ("Esc", "close this help; leave a field"),
@@ -217,7 +219,7 @@ pub(crate) fn words(text: &str) -> Markup {
 /// Text, or a dash.
 pub(crate) fn text_opt(text: Option<&str>) -> Markup {
     match text {
-        Some(text) => html! { (visible(text)) },
+        Some(text) => long_text(text),
         None => dash(),
     }
 }
@@ -283,6 +285,23 @@ pub(crate) fn payload(bytes: &Readable) -> Markup {
             @if cut {
                 p.meta { "Only the first " (SHOWN_BYTES / 1024) " KiB are shown; "
                     "the API and " code { "redrive tasks show" } " give them whole." }
+            }
+        }
+    }
+}
+
+/// Text that may be long (an error of any size, a stack trace), as [`visible`], its
+/// first [`SHOWN_BYTES`] only, and a note when cut: a page stays light whatever a
+/// downstream answered.
+pub(crate) fn long_text(text: &str) -> Markup {
+    let (shown, cut) = cut_text(text, SHOWN_BYTES);
+    html! {
+        (visible(shown))
+        @if cut {
+            span.meta.cut {
+                " … (" (super::filter::thousands(text.len() as i64)) " bytes in all; the first "
+                (SHOWN_BYTES / 1024) " KiB are shown: the API and " code { "redrive tasks show" }
+                " give it whole)"
             }
         }
     }
@@ -385,5 +404,16 @@ mod tests {
         assert!(shown.contains("Only the first 64 KiB"), "cut");
         assert_eq!(cut_text("aé", 2), ("a", true));
         assert_eq!(spaced_hex(&"ab".repeat(33)).lines().count(), 2);
+    }
+
+    /// Found by an attack: a task with a 1 MB error made a 2 MB page.
+    #[test]
+    fn a_long_error_is_cut_and_says_so() {
+        let long = format!("<b>{}", "x".repeat(1 << 20));
+        let shown = long_text(&long).into_string();
+        assert!(shown.len() < SHOWN_BYTES + 1024, "{} bytes", shown.len());
+        assert!(shown.starts_with("&lt;b&gt;x"), "escaped");
+        assert!(shown.contains("1,048,579 bytes in all"), "said");
+        assert_eq!(long_text("short").into_string(), "short");
     }
 }

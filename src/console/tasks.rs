@@ -68,7 +68,7 @@ pub(crate) async fn page(
     let choices = super::overview::list_choices(&console, params.filter.handler.as_deref()).await;
     let counts = tab_counts(&console, &params.filter, &choices).await?;
     let cause = match params.filter.cause {
-        Some(id) => Some(cause_banner(&console, id, &page).await),
+        Some(id) => Some(cause_banner(&console, id, params.filter.failed_after).await),
         None => None,
     };
     let now = chrono::Utc::now();
@@ -165,12 +165,38 @@ async fn tab_counts(
     })
 }
 
-/// The banner of a cause's list: its id, class, fingerprint and tasks not done, its
-/// example message on demand. Read as What broke reads it; when none of its tasks is
-/// failed or given up, from the first task listed, or its id alone.
-async fn cause_banner(console: &super::Console, id: i64, page: &Page<TaskSummary>) -> Markup {
+/// The banner of a cause's list: its id, class, fingerprint and tasks not done (that
+/// last failed since the list's `failed_after`, when it has one), its example message
+/// on demand; or that no cause has this id.
+async fn cause_banner(
+    console: &super::Console,
+    id: i64,
+    window: Option<chrono::DateTime<chrono::Utc>>,
+) -> Markup {
+    let cause = match console.app.store().cause(id).await {
+        Ok(Some(cause)) => cause,
+        Ok(None) => {
+            return html! {
+                section.cause-banner.unknown aria-label="Cause" role="alert" {
+                    p {
+                        strong { "No cause has id " (id) "." }
+                        " The ids are those What broke and " code { "redrive tasks groups" } " show. "
+                        a href="/console/causes" { "Every cause →" }
+                    }
+                }
+            }
+        }
+        Err(error) => {
+            return html! {
+                section.cause-banner aria-label="Cause" {
+                    p { strong { "Cause " (id) } " · " span.error { "could not be read: " (error) } }
+                }
+            }
+        }
+    };
     let of_cause = crate::operations::FilterParams {
         cause: Some(id),
+        failed_after: window.map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)),
         ..Default::default()
     };
     let one = crate::operations::GroupParams {
@@ -178,47 +204,35 @@ async fn cause_banner(console: &super::Console, id: i64, page: &Page<TaskSummary
         buckets: Some(1),
         ..Default::default()
     };
-    let group = match console.app.groups(&of_cause, &one).await {
-        Ok(groups) => groups.groups.into_iter().next(),
+    let tasks = match console.app.groups(&of_cause, &one).await {
+        Ok(groups) => Some(groups.total_tasks),
         Err(_) => None,
     };
-    let tasks = group.as_ref().map_or(0, |g| g.tasks);
-    let mut cause = group.and_then(|g| g.cause);
-    if cause.is_none() {
-        if let Some(first) = page.items.first() {
-            cause = (console.app.store().cause_of_task(first.id).await)
-                .ok()
-                .flatten()
-                .filter(|c| c.id == id);
-        }
-    }
     html! {
         section.cause-banner aria-label="Cause" {
             p {
                 strong { "Cause " (id) }
-                @if let Some(cause) = &cause {
-                    " · " code.class { (layout::visible(&cause.class)) }
-                    " · " span.fingerprint {
-                        @if cause.fingerprint.trim().is_empty() { span.none { (super::broke::EMPTY_MESSAGE) } }
-                        @else { (layout::visible(&cause.fingerprint)) }
-                    }
+                " · " code.class { (layout::visible(&cause.class)) }
+                " · " span.fingerprint {
+                    @if cause.fingerprint.trim().is_empty() { span.none { (super::broke::EMPTY_MESSAGE) } }
+                    @else { (layout::visible(&cause.fingerprint)) }
                 }
-                " · " span.tasks {
-                    (filter::thousands(tasks)) @if tasks == 1 { " task" } @else { " tasks" }
-                    " failed or given up"
+                @if let Some(tasks) = tasks {
+                    " · " span.tasks {
+                        (filter::counted(tasks, "task", "tasks")) " failed or given up"
+                        @if let Some(since) = window { " that last failed since " (layout::when(since)) }
+                    }
                 }
                 " · " a href="/console/causes" { "every cause →" }
             }
-            @if let Some(cause) = &cause {
-                details.example {
-                    summary { "Its example message" }
-                    pre.example {
-                        @if cause.example.trim().is_empty() { (super::broke::EMPTY_MESSAGE) }
-                        @else { (layout::visible(&cause.example)) }
-                    }
-                    @if let Some(first) = cause.first_seen {
-                        p.meta { "First seen " (layout::when(first)) "." }
-                    }
+            details.example {
+                summary { "Its example message" }
+                pre.example {
+                    @if cause.example.trim().is_empty() { (super::broke::EMPTY_MESSAGE) }
+                    @else { (layout::visible(&cause.example)) }
+                }
+                @if let Some(first) = cause.first_seen {
+                    p.meta { "First seen " (layout::when(first)) "." }
                 }
             }
         }

@@ -228,6 +228,18 @@ impl super::Store {
 }
 
 impl super::Store {
+    /// Cause `id`, or `None` when no cause has it.
+    pub async fn cause(&self, id: i64) -> Result<Option<super::CauseView>> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT id, class, fingerprint, example, {} AS first_seen \
+             FROM recovery_cause WHERE id = $1",
+            super::groups::readable("first_seen")
+        ))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
     /// The cause task `id` carries (its last failure's), or `None` before one is set.
     pub async fn cause_of_task(&self, id: crate::task::TaskId) -> Result<Option<super::CauseView>> {
         Ok(sqlx::query_as(&format!(

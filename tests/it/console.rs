@@ -551,18 +551,18 @@ async fn the_overview_opens_with_what_broke_and_links_each_cause_to_its_tasks() 
     assert_eq!(first_section, "What broke");
     let broke = rows(&browser, "table.broke").await;
     assert_eq!(broke.len(), 3, "{broke:?}");
-    assert_eq!(broke[0][0], "java.net.SocketTimeoutException", "{broke:?}");
+    assert_eq!(broke[0][1], "java.net.SocketTimeoutException", "{broke:?}");
     assert!(
-        broke[0][1].starts_with("connect timed out after"),
+        broke[0][2].starts_with("connect timed out after"),
         "{broke:?}"
     );
-    assert_eq!(broke[0][2], "3", "{broke:?}");
-    assert!(broke[0][5].ends_with("s ago"), "last seen: {broke:?}");
-    assert_eq!(broke[0][6], "orders", "{broke:?}");
-    assert_eq!(broke[0][7], "tasks →", "{broke:?}");
-    assert_eq!(broke[1][0], "com.fasterxml.jackson.core.JsonParseException");
-    assert_eq!(broke[1][2], "2", "{broke:?}");
-    assert_eq!(broke[2][2], "1", "{broke:?}");
+    assert_eq!(broke[0][3], "3", "{broke:?}");
+    assert!(broke[0][6].ends_with("s ago"), "last seen: {broke:?}");
+    assert_eq!(broke[0][7], "orders", "{broke:?}");
+    assert_eq!(broke[0][8], "tasks →", "{broke:?}");
+    assert_eq!(broke[1][1], "com.fasterxml.jackson.core.JsonParseException");
+    assert_eq!(broke[1][3], "2", "{broke:?}");
+    assert_eq!(broke[2][3], "1", "{broke:?}");
     assert_eq!(browser.count("table.broke svg.spark rect.bar").await, 3);
     let meta = browser.text("section.broke .meta").await;
     assert!(
@@ -572,7 +572,7 @@ async fn the_overview_opens_with_what_broke_and_links_each_cause_to_its_tasks() 
 
     // A script in an error message is text in the row and in its title, never run.
     assert_eq!(browser.open_dialog().await, None);
-    assert!(broke[2][1].contains("<script>"), "{broke:?}");
+    assert!(broke[2][2].contains("<script>"), "{broke:?}");
     let source = browser.client.source().await.unwrap();
     assert!(!source.contains("<script>alert"), "the message is escaped");
     let title = browser
@@ -1515,6 +1515,77 @@ async fn the_keyboard_searches_moves_through_tasks_opens_one_and_shows_its_help(
     );
 }
 
+/// Found by an attack: j, k and Enter moved through the task list only, and `/` did
+/// nothing on a page without the search box, while `?` listed them on every page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
+async fn the_keyboard_moves_through_causes_and_searches_from_every_page() {
+    use fantoccini::key::Key;
+    let (store, settings) = fresh_store().await;
+    for (key, class, message) in [
+        ("a", "java.net.ConnectException", "Connection refused"),
+        ("b", "java.net.ConnectException", "Connection refused"),
+        ("c", "com.acme.Missing", "order 7 not found"),
+    ] {
+        store
+            .enqueue(&failing("billing", key, class, message))
+            .await
+            .unwrap();
+    }
+    let console = Console::start(&settings, false).await;
+    let browser = Browser::start().await;
+    console.sign_in(&browser, OPERATE, "/console/causes").await;
+    press_char(&browser, 'j').await;
+    press_char(&browser, 'j').await;
+    press_char(&browser, 'k').await;
+    let marked = run(
+        &browser,
+        "return Array.prototype.map.call(document.querySelectorAll('table.broke tbody tr.current'), \
+           function (r) { return r.querySelector('td.go a').getAttribute('aria-label'); });",
+        Vec::new(),
+    )
+    .await;
+    let biggest = marked[0].as_str().unwrap_or_default().to_owned();
+    assert!(biggest.starts_with("Tasks of cause "), "{marked}");
+    let outline = style(&browser, "table.broke tbody tr.current", "outline-style").await;
+    assert_eq!(outline, "solid", "the mark shows");
+    browser.screenshot("keyboard-causes").await;
+    let page = browser
+        .client
+        .find(fantoccini::Locator::Css("html"))
+        .await
+        .unwrap();
+    browser.press(Key::Enter).await;
+    eventually(Duration::from_secs(10), "the cause's tasks", || async {
+        page.attr("lang").await.is_err()
+    })
+    .await;
+    assert!(
+        browser.path().await.contains("cause="),
+        "{}",
+        browser.path().await
+    );
+    assert_eq!(
+        listed_ids(&browser).await.len(),
+        2,
+        "the biggest cause's tasks"
+    );
+
+    // `/` on a page without the search box opens the task list's, focused.
+    browser.open(&console.url("/console/")).await;
+    press_char(&browser, '/').await;
+    eventually(
+        Duration::from_secs(10),
+        "the task list's search",
+        || async { browser.focused_id().await == "f-search" },
+    )
+    .await;
+    assert!(browser.path().await.starts_with("/console/tasks"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(feature = "slow-tests"),
@@ -1709,13 +1780,13 @@ async fn every_cause_is_one_link_away_grouped_and_spanned_as_asked() {
     assert_eq!(browser.path().await, "/console/causes");
     let every = rows(&browser, "table.broke").await;
     assert_eq!(every.len(), 16, "{every:?}");
-    assert_eq!(every[0][0], "Class3", "{every:?}");
+    assert_eq!(every[0][1], "Class3", "{every:?}");
     assert!(
-        every[0][1].starts_with("the papa service broke on request <n>"),
+        every[0][2].starts_with("the papa service broke on request <n>"),
         "{every:?}"
     );
-    assert_eq!(every[0][2], "16", "{every:?}");
-    assert_eq!(every[15][2], "1", "{every:?}");
+    assert_eq!(every[0][3], "16", "{every:?}");
+    assert_eq!(every[15][3], "1", "{every:?}");
     let meta = browser.text("section.broke p.meta").await;
     assert_eq!(meta, "136 tasks failed or given up, 16 causes.", "{meta}");
     assert_eq!(
@@ -1747,7 +1818,7 @@ async fn every_cause_is_one_link_away_grouped_and_spanned_as_asked() {
     let of_class = rows(&browser, "table.broke").await;
     assert_eq!(of_class.len(), 4, "{of_class:?}");
     assert!(
-        of_class.iter().all(|row| row[0] == "Class3"),
+        of_class.iter().all(|row| row[1] == "Class3"),
         "{of_class:?}"
     );
 
@@ -1839,7 +1910,7 @@ async fn what_broke_rows_compare_and_the_overview_writes_numbers_one_way() {
 
     let broke = rows(&browser, "table.broke").await;
     assert_eq!(broke.len(), 3, "{broke:?}");
-    assert_eq!(broke[0][2], "1,303", "{broke:?}");
+    assert_eq!(broke[0][3], "1,303", "{broke:?}");
     // The example message, muted under the fingerprint, whole in its title.
     let example = browser
         .text("table.broke tbody tr:first-child td.fingerprint .example")
@@ -1851,9 +1922,9 @@ async fn what_broke_rows_compare_and_the_overview_writes_numbers_one_way() {
     // A blank message says so.
     let blank = broke
         .iter()
-        .find(|row| row[0] == "EmptyException")
+        .find(|row| row[1] == "EmptyException")
         .expect("the blank cause");
-    assert_eq!(blank[1], "(empty message)", "{broke:?}");
+    assert_eq!(blank[2], "(empty message)", "{broke:?}");
     // One scale for every row: the 1-task cause's bar is a sliver of the big one's.
     let heights = run(
         &browser,
@@ -2076,6 +2147,48 @@ async fn a_causes_task_list_names_the_cause_and_its_tabs_count_its_tasks() {
         .text("section.cause-banner p")
         .await
         .starts_with(&format!("Cause {cause} · java.net.SocketTimeoutException")));
+
+    // Found by an attack: the confirm page of an action on a cause said "cause 4" only.
+    browser
+        .open(&console.url(&format!(
+            "/console/tasks?status=failed&status=permanent_failure&cause={cause}"
+        )))
+        .await;
+    browser.click("#select-filter").await;
+    browser.follow("#act button[value=retry]").await;
+    browser.screenshot("confirm-retry-cause-named").await;
+    let named = browser.text("p.cause-named").await;
+    assert!(
+        named.starts_with(&format!(
+            "Cause {cause}: java.net.SocketTimeoutException connect timed out after <n> ms"
+        )),
+        "{named}"
+    );
+
+    // Found by an attack: an unknown cause read as a cause with nothing broken.
+    browser
+        .open(&console.url("/console/tasks?cause=999999"))
+        .await;
+    assert!(
+        browser
+            .text("section.cause-banner p")
+            .await
+            .starts_with("No cause has id 999999."),
+        "{}",
+        browser.text("section.cause-banner p").await
+    );
+    // Under a window, the banner counts what the list holds, and says since when.
+    browser
+        .open(&console.url(&format!(
+            "/console/tasks?status=failed&status=permanent_failure&cause={cause}&failed_after=2999-01-01T00:00:00Z"
+        )))
+        .await;
+    let banner = browser.text("section.cause-banner p").await;
+    assert!(
+        banner.contains("0 tasks failed or given up that last failed since 2999-01-01"),
+        "{banner}"
+    );
+    assert_eq!(listed_ids(&browser).await.len(), 0);
 }
 
 /// Forces the breaker of `handler` open, as an operator would.

@@ -72,7 +72,8 @@
     var current = -1;
 
     function rows() {
-      return document.querySelectorAll('table.tasks tbody tr');
+      // The task list's rows, or What broke's and the causes page's.
+      return document.querySelectorAll('table.tasks tbody tr, table.broke tbody tr');
     }
 
     function move(by) {
@@ -113,10 +114,13 @@
       switch (event.key) {
         case '/':
           var search = document.getElementById('f-search');
+          event.preventDefault();
           if (search) {
-            event.preventDefault();
             search.focus();
             search.select();
+          } else {
+            // A page without the search box: the task list's, focused.
+            window.location.href = '/console/tasks#f-search';
           }
           break;
         case '?':
@@ -143,7 +147,8 @@
             return;
           }
           row = marked();
-          var link = row && row.querySelector('a[href]');
+          // A group's row leads where its last cell links; a task's, to the task.
+          var link = row && (row.querySelector('td.go a[href]') || row.querySelector('a[href]'));
           if (link) {
             event.preventDefault();
             window.location.href = link.href;
@@ -166,6 +171,12 @@
 
   function start() {
     keyboard();
+    if (window.location.hash === '#f-search') {
+      var search = document.getElementById('f-search');
+      if (search) {
+        search.focus();
+      }
+    }
     expandable();
     var regions = document.querySelectorAll('[data-live]');
     Array.prototype.forEach.call(regions, function (region) {
