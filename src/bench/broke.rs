@@ -38,6 +38,12 @@ pub(super) async fn drain_beside_console(
          use (What broke refreshed every 5 s, a grouping or search every 2 s) and beside \
          groupings and searches back to back; {rounds} round(s), medians shown:"
     );
+    // One drain first, not counted: the first after seeding and vacuuming ran at a
+    // quarter of the rest in every round measured (cold caches, autovacuum at work),
+    // whichever use it was beside.
+    seed_noop(store, drain_tasks).await?;
+    let warm = super::drain_noop(settings, store, drain_tasks, 100, 400).await?;
+    outln!("  warm-up drain (not counted):           {warm:>8.0} tasks/s");
     let uses = [Use::None, Use::Paced, Use::BackToBack];
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); uses.len()];
     for round in 0..rounds {

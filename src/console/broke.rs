@@ -11,8 +11,8 @@
 use chrono::{DateTime, Utc};
 use maud::{html, Markup};
 
-use super::filter::{counted, list_url, thousands};
-use super::layout;
+use super::filter::list_url;
+use super::layout::{self, counted, thousands};
 use crate::operations::GroupParams;
 use crate::store::{Group, GroupBy, Groups, TaskFilter};
 use crate::task::Status;
@@ -537,7 +537,10 @@ mod tests {
         );
         by.groups[0].key = Some(" ".into());
         let html = table(&by, now).into_string();
-        assert!(!html.contains("causes →"), "a blank class links nowhere: {html}");
+        assert!(
+            !html.contains("causes →"),
+            "a blank class links nowhere: {html}"
+        );
         by.by = GroupBy::Route;
         by.groups[0].key = None;
         let html = table(&by, now).into_string();

@@ -16,8 +16,7 @@ use maud::{html, Markup};
 
 use super::broke;
 use super::error::PageError;
-use super::filter::{counted, thousands};
-use super::layout::{self, Nav};
+use super::layout::{self, counted, thousands, Nav};
 use super::Shared;
 use crate::operations::{Actor, FilterParams, GroupParams};
 use crate::store::{GroupBy, Groups, MAX_GROUPS};

@@ -35,7 +35,7 @@ pub(crate) fn outcomes(minutes: &[OutcomeMinute]) -> Markup {
         *classes.entry(outcome_class(&m.outcome)).or_default() += m.count;
         said.push(format!(
             "{} {}",
-            super::filter::thousands(m.count),
+            super::layout::thousands(m.count),
             m.outcome
         ));
     }
@@ -52,7 +52,7 @@ pub(crate) fn outcomes(minutes: &[OutcomeMinute]) -> Markup {
         figure.chart-box {
         svg.chart viewBox={ "0 0 " (width) " " (PLOT_TOP + PLOT_HEIGHT + 16) }
             role="img" aria-label="Attempt outcomes per minute over the last hour" {
-            text.axis x="0" y="10" { "peak " (super::filter::thousands(highest)) " a minute" }
+            text.axis x="0" y="10" { "peak " (super::layout::thousands(highest)) " a minute" }
             @for (ago, (classes, said)) in &bars {
                 @let x = (i64::from(MINUTES - 1 - ago)) * SLOT;
                 g {

@@ -9,6 +9,7 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 use maud::{html, Markup};
 
+use super::layout::thousands;
 use super::overview::ListChoices;
 use crate::operations::{FilterParams, StatusNames};
 use crate::store::{TaskFilter, MAX_PAGE, SEARCH_MAX_BYTES, SEARCH_SCAN};
@@ -254,27 +255,6 @@ pub(crate) fn describe(filter: &TaskFilter) -> String {
     }
     words.extend(pairs.iter().map(|(n, v)| format!("{n} {v}")));
     words.join(", ")
-}
-
-/// `n` with a comma every three digits: `100,000`.
-pub(crate) fn thousands(n: i64) -> String {
-    let digits = n.unsigned_abs().to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3 + 1);
-    if n < 0 {
-        out.push('-');
-    }
-    for (i, digit) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(digit);
-    }
-    out
-}
-
-/// `n` things with thousands separators and the noun that fits: `1 task`, `1,234 tasks`.
-pub(crate) fn counted(n: i64, one: &str, many: &str) -> String {
-    format!("{} {}", thousands(n), if n == 1 { one } else { many })
 }
 
 /// What the status tabs count, and that in words (shown beside them).

@@ -14,8 +14,7 @@ use maud::{html, Markup};
 
 use super::commands::reason_form;
 use super::error::PageError;
-use super::filter::thousands;
-use super::layout::{self, Nav};
+use super::layout::{self, thousands, Nav};
 use super::Shared;
 use crate::config::Role;
 use crate::operations::Actor;

@@ -290,6 +290,27 @@ pub(crate) fn payload(bytes: &Readable) -> Markup {
     }
 }
 
+/// `n` with a comma every three digits: `100,000`.
+pub(crate) fn thousands(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3 + 1);
+    if n < 0 {
+        out.push('-');
+    }
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+/// `n` things with thousands separators and the noun that fits: `1 task`, `1,234 tasks`.
+pub(crate) fn counted(n: i64, one: &str, many: &str) -> String {
+    format!("{} {}", thousands(n), if n == 1 { one } else { many })
+}
+
 /// Text that may be long (an error of any size, a stack trace), as [`visible`], its
 /// first [`SHOWN_BYTES`] only, and a note when cut: a page stays light whatever a
 /// downstream answered.
@@ -299,7 +320,7 @@ pub(crate) fn long_text(text: &str) -> Markup {
         (visible(shown))
         @if cut {
             span.meta.cut {
-                " … (" (super::filter::thousands(text.len() as i64)) " bytes in all; the first "
+                " … (" (thousands(text.len() as i64)) " bytes in all; the first "
                 (SHOWN_BYTES / 1024) " KiB are shown: the API and " code { "redrive tasks show" }
                 " give it whole)"
             }

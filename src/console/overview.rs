@@ -18,9 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::error::PageError;
-use super::filter::{list_url, thousands};
+use super::filter::list_url;
 use super::fleet::{brakes_table, breakers_table, members_table};
-use super::layout::{self, Nav};
+use super::layout::{self, thousands, Nav};
 use super::{broke, chart, Console, Shared};
 use crate::operations::{Actor, FilterParams};
 use crate::resilience::breaker::{Breaker, BreakerState};

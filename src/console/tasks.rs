@@ -160,7 +160,7 @@ async fn tab_counts(
         said: format!(
             "Counts: the tasks of this filter in each status{}; ? is more than {}, or not counted in time",
             if filter.search.is_some() { ", without the search" } else { "" },
-            filter::thousands(MATCHING_COUNTED_MAX)
+            layout::thousands(MATCHING_COUNTED_MAX)
         ),
     })
 }
@@ -219,7 +219,7 @@ async fn cause_banner(
                 }
                 @if let Some(tasks) = tasks {
                     " · " span.tasks {
-                        (filter::counted(tasks, "task", "tasks")) " failed or given up"
+                        (layout::counted(tasks, "task", "tasks")) " failed or given up"
                         @if let Some(since) = window { " that last failed since " (layout::when(since)) }
                     }
                 }
@@ -301,7 +301,7 @@ fn searched_line(searched: &Searched) -> Markup {
         p.searched role="status" {
             @match (searched.bounded, searched.down_to) {
                 (true, Some(oldest)) => {
-                    "Searched the newest " (filter::thousands(searched.scanned))
+                    "Searched the newest " (layout::thousands(searched.scanned))
                     " tasks of the filter for " (text) " (keys, values, headers), down to task "
                     (oldest) "; older tasks were not searched: the next page goes on below it."
                 }
@@ -312,7 +312,7 @@ fn searched_line(searched: &Searched) -> Markup {
                     "Searched the 1 task of the filter for " (text) " (keys, values, headers)."
                 }
                 _ => {
-                    "Searched all " (filter::thousands(searched.scanned)) " tasks of the filter for "
+                    "Searched all " (layout::thousands(searched.scanned)) " tasks of the filter for "
                     (text) " (keys, values, headers)."
                 }
             }

@@ -1,11 +1,9 @@
 //! The invariants a correct store keeps, checked by `redrive tasks check`.
 
-use serde::{Deserialize, Serialize};
-use sqlx::postgres::PgArguments;
-use sqlx::query::Query;
-use sqlx::Postgres;
+use serde::Serialize;
 use sqlx::Row;
 
+use super::budgets::Budgets;
 use super::members::MEMBER_LIVE_WITHIN;
 use super::{Result, Store};
 use crate::task::{AttemptOutcome, TaskId};
@@ -16,99 +14,6 @@ const SHOWN_PER_KIND: i64 = 100;
 /// How long past its deadline a lease may stay before a live owner is suspect: its
 /// heartbeats should have extended it long before.
 const EXPIRED_LEASE_GRACE_SECONDS: f64 = 60.0;
-
-/// Attempt budgets as the fleet applies them, for tasks that set none of their own.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Budgets {
-    /// Routes whose policy sets max attempts.
-    pub routes: Vec<(String, i32)>,
-    /// Each handler's max attempts.
-    pub handlers: Vec<(String, i32)>,
-    /// For a handler this process does not know.
-    pub default: i32,
-}
-
-impl Budgets {
-    /// The budgets a member recorded, as a reader may trust them: none when the record
-    /// does not read as budgets (written by hand, or by a release that changed its
-    /// shape) or its default is below 1; a handler's or a route's below 1 left out. A
-    /// bad record of one member must not stop every reader of the fleet.
-    pub fn recorded(value: serde_json::Value) -> Option<Budgets> {
-        let mut budgets: Budgets = serde_json::from_value(value).ok()?;
-        if budgets.default < 1 {
-            return None;
-        }
-        budgets.handlers.retain(|(_, budget)| *budget >= 1);
-        budgets.routes.retain(|(_, budget)| *budget >= 1);
-        Some(budgets)
-    }
-
-    /// The budgets a fleet of `members` (newest started first) applies, over `own`:
-    /// a handler's from the newest member whose workers serve it (they count its
-    /// attempts), else from the newest that knows it, else `own`'s; the routes' and the
-    /// default from the newest member that recorded budgets (members share the routes'
-    /// configuration). With no member's record (a fleet down, members older than the
-    /// record), `own`. Mid-upgrade, members may disagree: the newest is what the fleet
-    /// is moving to.
-    pub fn of_fleet(members: &[super::members::Member], own: &Budgets) -> Budgets {
-        let recorded: Vec<(&super::members::Member, &Budgets)> = members
-            .iter()
-            .filter_map(|m| m.budgets.as_ref().map(|b| (m, b)))
-            .collect();
-        let Some((_, newest)) = recorded.first() else {
-            return own.clone();
-        };
-        let mut handlers: Vec<(String, i32)> = Vec::new();
-        let names = recorded
-            .iter()
-            .flat_map(|(_, b)| b.handlers.iter().map(|(name, _)| name))
-            .chain(own.handlers.iter().map(|(name, _)| name));
-        for name in names {
-            if handlers.iter().any(|(known, _)| known == name) {
-                continue;
-            }
-            let of = |budgets: &Budgets| {
-                budgets
-                    .handlers
-                    .iter()
-                    .find(|(h, _)| h == name)
-                    .map(|h| h.1)
-            };
-            let budget = recorded
-                .iter()
-                .filter(|(member, _)| member.serves(name))
-                .chain(recorded.iter())
-                .find_map(|(_, budgets)| of(budgets))
-                .or_else(|| of(own));
-            if let Some(budget) = budget {
-                handlers.push((name.clone(), budget));
-            }
-        }
-        Budgets {
-            routes: newest.routes.clone(),
-            handlers,
-            default: newest.default,
-        }
-    }
-
-    /// Binds the budgets as the next five parameters, in the order SQL's
-    /// `recovery_attempts_allowed(task, ...)` takes them.
-    pub(crate) fn bind<'q>(
-        &self,
-        query: Query<'q, Postgres, PgArguments>,
-    ) -> Query<'q, Postgres, PgArguments> {
-        let (route_names, route_budgets): (Vec<String>, Vec<i32>) =
-            self.routes.iter().cloned().unzip();
-        let (handler_names, handler_budgets): (Vec<String>, Vec<i32>) =
-            self.handlers.iter().cloned().unzip();
-        query
-            .bind(route_names)
-            .bind(route_budgets)
-            .bind(handler_names)
-            .bind(handler_budgets)
-            .bind(self.default)
-    }
-}
 
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]

@@ -287,6 +287,7 @@ impl Store {
         sqlx::query(&format!("SET LOCAL statement_timeout = '{GROUPS_TIMEOUT}'"))
             .execute(&mut *tx)
             .await?;
+        sqlx::query(super::ONE_BACKEND).execute(&mut *tx).await?;
         let not_done =
             (statuses.iter()).all(|s| matches!(s, Status::Failed | Status::PermanentFailure));
         if matches!(query.by, GroupBy::Cause | GroupBy::Class) && not_done {

@@ -5,7 +5,7 @@ use serde::Serialize;
 use sqlx::Row;
 use std::time::Duration;
 
-use super::check::Budgets;
+use super::budgets::Budgets;
 use super::{Result, Store};
 
 /// How often a member records itself.
@@ -112,10 +112,58 @@ impl Store {
     }
 
     /// The attempt budgets the fleet applies, as its live members recorded them, over
-    /// `own` (the reader's configuration): see [`Budgets::of_fleet`].
+    /// `own` (the reader's configuration): see [`fleet_budgets_of`].
     pub async fn fleet_budgets(&self, own: &Budgets) -> Result<Budgets> {
         let mut members = self.live_members().await?;
         members.sort_by(|a, b| b.started_at.cmp(&a.started_at).then(a.id.cmp(&b.id)));
-        Ok(Budgets::of_fleet(&members, own))
+        Ok(fleet_budgets_of(&members, own))
+    }
+}
+
+/// The budgets a fleet of `members` (newest started first) applies, over `own`:
+/// a handler's from the newest member whose workers serve it (they count its
+/// attempts), else from the newest that knows it, else `own`'s; the routes' and the
+/// default from the newest member that recorded budgets (members share the routes'
+/// configuration). With no member's record (a fleet down, members older than the
+/// record), `own`. Mid-upgrade, members may disagree: the newest is what the fleet
+/// is moving to.
+pub fn fleet_budgets_of(members: &[Member], own: &Budgets) -> Budgets {
+    let recorded: Vec<(&Member, &Budgets)> = members
+        .iter()
+        .filter_map(|m| m.budgets.as_ref().map(|b| (m, b)))
+        .collect();
+    let Some((_, newest)) = recorded.first() else {
+        return own.clone();
+    };
+    let mut handlers: Vec<(String, i32)> = Vec::new();
+    let names = recorded
+        .iter()
+        .flat_map(|(_, b)| b.handlers.iter().map(|(name, _)| name))
+        .chain(own.handlers.iter().map(|(name, _)| name));
+    for name in names {
+        if handlers.iter().any(|(known, _)| known == name) {
+            continue;
+        }
+        let of = |budgets: &Budgets| {
+            budgets
+                .handlers
+                .iter()
+                .find(|(h, _)| h == name)
+                .map(|h| h.1)
+        };
+        let budget = recorded
+            .iter()
+            .filter(|(member, _)| member.serves(name))
+            .chain(recorded.iter())
+            .find_map(|(_, budgets)| of(budgets))
+            .or_else(|| of(own));
+        if let Some(budget) = budget {
+            handlers.push((name.clone(), budget));
+        }
+    }
+    Budgets {
+        routes: newest.routes.clone(),
+        handlers,
+        default: newest.default,
     }
 }

@@ -6,6 +6,7 @@
 mod audit;
 mod brakes;
 mod breakers;
+mod budgets;
 mod causes;
 mod check;
 mod compensation;
@@ -36,8 +37,9 @@ mod waiting;
 pub use audit::{AuditEntry, AuditQuery};
 pub use brakes::Brake;
 pub use breakers::BreakerCommand;
+pub use budgets::Budgets;
 pub use causes::{Backfill, BACKFILL_BATCH};
-pub use check::{Budgets, CheckReport, Violation};
+pub use check::{CheckReport, Violation};
 pub use compensation::{Compensating, CompensationOutcome, CompensationResult, CompensationView};
 pub use due::Due;
 pub use enqueue::{enqueue_many_in, Enqueued, KeyPartition, NewestOrdered, Recorded};
@@ -87,6 +89,12 @@ pub(crate) const ORDERED_WALK: &str = "BEGIN; SET LOCAL enable_sort = off";
 pub(crate) const KEYED_PROBES: &str = "BEGIN; SET LOCAL enable_hashjoin = off; \
     SET LOCAL enable_mergejoin = off; SET LOCAL enable_seqscan = off; \
     SET LOCAL enable_material = off";
+
+/// Keeps an operator's heavy read (a grouping, a search) in its own backend: no
+/// parallel workers. They would take the cores the fleet's drain runs on for each
+/// reading (a grouping of 10M tasks planned a leader and two workers); one backend
+/// bounds what a console in use can cost the fleet to one core at a time.
+pub(crate) const ONE_BACKEND: &str = "SET LOCAL max_parallel_workers_per_gather = 0";
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::{PgConnection, Row};
 
-use super::check::Budgets;
+use super::budgets::Budgets;
 use super::due::Due;
 use super::filter::{bind_selection, Selection, CONDITION};
 use super::{Result, Store, StoreError, ORDERED_WALK};

@@ -86,6 +86,7 @@ impl Store {
         ))
         .execute(&mut *tx)
         .await?;
+        sqlx::query(super::ONE_BACKEND).execute(&mut *tx).await?;
         let selection = Selection::Filter(filter.clone());
         let rows = bind_selection(sqlx::query(&summary_statement(SEARCH)), &selection)
             .bind(after.map(|id| id.0))

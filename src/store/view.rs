@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::check::Budgets;
+use super::budgets::Budgets;
 use super::row::task_to_show;
 use super::waiting::{live_within_ms, Waiting, DETAIL};
 use super::{Result, Store};
