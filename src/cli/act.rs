@@ -97,6 +97,16 @@ pub async fn bulk(
     options: &BulkArgs,
 ) -> anyhow::Result<()> {
     let actor = Actor::shell();
+    // What is counted and confirmed is what exists now: tasks stored while the operator
+    // reads the count (a cause that keeps growing) are left alone, unless the filter
+    // gives an end of its own.
+    let mut request = request;
+    if let Some(filter) = request.filter.as_mut() {
+        if filter.created_before.is_none() {
+            filter.created_before =
+                Some(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true));
+        }
+    }
     let dry_run = ActRequest {
         dry_run: true,
         ..request.clone()

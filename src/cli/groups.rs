@@ -5,8 +5,8 @@ use super::selection::FilterArgs;
 use super::table;
 use super::watch::WatchArgs;
 use crate::operations::{GroupParams, Operations};
-use crate::store::{GroupBy, Groups, Searched};
-use chrono::SecondsFormat;
+use crate::store::{GroupBy, Groups, Searched, TaskFilter};
+use crate::task::Status;
 use clap::Args;
 
 /// Options of `tasks groups`.
@@ -70,19 +70,34 @@ pub async fn print(operations: &Operations, args: &GroupsArgs) -> anyhow::Result
         humantime::format_duration(std::time::Duration::from_secs(groups.bucket_seconds)),
     );
     if groups.by == GroupBy::Cause {
-        // The window travels with the hint, so that the list and the action select what
-        // the groups counted.
-        let window = groups.failed_after.map_or(String::new(), |at| {
-            format!(
-                " --failed-after {}",
-                at.to_rfc3339_opts(SecondsFormat::Millis, true)
-            )
-        });
+        let filter = options(&groups.filter);
         errln!(
-            "a cause's tasks: tasks list --cause ID{window}; act on them: tasks retry|discard|resolve|replay --cause ID{window}"
+            "a cause's tasks: tasks list --cause ID{filter}; act on them: tasks retry|discard|resolve|replay --cause ID{filter}"
         );
     }
     Ok(())
+}
+
+/// The options that select what the groups counted, as the hint after the table
+/// prints them: the statuses unless they are the tasks not done (what `--cause` takes
+/// without any), and every other part of the filter, the window (`--failed-after`)
+/// included, each value quoted for a shell where it needs to be.
+fn options(filter: &TaskFilter) -> String {
+    let mut out = String::new();
+    let not_done = [Status::Failed, Status::PermanentFailure];
+    if !filter.status.is_empty() && filter.status != not_done {
+        let statuses: Vec<&str> = filter.status.iter().map(|s| s.as_str()).collect();
+        out.push_str(&format!(" --status {}", statuses.join(",")));
+    }
+    for (name, value) in filter.named_values() {
+        if name == "status" {
+            continue;
+        }
+        let value =
+            shlex::try_quote(&value).map_or_else(|_| format!("{value:?}"), |v| v.into_owned());
+        out.push_str(&format!(" --{} {value}", name.replace('_', "-")));
+    }
+    out
 }
 
 fn header(by: GroupBy) -> Vec<&'static str> {

@@ -60,6 +60,26 @@ pub(crate) struct ActionForm {
 }
 
 impl ActionForm {
+    /// The form with its filter held to the tasks stored by `now`, unless it gives an
+    /// end of its own: the confirm page counts what exists, and a cause that keeps
+    /// growing during an incident must not add tasks the operator never saw to what
+    /// they confirm.
+    fn pinned(mut self, now: chrono::DateTime<chrono::Utc>) -> ActionForm {
+        if !self.by_filter {
+            return self;
+        }
+        let mut pairs: Vec<(String, String)> =
+            serde_urlencoded::from_str(&self.filter).unwrap_or_default();
+        if !pairs.iter().any(|(name, _)| name == "created_before") {
+            pairs.push((
+                "created_before".into(),
+                now.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+            ));
+            self.filter = serde_urlencoded::to_string(&pairs).unwrap_or(self.filter);
+        }
+        self
+    }
+
     /// Reads the posted fields; an unknown or repeated field is refused.
     fn read(pairs: Vec<(String, String)>) -> Result<ActionForm, PageError> {
         let mut form = ActionForm::default();
@@ -208,7 +228,7 @@ pub(crate) async fn preview(
     Extension(actor): Extension<Actor>,
     form: Result<Form<Vec<(String, String)>>, FormRejection>,
 ) -> Result<Html<String>, PageError> {
-    let form = read_form(form)?;
+    let form = read_form(form)?.pinned(chrono::Utc::now());
     match form.asked()? {
         Asked::Act(verb) => {
             let request = form.act_request(true)?;

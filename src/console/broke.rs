@@ -59,47 +59,41 @@ fn not_done(filter: TaskFilter) -> TaskFilter {
 
 /// Where a group's row leads: its tasks not done (a cause, a handler, a route, a
 /// topic), or a class's causes; nowhere for tasks without one (no route, a cause not
-/// yet set), which no filter selects alone. A list keeps the groups' `window` (tasks
-/// that last failed since), so that it lists what the row counts.
-fn group_url(
-    by: GroupBy,
-    group: &Group,
-    window: Option<DateTime<Utc>>,
-) -> Option<(String, &'static str)> {
+/// yet set), which no filter selects alone. A list keeps the groups' `filter` (the
+/// window, the handler, ...), so that it lists what the row counts.
+fn group_url(by: GroupBy, group: &Group, filter: &TaskFilter) -> Option<(String, &'static str)> {
     let key = group.key.clone()?;
-    let not_done = |filter: TaskFilter| {
-        list_url(
-            &not_done(TaskFilter {
-                failed_after: window,
-                ..filter
-            }),
-            &[],
-        )
-    };
+    let listed = |narrowed: TaskFilter| list_url(&narrowed, &[]);
     Some(match by {
-        GroupBy::Cause => (not_done(cause_filter(group.cause.as_ref()?.id)), "tasks →"),
+        GroupBy::Cause => (
+            listed(TaskFilter {
+                cause: Some(group.cause.as_ref()?.id),
+                ..filter.clone()
+            }),
+            "tasks →",
+        ),
         // A blank class (a row written by hand: ingest says `unclassified`) has no
         // address of its own: `?class=` is every class.
         GroupBy::Class if key.trim().is_empty() => return None,
         GroupBy::Class => (super::causes::class_url(&key), "causes →"),
         GroupBy::Handler => (
-            not_done(TaskFilter {
+            listed(TaskFilter {
                 handler: Some(key),
-                ..TaskFilter::default()
+                ..filter.clone()
             }),
             "tasks →",
         ),
         GroupBy::Route => (
-            not_done(TaskFilter {
+            listed(TaskFilter {
                 route: Some(key),
-                ..TaskFilter::default()
+                ..filter.clone()
             }),
             "tasks →",
         ),
         GroupBy::Topic => (
-            not_done(TaskFilter {
+            listed(TaskFilter {
                 topic: Some(key),
-                ..TaskFilter::default()
+                ..filter.clone()
             }),
             "tasks →",
         ),
@@ -185,7 +179,7 @@ pub(crate) fn table(groups: &Groups, now: DateTime<Utc>) -> Markup {
             }
             tbody {
                 @for group in &groups.groups {
-                    (row(by, group, groups.bucket_seconds, highest, groups.failed_after, now))
+                    (row(by, group, groups.bucket_seconds, highest, &groups.filter, now))
                 }
             }
         }
@@ -219,7 +213,7 @@ fn row(
     group: &Group,
     bucket_seconds: u64,
     highest: i64,
-    window: Option<DateTime<Utc>>,
+    filter: &TaskFilter,
     now: DateTime<Utc>,
 ) -> Markup {
     let spans = match by {
@@ -259,10 +253,10 @@ fn row(
             td.seen { (ago_opt(group.last_seen, now)) }
             td.handlers {
                 @if spans.is_empty() { (layout::dash()) }
-                @else { (spans.join(", ")) }
+                @else { (layout::visible(&spans.join(", "))) }
             }
             td.go {
-                @if let Some((url, words)) = group_url(by, group, window) {
+                @if let Some((url, words)) = group_url(by, group, filter) {
                     a href=(url) aria-label=(go_label(by, group)) { (words) }
                 }
             }
@@ -385,7 +379,7 @@ mod tests {
             total_tasks: 1234,
             trend_start: at("2026-12-03T11:00:00Z"),
             bucket_seconds: 900,
-            failed_after: None,
+            filter: not_done(TaskFilter::default()),
         }
     }
 
@@ -394,7 +388,7 @@ mod tests {
     #[test]
     fn a_row_under_a_window_links_the_tasks_it_counts() {
         let mut windowed = groups("order <n> not found");
-        windowed.failed_after = Some(at("2026-12-03T11:00:00.250Z"));
+        windowed.filter.failed_after = Some(at("2026-12-03T11:00:00.250Z"));
         let html = table(&windowed, at("2026-12-03T12:00:00Z")).into_string();
         let link = html.split("td class=\"go\"><a href=\"").nth(1).unwrap();
         let link = &link[..link.find('"').unwrap()];

@@ -149,47 +149,7 @@ fn rfc3339(at: DateTime<Utc>) -> String {
 
 /// The query parameters that select `filter`.
 pub(crate) fn to_pairs(filter: &TaskFilter) -> Vec<(&'static str, String)> {
-    let mut pairs: Vec<(&'static str, String)> = filter
-        .status
-        .iter()
-        .map(|s| ("status", s.as_str().to_owned()))
-        .collect();
-    let texts = [
-        ("handler", &filter.handler),
-        ("route", &filter.route),
-        ("topic", &filter.topic),
-        ("key", &filter.key),
-        ("key_prefix", &filter.key_prefix),
-        ("error", &filter.error),
-        ("first_error", &filter.first_error),
-        ("disposition", &filter.disposition),
-        ("search", &filter.search),
-    ];
-    pairs.extend(texts.into_iter().filter_map(|(n, v)| Some((n, v.clone()?))));
-    let times = [
-        ("created_after", filter.created_after),
-        ("created_before", filter.created_before),
-        ("updated_after", filter.updated_after),
-        ("updated_before", filter.updated_before),
-        ("failed_after", filter.failed_after),
-    ];
-    pairs.extend(
-        times
-            .into_iter()
-            .filter_map(|(n, t)| Some((n, rfc3339(t?)))),
-    );
-    let numbers = [
-        ("generation", filter.generation.map(i64::from)),
-        ("min_generation", filter.min_generation.map(i64::from)),
-        ("previous_task", filter.previous_task.map(|id| id.0)),
-        ("cause", filter.cause),
-    ];
-    pairs.extend(
-        numbers
-            .into_iter()
-            .filter_map(|(n, v)| Some((n, v?.to_string()))),
-    );
-    pairs
+    filter.named_values()
 }
 
 /// `filter` as the operations layer reads it (times as RFC 3339), for a bulk verb.
@@ -438,7 +398,10 @@ pub(crate) fn form(params: &ListParams, choices: &ListChoices, counts: &TabCount
         .filter(|(_, _, v, _)| v.is_some())
         .count()
         + usize::from(params.limit != DEFAULT_LIMIT);
-    let unfold = set > usize::from(f.cause.is_some());
+    // The banner above a cause's list names the cause and its window.
+    let named =
+        usize::from(f.cause.is_some()) + usize::from(f.cause.is_some() && f.failed_after.is_some());
+    let unfold = set > named;
     html! {
         (tabs(params, counts))
         form.filter method="get" action="/console/tasks" {

@@ -227,7 +227,7 @@ fn figures(s: &Snapshot) -> Markup {
                     tbody {
                         @for (handler, row) in &backlog {
                             tr {
-                                th scope="row" { a href=(filtered(None, Some(handler))) { (handler) } }
+                                th scope="row" { a href=(filtered(None, Some(handler))) { (layout::visible(handler)) } }
                                 @for (status, n) in COLUMNS.iter().zip(row) {
                                     td.number { a href=(filtered(Some(*status), Some(handler))) { (thousands(*n)) } }
                                 }
@@ -259,7 +259,7 @@ fn figures(s: &Snapshot) -> Markup {
                         @for d in &s.stats.due {
                             @let serving = s.stats.members.iter().filter(|m| m.serves(&d.handler)).count();
                             tr {
-                                th scope="row" { a href=(filtered(Some(Status::Failed), Some(&d.handler))) { (d.handler) } }
+                                th scope="row" { a href=(filtered(Some(Status::Failed), Some(&d.handler))) { (layout::visible(&d.handler)) } }
                                 td.number { (thousands(d.due)) }
                                 td { (layout::age(d.oldest_due_seconds)) }
                                 td {

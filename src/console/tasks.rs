@@ -347,7 +347,7 @@ fn results(
                 p.empty { "No task matches." }
             } @else {
                 table.tasks {
-                    caption { (page.items.len()) " tasks, newest first" }
+                    caption { (layout::counted(page.items.len() as i64, "task", "tasks")) ", newest first" }
                     thead {
                         tr {
                             @for heading in ["Task", "Status", "Handler", "Route", "Source", "Key",

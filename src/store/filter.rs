@@ -91,6 +91,51 @@ pub const SEARCH_SCAN: i64 = 100_000;
 pub const SEARCH_MAX_BYTES: usize = 256;
 
 impl TaskFilter {
+    /// The filter as named values, each as the API's query, the console's links and
+    /// the CLI's options (`_` read as `-`) take it: statuses one pair each, times in
+    /// RFC 3339 to the microsecond. Without `ids`, which no query names.
+    pub fn named_values(&self) -> Vec<(&'static str, String)> {
+        let mut pairs: Vec<(&'static str, String)> = self
+            .status
+            .iter()
+            .map(|s| ("status", s.as_str().to_owned()))
+            .collect();
+        let texts = [
+            ("handler", &self.handler),
+            ("route", &self.route),
+            ("topic", &self.topic),
+            ("key", &self.key),
+            ("key_prefix", &self.key_prefix),
+            ("error", &self.error),
+            ("first_error", &self.first_error),
+            ("disposition", &self.disposition),
+            ("search", &self.search),
+        ];
+        pairs.extend(texts.into_iter().filter_map(|(n, v)| Some((n, v.clone()?))));
+        let times = [
+            ("created_after", self.created_after),
+            ("created_before", self.created_before),
+            ("updated_after", self.updated_after),
+            ("updated_before", self.updated_before),
+            ("failed_after", self.failed_after),
+        ];
+        pairs.extend(times.into_iter().filter_map(|(n, t)| {
+            Some((n, t?.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)))
+        }));
+        let numbers = [
+            ("generation", self.generation.map(i64::from)),
+            ("min_generation", self.min_generation.map(i64::from)),
+            ("previous_task", self.previous_task.map(|id| id.0)),
+            ("cause", self.cause),
+        ];
+        pairs.extend(
+            numbers
+                .into_iter()
+                .filter_map(|(n, v)| Some((n, v?.to_string()))),
+        );
+        pairs
+    }
+
     /// Whether the filter selects every task (bulk actions ask for `--all` then).
     pub fn is_everything(&self) -> bool {
         *self == TaskFilter::default()

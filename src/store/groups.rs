@@ -171,11 +171,11 @@ pub struct Groups {
     pub trend_start: DateTime<Utc>,
     /// Width of a trend bucket, in seconds.
     pub bucket_seconds: u64,
-    /// The window: tasks that last failed at or after this (the filter's `failed_after`,
-    /// or `since` ago, whichever is later). A group's list carries it, so that it lists
-    /// what the group counts.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub failed_after: Option<DateTime<Utc>>,
+    /// The tasks grouped: the query's filter with its statuses (tasks not done when it
+    /// gave none) and its window (`failed_after`: the later of the filter's and `since`
+    /// ago). A group's list is this filter and the group's key, so that it lists, and an
+    /// action on it acts on, what the group counts.
+    pub filter: TaskFilter,
 }
 
 /// The groups of a selection, biggest first (`{KEY}`: the grouped column; `$20`: most
@@ -268,8 +268,7 @@ impl Store {
             .map(|s| Utc::now() - s);
         filter.failed_after = filter.failed_after.max(since);
         let statuses = filter.status.clone();
-        let failed_after = filter.failed_after;
-        let selection = Selection::Filter(filter);
+        let selection = Selection::Filter(filter.clone());
         let buckets = query.buckets.clamp(1, 1000);
         let bucket_seconds = (query.trend.as_secs() / u64::from(buckets)).max(1);
         let trend_start =
@@ -419,7 +418,7 @@ impl Store {
             total_tasks,
             trend_start,
             bucket_seconds,
-            failed_after,
+            filter,
         })
     }
 }

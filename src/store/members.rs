@@ -86,8 +86,14 @@ impl Store {
 
     /// Members seen within [`MEMBER_LIVE_WITHIN`], by id.
     pub async fn live_members(&self) -> Result<Vec<Member>> {
+        // Read as no row can stop the reading (a row written by hand): times within
+        // the years chrono reads, no NULL among the names.
         let rows = sqlx::query(
-            "SELECT * FROM recovery_member \
+            "SELECT id, host, version, array_remove(roles, NULL) AS roles, \
+                    array_remove(handlers, NULL) AS handlers, budgets, \
+                    least(greatest(started_at, '0001-01-01 00:00:00+00'), '9999-12-31 00:00:00+00') AS started_at, \
+                    least(greatest(last_seen, '0001-01-01 00:00:00+00'), '9999-12-31 00:00:00+00') AS last_seen \
+             FROM recovery_member \
              WHERE last_seen > now() - $1 * interval '1 millisecond' ORDER BY id",
         )
         .bind(MEMBER_LIVE_WITHIN.as_millis() as f64)
@@ -111,34 +117,63 @@ impl Store {
             .collect()
     }
 
-    /// The attempt budgets the fleet applies, as its live members recorded them, over
-    /// `own` (the reader's configuration): see [`fleet_budgets_of`].
+    /// The attempt budgets the fleet applies, as its live workers recorded them, over
+    /// `own` (the reader's configuration): see [`fleet_budgets_of`]. A member's row
+    /// that does not read (a time out of range, a NULL among its handlers, budgets of
+    /// another shape: written by hand, or by another release) is passed over: one row
+    /// must not stop every reader of the fleet.
     pub async fn fleet_budgets(&self, own: &Budgets) -> Result<Budgets> {
-        let mut members = self.live_members().await?;
-        members.sort_by(|a, b| b.started_at.cmp(&a.started_at).then(a.id.cmp(&b.id)));
-        Ok(fleet_budgets_of(&members, own))
+        let rows = sqlx::query(
+            "SELECT array_remove(handlers, NULL) AS handlers, budgets FROM recovery_member \
+             WHERE last_seen > now() - $1 * interval '1 millisecond' \
+               AND budgets IS NOT NULL AND 'worker' = ANY(roles) AND isfinite(started_at) \
+             ORDER BY started_at DESC, id",
+        )
+        .bind(MEMBER_LIVE_WITHIN.as_millis() as f64)
+        .fetch_all(&self.pool)
+        .await?;
+        let workers: Vec<Worker> = rows
+            .iter()
+            .filter_map(|row| {
+                Some(Worker {
+                    handlers: row.try_get("handlers").ok()?,
+                    budgets: Budgets::recorded(row.try_get("budgets").ok()?)?,
+                })
+            })
+            .collect();
+        Ok(fleet_budgets_of(&workers, own))
     }
 }
 
-/// The budgets a fleet of `members` (newest started first) applies, over `own`:
-/// a handler's from the newest member whose workers serve it (they count its
-/// attempts), else from the newest that knows it, else `own`'s; the routes' and the
-/// default from the newest member that recorded budgets (members share the routes'
-/// configuration). With no member's record (a fleet down, members older than the
-/// record), `own`. Mid-upgrade, members may disagree: the newest is what the fleet
-/// is moving to.
-pub fn fleet_budgets_of(members: &[Member], own: &Budgets) -> Budgets {
-    let recorded: Vec<(&Member, &Budgets)> = members
-        .iter()
-        .filter_map(|m| m.budgets.as_ref().map(|b| (m, b)))
-        .collect();
-    let Some((_, newest)) = recorded.first() else {
+/// A live worker member's record of what it serves and the budgets it applies.
+#[derive(Debug, Clone, PartialEq)]
+struct Worker {
+    /// The handlers its pool serves (empty: every one).
+    handlers: Vec<String>,
+    /// The budgets it applies.
+    budgets: Budgets,
+}
+
+impl Worker {
+    fn serves(&self, handler: &str) -> bool {
+        self.handlers.is_empty() || self.handlers.iter().any(|h| h == handler)
+    }
+}
+
+/// The budgets a fleet of `workers` (newest started first) applies, over `own`: the
+/// workers count the attempts. A handler's from the newest worker that serves it, else
+/// from the newest that knows it, else `own`'s; the routes' and the default from the
+/// newest worker (members share the routes' configuration). With no worker's record
+/// (a fleet down, members older than the record), `own`. Mid-upgrade, workers may
+/// disagree: the newest is what the fleet is moving to.
+fn fleet_budgets_of(workers: &[Worker], own: &Budgets) -> Budgets {
+    let Some(newest) = workers.first() else {
         return own.clone();
     };
     let mut handlers: Vec<(String, i32)> = Vec::new();
-    let names = recorded
+    let names = workers
         .iter()
-        .flat_map(|(_, b)| b.handlers.iter().map(|(name, _)| name))
+        .flat_map(|w| w.budgets.handlers.iter().map(|(name, _)| name))
         .chain(own.handlers.iter().map(|(name, _)| name));
     for name in names {
         if handlers.iter().any(|(known, _)| known == name) {
@@ -151,19 +186,19 @@ pub fn fleet_budgets_of(members: &[Member], own: &Budgets) -> Budgets {
                 .find(|(h, _)| h == name)
                 .map(|h| h.1)
         };
-        let budget = recorded
+        let budget = workers
             .iter()
-            .filter(|(member, _)| member.serves(name))
-            .chain(recorded.iter())
-            .find_map(|(_, budgets)| of(budgets))
+            .filter(|worker| worker.serves(name))
+            .chain(workers.iter())
+            .find_map(|worker| of(&worker.budgets))
             .or_else(|| of(own));
         if let Some(budget) = budget {
             handlers.push((name.clone(), budget));
         }
     }
     Budgets {
-        routes: newest.routes.clone(),
+        routes: newest.budgets.routes.clone(),
         handlers,
-        default: newest.default,
+        default: newest.budgets.default,
     }
 }

@@ -950,7 +950,7 @@ async fn a_groups_window_travels_to_its_list_and_its_actions() {
     );
     let groups: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(groups["groups"][0]["tasks"], 2, "{groups}");
-    let window = groups["failed_after"]
+    let window = groups["filter"]["failed_after"]
         .as_str()
         .expect("the window in the answer")
         .to_owned();
@@ -959,8 +959,14 @@ async fn a_groups_window_travels_to_its_list_and_its_actions() {
         .unwrap()
         .to_string();
 
-    let table = run(&settings, &["tasks", "groups", "--since", "1h"]);
+    // Found by a second attack: the hint carried the window but dropped the rest of
+    // the filter, so its action reached every handler's tasks of the cause.
+    let table = run(
+        &settings,
+        &["tasks", "groups", "--since", "1h", "--handler", "billing"],
+    );
     let hint = String::from_utf8_lossy(&table.stderr).into_owned();
+    assert!(hint.contains(" --handler billing"), "{hint}");
     let hinted = hint
         .split("--failed-after ")
         .nth(1)

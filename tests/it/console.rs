@@ -1574,6 +1574,39 @@ async fn the_keyboard_moves_through_causes_and_searches_from_every_page() {
         "the biggest cause's tasks"
     );
 
+    // Found by a second attack: the overview's refresh replaced the rows and the mark,
+    // and Enter then opened a row nobody had marked.
+    browser.open(&console.url("/console/")).await;
+    // (paused, so that no refresh of its own comes between the steps)
+    browser.click("[data-live-toggle]").await;
+    press_char(&browser, 'j').await;
+    press_char(&browser, 'j').await;
+    assert_eq!(browser.count("table.broke tbody tr.current").await, 1);
+    run(
+        &browser,
+        "var t = document.querySelector('table.broke'), c = t.cloneNode(true); \
+         Array.prototype.forEach.call(c.querySelectorAll('tr.current'), \
+           function (r) { r.classList.remove('current'); }); \
+         t.parentNode.replaceChild(c, t); return null;",
+        Vec::new(),
+    )
+    .await;
+    browser.press(Key::Enter).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        browser.path().await,
+        "/console/",
+        "Enter opened an unmarked row"
+    );
+    press_char(&browser, 'j').await;
+    let first = run(
+        &browser,
+        "return document.querySelector('table.broke tbody tr').classList.contains('current');",
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(first, serde_json::json!(true), "j starts again at the top");
+
     // `/` on a page without the search box opens the task list's, focused.
     browser.open(&console.url("/console/")).await;
     press_char(&browser, '/').await;

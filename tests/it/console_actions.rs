@@ -106,12 +106,26 @@ async fn an_operator_discards_by_filter_after_confirming_the_count_and_retries_t
     browser.click("#confirm").await;
     assert_eq!(browser.path().await, "/console/actions/preview");
     browser.fill("#c-reason", "orders replayed upstream").await;
+    // Found by an attack: tasks stored while the operator read the count were acted on
+    // too (confirmed 3, discarded 8). What is confirmed is what existed at the count.
+    enqueue(
+        &store,
+        (8..=10)
+            .map(|i| task("orders", format!("order-{i}").as_bytes(), b"{}"))
+            .collect(),
+    )
+    .await;
     browser.follow("#confirm").await;
     assert!(browser.path().await.starts_with("/console/jobs/"));
     assert_eq!(wait_for_the_end(&browser).await, "done");
     assert_eq!(browser.text(".final-changed").await, "7");
     browser.screenshot("progress-done").await;
     assert_eq!(status_count(&store, "orders", "discarded").await, 7);
+    assert_eq!(
+        status_count(&store, "orders", "failed").await,
+        3,
+        "stored after the count"
+    );
     assert_eq!(status_count(&store, "billing", "failed").await, 3);
     let audit_id = browser.text(".audit-id").await;
     assert_eq!(

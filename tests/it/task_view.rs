@@ -198,13 +198,58 @@ async fn a_members_budgets_that_do_not_read_are_passed_over() {
         .await
         .unwrap();
     }
+    // Found by a second attack: a member's row whose start time or names do not read
+    // stopped every reader; and a member without workers (admin only) set the routes'
+    // budgets and the default of the whole fleet.
+    let rows = [
+        (
+            "at-infinity",
+            "ARRAY['worker']",
+            "ARRAY['billing']",
+            "'infinity'",
+            r#"{"routes":[],"handlers":[["billing",9]],"default":9}"#,
+        ),
+        (
+            "null-names",
+            "ARRAY['worker', NULL]",
+            "ARRAY['ledger', NULL]",
+            "now() + interval '1 minute'",
+            r#"{"routes":[],"handlers":[["ledger",4]],"default":7}"#,
+        ),
+        (
+            "admin-only",
+            "ARRAY['admin']",
+            "ARRAY[]::text[]",
+            "now() + interval '2 minutes'",
+            r#"{"routes":[],"handlers":[["billing",2]],"default":2}"#,
+        ),
+    ];
+    for (id, roles, handlers, started, budgets) in rows {
+        sqlx::query(&format!(
+            "INSERT INTO recovery_member (id, host, version, roles, handlers, started_at, last_seen, budgets) \
+             VALUES ('{id}', 'h', '9', {roles}, {handlers}, {started}, now(), '{budgets}')"
+        ))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
     let (text, detail) = shown(&settings, &api, billing).await;
     assert!(
         text.contains(&format!("{:<22} 0 of 6", "attempts")),
         "{text}"
     );
     assert_eq!(detail["attempts_allowed"], 6, "{detail}");
-    for verb in [&["tasks", "check"][..], &["members"][..]] {
+    let other = enqueue(&store, NewTask::new("payroll", "x")).await;
+    let (text, _) = shown(&settings, &api, other).await;
+    assert!(
+        text.contains(&format!("{:<22} 0 of 7", "attempts")),
+        "the default of the newest worker, not of the admin-only member: {text}"
+    );
+    for verb in [
+        &["tasks", "check"][..],
+        &["members"][..],
+        &["tasks", "stats"][..],
+    ] {
         let out = run(&settings, verb);
         assert!(
             out.status.success(),

@@ -76,8 +76,17 @@
       return document.querySelectorAll('table.tasks tbody tr, table.broke tbody tr');
     }
 
+    // A live region's refresh replaces its rows, and the mark with them: a row is
+    // marked only while it shows the mark, so Enter never opens a row not marked.
+    function shown(all) {
+      if (current >= 0 && !(current < all.length && all[current].classList.contains('current'))) {
+        current = -1;
+      }
+    }
+
     function move(by) {
       var all = rows();
+      shown(all);
       if (all.length === 0) {
         return;
       }
@@ -91,7 +100,8 @@
 
     function marked() {
       var all = rows();
-      return current >= 0 && current < all.length ? all[current] : null;
+      shown(all);
+      return current >= 0 ? all[current] : null;
     }
 
     document.addEventListener('keydown', function (event) {
