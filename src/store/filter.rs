@@ -100,17 +100,7 @@ impl TaskFilter {
             .iter()
             .map(|s| ("status", s.as_str().to_owned()))
             .collect();
-        let texts = [
-            ("handler", &self.handler),
-            ("route", &self.route),
-            ("topic", &self.topic),
-            ("key", &self.key),
-            ("key_prefix", &self.key_prefix),
-            ("error", &self.error),
-            ("first_error", &self.first_error),
-            ("disposition", &self.disposition),
-            ("search", &self.search),
-        ];
+        let texts = self.texts();
         pairs.extend(texts.into_iter().filter_map(|(n, v)| Some((n, v.clone()?))));
         let times = [
             ("created_after", self.created_after),
@@ -136,14 +126,9 @@ impl TaskFilter {
         pairs
     }
 
-    /// Whether the filter selects every task (bulk actions ask for `--all` then).
-    pub fn is_everything(&self) -> bool {
-        *self == TaskFilter::default()
-    }
-
-    /// Checks values the database would otherwise refuse or misread.
-    pub fn validate(&self) -> Result<(), String> {
-        let texts = [
+    /// The text parts, by name.
+    fn texts(&self) -> [(&'static str, &Option<String>); 9] {
+        [
             ("handler", &self.handler),
             ("route", &self.route),
             ("topic", &self.topic),
@@ -153,7 +138,17 @@ impl TaskFilter {
             ("first_error", &self.first_error),
             ("disposition", &self.disposition),
             ("search", &self.search),
-        ];
+        ]
+    }
+
+    /// Whether the filter selects every task (bulk actions ask for `--all` then).
+    pub fn is_everything(&self) -> bool {
+        *self == TaskFilter::default()
+    }
+
+    /// Checks values the database would otherwise refuse or misread.
+    pub fn validate(&self) -> Result<(), String> {
+        let texts = self.texts();
         for (name, value) in texts {
             if value.as_deref().is_some_and(|v| v.contains('\0')) {
                 return Err(format!("{name} must not contain a NUL character"));
