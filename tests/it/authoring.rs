@@ -9,7 +9,7 @@ use redrive::{Fleet, FleetError, Handler, HandlerContext, HandlerError, Settings
 use serde_json::json;
 use std::time::Duration;
 
-use crate::docs::blocks;
+use crate::support::docs::blocks;
 use crate::support::settings;
 
 struct Noop;

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::broker::{cluster, committed, produce, producer, route, use_cluster, Sample};
-use crate::support::{eventually, fresh_store, scalar, Member};
+use crate::support::broker::{committed, produce, producer, route, KafkaCase, Sample};
+use crate::support::{eventually, scalar, Member};
 use crate::support::{Bounded, CHILD_LIMIT};
 
 /// A handler whose deploy is broken (every call fails) until fixed.
@@ -33,12 +33,14 @@ const BATCH: u32 = 10;
 
 /// A process-mode route on "payments" (2 partitions) with `brake`, `MESSAGES` produced.
 async fn braked_route(brake: BrakeSettings) -> (Broker, Store, Settings, String) {
-    let broker = cluster(&[("payments", 2)]);
-    let (store, mut settings) = fresh_store().await;
-    let bootstrap = broker.bootstrap_servers();
     let mut payments = route(&["payments"], RouteMode::Process, "deploy");
     payments.brake = Some(brake);
-    use_cluster(&mut settings, &bootstrap, vec![payments]);
+    let KafkaCase {
+        broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(&[("payments", 2)], vec![payments]).await;
     settings.ingest.batch_size = BATCH;
     // The stored failures stay as they are: this is about ingest.
     settings.worker.enabled = false;
@@ -145,7 +147,7 @@ async fn a_bad_deploy_pauses_the_route_until_an_operator_releases_it() {
 
     // The deploy is rolled back; an operator releases the brake.
     broken.store(false, Ordering::SeqCst);
-    let released = crate::operator_cli::redrive(&settings)
+    let released = crate::support::cli::redrive(&settings)
         .args([
             "brake",
             "release",
@@ -183,7 +185,7 @@ async fn a_bad_deploy_pauses_the_route_until_an_operator_releases_it() {
         .await,
         1
     );
-    let again = crate::operator_cli::redrive(&settings)
+    let again = crate::support::cli::redrive(&settings)
         .args(["brake", "release", "payments", "--reason", "twice"])
         .output_within(CHILD_LIMIT)
         .unwrap();
@@ -221,7 +223,7 @@ async fn the_route_resumes_after_the_cool_down_and_brakes_again_while_still_brok
         stored <= 3 * LET_THROUGH,
         "{stored} failures stored over two or three trips"
     );
-    let listed = crate::operator_cli::redrive(&settings)
+    let listed = crate::support::cli::redrive(&settings)
         .args(["brake", "list"])
         .output_within(CHILD_LIMIT)
         .unwrap();
@@ -359,16 +361,18 @@ async fn produce_events(bootstrap: &str, from: i64, to: i64) {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn an_operator_engages_a_capture_routes_brake_and_it_stops_consuming_until_released() {
-    use crate::admin_api::{with_tokens, Api, OPERATE, READ};
+    use crate::support::api::{with_tokens, Api, OPERATE, READ};
     use serde_json::json;
-    let broker = cluster(&[("reports", 2)]);
-    let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &bootstrap,
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(
+        &[("reports", 2)],
         vec![route(&["reports"], RouteMode::Capture, "log")],
-    );
+    )
+    .await;
     settings.worker.enabled = false;
     let settings = with_tokens(settings);
     let api = Api::start(&store, &settings).await;

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::http_server::{Reply, TestServer};
+use crate::support::http_server::{Reply, TestServer};
 use crate::support::{eventually, fresh_store, scalar, Member};
 use crate::support::{Bounded, CHILD_LIMIT};
 
@@ -641,7 +641,7 @@ async fn redrive_breakers_lists_forces_and_releases_through_the_binary() {
     let (store, settings) = fresh_store().await;
     let id = store.enqueue(&NewTask::new("log", "x")).await.unwrap().id();
     let cli = |args: &[&str]| {
-        let out = crate::operator_cli::redrive(&settings)
+        let out = crate::support::cli::redrive(&settings)
             .env("REDRIVE__HANDLERS__LOG__BREAKER__COOL_DOWN", "10m")
             .args(args)
             .output_within(CHILD_LIMIT)
@@ -696,17 +696,19 @@ impl Handler for Counted {
 /// are stored unattempted, held, and run by the pool once the breaker lets go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn process_mode_does_not_call_a_handler_inline_while_its_breaker_is_open() {
-    use crate::broker::{cluster, produce, producer, route, use_cluster, Sample};
+    use crate::support::broker::{produce, producer, route, KafkaCase, Sample};
     use redrive::config::RouteMode;
-    let broker = cluster(&[("payments", 1)]);
-    let (store, mut settings) = fresh_store().await;
-    fast_retries(&mut settings);
-    let bootstrap = broker.bootstrap_servers();
-    use_cluster(
-        &mut settings,
-        &bootstrap,
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(
+        &[("payments", 1)],
         vec![route(&["payments"], RouteMode::Process, "pay")],
-    );
+    )
+    .await;
+    fast_retries(&mut settings);
     let cool_down = Duration::from_secs(3600);
     settings
         .handlers
@@ -799,16 +801,18 @@ impl Handler for CountedDown {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn failed_inline_calls_open_the_handlers_breaker() {
-    use crate::broker::{cluster, produce, producer, route, use_cluster, Sample};
+    use crate::support::broker::{produce, producer, route, KafkaCase, Sample};
     use redrive::config::RouteMode;
-    let broker = cluster(&[("payments", 1)]);
-    let (store, mut settings) = fresh_store().await;
-    let bootstrap = broker.bootstrap_servers();
-    use_cluster(
-        &mut settings,
-        &bootstrap,
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(
+        &[("payments", 1)],
         vec![route(&["payments"], RouteMode::Process, "pay")],
-    );
+    )
+    .await;
     settings.worker.enabled = false;
     settings
         .handlers
@@ -904,7 +908,7 @@ cool_down = "60s"
         .map(|i| NewTask::new("billing", format!("{i}")))
         .collect();
     store.enqueue_many(&tasks).await.unwrap();
-    let mut member = crate::operator_cli::redrive(&settings)
+    let mut member = crate::support::cli::redrive(&settings)
         .arg("--config")
         .arg(&config)
         .arg("run")
@@ -964,9 +968,9 @@ cool_down = "60s"
 /// released; a retry of its tasks warns that none of them runs before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_breaker_forced_open_says_who_and_why_everywhere_and_a_retry_of_its_tasks_warns() {
-    use crate::admin_api::{with_tokens, Api, OPERATE, READ};
-    use crate::console::Console;
-    use crate::console_actions::session;
+    use crate::support::api::{with_tokens, Api, OPERATE, READ};
+    use crate::support::console::session;
+    use crate::support::console::Console;
     use redrive::resilience::breaker::Tally;
 
     let (store, settings) = fresh_store().await;
@@ -989,7 +993,7 @@ async fn a_breaker_forced_open_says_who_and_why_everywhere_and_a_retry_of_its_ta
     assert_eq!(probed.reason.as_deref(), Some("a probe failed"));
 
     let cli = |args: &[&str]| {
-        let out = crate::operator_cli::redrive(&settings)
+        let out = crate::support::cli::redrive(&settings)
             .env("REDRIVE__HANDLERS__LOG__BREAKER__COOL_DOWN", "50ms")
             .args(args)
             .output_within(CHILD_LIMIT)

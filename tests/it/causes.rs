@@ -481,8 +481,8 @@ async fn a_search_reads_no_more_than_its_bound_and_says_where_it_stopped() {
 /// tasks are listed and acted on by `--cause`; a search is listed, never acted on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_and_the_api_group_list_and_act_by_cause() {
-    use crate::admin_api::{with_tokens, Api, OPERATE, READ};
-    use crate::operator_cli::run;
+    use crate::support::api::{with_tokens, Api, OPERATE, READ};
+    use crate::support::cli::run;
     use reqwest::StatusCode;
 
     let (store, settings) = fresh_store().await;
@@ -721,8 +721,8 @@ async fn the_task_table_is_vacuumed_after_a_burst_of_inserts() {
 /// count them, unless statuses are given.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cause_selects_the_tasks_its_group_counts_unless_statuses_are_given() {
-    use crate::admin_api::{with_tokens, Api, OPERATE, READ};
-    use crate::operator_cli::run;
+    use crate::support::api::{with_tokens, Api, OPERATE, READ};
+    use crate::support::cli::run;
 
     let (store, settings) = fresh_store().await;
     let settings = with_tokens(settings);
@@ -846,7 +846,7 @@ async fn a_search_looks_in_header_names_and_values_not_in_their_encoding() {
 /// matches" and no way on, though older tasks were not searched yet.
 #[tokio::test]
 async fn a_bounded_search_without_a_match_still_says_how_to_go_on() {
-    use crate::operator_cli::run;
+    use crate::support::cli::run;
 
     let (store, settings) = fresh_store().await;
     sqlx::query(
@@ -924,7 +924,7 @@ async fn causes_seen_again_take_no_ids_so_the_ids_run_without_gaps() {
 /// the group counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_groups_window_travels_to_its_list_and_its_actions() {
-    use crate::operator_cli::run;
+    use crate::support::cli::run;
 
     let (store, settings) = fresh_store().await;
     for order in 0..5 {

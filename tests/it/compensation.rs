@@ -786,7 +786,7 @@ async fn a_compensation_whose_task_cannot_be_read_ends_failed_and_the_rest_of_it
 
     // `tasks show` tells it as it tells other failed compensations, and why the task
     // cannot be shown whole.
-    let shown = crate::operator_cli::run(&settings, &["tasks", "show", &unreadable.to_string()]);
+    let shown = crate::support::cli::run(&settings, &["tasks", "show", &unreadable.to_string()]);
     let stdout = String::from_utf8_lossy(&shown.stdout);
     assert!(
         shown.status.success(),

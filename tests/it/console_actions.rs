@@ -8,14 +8,13 @@ use fantoccini::key::Key;
 use fantoccini::Locator;
 use redrive::store::{Action, NewReplay, Operator, Selection, TaskFilter};
 use redrive::Store;
-use reqwest::header::SET_COOKIE;
 use reqwest::StatusCode;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use crate::admin_api::{OPERATE, READ};
-use crate::broker::cluster;
-use crate::console::{assert_secured, enqueue, task, Console};
+use crate::support::api::{OPERATE, READ};
+use crate::support::broker::cluster;
+use crate::support::console::{assert_secured, enqueue, session, task, Console};
 use crate::support::{eventually, fresh_store, scalar, Browser};
 
 /// Presses Enter on the focused control and waits until the browser left the page.
@@ -183,19 +182,6 @@ async fn an_operator_discards_by_filter_after_confirming_the_count_and_retries_t
         .await,
         1
     );
-}
-
-/// Signs in over HTTP with `token`: the session cookie.
-pub(crate) async fn session(client: &reqwest::Client, console: &Console, token: &str) -> String {
-    let signed_in = client
-        .post(console.url("/console/login"))
-        .form(&[("token", token)])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(signed_in.status(), StatusCode::SEE_OTHER);
-    let cookie = signed_in.headers()[SET_COOKIE].to_str().unwrap();
-    cookie.split(';').next().unwrap().to_owned()
 }
 
 /// The console's write endpoints, each with a form that would change something.
@@ -515,10 +501,11 @@ async fn two_ticked_tasks_replayed_from_the_list_reach_the_target_topic_and_noth
         replay_status(&store, 1).await == "done"
     })
     .await;
-    let messages = crate::broker::consume(&bootstrap, "replayed", 1, 3, Duration::from_secs(5));
+    let messages =
+        crate::support::broker::consume(&bootstrap, "replayed", 1, 3, Duration::from_secs(5));
     let mut keys: Vec<Vec<u8>> = messages
         .iter()
-        .map(|m| crate::broker::bytes(m).0.unwrap())
+        .map(|m| crate::support::broker::bytes(m).0.unwrap())
         .collect();
     keys.sort();
     assert_eq!(keys, [b"order-2".to_vec(), b"order-4".to_vec()]);

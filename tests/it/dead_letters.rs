@@ -10,9 +10,11 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::broker::{cluster, consume, headers_of, produce, producer, route, use_cluster, Sample};
-use crate::ingest::{fleet, task_at};
+use crate::support::broker::{
+    cluster, consume, headers_of, produce, producer, route, use_cluster, KafkaCase, Sample,
+};
 use crate::support::{database_url, eventually, fresh_store, Member};
+use crate::support::{fleet, task_at};
 use redrive::config::RouteMode;
 
 /// The messages of `deploy/sample-dead-letters.txt` as docker-compose.yml produces them
@@ -102,7 +104,7 @@ async fn the_compose_quickstart_samples_end_resolved() {
     .unwrap();
     let mut values: Vec<Vec<u8>> = republished
         .iter()
-        .map(|m| crate::broker::bytes(m).1.unwrap())
+        .map(|m| crate::support::broker::bytes(m).1.unwrap())
         .collect();
     values.sort();
     let mut sent: Vec<Vec<u8>> = samples.into_iter().map(|s| s.value.unwrap()).collect();
@@ -135,10 +137,13 @@ async fn billing_dlq(
     Store,
     Settings,
 ) {
-    let broker = cluster(topics);
-    let (store, mut settings) = fresh_store().await;
     let capture = route(&["billing.dlq"], RouteMode::Capture, "republish");
-    use_cluster(&mut settings, &broker.bootstrap_servers(), vec![capture]);
+    let KafkaCase {
+        broker,
+        store,
+        settings,
+        ..
+    } = KafkaCase::new(topics, vec![capture]).await;
     (broker, store, settings)
 }
 
@@ -252,7 +257,7 @@ async fn a_share_group_dead_letter_is_stored_with_its_original_and_recovers() {
         .collect();
     assert_eq!(again.len(), 1, "republished once");
     assert_eq!(
-        crate::broker::bytes(again[0]),
+        crate::support::broker::bytes(again[0]),
         (original.key.clone(), original.value.clone())
     );
     let mut expected = app_headers;
@@ -433,7 +438,7 @@ async fn a_redelivered_share_group_dead_letter_is_not_recorded_twice() {
         || async {
             let (bootstrap, group) = (bootstrap.clone(), again.kafka.group_id.clone());
             let committed = tokio::task::spawn_blocking(move || {
-                crate::broker::committed(&bootstrap, &group, "billing.dlq", 1)
+                crate::support::broker::committed(&bootstrap, &group, "billing.dlq", 1)
             });
             committed.await.unwrap() == [1]
         },
@@ -524,8 +529,8 @@ async fn a_share_group_dead_letter_written_twice_is_one_task_with_its_dispositio
             let (bootstrap, group) = (bootstrap.clone(), settings.kafka.group_id.clone());
             let committed = tokio::task::spawn_blocking(move || {
                 (
-                    crate::broker::committed(&bootstrap, &group, "billing.dlq", 1),
-                    crate::broker::committed(&bootstrap, &group, "events.dlq", 1),
+                    crate::support::broker::committed(&bootstrap, &group, "billing.dlq", 1),
+                    crate::support::broker::committed(&bootstrap, &group, "events.dlq", 1),
                 )
             });
             committed.await.unwrap() == (vec![4], vec![1])
@@ -673,12 +678,18 @@ fn spring(topic: &str, offset: i64) -> Vec<Header> {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn a_headers_only_original_or_an_unreadable_topic_is_unavailable_never_republished_empty() {
-    let broker = cluster(&[("billing", 1), ("billing.dlq", 1), ("billing.retry", 1)]);
-    let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
     let mut billing = route(&["billing.dlq"], RouteMode::Capture, "republish");
     billing.republish_topic = Some("billing.retry".into());
-    use_cluster(&mut settings, &bootstrap, vec![billing]);
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        settings,
+    } = KafkaCase::new(
+        &[("billing", 1), ("billing.dlq", 1), ("billing.retry", 1)],
+        vec![billing],
+    )
+    .await;
     let producer = producer(&bootstrap);
     // Itself a share group's dead letter: headers only.
     let empty = headers_only(share_group_headers(b"elsewhere", b"0", b"3"));
@@ -719,21 +730,24 @@ async fn a_headers_only_original_or_an_unreadable_topic_is_unavailable_never_rep
 /// happens to its task.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_ingest_note_says_what_happens_to_the_task() {
-    let broker = cluster(&[
-        ("orders", 1),
-        ("orders.dlt", 1),
-        ("orders.parking", 1),
-        ("audit.dlt", 1),
-    ]);
-    let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
     let mut orders = route(&["orders.dlt"], RouteMode::Capture, "republish");
     orders.name = "orders".into();
     orders.max_generations = Some(1);
     orders.parking_topic = Some("orders.parking".into());
     let mut audit = route(&["audit.dlt"], RouteMode::Capture, "log");
     audit.name = "audit".into();
-    use_cluster(&mut settings, &bootstrap, vec![orders, audit]);
+    let topics = [
+        ("orders", 1),
+        ("orders.dlt", 1),
+        ("orders.parking", 1),
+        ("audit.dlt", 1),
+    ];
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(&topics, vec![orders, audit]).await;
     settings.worker.enabled = false;
     let ancestor = stored_task(&store, "orders", "orders").await;
     let producer = producer(&bootstrap);
@@ -840,13 +854,19 @@ async fn every_ingest_note_says_what_happens_to_the_task() {
 /// the copies disagreed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_headers_take_the_first_copy_and_the_note_says_they_disagreed() {
-    let broker = cluster(&[("orders.dlt", 1), ("billing", 1), ("billing.dlq", 1)]);
-    let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
     let mut orders = route(&["orders.dlt"], RouteMode::Capture, "log");
     orders.name = "orders".into();
     let billing = route(&["billing.dlq"], RouteMode::Capture, "log");
-    use_cluster(&mut settings, &bootstrap, vec![orders, billing]);
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(
+        &[("orders.dlt", 1), ("billing", 1), ("billing.dlq", 1)],
+        vec![orders, billing],
+    )
+    .await;
     settings.worker.enabled = false;
     let ancestor = stored_task(&store, "orders", "orders").await;
     let producer = producer(&bootstrap);
@@ -918,14 +938,16 @@ async fn duplicate_headers_take_the_first_copy_and_the_note_says_they_disagreed(
 /// like the stack trace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn huge_error_headers_are_cut_even_in_minimal_form() {
-    let broker = cluster(&[("orders.dlt", 1)]);
-    let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &bootstrap,
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(
+        &[("orders.dlt", 1)],
         vec![route(&["orders.dlt"], RouteMode::Capture, "log")],
-    );
+    )
+    .await;
     settings.worker.enabled = false;
     settings.ingest.max_message_bytes = 50_000;
     let producer = producer(&bootstrap);
@@ -1072,14 +1094,16 @@ async fn originals_are_not_fetched_from_internal_or_captured_topics_by_default()
 /// payload to produce.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_note_does_not_promise_a_republish_of_a_payload_not_stored() {
-    let broker = cluster(&[("orders.dlt", 1)]);
-    let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &bootstrap,
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(
+        &[("orders.dlt", 1)],
         vec![route(&["orders.dlt"], RouteMode::Capture, "republish")],
-    );
+    )
+    .await;
     settings.worker.enabled = false;
     settings.ingest.max_message_bytes = 50_000;
     let letter = Sample {

@@ -2,50 +2,16 @@
 //! relative link and anchor resolves, every page is reachable from the README and leads
 //! back to it, and `redrive.example.toml` shows every key the settings hold. The code the
 //! pages show is checked where it is used (`newcomers.rs`, `authoring.rs`) through the
-//! helpers here.
+//! helpers of `support::docs`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Component, Path};
+
+use crate::support::docs::{read, repository, section};
 
 /// Longest the README may grow: a front door, not the manual.
 const README_MAX_LINES: usize = 250;
-
-/// A path of the repository.
-fn repository(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
-}
-
-/// The text of a file of the repository (`README.md`, `docs/kafka.md`).
-pub fn read(file: &str) -> String {
-    std::fs::read_to_string(repository(file)).unwrap_or_else(|e| panic!("{file}: {e}"))
-}
-
-/// The section `## title` of `file`, from its heading to the next `## ` heading.
-pub fn section(file: &str, title: &str) -> String {
-    let text = read(file);
-    let start = text
-        .find(&format!("\n## {title}\n"))
-        .unwrap_or_else(|| panic!("{file} has a section {title:?}"));
-    let body = &text[start + 1..];
-    let end = body[3..].find("\n## ").map_or(body.len(), |at| at + 3);
-    body[..end].to_owned()
-}
-
-/// The code blocks of the section `## title` of `file` fenced as ```` ```lang ````.
-pub fn blocks(file: &str, title: &str, lang: &str) -> Vec<String> {
-    section(file, title)
-        .split(&format!("```{lang}\n"))
-        .skip(1)
-        .map(|block| block.split("```").next().unwrap().to_owned())
-        .collect()
-}
-
-/// The first ```` ```lang ```` block of the section `## title` of `file`.
-pub fn block(file: &str, title: &str, lang: &str) -> String {
-    (blocks(file, title, lang).into_iter().next())
-        .unwrap_or_else(|| panic!("{file}: {title} shows {lang}"))
-}
 
 /// The markdown files the docs are made of: the README and every `docs/*.md`.
 fn markdown_files() -> Vec<String> {

@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::broker::{cluster, consume, produce, producer, route, use_cluster, Sample};
-use crate::ingest::{fleet, task_at};
+use crate::support::broker::{consume, produce, producer, route, KafkaCase, Sample};
 use crate::support::{eventually, fresh_store, scalar, Member};
+use crate::support::{fleet, task_at};
 use crate::support::{Bounded, CHILD_LIMIT};
 
 fn value(text: &str) -> Sample {
@@ -30,7 +30,7 @@ async fn committed_reaches(settings: &Settings, topic: &'static str, expected: V
         let (bootstrap, group, expected) = (bootstrap.clone(), group.clone(), expected.clone());
         async move {
             tokio::task::spawn_blocking(move || {
-                crate::broker::committed(&bootstrap, &group, topic, partitions)
+                crate::support::broker::committed(&bootstrap, &group, topic, partitions)
             })
             .await
             .unwrap()
@@ -44,7 +44,7 @@ async fn committed_now(settings: &Settings, topic: &'static str, partitions: i32
     let bootstrap = settings.kafka.bootstrap_servers.clone();
     let group = settings.kafka.group_id.clone();
     tokio::task::spawn_blocking(move || {
-        crate::broker::committed(&bootstrap, &group, topic, partitions)
+        crate::support::broker::committed(&bootstrap, &group, topic, partitions)
     })
     .await
     .unwrap()
@@ -60,11 +60,14 @@ async fn tasks(store: &Store) -> i64 {
 /// anchored pattern: `orders.dlt` is not consumed at all (and not committed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pattern_route_consumes_exactly_the_topics_it_claims() {
-    let broker = cluster(&[("orders", 1), ("orders.dlt", 1)]);
-    let (store, mut settings) = fresh_store().await;
     let mut by_pattern = route(&[], RouteMode::Capture, "log");
     by_pattern.pattern = Some("orders".into());
-    use_cluster(&mut settings, &broker.bootstrap_servers(), vec![by_pattern]);
+    let KafkaCase {
+        broker,
+        store,
+        mut settings,
+        ..
+    } = KafkaCase::new(&[("orders", 1), ("orders.dlt", 1)], vec![by_pattern]).await;
     settings.worker.enabled = false;
     let producer = producer(&broker.bootstrap_servers());
     for topic in ["orders", "orders.dlt", "orders", "orders.dlt"] {
@@ -99,13 +102,16 @@ async fn a_pattern_route_consumes_exactly_the_topics_it_claims() {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn an_unstored_batch_is_a_barrier_for_every_later_commit() {
-    let broker = cluster(&[("dlt", 1)]);
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &broker.bootstrap_servers(),
+    let KafkaCase {
+        broker,
+        store,
+        mut settings,
+        ..
+    } = KafkaCase::new(
+        &[("dlt", 1)],
         vec![route(&["dlt"], RouteMode::Capture, "log")],
-    );
+    )
+    .await;
     settings.worker.enabled = false;
     settings.ingest.batch_size = 1;
     sqlx::raw_sql(
@@ -159,13 +165,16 @@ async fn an_unstored_batch_is_a_barrier_for_every_later_commit() {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn a_new_message_at_old_coordinates_is_stored_not_dropped() {
-    let broker = cluster(&[("dlt", 1)]);
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &broker.bootstrap_servers(),
+    let KafkaCase {
+        broker,
+        store,
+        mut settings,
+        ..
+    } = KafkaCase::new(
+        &[("dlt", 1)],
         vec![route(&["dlt"], RouteMode::Capture, "log")],
-    );
+    )
+    .await;
     settings.worker.enabled = false;
     let mut old = NewTask::new("log", b"from the old topic".to_vec());
     old.failure.source = Some(SourceCoordinates {
@@ -262,14 +271,16 @@ fn verdicts(settings: &Settings) -> (Fleet, Arc<Mutex<Vec<usize>>>) {
 /// large to store is shown whole to the handler and stored without its payload.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn process_mode_survives_panics_and_keeps_each_verdict() {
-    let broker = cluster(&[("orders", 1), ("orders.parking", 1)]);
-    let (store, mut settings) = fresh_store().await;
-    let bootstrap = broker.bootstrap_servers();
-    use_cluster(
-        &mut settings,
-        &bootstrap,
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(
+        &[("orders", 1), ("orders.parking", 1)],
         vec![route(&["orders"], RouteMode::Process, "verdicts")],
-    );
+    )
+    .await;
     settings.worker.enabled = false;
     settings.parking.topic = Some("orders.parking".into());
     settings.ingest.max_message_bytes = 200;
@@ -322,13 +333,16 @@ async fn process_mode_survives_panics_and_keeps_each_verdict() {
 /// messages not attempted in time are stored for the worker pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_downstream_cannot_hold_a_batch_past_its_budget() {
-    let broker = cluster(&[("orders", 1)]);
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &broker.bootstrap_servers(),
+    let KafkaCase {
+        broker: _broker,
+        store,
+        mut settings,
+        ..
+    } = KafkaCase::new(
+        &[("orders", 1)],
         vec![route(&["orders"], RouteMode::Process, "verdicts")],
-    );
+    )
+    .await;
     settings.worker.enabled = false;
     settings.ingest.process_budget = Duration::from_millis(500);
     settings.ingest.process_concurrency = 2;
@@ -364,13 +378,16 @@ async fn a_hanging_downstream_cannot_hold_a_batch_past_its_budget() {
 /// messages near the size limit, spread over partitions, are all stored exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_near_the_size_limit_are_batched_by_bytes() {
-    let broker = cluster(&[("big", 4)]);
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &broker.bootstrap_servers(),
+    let KafkaCase {
+        broker: _broker,
+        store,
+        mut settings,
+        ..
+    } = KafkaCase::new(
+        &[("big", 4)],
         vec![route(&["big"], RouteMode::Capture, "log")],
-    );
+    )
+    .await;
     settings.worker.enabled = false;
     settings.ingest.max_message_bytes = 600_000;
     settings.ingest.batch_bytes = 1_000_000;
@@ -502,9 +519,12 @@ fn accepted_patterns_mean_the_same_to_librdkafka_and_the_route_table() {
 /// empty record (a delete on a compacted topic) and marked resolved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn republish_refuses_a_task_whose_payload_was_not_stored() {
-    let broker = cluster(&[("orders", 1)]);
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(&mut settings, &broker.bootstrap_servers(), Vec::new());
+    let KafkaCase {
+        broker: _broker,
+        store,
+        settings,
+        ..
+    } = KafkaCase::new(&[("orders", 1)], Vec::new()).await;
     let mut minimal = NewTask {
         handler: "republish".into(),
         failure: redrive::task::Failure {
@@ -601,13 +621,16 @@ async fn messages_of_every_compression_codec_are_captured() {
         );
     }
     let codecs = ["zstd", "lz4", "snappy", "gzip"];
-    let broker = cluster(&[("packed", 1)]);
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &broker.bootstrap_servers(),
+    let KafkaCase {
+        broker,
+        store,
+        mut settings,
+        ..
+    } = KafkaCase::new(
+        &[("packed", 1)],
         vec![route(&["packed"], RouteMode::Capture, "log")],
-    );
+    )
+    .await;
     settings.worker.enabled = false;
     let compressible = "the same failure, again and again; ".repeat(100);
     for codec in codecs {
@@ -643,14 +666,16 @@ async fn messages_of_every_compression_codec_are_captured() {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn odd_header_names_and_large_messages_are_republished_byte_for_byte() {
-    let broker = cluster(&[("in.dlt", 1), ("out", 1)]);
-    let (store, mut settings) = fresh_store().await;
-    let bootstrap = broker.bootstrap_servers();
-    use_cluster(
-        &mut settings,
-        &bootstrap,
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(
+        &[("in.dlt", 1), ("out", 1)],
         vec![route(&["in.dlt"], RouteMode::Capture, "republish")],
-    );
+    )
+    .await;
     settings.republish.target_topic = Some("out".into());
     settings.kafka.properties.remove("message.max.bytes");
     settings.ingest.max_message_bytes = 2_000_000;
@@ -685,8 +710,11 @@ async fn odd_header_names_and_large_messages_are_republished_byte_for_byte() {
     );
     assert_eq!(task.failure.headers, headers, "names stored as bytes");
     assert_eq!(out.len(), 1, "republished");
-    assert_eq!(crate::broker::bytes(&out[0]), (sample.key, sample.value));
-    let republished = crate::broker::headers_of(&out[0]);
+    assert_eq!(
+        crate::support::broker::bytes(&out[0]),
+        (sample.key, sample.value)
+    );
+    let republished = crate::support::broker::headers_of(&out[0]);
     assert_eq!(
         &republished[..3],
         &headers[..],

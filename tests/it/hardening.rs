@@ -227,7 +227,7 @@ async fn a_probe_claim_stuck_on_the_breaker_row_does_not_hold_up_claimed_tasks()
 async fn a_replay_rate_out_of_range_is_refused_naming_the_range() {
     let (_store, settings) = fresh_store().await;
     for rate in ["1e-20", "0", "NaN", "1e400"] {
-        let out = crate::operator_cli::run(
+        let out = crate::support::cli::run(
             &settings,
             &["tasks", "replay", "--all", "--rate", rate, "--yes"],
         );
@@ -245,7 +245,7 @@ async fn a_replay_rate_out_of_range_is_refused_naming_the_range() {
 /// older version or by hand) panicked the member that picked it up, and the next one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_replay_with_a_hostile_rate_does_not_stop_the_member() {
-    let kafka = crate::broker::cluster(&[("orders", 1)]);
+    let kafka = crate::support::broker::cluster(&[("orders", 1)]);
     let (store, mut settings) = fresh_store().await;
     settings.kafka.bootstrap_servers = kafka.bootstrap_servers();
     settings.worker.enabled = false;
@@ -302,7 +302,7 @@ async fn a_stored_replay_with_a_hostile_rate_does_not_stop_the_member() {
     )
     .await;
     // The first message leaves at once; the next waits for its (clamped) turn.
-    let produced = crate::broker::consume(
+    let produced = crate::support::broker::consume(
         &kafka.bootstrap_servers(),
         "orders",
         1,
@@ -351,24 +351,24 @@ ordering = "key"
 
 /// A webhook downstream whose first call for `value` fails (503); every other call
 /// succeeds.
-async fn failing_once_for(value: &'static str) -> crate::http_server::TestServer {
+async fn failing_once_for(value: &'static str) -> crate::support::http_server::TestServer {
     let failed_once = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    crate::http_server::TestServer::start(move |request| {
+    crate::support::http_server::TestServer::start(move |request| {
         let data = request.json()["value"]["data"]
             .as_str()
             .unwrap_or("")
             .to_owned();
         if data == value && !failed_once.swap(true, Ordering::SeqCst) {
-            crate::http_server::Reply::status(503)
+            crate::support::http_server::Reply::status(503)
         } else {
-            crate::http_server::Reply::status(200)
+            crate::support::http_server::Reply::status(200)
         }
     })
     .await
 }
 
 /// The values the downstream received from the `from`th call on.
-fn values_called(server: &crate::http_server::TestServer, from: usize) -> Vec<String> {
+fn values_called(server: &crate::support::http_server::TestServer, from: usize) -> Vec<String> {
     server.requests()[from..]
         .iter()
         .map(|r| r.json()["value"]["data"].as_str().unwrap().to_owned())
@@ -382,7 +382,7 @@ async fn redeliver(
     broker: &rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
     mut first: crate::support::MemberProcess,
     second: impl FnOnce() -> crate::support::MemberProcess,
-    server: &crate::http_server::TestServer,
+    server: &crate::support::http_server::TestServer,
     end: i64,
 ) -> Vec<String> {
     use rdkafka::types::RDKafkaApiKey;
@@ -394,7 +394,9 @@ async fn redeliver(
     eventually(
         Duration::from_secs(30),
         "the redelivered messages committed",
-        || async { crate::broker::committed(&bootstrap, "redelivery", "accounts", 1) == vec![end] },
+        || async {
+            crate::support::broker::committed(&bootstrap, "redelivery", "accounts", 1) == vec![end]
+        },
     )
     .await;
     second.kill();
@@ -413,8 +415,8 @@ fn refuse_commits(
 }
 
 /// A message of the key `alice` with the value `value`.
-fn alice(value: &str) -> crate::broker::Sample {
-    crate::broker::Sample {
+fn alice(value: &str) -> crate::support::broker::Sample {
+    crate::support::broker::Sample {
         key: Some("alice".into()),
         value: Some(value.into()),
         ..Default::default()
@@ -433,7 +435,7 @@ fn alice(value: &str) -> crate::broker::Sample {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn a_redelivered_process_mode_message_that_has_a_task_is_not_run_again() {
-    let broker = crate::broker::cluster(&[("accounts", 1)]);
+    let broker = crate::support::broker::cluster(&[("accounts", 1)]);
     let bootstrap = broker.bootstrap_servers();
     let (store, settings) = fresh_store().await;
     let server = failing_once_for("v1").await;
@@ -447,8 +449,8 @@ async fn a_redelivered_process_mode_message_that_has_a_task_is_not_run_again() {
     };
     refuse_commits(&broker);
     let first = member();
-    let producer = crate::broker::producer(&bootstrap);
-    crate::broker::produce(&producer, "accounts", &alice("v1")).await;
+    let producer = crate::support::broker::producer(&bootstrap);
+    crate::support::broker::produce(&producer, "accounts", &alice("v1")).await;
     eventually(
         Duration::from_secs(30),
         "v1 failed inline, then resolved by the pool",
@@ -462,7 +464,7 @@ async fn a_redelivered_process_mode_message_that_has_a_task_is_not_run_again() {
         },
     )
     .await;
-    crate::broker::produce(&producer, "accounts", &alice("v2")).await;
+    crate::support::broker::produce(&producer, "accounts", &alice("v2")).await;
     eventually(Duration::from_secs(30), "v2 applied inline", || async {
         values_called(&server, 0).contains(&"v2".to_owned())
     })
@@ -493,7 +495,7 @@ async fn a_redelivered_process_mode_message_that_has_a_task_is_not_run_again() {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn a_redelivered_message_without_a_task_is_not_applied_after_a_newer_one_of_its_key() {
-    let broker = crate::broker::cluster(&[("accounts", 1)]);
+    let broker = crate::support::broker::cluster(&[("accounts", 1)]);
     let bootstrap = broker.bootstrap_servers();
     let (store, settings) = fresh_store().await;
     let server = failing_once_for("v2").await;
@@ -507,13 +509,13 @@ async fn a_redelivered_message_without_a_task_is_not_applied_after_a_newer_one_o
     };
     refuse_commits(&broker);
     let first = member();
-    let producer = crate::broker::producer(&bootstrap);
-    crate::broker::produce(&producer, "accounts", &alice("v1")).await;
+    let producer = crate::support::broker::producer(&bootstrap);
+    crate::support::broker::produce(&producer, "accounts", &alice("v1")).await;
     eventually(Duration::from_secs(30), "v1 applied inline", || async {
         values_called(&server, 0) == ["v1"]
     })
     .await;
-    crate::broker::produce(&producer, "accounts", &alice("v2")).await;
+    crate::support::broker::produce(&producer, "accounts", &alice("v2")).await;
     eventually(
         Duration::from_secs(30),
         "v2 failed inline, then resolved by the pool",
@@ -648,14 +650,14 @@ async fn a_revoked_partitions_inline_call_ends_before_its_new_owner_starts() {
     // late the second member joins: a call as long as the wait could outlast it (a
     // longer call is the documented limit, not this test's subject).
     const CALL: Duration = Duration::from_secs(4);
-    let broker = crate::broker::cluster(&[("orders", 2)]);
+    let broker = crate::support::broker::cluster(&[("orders", 2)]);
     let bootstrap = broker.bootstrap_servers();
     let (_store, settings) = fresh_store().await;
     // Every call takes CALL; each call's message and start are noted.
     let starts = Arc::new(std::sync::Mutex::new(
         Vec::<(String, std::time::Instant)>::new(),
     ));
-    let server = crate::http_server::TestServer::start({
+    let server = crate::support::http_server::TestServer::start({
         let starts = starts.clone();
         move |request| {
             let value = request.json()["value"]["data"]
@@ -666,7 +668,7 @@ async fn a_revoked_partitions_inline_call_ends_before_its_new_owner_starts() {
                 .lock()
                 .unwrap()
                 .push((value, std::time::Instant::now()));
-            crate::http_server::Reply::status(200).after(CALL)
+            crate::support::http_server::Reply::status(200).after(CALL)
         }
     })
     .await;
@@ -698,7 +700,7 @@ handler = "orders"
     )
     .unwrap();
     let member = |log: &std::path::Path| {
-        crate::operator_cli::redrive(&settings)
+        crate::support::cli::redrive(&settings)
             .env("REDRIVE__KAFKA__BOOTSTRAP_SERVERS", &bootstrap)
             .env("RUST_LOG", "info")
             .arg("--config")
@@ -710,15 +712,15 @@ handler = "orders"
             .unwrap()
     };
     let mut first = member(&dir.path().join("first.log"));
-    let producer = crate::broker::producer(&bootstrap);
+    let producer = crate::support::broker::producer(&bootstrap);
     for partition in 0..2 {
-        let sample = crate::broker::Sample {
+        let sample = crate::support::broker::Sample {
             key: Some(format!("k{partition}").into()),
             value: Some(format!("p{partition}").into()),
             partition: Some(partition),
             ..Default::default()
         };
-        crate::broker::produce(&producer, "orders", &sample).await;
+        crate::support::broker::produce(&producer, "orders", &sample).await;
     }
     eventually(
         Duration::from_secs(30),
@@ -732,7 +734,7 @@ handler = "orders"
     let moved = |log: &str| log.contains("orders[");
     let settled = tokio::time::Instant::now() + Duration::from_secs(60);
     while !(moved(&std::fs::read_to_string(&second_log).unwrap_or_default())
-        && crate::broker::committed(&bootstrap, "revoked", "orders", 2) == vec![1, 1])
+        && crate::support::broker::committed(&bootstrap, "revoked", "orders", 2) == vec![1, 1])
     {
         if tokio::time::Instant::now() > settled {
             for child in [&mut first, &mut second] {
@@ -741,7 +743,7 @@ handler = "orders"
             panic!(
                 "no partition moved, or the offsets were not committed ({:?}); calls {:?}\n\
                  first member's log:\n{}\nsecond member's log:\n{}",
-                crate::broker::committed(&bootstrap, "revoked", "orders", 2),
+                crate::support::broker::committed(&bootstrap, "revoked", "orders", 2),
                 starts.lock().unwrap(),
                 std::fs::read_to_string(dir.path().join("first.log")).unwrap_or_default(),
                 std::fs::read_to_string(&second_log).unwrap_or_default()
@@ -853,14 +855,14 @@ handler = "log"
         !member.log_lines("partitions assigned").is_empty()
     })
     .await;
-    let producer = crate::broker::producer(&bootstrap);
+    let producer = crate::support::broker::producer(&bootstrap);
     for i in 0..40 {
-        let letter = crate::broker::Sample {
+        let letter = crate::support::broker::Sample {
             value: Some(format!("failure {i}").into()),
             partition: Some(i % 4),
             ..Default::default()
         };
-        crate::broker::produce(&producer, "orders.dlt", &letter).await;
+        crate::support::broker::produce(&producer, "orders.dlt", &letter).await;
     }
     CutOff {
         store,

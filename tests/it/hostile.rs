@@ -261,8 +261,8 @@ fn percent_encoded(value: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_numbers_in_api_requests_are_answered_4xx_and_the_member_keeps_serving() {
-    use crate::admin_api::{with_tokens, Api, OPERATE};
-    let kafka = crate::broker::cluster(&[("orders", 1)]);
+    use crate::support::api::{with_tokens, Api, OPERATE};
+    let kafka = crate::support::broker::cluster(&[("orders", 1)]);
     let (store, mut settings) = crate::support::fresh_store().await;
     settings.kafka.bootstrap_servers = kafka.bootstrap_servers();
     let settings = with_tokens(settings);
@@ -346,7 +346,7 @@ async fn hostile_numbers_on_the_command_line_are_refused_with_an_error() {
     for value in HOSTILE {
         for args in CLI {
             let args: Vec<String> = args.iter().map(|a| a.replace("{}", value)).collect();
-            let mut command = crate::operator_cli::redrive(&settings);
+            let mut command = crate::support::cli::redrive(&settings);
             let out = command
                 .args(&args)
                 .stdin(std::process::Stdio::null())

@@ -2,31 +2,11 @@
 
 use async_trait::async_trait;
 use redrive::config::RouteMode;
-use redrive::{Fleet, Handler, HandlerContext, HandlerError, Header, Settings, Store, Task};
+use redrive::{Fleet, Handler, HandlerContext, HandlerError, Header, Store, Task};
 use std::time::Duration;
 
-use crate::broker::{cluster, produce, producer, route, use_cluster, Sample};
-use crate::support::{eventually, fresh_store, scalar, Member};
-
-pub fn fleet(settings: &Settings) -> Fleet {
-    Fleet::builder(settings.clone())
-        .with_builtin_handlers()
-        .build()
-        .unwrap()
-}
-
-pub async fn task_at(store: &Store, topic: &str, partition: i32, offset: i64) -> Task {
-    let id: i64 = sqlx::query_scalar(
-        "SELECT id FROM recovery_task WHERE source_topic = $1 AND source_partition = $2 AND source_offset = $3",
-    )
-    .bind(topic)
-    .bind(partition)
-    .bind(offset)
-    .fetch_one(store.pool())
-    .await
-    .unwrap();
-    store.get(redrive::TaskId(id)).await.unwrap().unwrap()
-}
+use crate::support::broker::{produce, producer, route, KafkaCase, Sample};
+use crate::support::{eventually, fleet, scalar, task_at, Member};
 
 async fn count(store: &Store) -> i64 {
     scalar(store, "SELECT count(*) FROM recovery_task").await
@@ -34,13 +14,16 @@ async fn count(store: &Store) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capture_keeps_every_byte_of_odd_messages() {
-    let broker = cluster(&[("odd.dlt", 2)]);
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &broker.bootstrap_servers(),
+    let KafkaCase {
+        broker,
+        store,
+        mut settings,
+        ..
+    } = KafkaCase::new(
+        &[("odd.dlt", 2)],
         vec![route(&["odd.dlt"], RouteMode::Capture, "log")],
-    );
+    )
+    .await;
     settings.worker.enabled = false;
     let samples = vec![
         Sample {
@@ -112,13 +95,16 @@ async fn capture_keeps_every_byte_of_odd_messages() {
 /// first day) that chrono still holds must not stop the partition's ingest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_stamped_with_a_time_postgresql_cannot_store_is_stored_without_it() {
-    let broker = cluster(&[("stamped.dlt", 1)]);
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &broker.bootstrap_servers(),
+    let KafkaCase {
+        broker,
+        store,
+        mut settings,
+        ..
+    } = KafkaCase::new(
+        &[("stamped.dlt", 1)],
         vec![route(&["stamped.dlt"], RouteMode::Capture, "log")],
-    );
+    )
+    .await;
     settings.worker.enabled = false;
     let producer = producer(&broker.bootstrap_servers());
     let stamps: [i64; 4] = [
@@ -164,13 +150,16 @@ async fn a_message_stamped_with_a_time_postgresql_cannot_store_is_stored_without
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letter_headers_fill_the_failure_context() {
-    let broker = cluster(&[("mixed.dlt", 1)]);
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &broker.bootstrap_servers(),
+    let KafkaCase {
+        broker,
+        store,
+        mut settings,
+        ..
+    } = KafkaCase::new(
+        &[("mixed.dlt", 1)],
         vec![route(&["mixed.dlt"], RouteMode::Capture, "log")],
-    );
+    )
+    .await;
     settings.worker.enabled = false;
     settings.ingest.stacktrace_max_bytes = 64;
     let h = |n: &str, v: &[u8]| Header::new(n, v.to_vec());
@@ -285,12 +274,15 @@ async fn dead_letter_headers_fill_the_failure_context() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_over_the_size_limit_is_stored_in_minimal_form() {
-    let broker = cluster(&[("big.dlt", 1)]);
-    let (store, mut settings) = fresh_store().await;
     // Subscribed by pattern, to cover pattern routes too.
     let mut by_pattern = route(&[], RouteMode::Capture, "log");
     by_pattern.pattern = Some(r"big\..*".into());
-    use_cluster(&mut settings, &broker.bootstrap_servers(), vec![by_pattern]);
+    let KafkaCase {
+        broker,
+        store,
+        mut settings,
+        ..
+    } = KafkaCase::new(&[("big.dlt", 1)], vec![by_pattern]).await;
     settings.worker.enabled = false;
     settings.ingest.max_message_bytes = 1000;
     let producer = producer(&broker.bootstrap_servers());
@@ -349,14 +341,16 @@ impl Handler for Validate {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn process_mode_stores_only_failures_as_their_first_attempt() {
-    let broker = cluster(&[("orders", 1)]);
-    let (store, mut settings) = fresh_store().await;
-    let bootstrap = broker.bootstrap_servers();
-    use_cluster(
-        &mut settings,
-        &bootstrap,
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(
+        &[("orders", 1)],
         vec![route(&["orders"], RouteMode::Process, "validate")],
-    );
+    )
+    .await;
     settings.worker.enabled = false;
     let producer = producer(&bootstrap);
     for value in ["good 1", "bad 1", "good 2", "bad 2", "good 3"] {
@@ -381,7 +375,7 @@ async fn process_mode_stores_only_failures_as_their_first_attempt() {
         let group = group.clone();
         async move {
             tokio::task::spawn_blocking(move || {
-                crate::broker::committed(&bootstrap, &group, "orders", 1)
+                crate::support::broker::committed(&bootstrap, &group, "orders", 1)
             })
             .await
             .unwrap()
@@ -418,13 +412,16 @@ impl Handler for Slow {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_routes_policy_overrides_the_handlers() {
-    let broker = cluster(&[("slow.dlt", 1)]);
-    let (store, mut settings) = fresh_store().await;
     let mut strict = route(&["slow.dlt"], RouteMode::Capture, "slow");
     strict.timeout = Some(Duration::from_millis(50));
     strict.max_attempts = Some(2);
     strict.backoff_base = Some(Duration::from_millis(10));
-    use_cluster(&mut settings, &broker.bootstrap_servers(), vec![strict]);
+    let KafkaCase {
+        broker,
+        store,
+        settings,
+        ..
+    } = KafkaCase::new(&[("slow.dlt", 1)], vec![strict]).await;
     produce(
         &producer(&broker.bootstrap_servers()),
         "slow.dlt",

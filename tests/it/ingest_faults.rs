@@ -9,9 +9,9 @@ use redrive::config::RouteMode;
 use redrive::{Settings, Store};
 use std::time::Duration;
 
-use crate::broker::{cluster, produce, producer, route, use_cluster, Sample};
-use crate::ingest::fleet;
-use crate::support::{eventually, fresh_store, scalar, Member};
+use crate::support::broker::{produce, producer, route, KafkaCase, Sample};
+use crate::support::fleet;
+use crate::support::{eventually, scalar, Member};
 
 const TOPIC: &str = "faults";
 const PARTITIONS: i32 = 4;
@@ -46,7 +46,7 @@ async fn committed_never_passes_an_unstored_message(store: &Store, settings: &Se
         settings.kafka.group_id.clone(),
     );
     let committed = tokio::task::spawn_blocking(move || {
-        crate::broker::committed(&bootstrap, &group, TOPIC, PARTITIONS)
+        crate::support::broker::committed(&bootstrap, &group, TOPIC, PARTITIONS)
     })
     .await
     .unwrap();
@@ -78,13 +78,16 @@ async fn random_faults_rebalances_and_shutdowns_lose_and_duplicate_nothing() {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(rand::random);
     let mut rng = StdRng::seed_from_u64(seed);
-    let broker = cluster(&[(TOPIC, PARTITIONS)]);
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &broker.bootstrap_servers(),
+    let KafkaCase {
+        broker: _broker,
+        store,
+        mut settings,
+        ..
+    } = KafkaCase::new(
+        &[(TOPIC, PARTITIONS)],
         vec![route(&[TOPIC], RouteMode::Capture, "log")],
-    );
+    )
+    .await;
     settings.worker.enabled = false;
     inject_faults(&store).await;
 
@@ -138,7 +141,7 @@ async fn random_faults_rebalances_and_shutdowns_lose_and_duplicate_nothing() {
         let (bootstrap, group) = (bootstrap.clone(), group.clone());
         async move {
             tokio::task::spawn_blocking(move || {
-                crate::broker::committed(&bootstrap, &group, TOPIC, PARTITIONS)
+                crate::support::broker::committed(&bootstrap, &group, TOPIC, PARTITIONS)
             })
             .await
             .unwrap()
@@ -176,14 +179,16 @@ async fn random_faults_rebalances_and_shutdowns_lose_and_duplicate_nothing() {
 )]
 async fn a_refused_commit_is_tried_again_though_no_message_follows() {
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-    let broker = cluster(&[("idle.dlt", 1)]);
-    let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &bootstrap,
+    let KafkaCase {
+        broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(
+        &[("idle.dlt", 1)],
         vec![route(&["idle.dlt"], RouteMode::Capture, "log")],
-    );
+    )
+    .await;
     settings.worker.enabled = false;
     let group = settings.kafka.group_id.clone();
     let member = Member::start(fleet(&settings), &store);
@@ -192,7 +197,9 @@ async fn a_refused_commit_is_tried_again_though_no_message_follows() {
     eventually(
         Duration::from_secs(30),
         "the first message committed",
-        || async { crate::broker::committed(&bootstrap, &group, "idle.dlt", 1) == vec![1] },
+        || async {
+            crate::support::broker::committed(&bootstrap, &group, "idle.dlt", 1) == vec![1]
+        },
     )
     .await;
     broker.request_errors(
@@ -209,7 +216,9 @@ async fn a_refused_commit_is_tried_again_though_no_message_follows() {
     eventually(
         Duration::from_secs(30),
         "the refused commit tried again until it is taken",
-        || async { crate::broker::committed(&bootstrap, &group, "idle.dlt", 1) == vec![6] },
+        || async {
+            crate::support::broker::committed(&bootstrap, &group, "idle.dlt", 1) == vec![6]
+        },
     )
     .await;
     member.stop().await;

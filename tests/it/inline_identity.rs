@@ -12,9 +12,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::broker::{cluster, committed, produce, producer, route, use_cluster, Sample};
-use crate::http_server::{Reply, TestServer};
-use crate::ingest::task_at;
+use crate::support::broker::{cluster, committed, produce, producer, route, KafkaCase, Sample};
+use crate::support::http_server::{Reply, TestServer};
+use crate::support::task_at;
 use crate::support::{eventually, fresh_store, Member, Spawn};
 
 /// Produces `values` to the single partition of `topic`.
@@ -54,19 +54,21 @@ async fn stored_ids(store: &Store) -> BTreeSet<i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_inline_webhook_call_has_its_own_task_id_and_a_failure_is_stored_under_it() {
-    let broker = cluster(&[("orders", 1)]);
-    let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
     let server = TestServer::start(|request| match &request.body[..] {
         b"good" => Reply::status(200),
         _ => Reply::status(503),
     })
     .await;
-    use_cluster(
-        &mut settings,
-        &bootstrap,
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(
+        &[("orders", 1)],
         vec![route(&["orders"], RouteMode::Process, "hook")],
-    );
+    )
+    .await;
     settings.worker.enabled = false;
     settings.webhooks.insert(
         "hook".into(),
@@ -146,14 +148,16 @@ impl Handler for StepThenFail {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_saved_inline_is_stored_with_the_failure_and_seen_by_the_retry() {
-    let broker = cluster(&[("checkout", 1)]);
-    let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &bootstrap,
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(
+        &[("checkout", 1)],
         vec![route(&["checkout"], RouteMode::Process, "checkout")],
-    );
+    )
+    .await;
     settings.retry.backoff_base = Duration::from_millis(10);
     settings.worker.poll_interval = Duration::from_millis(100);
     produce_values(&bootstrap, "checkout", &["order 7"]).await;
@@ -297,19 +301,21 @@ impl Handler for KeysSeen {
 /// which a downstream would take for a repeat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_inline_attempt_at_coordinates_another_task_holds_runs_under_its_own_key() {
-    let broker = cluster(&[("orders", 1)]);
-    let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(
+        &[("orders", 1)],
+        vec![route(&["orders"], RouteMode::Process, "orders")],
+    )
+    .await;
     let old = redrive::NewTask {
         dedup_key: Some("kafka:orders:0:0".into()),
         ..redrive::NewTask::new("orders", "the old topic's first message")
     };
     store.enqueue(&old).await.unwrap();
-    use_cluster(
-        &mut settings,
-        &bootstrap,
-        vec![route(&["orders"], RouteMode::Process, "orders")],
-    );
     settings.worker.enabled = false;
     produce_values(&bootstrap, "orders", &["the new topic's first message"]).await;
     let handler = KeysSeen::default();

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use crate::docs::block;
+use crate::support::docs::block;
 use crate::support::{eventually, fresh_store, settings, unique_schema, Spawn};
 use crate::support::{Bounded, CHILD_LIMIT};
 

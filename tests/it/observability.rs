@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::broker::{cluster, produce, producer, route, use_cluster, Sample};
+use crate::support::broker::{produce, producer, route, use_cluster, KafkaCase, Sample};
 use crate::support::{eventually, fresh_store, Member, PgProxy};
 use crate::support::{Bounded, CHILD_LIMIT};
 
@@ -183,20 +183,22 @@ fn prefixed_names(expr: &str, prefix: &str) -> BTreeSet<String> {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn every_dashboard_panel_and_alert_evaluates_against_a_real_prometheus() {
-    let kafka = cluster(&[("orders.dlt", 2), ("payments", 1)]);
-    let bootstrap = kafka.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
     // A process-mode route with a brake, and a breaker on the handler: their series.
     let mut payments = route(&["payments"], RouteMode::Process, "flaky");
     payments.brake = Some(BrakeSettings::default());
-    use_cluster(
-        &mut settings,
-        &bootstrap,
+    let KafkaCase {
+        broker: _kafka,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(
+        &[("orders.dlt", 2), ("payments", 1)],
         vec![
             route(&["orders.dlt"], RouteMode::Capture, "flaky"),
             payments,
         ],
-    );
+    )
+    .await;
     settings.handlers.insert(
         "flaky".into(),
         HandlerSettings {
@@ -795,14 +797,16 @@ async fn metrics_page(at: SocketAddr) -> String {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn a_member_stops_exporting_the_partitions_a_rebalance_took_away() {
-    let kafka = cluster(&[("orders.dlt", 2)]);
-    let bootstrap = kafka.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &bootstrap,
+    let KafkaCase {
+        broker: _kafka,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(
+        &[("orders.dlt", 2)],
         vec![route(&["orders.dlt"], RouteMode::Capture, "log")],
-    );
+    )
+    .await;
     (settings.kafka.properties).insert("statistics.interval.ms".into(), "200".into());
     let start = |settings: &Settings| {
         let mut settings = settings.clone();

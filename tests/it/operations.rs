@@ -8,8 +8,8 @@ use redrive::{Failure, NewTask, OriginalCoordinates, Settings, Store, TaskId};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::admin_api::{with_tokens, Api, OPERATE, READ};
-use crate::broker::route;
+use crate::support::api::{with_tokens, Api, OPERATE, READ};
+use crate::support::broker::route;
 use crate::support::{fresh_store, scalar};
 
 /// A store with `n` tasks of handler `log` (keys `k0`...), and an API over it whose
@@ -613,7 +613,7 @@ async fn the_cli_and_the_api_refuse_the_same_request_with_the_same_words() {
         };
         assert_eq!(status, StatusCode::BAD_REQUEST, "{args:?}: {body}");
         let said = body["error"].as_str().unwrap();
-        let out = crate::operator_cli::run(&settings, args);
+        let out = crate::support::cli::run(&settings, args);
         assert!(!out.status.success(), "{args:?}");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(stderr.trim(), format!("Error: {said}"), "{args:?}");

@@ -20,8 +20,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::broker::{cluster, produce, producer, route, use_cluster, Sample};
-use crate::http_server::{Reply, TestServer};
+use crate::support::broker::{cluster, produce, producer, route, KafkaCase, Sample};
+use crate::support::http_server::{Reply, TestServer};
 use crate::support::{self, eventually, fresh_store, scalar, Member};
 
 const KEYS: [&str; 4] = ["alice", "bob", "carol", "dave"];
@@ -311,12 +311,14 @@ impl Handler for Ledger {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn process_mode_runs_nothing_inline_behind_an_open_failure_of_its_key() {
-    let broker = cluster(&[("balances", 1)]);
-    let (store, mut settings) = fresh_store().await;
-    let bootstrap = broker.bootstrap_servers();
     let mut ordered_route = route(&["balances"], RouteMode::Process, "ledger");
     ordered_route.ordering = Ordering::Key;
-    use_cluster(&mut settings, &bootstrap, vec![ordered_route]);
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(&[("balances", 1)], vec![ordered_route]).await;
     // Small batches: a key's messages land in several, each looking at the stored ones.
     settings.ingest.batch_size = 2;
     settings.worker.poll_interval = Duration::from_millis(100);
@@ -467,7 +469,7 @@ ordering = "key"
     )
     .unwrap();
     let member = || {
-        crate::operator_cli::redrive(&settings)
+        crate::support::cli::redrive(&settings)
             .env("REDRIVE__KAFKA__BOOTSTRAP_SERVERS", &bootstrap)
             .arg("--config")
             .arg(&config)

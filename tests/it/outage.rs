@@ -5,8 +5,8 @@ use redrive::config::RouteMode;
 use redrive::Store;
 use std::time::Duration;
 
-use crate::broker::{cluster, committed, produce, producer, route, use_cluster, Sample};
-use crate::ingest::fleet;
+use crate::support::broker::{committed, produce, producer, route, KafkaCase, Sample};
+use crate::support::fleet;
 use crate::support::{eventually, fresh_store, scalar, Member, PgProxy, Spawn};
 
 async fn tasks(store: &Store) -> i64 {
@@ -58,10 +58,12 @@ async fn assert_each_message_once(store: &Store, total: usize) {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn an_ingest_process_killed_mid_stream_loses_and_duplicates_nothing() {
-    let broker = cluster(&[("stream.dlt", 3)]);
-    let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(&mut settings, &bootstrap, Vec::new());
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        settings,
+    } = KafkaCase::new(&[("stream.dlt", 3)], Vec::new()).await;
     let config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
     let toml = format!(
         "[worker]\nenabled = false\n[ingest]\nbatch_size = 50\nlinger = \"5ms\"\n\
@@ -105,14 +107,16 @@ async fn an_ingest_process_killed_mid_stream_loses_and_duplicates_nothing() {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn a_member_joining_mid_stream_shares_partitions_without_duplicates() {
-    let broker = cluster(&[("shared.dlt", 4)]);
-    let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &bootstrap,
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(
+        &[("shared.dlt", 4)],
         vec![route(&["shared.dlt"], RouteMode::Capture, "log")],
-    );
+    )
+    .await;
     settings.worker.enabled = false;
     settings.ingest.batch_size = 20;
     produce_range(&bootstrap, "shared.dlt", 0..1000).await;
@@ -146,16 +150,18 @@ async fn a_member_joining_mid_stream_shares_partitions_without_duplicates() {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn a_postgres_outage_stops_commits_then_ingest_resumes_with_nothing_lost() {
-    let broker = cluster(&[("pg.dlt", 2)]);
-    let bootstrap = broker.bootstrap_servers();
-    let (store, settings) = fresh_store().await;
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        settings,
+    } = KafkaCase::new(
+        &[("pg.dlt", 2)],
+        vec![route(&["pg.dlt"], RouteMode::Capture, "log")],
+    )
+    .await;
     let proxy = PgProxy::start().await;
     let mut through_proxy = proxy.route(&settings);
-    use_cluster(
-        &mut through_proxy,
-        &bootstrap,
-        vec![route(&["pg.dlt"], RouteMode::Capture, "log")],
-    );
     through_proxy.worker.enabled = false;
     let group = through_proxy.kafka.group_id.clone();
     let proxied_store = Store::connect(&through_proxy.database).await.unwrap();
@@ -297,14 +303,16 @@ async fn a_member_started_while_postgres_is_down_waits_for_it_then_works() {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn a_member_cut_off_from_postgres_gives_its_partitions_to_the_group_and_takes_them_back() {
-    let broker = cluster(&[("cut.dlt", 4)]);
-    let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &bootstrap,
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(
+        &[("cut.dlt", 4)],
         vec![route(&["cut.dlt"], RouteMode::Capture, "log")],
-    );
+    )
+    .await;
     settings.worker.enabled = false;
     settings.ingest.release_partitions_after = Duration::from_secs(3);
     let group = settings.kafka.group_id.clone();

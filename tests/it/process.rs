@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use redrive::{Fleet, Handler, HandlerContext, HandlerError, NewTask, Settings, Store, Task};
 use std::time::{Duration, Instant};
 
-use crate::broker::{cluster, committed, produce, producer, Sample};
+use crate::support::broker::{cluster, committed, produce, producer, Sample};
 use crate::support::{eventually, fresh_store, scalar, MemberProcess, Spawn};
 
 const CHILD_ROLE: &str = "REDRIVE_TEST_CHILD";

@@ -247,7 +247,7 @@ async fn the_checkout_examples_refused_orders_are_compensated_once() {
         "the resolved order owes nothing"
     );
 
-    let shown = crate::operator_cli::redrive(&settings)
+    let shown = crate::support::cli::redrive(&settings)
         .args(["tasks", "show", &refused.to_string()])
         .output_within(CHILD_LIMIT)
         .unwrap();
@@ -306,7 +306,7 @@ async fn the_checkout_examples_compensated_order_is_retried_only_by_force_and_fr
         &[("CHECKOUT_ACCEPT_REFUSED", "1")],
     );
     let id_text = id.to_string();
-    let plain = crate::operator_cli::run(&settings, &["tasks", "retry", &id_text, "--yes"]);
+    let plain = crate::support::cli::run(&settings, &["tasks", "retry", &id_text, "--yes"]);
     let said = String::from_utf8_lossy(&plain.stderr);
     assert!(!plain.status.success(), "a plain retry is refused: {said}");
     assert!(said.contains("--force"), "{said}");
@@ -314,7 +314,7 @@ async fn the_checkout_examples_compensated_order_is_retried_only_by_force_and_fr
     assert_eq!(ledger_lines(&ledger), undone, "nothing ran");
 
     let forced =
-        crate::operator_cli::run(&settings, &["tasks", "retry", &id_text, "--force", "--yes"]);
+        crate::support::cli::run(&settings, &["tasks", "retry", &id_text, "--force", "--yes"]);
     assert!(
         forced.status.success(),
         "{}",

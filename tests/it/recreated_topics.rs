@@ -12,8 +12,8 @@ use redrive::{Fleet, Handler, HandlerContext, HandlerError, Settings, Store, Tas
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::broker::{cluster, committed, produce, producer, route, use_cluster, Sample};
-use crate::support::{eventually, fresh_store, scalar, Member};
+use crate::support::broker::{cluster, committed, produce, producer, route, KafkaCase, Sample};
+use crate::support::{eventually, scalar, Member};
 
 /// Fails values that start with `fail`; records every value it is called with.
 #[derive(Clone, Default)]
@@ -73,11 +73,14 @@ async fn ingest_until_committed(settings: &Settings, store: &Store, judge: &Judg
 }
 
 async fn new_messages_at_old_offsets_are_kept(mode: RouteMode, ordering: Ordering) {
-    let (store, mut settings) = fresh_store().await;
-    let first = cluster(&[("pay", 1)]);
     let mut pay = route(&["pay"], mode, "judge");
     pay.ordering = ordering;
-    use_cluster(&mut settings, &first.bootstrap_servers(), vec![pay]);
+    let KafkaCase {
+        broker: first,
+        store,
+        mut settings,
+        ..
+    } = KafkaCase::new(&[("pay", 1)], vec![pay]).await;
     settings.worker.enabled = false;
     let judge = Judge::default();
     // The first life: 60 messages, every other one a failure with a task.

@@ -10,10 +10,10 @@ use redrive::store::TaskFilter;
 use redrive::{Header, Status, Store, TaskId};
 use std::time::Duration;
 
-use crate::broker::{cluster, consume, headers_of, produce, producer, route, use_cluster, Sample};
-use crate::ingest::{fleet, task_at};
-use crate::operator_cli::run;
-use crate::support::{eventually, fresh_store, scalar, Member};
+use crate::support::broker::{consume, headers_of, produce, producer, route, KafkaCase, Sample};
+use crate::support::cli::run;
+use crate::support::{eventually, scalar, Member};
+use crate::support::{fleet, task_at};
 
 const DLT: &str = "orders.dlt";
 const ORIGINAL: &str = "orders";
@@ -84,13 +84,15 @@ async fn ids(store: &Store, filter: TaskFilter) -> Vec<TaskId> {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn a_message_failing_again_links_generations_and_past_the_limit_is_parked_not_republished() {
-    let broker = cluster(&[(DLT, 1), (ORIGINAL, 1), (PARKING, 1)]);
-    let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
     let mut orders = route(&[DLT], RouteMode::Capture, "republish");
     orders.name = "orders".into();
     orders.max_generations = Some(2);
-    use_cluster(&mut settings, &bootstrap, vec![orders]);
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(&[(DLT, 1), (ORIGINAL, 1), (PARKING, 1)], vec![orders]).await;
     settings.parking.topic = Some(PARKING.into());
     let producer = producer(&bootstrap);
     let first = Sample {
@@ -214,14 +216,16 @@ async fn a_message_failing_again_links_generations_and_past_the_limit_is_parked_
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn a_forged_or_unknown_task_id_is_a_first_failure() {
-    let broker = cluster(&[(DLT, 1), ("payments.dlt", 1)]);
-    let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
     let mut orders = route(&[DLT], RouteMode::Capture, "log");
     orders.name = "orders".into();
     let mut payments = route(&["payments.dlt"], RouteMode::Capture, "log");
     payments.name = "payments".into();
-    use_cluster(&mut settings, &bootstrap, vec![orders, payments]);
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        settings,
+    } = KafkaCase::new(&[(DLT, 1), ("payments.dlt", 1)], vec![orders, payments]).await;
     let producer = producer(&bootstrap);
     let payment = Sample {
         value: Some(b"payment".to_vec()),

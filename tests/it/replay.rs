@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use crate::broker::{cluster, consume, headers_of};
-use crate::operator_cli::{redrive, run};
+use crate::support::broker::{cluster, consume, headers_of};
+use crate::support::cli::{redrive, run};
 use crate::support::{fresh_store, scalar, Member};
 
 /// Stores `count` tasks whose original topic is `orders`, with odd bytes in keys,
@@ -855,7 +855,7 @@ async fn a_replay_cancelled_mid_batch_stops_soon_and_counts_every_message_it_pro
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn a_replay_against_an_unreachable_cluster_answers_within_seconds_with_the_reason() {
-    use crate::admin_api::{with_tokens, Api, OPERATE};
+    use crate::support::api::{with_tokens, Api, OPERATE};
     use std::time::Instant;
 
     // A cluster that stopped: nothing listens at its address any more.

@@ -5,11 +5,11 @@ use redrive::config::RouteMode;
 use redrive::{Header, Status};
 use std::time::Duration;
 
-use crate::broker::{
-    bytes, cluster, consume, headers_of, produce, producer, route, use_cluster, Sample,
+use crate::support::broker::{
+    bytes, consume, headers_of, produce, producer, route, KafkaCase, Sample,
 };
-use crate::ingest::{fleet, task_at};
-use crate::support::{eventually, fresh_store, scalar, Member};
+use crate::support::{eventually, scalar, Member};
+use crate::support::{fleet, task_at};
 
 fn spring_context(topic: &str) -> Vec<Header> {
     vec![
@@ -26,14 +26,16 @@ fn spring_context(topic: &str) -> Vec<Header> {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn republish_writes_the_same_bytes_and_replaces_context_headers() {
-    let broker = cluster(&[("orders.dlt", 1), ("orders", 1)]);
-    let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &bootstrap,
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        settings,
+    } = KafkaCase::new(
+        &[("orders.dlt", 1), ("orders", 1)],
         vec![route(&["orders.dlt"], RouteMode::Capture, "republish")],
-    );
+    )
+    .await;
     let app_headers = vec![
         Header::new("traceparent", b"00-4bf92f-00f067-01".to_vec()),
         Header::new("bin", vec![0xff, 0x00]),
@@ -80,14 +82,16 @@ async fn republish_writes_the_same_bytes_and_replaces_context_headers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permanent_failure_is_parked_with_its_context() {
-    let broker = cluster(&[("anon.dlt", 1), ("parking", 1)]);
-    let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &bootstrap,
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(
+        &[("anon.dlt", 1), ("parking", 1)],
         vec![route(&["anon.dlt"], RouteMode::Capture, "republish")],
-    );
+    )
+    .await;
     settings.parking.topic = Some("parking".into());
     let sample = Sample {
         key: Some(b"k".to_vec()),
@@ -136,14 +140,16 @@ async fn a_permanent_failure_is_parked_with_its_context() {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn a_broker_outage_pauses_ingest_and_republish_and_loses_nothing() {
-    let broker = cluster(&[("flaky.dlt", 2), ("flaky", 2)]);
-    let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
-    use_cluster(
-        &mut settings,
-        &bootstrap,
+    let KafkaCase {
+        broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(
+        &[("flaky.dlt", 2), ("flaky", 2)],
         vec![route(&["flaky.dlt"], RouteMode::Capture, "republish")],
-    );
+    )
+    .await;
     settings.retry.backoff_base = Duration::from_millis(100);
     settings.retry.backoff_cap = Duration::from_secs(1);
     let producer = producer(&bootstrap);

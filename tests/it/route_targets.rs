@@ -8,12 +8,12 @@ use reqwest::StatusCode;
 use std::io::Write;
 use std::time::Duration;
 
-use crate::admin_api::{with_tokens, Api, READ};
-use crate::broker::Sample;
-use crate::broker::{bytes, cluster, consume, headers_of, produce, producer, route, use_cluster};
-use crate::ingest::{fleet, task_at};
-use crate::operator_cli::run;
+use crate::support::api::{with_tokens, Api, READ};
+use crate::support::broker::Sample;
+use crate::support::broker::{bytes, consume, headers_of, produce, producer, route, KafkaCase};
+use crate::support::cli::run;
 use crate::support::{eventually, fresh_store, Member};
+use crate::support::{fleet, task_at};
 
 /// Spring dead-letter headers of a message from `topic`.
 fn spring(topic: &str) -> Vec<Header> {
@@ -45,9 +45,6 @@ async fn each_routes_failures_go_to_its_own_republish_and_parking_topics() {
         "orders.parking",
         "payments.parking",
     ];
-    let broker = cluster(&topics.map(|t| (t, 1)));
-    let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
     let mut routes = Vec::new();
     for name in ["orders", "payments"] {
         let dlt = format!("{name}.dlt");
@@ -57,7 +54,12 @@ async fn each_routes_failures_go_to_its_own_republish_and_parking_topics() {
         own.parking_topic = Some(format!("{name}.parking"));
         routes.push(own);
     }
-    use_cluster(&mut settings, &bootstrap, routes);
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(&topics.map(|t| (t, 1)), routes).await;
     // A message over this size is stored without its payload, which republish refuses
     // permanently: that failure is parked.
     settings.ingest.max_message_bytes = 1000;
@@ -244,14 +246,20 @@ async fn tasks_show_and_the_api_name_the_targets_that_apply_and_where_they_come_
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn a_dead_letter_whose_original_topic_a_capture_route_consumes_is_parked_not_republished() {
-    let broker = cluster(&[("orders1.dlt", 1), ("payments.dlt", 1), ("parking", 1)]);
-    let bootstrap = broker.bootstrap_servers();
-    let (store, mut settings) = fresh_store().await;
     let mut orders = route(&["orders1.dlt"], RouteMode::Capture, "republish");
     orders.name = "orders1".into();
     let mut payments = route(&["payments.dlt"], RouteMode::Capture, "log");
     payments.name = "payments".into();
-    use_cluster(&mut settings, &bootstrap, vec![orders, payments]);
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        mut settings,
+    } = KafkaCase::new(
+        &[("orders1.dlt", 1), ("payments.dlt", 1), ("parking", 1)],
+        vec![orders, payments],
+    )
+    .await;
     settings.parking.topic = Some("parking".into());
     let producer = producer(&bootstrap);
     let itself = Sample {

@@ -16,8 +16,8 @@ use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::admin_api::{with_tokens, Api, READ};
-use crate::operator_cli::{redrive, run};
+use crate::support::api::{with_tokens, Api, READ};
+use crate::support::cli::{redrive, run};
 use crate::support::fresh_store;
 use crate::support::CHILD_LIMIT;
 

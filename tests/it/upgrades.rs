@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::operator_cli::run;
+use crate::support::cli::run;
 use crate::support::{eventually, fresh_store, settings, unique_schema, Spawn};
 
 fn text(bytes: &[u8]) -> String {

@@ -8,7 +8,7 @@ use redrive::{Fleet, Jitter, NewTask, Settings, Status, Store, TaskId, WorkerPoo
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::http_server::{Reply, TestServer};
+use crate::support::http_server::{Reply, TestServer};
 use crate::support::{fresh_store, scalar};
 
 fn webhook(url: &str) -> WebhookSettings {
@@ -576,7 +576,7 @@ async fn credentials_in_the_url_are_never_stored_or_shown() {
             ],
         ] {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let out = crate::operator_cli::run(&settings, &args);
+            let out = crate::support::cli::run(&settings, &args);
             assert!(out.status.success(), "{args:?}");
             shown.push(String::from_utf8_lossy(&out.stdout).into_owned());
         }
@@ -584,7 +584,7 @@ async fn credentials_in_the_url_are_never_stored_or_shown() {
     for json in [&["--json"][..], &[]] {
         let mut args = vec!["tasks", "list", "--status", "failed,discarded"];
         args.extend_from_slice(json);
-        let out = crate::operator_cli::run(&settings, &args);
+        let out = crate::support::cli::run(&settings, &args);
         let listed = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(
             out.status.success() && listed.contains("HTTP 503"),
@@ -592,13 +592,14 @@ async fn credentials_in_the_url_are_never_stored_or_shown() {
         );
         shown.push(listed);
     }
-    let api = crate::admin_api::Api::start(&store, &crate::admin_api::with_tokens(settings)).await;
+    let api =
+        crate::support::api::Api::start(&store, &crate::support::api::with_tokens(settings)).await;
     for path in [
         "/api/v1/tasks?status=failed,discarded".to_owned(),
         format!("/api/v1/tasks/{down}"),
         format!("/api/v1/tasks/{failing}"),
     ] {
-        let (_, body) = api.get(&path, Some(crate::admin_api::READ)).await;
+        let (_, body) = api.get(&path, Some(crate::support::api::READ)).await;
         shown.push(body.to_string());
     }
     for text in &shown {

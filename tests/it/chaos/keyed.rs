@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use super::fleet::Fleet;
 use super::Knobs;
-use crate::broker::{cluster, committed, producer};
-use crate::http_server::{Recorded, Reply, TestServer};
+use crate::support::broker::{cluster, committed, producer};
+use crate::support::http_server::{Recorded, Reply, TestServer};
 use crate::support::{fresh_store, scalar};
 
 const TOPIC: &str = "keyed.dlt";

@@ -52,10 +52,10 @@ mod keyed;
 
 use fleet::{Event, Fleet};
 
-use crate::broker::{cluster, committed, producer};
-use crate::http_server::{Recorded, Reply, TestServer};
-use crate::operator_cli::redrive;
+use crate::support::broker::{cluster, committed, producer};
+use crate::support::cli::redrive;
 use crate::support::database_url;
+use crate::support::http_server::{Recorded, Reply, TestServer};
 use crate::support::{Bounded, CHILD_LIMIT};
 use redrive::config::{CLAIM_LOOPS, FLUSHES_IN_FLIGHT};
 

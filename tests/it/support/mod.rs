@@ -2,8 +2,14 @@
 //! running-member fixtures: [`Member`] in this process, [`MemberProcess`] in a process
 //! of its own (started by a [`Spawn`]); and a headless [`Browser`] for the console.
 
+pub mod api;
 mod bounded;
+pub mod broker;
 mod browser;
+pub mod cli;
+pub mod console;
+pub mod docs;
+pub mod http_server;
 mod member;
 mod process;
 
@@ -12,7 +18,7 @@ pub use browser::Browser;
 pub use member::Member;
 pub use process::{MemberProcess, Spawn};
 
-use redrive::{Settings, Store};
+use redrive::{Fleet, Settings, Store, Task};
 use sqlx::{Connection, PgConnection};
 use std::collections::HashMap;
 use std::future::Future;
@@ -72,6 +78,28 @@ pub async fn fresh_store() -> (Store, Settings) {
     let store = Store::connect(&settings.database).await.expect("connect");
     store.migrate().await.expect("migrate");
     (store, settings)
+}
+
+/// A fleet on `settings` with the built-in handlers.
+pub fn fleet(settings: &Settings) -> Fleet {
+    Fleet::builder(settings.clone())
+        .with_builtin_handlers()
+        .build()
+        .unwrap()
+}
+
+/// The task stored for the message at `topic`/`partition`/`offset`.
+pub async fn task_at(store: &Store, topic: &str, partition: i32, offset: i64) -> Task {
+    let id: i64 = sqlx::query_scalar(
+        "SELECT id FROM recovery_task WHERE source_topic = $1 AND source_partition = $2 AND source_offset = $3",
+    )
+    .bind(topic)
+    .bind(partition)
+    .bind(offset)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    store.get(redrive::TaskId(id)).await.unwrap().unwrap()
 }
 
 /// Polls `check` every 20 ms until it returns true; panics after `limit`.

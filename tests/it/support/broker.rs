@@ -7,7 +7,7 @@ use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use redrive::config::{RouteMode, RouteSettings};
-use redrive::{Header, Settings};
+use redrive::{Header, Settings, Store};
 use std::time::{Duration, Instant};
 
 /// A mock cluster with `topics` (name, partitions) created.
@@ -35,6 +35,36 @@ pub fn use_cluster(settings: &mut Settings, bootstrap: &str, routes: Vec<RouteSe
     }
     settings.routes = routes;
     settings.ingest.linger = Duration::from_millis(10);
+}
+
+/// One Kafka case, the preamble of a test against the mock cluster: the cluster with its
+/// topics, its bootstrap servers, a fresh store, and settings pointing at both with the
+/// test's routes. A test that wants more of the settings changes them afterwards. The
+/// cluster stops when `broker` is dropped: a test keeps it bound (`broker: _broker`)
+/// for as long as it runs.
+pub struct KafkaCase {
+    pub broker: MockCluster<'static, DefaultProducerContext>,
+    pub bootstrap: String,
+    pub store: Store,
+    pub settings: Settings,
+}
+
+impl KafkaCase {
+    /// A mock cluster with `topics` (name, partitions) created, a migrated store in a
+    /// schema of its own, and settings that consume `routes` from the cluster in a fresh
+    /// consumer group ([`use_cluster`]).
+    pub async fn new(topics: &[(&str, i32)], routes: Vec<RouteSettings>) -> KafkaCase {
+        let broker = cluster(topics);
+        let bootstrap = broker.bootstrap_servers();
+        let (store, mut settings) = super::fresh_store().await;
+        use_cluster(&mut settings, &bootstrap, routes);
+        KafkaCase {
+            broker,
+            bootstrap,
+            store,
+            settings,
+        }
+    }
 }
 
 /// A route of `topics` in `mode` to `handler`.
