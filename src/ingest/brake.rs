@@ -1,4 +1,4 @@
-//! Brakes of routes. Any route's brake may be engaged by an operator (`redrive brake
+//! Brakes of routes. Any route's brake may be engaged by an operator (`redrive brakes
 //! engage`, audited). A process-mode route with `brake` also engages its own, the
 //! bad-deploy brake: each member counts its inline outcomes per route in a sliding
 //! window ([`SlidingWindow`], in `resilience/`); when the failure share passes the
@@ -95,7 +95,7 @@ impl Brakes {
                 self.metrics.brake_trips.with_label_values(&[route]).inc();
                 tracing::warn!(route, %reason, cool_down = %humantime::format_duration(settings.cool_down),
                     "brake engaged: the route stops consuming on every member until the cool-down \
-                     ends or `redrive brake release` (a bad deploy?)");
+                     ends or `redrive brakes release` (a bad deploy?)");
             }
             Ok(false) => {}
             Err(error) => tracing::warn!(route, %error, %reason,

@@ -21,7 +21,7 @@ pub const DEFAULT_HOLD: Duration = Duration::from_secs(3600);
 pub const LONGEST_HOLD: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Why and for how long to engage a brake: the body of `POST
-/// /api/v1/brakes/{route}/engage`, and what `redrive brake engage` reads.
+/// /api/v1/brakes/{route}/engage`, and what `redrive brakes engage` reads.
 #[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct EngageRequest {

@@ -1,4 +1,4 @@
-//! `redrive brake`: the brakes of routes: list them, engage one on purpose (pausing a
+//! `redrive brakes`: the brakes of routes: list them, engage one on purpose (pausing a
 //! route's consumption during an incident), release one.
 
 use clap::Subcommand;
@@ -7,9 +7,9 @@ use super::output::outln;
 use super::table;
 use crate::operations::{Actor, EngageRequest, Operations, ReasonRequest};
 
-/// `redrive brake ...`
+/// `redrive brakes ...`
 #[derive(Debug, Subcommand)]
-pub enum BrakeCommand {
+pub enum BrakesCommand {
     /// Every route's brake: engaged or not, until when, why, trips.
     List {
         /// Print JSON.
@@ -40,11 +40,11 @@ pub enum BrakeCommand {
 }
 
 /// Runs a brake verb.
-pub async fn run(command: BrakeCommand, operations: &Operations) -> anyhow::Result<()> {
+pub async fn run(command: BrakesCommand, operations: &Operations) -> anyhow::Result<()> {
     let actor = Actor::shell();
     match command {
-        BrakeCommand::List { json } => list(operations, json).await,
-        BrakeCommand::Engage {
+        BrakesCommand::List { json } => list(operations, json).await,
+        BrakesCommand::Engage {
             route,
             reason,
             hold,
@@ -63,7 +63,7 @@ pub async fn run(command: BrakeCommand, operations: &Operations) -> anyhow::Resu
             );
             Ok(())
         }
-        BrakeCommand::Release { route, reason } => {
+        BrakesCommand::Release { route, reason } => {
             let request = ReasonRequest {
                 reason: Some(reason),
             };
@@ -109,4 +109,29 @@ async fn list(operations: &Operations, json: bool) -> anyhow::Result<()> {
             b.reason.clone().unwrap_or_default(),
         ]
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BrakesCommand;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    /// One name per verb family: `brakes`, as in `/api/v1/brakes` and `breakers`; the
+    /// earlier `brake` stays an alias, so that operators' scripts keep working.
+    #[test]
+    fn brakes_is_the_verb_and_brake_stays_its_alias() {
+        for verb in ["brakes", "brake"] {
+            let cli = Cli::try_parse_from(["redrive", verb, "list", "--json"])
+                .unwrap_or_else(|error| panic!("`redrive {verb} list`: {error}"));
+            assert!(
+                matches!(
+                    cli.command,
+                    Command::Brakes(BrakesCommand::List { json: true })
+                ),
+                "{verb}: {:?}",
+                cli.command
+            );
+        }
+    }
 }
