@@ -1,4 +1,5 @@
-//! Exponential backoff with jitter.
+//! Exponential backoff with jitter for tasks ([`Backoff`]), and the growing pause between
+//! tries of an infrastructure call ([`Pause`]).
 
 use rand::Rng;
 use serde::Deserialize;
@@ -79,6 +80,50 @@ impl Backoff {
     }
 }
 
+/// The pauses between tries of one infrastructure call (a statement, a connection) that
+/// failed: the first, then each twice the one before up to the longest, from the first
+/// again once [`Pause::reset`] after an answer. Without jitter: one member's loop waits on
+/// its own call, not on tasks that failed together (those are [`Backoff`]'s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pause {
+    first: Duration,
+    longest: Duration,
+    next: Duration,
+}
+
+impl Pause {
+    /// Pauses from `first` up to `longest`.
+    pub const fn new(first: Duration, longest: Duration) -> Self {
+        Pause {
+            first,
+            longest,
+            next: first,
+        }
+    }
+
+    /// The pause of a member's statements while the database fails: 100 ms up to 5 s.
+    pub const fn database() -> Self {
+        Pause::new(Duration::from_millis(100), Duration::from_secs(5))
+    }
+
+    /// The pause to wait now; the next one is twice as long, up to the longest.
+    pub fn next_pause(&mut self) -> Duration {
+        let now = self.next;
+        self.next = (self.next.saturating_mul(2)).min(self.longest);
+        now
+    }
+
+    /// The pause [`Pause::next_pause`] would answer, without taking it.
+    pub fn peek(&self) -> Duration {
+        self.next
+    }
+
+    /// The call answered: the next failure waits the first pause again.
+    pub fn reset(&mut self) {
+        self.next = self.first;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,5 +194,18 @@ mod tests {
             ..backoff(Jitter::None)
         };
         assert_eq!(b.delay(10), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_pause_doubles_up_to_its_longest_and_starts_over_after_an_answer() {
+        let mut pause = Pause::new(Duration::from_millis(100), Duration::from_millis(500));
+        let taken: Vec<u128> = (0..5).map(|_| pause.next_pause().as_millis()).collect();
+        assert_eq!(taken, [100, 200, 400, 500, 500]);
+        assert_eq!(pause.peek(), Duration::from_millis(500));
+        pause.reset();
+        assert_eq!(pause.next_pause(), Duration::from_millis(100));
+        let mut huge = Pause::new(Duration::MAX / 2 + Duration::from_secs(1), Duration::MAX);
+        huge.next_pause();
+        assert_eq!(huge.next_pause(), Duration::MAX, "no overflow");
     }
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Tokens};
+use crate::backoff::Pause;
 use crate::config::{refuse_loops, validate_routes, ConfigError, RouteMode, Settings, Targets};
 use crate::finals::{FinalSink, Finals};
 use crate::handlers::{
@@ -22,11 +23,12 @@ use crate::upkeep;
 use crate::worker::WorkerPool;
 use futures::FutureExt;
 
-/// First pause before connecting again when the database is unavailable at start-up;
-/// it doubles up to [`STARTUP_RETRY_MAX`].
-const STARTUP_RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(500);
-/// Longest pause between start-up connection attempts.
-const STARTUP_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(15);
+/// The pause before connecting again when the database is unavailable at start-up: from
+/// half a second, doubling up to 15 s.
+const STARTUP_RETRY: Pause = Pause::new(
+    std::time::Duration::from_millis(500),
+    std::time::Duration::from_secs(15),
+);
 
 /// Why a fleet member could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -261,7 +263,7 @@ impl Fleet {
     /// growing pause; errors waiting cannot cure (authentication, a missing database, a
     /// failed migration) stop start-up. `None` when `shutdown` fires first.
     async fn open_store(&self, shutdown: &CancellationToken) -> Result<Option<Store>, FleetError> {
-        let mut pause = STARTUP_RETRY_FIRST;
+        let mut pause = STARTUP_RETRY;
         loop {
             let opened = async {
                 let store = Store::connect(&self.settings.database).await?;
@@ -282,13 +284,13 @@ impl Fleet {
                     return Ok(Some(store));
                 }
                 Err(error) if error.is_unavailable() => {
-                    tracing::warn!(%error, retry_in = ?pause,
+                    let wait = pause.next_pause();
+                    tracing::warn!(%error, retry_in = ?wait,
                         "database unavailable at start-up; waiting for it");
                     tokio::select! {
                         _ = shutdown.cancelled() => return Ok(None),
-                        _ = tokio::time::sleep(pause) => {}
+                        _ = tokio::time::sleep(wait) => {}
                     }
-                    pause = (pause * 2).min(STARTUP_RETRY_MAX);
                 }
                 Err(error) => return Err(error.into()),
             }
@@ -374,12 +376,22 @@ impl Fleet {
         );
         let pool = self.worker_pool(store.clone()).with_breakers(breakers);
         let member = self.member(pool.worker_id(), ingest.is_some());
-        parts.spawn(upkeep::keep_member_recorded(store.clone(), member, shutdown.clone()).map(Ok));
+        parts.spawn(
+            upkeep::keep_member_recorded(
+                store.clone(),
+                member,
+                self.metrics.clone(),
+                shutdown.clone(),
+            )
+            .map(Ok),
+        );
         parts.spawn(
             upkeep::sample_fleet_figures(store.clone(), self.metrics.clone(), shutdown.clone())
                 .map(Ok),
         );
-        parts.spawn(upkeep::backfill_causes(store.clone(), shutdown.clone()).map(Ok));
+        parts.spawn(
+            upkeep::backfill_causes(store.clone(), self.metrics.clone(), shutdown.clone()).map(Ok),
+        );
         if self.settings.retention.enabled {
             parts.spawn(
                 upkeep::apply_retention(

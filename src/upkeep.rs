@@ -12,19 +12,31 @@ use crate::config::{KafkaSettings, RetentionSettings, RouteSettings};
 use crate::replay::Replayer;
 use crate::store::{Backfill, Member, Store, MEMBER_BEAT, RETENTION_BATCH};
 use crate::task::Status;
-use crate::telemetry::Metrics;
+use crate::telemetry::{DbOp, Metrics};
 
 /// How often a member looks for a detached replay job to run.
 const REPLAY_LOOK_EVERY: Duration = Duration::from_secs(2);
 
-/// Logs a loop's failure when it starts failing or fails differently, and its recovery.
-#[derive(Default)]
+/// Counts each failure of a loop's statements, and logs it when the loop starts failing
+/// or fails differently, and its recovery.
 struct Trouble {
+    metrics: Metrics,
+    op: DbOp,
     last: Option<String>,
 }
 
 impl Trouble {
+    /// The trouble of a loop whose statements count as `op`.
+    fn new(metrics: &Metrics, op: DbOp) -> Self {
+        Trouble {
+            metrics: metrics.clone(),
+            op,
+            last: None,
+        }
+    }
+
     fn failed(&mut self, what: &str, error: &dyn std::fmt::Display) {
+        self.metrics.count_database_error(self.op);
         let text = error.to_string();
         if self.last.as_ref() != Some(&text) {
             tracing::warn!(error = %text, "{what} failed; trying again later");
@@ -48,8 +60,13 @@ async fn pause(period: Duration, shutdown: &CancellationToken) -> bool {
 }
 
 /// Records `member` every [`MEMBER_BEAT`] until shutdown, then removes it.
-pub async fn keep_member_recorded(store: Store, member: Member, shutdown: CancellationToken) {
-    let mut trouble = Trouble::default();
+pub async fn keep_member_recorded(
+    store: Store,
+    member: Member,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) {
+    let mut trouble = Trouble::new(&metrics, DbOp::Upkeep);
     loop {
         match store.record_member(&member).await {
             Ok(()) => trouble.ok("recording this member"),
@@ -67,8 +84,8 @@ pub async fn keep_member_recorded(store: Store, member: Member, shutdown: Cancel
 /// Gives the tasks stored before causes were (or by a member of an earlier release) their
 /// cause, a batch at a time beside the drain, until every one has one; then looks again
 /// each minute (a member that starts later may extend the work).
-pub async fn backfill_causes(store: Store, shutdown: CancellationToken) {
-    let mut trouble = Trouble::default();
+pub async fn backfill_causes(store: Store, metrics: Metrics, shutdown: CancellationToken) {
+    let mut trouble = Trouble::new(&metrics, DbOp::Upkeep);
     let mut extended = false;
     loop {
         if !extended {
@@ -105,7 +122,7 @@ pub async fn apply_retention(
         (Status::Discarded, retention.discarded),
         (Status::PermanentFailure, retention.permanent_failure),
     ];
-    let mut trouble = Trouble::default();
+    let mut trouble = Trouble::new(&metrics, DbOp::Upkeep);
     loop {
         'statuses: for (status, age) in ages {
             let Some(age) = age else { continue };
@@ -149,8 +166,8 @@ pub async fn run_detached_replays(
     shutdown: CancellationToken,
 ) {
     let replayer = Replayer::new(store.clone(), kafka, max_message_bytes, runner, routes)
-        .with_metrics(metrics);
-    let mut trouble = Trouble::default();
+        .with_metrics(metrics.clone());
+    let mut trouble = Trouble::new(&metrics, DbOp::Upkeep);
     loop {
         match store.claim_detached_replay(replayer.runner()).await {
             Ok(Some(job)) => {
@@ -203,7 +220,7 @@ pub const SAMPLE_EVERY: Duration = Duration::from_secs(15);
 /// Keeps the fleet-wide gauges (tasks by status and handler, due work, live members)
 /// current until shutdown.
 pub async fn sample_fleet_figures(store: Store, metrics: Metrics, shutdown: CancellationToken) {
-    let mut trouble = Trouble::default();
+    let mut trouble = Trouble::new(&metrics, DbOp::Sample);
     let mut shown = std::collections::HashSet::new();
     let mut shown_causes = std::collections::HashSet::new();
     loop {
@@ -212,10 +229,7 @@ pub async fn sample_fleet_figures(store: Store, metrics: Metrics, shutdown: Canc
                 trouble.ok("sampling the fleet's figures");
                 show(&metrics, &figures, &mut shown, &mut shown_causes);
             }
-            Err(error) => {
-                metrics.database_errors.with_label_values(&["sample"]).inc();
-                trouble.failed("sampling the fleet's figures", &error);
-            }
+            Err(error) => trouble.failed("sampling the fleet's figures", &error),
         }
         if !pause(SAMPLE_EVERY, &shutdown).await {
             return;
@@ -287,4 +301,32 @@ fn show_causes(
             .remove_label_values(&[cause, class]);
     }
     *shown = now;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: the upkeep loops' database errors were documented under
+    /// `redrive_worker_database_errors_total{operation="upkeep"}` but logged only, never
+    /// counted. Each failure counts, though only a new error is logged.
+    #[test]
+    fn every_failure_of_an_upkeep_loop_is_counted_by_its_operation() {
+        let metrics = Metrics::new();
+        let mut upkeep = Trouble::new(&metrics, DbOp::Upkeep);
+        let mut sample = Trouble::new(&metrics, DbOp::Sample);
+        upkeep.failed("retention", &"connection refused");
+        upkeep.failed("retention", &"connection refused");
+        upkeep.ok("retention");
+        upkeep.failed("retention", &"connection refused");
+        sample.failed("sampling", &"statement timeout");
+        let text = metrics.render();
+        for expected in [
+            r#"redrive_worker_database_errors_total{operation="upkeep"} 3"#,
+            r#"redrive_worker_database_errors_total{operation="sample"} 1"#,
+            r#"redrive_worker_database_errors_total{operation="claim"} 0"#,
+        ] {
+            assert!(text.contains(expected), "{expected} missing from:\n{text}");
+        }
+    }
 }

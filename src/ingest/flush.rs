@@ -8,7 +8,6 @@ use rdkafka::message::Message;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 use tracing::Instrument;
 
 use super::brake::Brakes;
@@ -19,12 +18,13 @@ use super::outage::StoreOutage;
 use super::outcome;
 use super::process::{Mapped, ProcessMode};
 use super::routes::RouteTable;
+use crate::backoff::Pause;
 use crate::config::{IngestSettings, RouteMode, Targets};
 use crate::finals::Finals;
 use crate::kafka::message::Consumed;
 use crate::store::{Enqueued, Store, StoreError};
 use crate::task::{NewTask, Status, TaskId};
-use crate::telemetry::Metrics;
+use crate::telemetry::{DatabaseFailed, DbOp, Metrics};
 
 /// Next offset to commit per (topic, partition).
 pub(crate) type Offsets = BTreeMap<(String, i32), i64>;
@@ -212,7 +212,7 @@ impl Flusher {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, StoreError>>,
     {
-        let mut pause = Duration::from_millis(100);
+        let mut pause = Pause::database();
         loop {
             match work().await {
                 Ok(answer) => {
@@ -224,17 +224,16 @@ impl Flusher {
                     if error.is_unavailable() {
                         self.outage.failed();
                     }
-                    self.metrics
-                        .database_errors
-                        .with_label_values(&["ingest"])
-                        .inc();
-                    self.metrics.health.database_failed("ingest", &error);
-                    tracing::debug!(retry_in = ?pause,
+                    DatabaseFailed {
+                        op: DbOp::Ingest,
+                        error: &error,
+                    }
+                    .emit(&self.metrics);
+                    tracing::debug!(retry_in = ?pause.peek(),
                         "consumed failures not stored yet; their offsets stay uncommitted");
                 }
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(5));
+            tokio::time::sleep(pause.next_pause()).await;
         }
     }
 

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::alerts::CANNOT_CONSUME_CODES;
+use super::events::DbOp;
 use super::health::Health;
 use crate::task::FinishOutcome;
 use prometheus::{
@@ -14,16 +15,6 @@ use prometheus::{
 
 /// Outcomes of an attempt, as the `outcome` label says them.
 pub const ATTEMPT_OUTCOMES: [&str; 3] = ["resolved", "retry", "permanent_failure"];
-/// Database operations counted in `redrive_worker_database_errors_total`.
-pub const DATABASE_OPERATIONS: [&str; 7] = [
-    "claim",
-    "finish",
-    "heartbeat",
-    "next_due",
-    "ingest",
-    "upkeep",
-    "sample",
-];
 /// Ingest outcomes of a consumed message.
 pub const INGEST_OUTCOMES: [&str; 5] = [
     "stored",
@@ -67,8 +58,9 @@ pub struct Metrics {
     pub handler_seconds: HistogramVec,
     /// Tasks leased by this process right now.
     pub in_flight: IntGauge,
-    /// Database errors of this member, by operation.
-    pub database_errors: IntCounterVec,
+    /// Database errors of this member, by operation (see [`DbOp`]; counted by
+    /// [`Metrics::count_database_error`] and [`super::DatabaseFailed`]).
+    database_errors: IntCounterVec,
     /// Consumed messages, by route and outcome.
     pub ingested: IntCounterVec,
     /// Captured re-failures of messages redrive produced, by route and lineage:
@@ -166,6 +158,12 @@ fn gauges(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGa
 }
 
 impl Metrics {
+    /// Counts a failed database statement of `op` (one that is also logged: see
+    /// [`super::DatabaseFailed`], which does both).
+    pub fn count_database_error(&self, op: DbOp) {
+        self.database_errors.with_label_values(&[op.label()]).inc();
+    }
+
     /// Creates and registers every metric.
     pub fn new() -> Metrics {
         let registry = Registry::new();
@@ -389,8 +387,10 @@ impl Metrics {
             health: Arc::new(Health::default()),
             registry,
         };
-        for operation in DATABASE_OPERATIONS {
-            metrics.database_errors.with_label_values(&[operation]);
+        for operation in DbOp::ALL {
+            metrics
+                .database_errors
+                .with_label_values(&[operation.label()]);
         }
         for operation in ["finish", "heartbeat"] {
             metrics.fenced_writes.with_label_values(&[operation]);

@@ -3,12 +3,14 @@
 
 mod alerts;
 mod attempt_log;
+mod events;
 mod health;
 mod log_lines;
 mod metrics;
 
 pub use alerts::{AlertSettings, AlertSettingsError, CANNOT_CONSUME_CODES};
 pub use attempt_log::{log_attempt, AttemptLine};
+pub use events::{DatabaseFailed, DbOp};
 pub use health::{Health, Readiness};
 pub use metrics::{Metrics, WEBHOOK_CLASSES};
 

@@ -1,7 +1,6 @@
 //! The claim loop: take due tasks in batches as slots free up, start their attempts.
 
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -13,10 +12,11 @@ use super::due_floor::DueFloors;
 use super::finisher::{AttemptContext, Completion};
 use super::inflight::{say_calls_stopped, InFlight};
 use super::served::Served;
+use crate::backoff::Pause;
 use crate::config::WorkerSettings;
 use crate::store::{Claimed, Store};
 use crate::task::{Status, Task};
-use crate::telemetry::Metrics;
+use crate::telemetry::{DatabaseFailed, DbOp, Metrics};
 
 /// Claim loops per pool: two keep one claim's round trip overlapping the other's.
 pub const CLAIM_LOOPS: usize = 2;
@@ -61,7 +61,7 @@ impl Claimer {
     pub(crate) async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let settings = &self.settings;
         let batch_size = settings.batch_size as usize;
-        let mut pause = Duration::ZERO;
+        let mut pause = Pause::database();
         loop {
             let wanted = self.slots.available_permits().clamp(1, batch_size);
             let mut permit = tokio::select! {
@@ -75,20 +75,21 @@ impl Claimer {
             // lease and attempt are already committed.
             let tasks = round.claimed;
             self.metrics.leases_recovered.inc_by(round.recovered as u64);
-            match round.failure {
+            let wait = match round.failure {
                 None => {
-                    pause = Duration::ZERO;
+                    pause.reset();
                     self.metrics.health.database_ok();
+                    None
                 }
                 Some(error) => {
-                    self.metrics
-                        .database_errors
-                        .with_label_values(&["claim"])
-                        .inc();
-                    pause = (pause * 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
-                    self.metrics.health.database_failed("claim", &error);
+                    DatabaseFailed {
+                        op: DbOp::Claim,
+                        error: &error,
+                    }
+                    .emit(&self.metrics);
+                    Some(pause.next_pause())
                 }
-            }
+            };
             let drained = tasks.len() < wanted;
             self.metrics.claimed.inc_by(tasks.len() as u64);
             self.metrics.in_flight.add(tasks.len() as i64);
@@ -97,11 +98,11 @@ impl Claimer {
                 self.start(task, slot, permits, round.started);
             }
             drop(permit);
-            if pause > Duration::ZERO {
+            if let Some(wait) = wait {
                 // A statement failed: wait before the next round.
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(pause) => continue,
+                    _ = tokio::time::sleep(wait) => continue,
                 }
             }
             if !drained {
@@ -276,11 +277,11 @@ impl Claimer {
             Ok(Some(due_in)) => due_in.min(poll),
             Ok(None) => poll,
             Err(error) => {
-                self.metrics
-                    .database_errors
-                    .with_label_values(&["next_due"])
-                    .inc();
-                self.metrics.health.database_failed("next_due", &error);
+                DatabaseFailed {
+                    op: DbOp::NextDue,
+                    error: &error,
+                }
+                .emit(&self.metrics);
                 poll
             }
         };

@@ -24,7 +24,7 @@ use crate::handlers::invoke::{classify, guarded};
 use crate::handlers::HandlerContext;
 use crate::store::{Compensating, CompensationOutcome, CompensationResult, Store};
 use crate::task::{FinishOutcome, Lease};
-use crate::telemetry::Metrics;
+use crate::telemetry::{DbOp, Metrics};
 
 /// Compensations claimed at once.
 const BATCH: i64 = 16;
@@ -178,10 +178,7 @@ impl Compensator {
                 }
             }
             Err(error) => {
-                self.metrics
-                    .database_errors
-                    .with_label_values(&["heartbeat"])
-                    .inc();
+                self.metrics.count_database_error(DbOp::Heartbeat);
                 tracing::warn!(%error, "could not extend compensation claims");
             }
         }

@@ -9,11 +9,12 @@ use tokio::time::Instant;
 
 use super::admission::Admission;
 use super::inflight::{say_calls_stopped, InFlight};
+use crate::backoff::Pause;
 use crate::finals::Finals;
 use crate::handlers::invoke::Verdict;
 use crate::store::{Finish, Store};
 use crate::task::{FinishOutcome, Lease, Task};
-use crate::telemetry::{log_attempt, AttemptLine, Metrics};
+use crate::telemetry::{log_attempt, AttemptLine, DatabaseFailed, DbOp, Metrics};
 
 /// Finish statements in flight at once: enough to overlap one batch's commit with the
 /// next batch's round trip.
@@ -81,7 +82,7 @@ impl Finisher {
     async fn flush(self, batch: Vec<Completion>) {
         let results: Vec<Finish> = batch.iter().map(|c| c.finish.clone()).collect();
         let deadline = Instant::now() + self.give_up_after;
-        let mut pause = Duration::from_millis(100);
+        let mut pause = Pause::database();
         let written = loop {
             match self.store.finish(&self.worker_id, &results).await {
                 Ok(written) => {
@@ -89,18 +90,18 @@ impl Finisher {
                     break Some(written);
                 }
                 Err(error) => {
-                    self.metrics
-                        .database_errors
-                        .with_label_values(&["finish"])
-                        .inc();
-                    if Instant::now() + pause > deadline {
+                    if Instant::now() + pause.peek() > deadline {
+                        self.metrics.count_database_error(DbOp::Finish);
                         tracing::error!(%error, tasks = results.len(),
                             "could not write results; the tasks will be retried after their leases lapse");
                         break None;
                     }
-                    self.metrics.health.database_failed("finish", &error);
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(5));
+                    DatabaseFailed {
+                        op: DbOp::Finish,
+                        error: &error,
+                    }
+                    .emit(&self.metrics);
+                    tokio::time::sleep(pause.next_pause()).await;
                 }
             }
         };

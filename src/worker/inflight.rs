@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::store::Store;
 use crate::task::Lease;
-use crate::telemetry::Metrics;
+use crate::telemetry::{DatabaseFailed, DbOp, Metrics};
 
 /// Leases held by this process, each with the token that tells its handler it was lost
 /// (the compensator keeps its claims, leases on compensations, in one of its own).
@@ -160,10 +160,7 @@ pub(crate) async fn heartbeat_loop(
             // from being checked.
             let renewing = renew(&store, &in_flight, &metrics, held, lease);
             if tokio::time::timeout(interval, renewing).await.is_err() {
-                metrics
-                    .database_errors
-                    .with_label_values(&["heartbeat"])
-                    .inc();
+                metrics.count_database_error(DbOp::Heartbeat);
             }
         }
         // What would lapse before the next beat could renew it is given up now: cut
@@ -207,11 +204,11 @@ async fn renew(
             }
         }
         Err(error) => {
-            metrics
-                .database_errors
-                .with_label_values(&["heartbeat"])
-                .inc();
-            metrics.health.database_failed("heartbeat", &error);
+            DatabaseFailed {
+                op: DbOp::Heartbeat,
+                error: &error,
+            }
+            .emit(metrics);
         }
     }
 }
