@@ -4,7 +4,7 @@
 
 use rdkafka::message::Message;
 use redrive::headers::Header;
-use redrive::{Failure, NewTask, SourceCoordinates, Store};
+use redrive::{Failure, Fleet, NewTask, SourceCoordinates, Store};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::support::broker::{cluster, consume, headers_of};
 use crate::support::cli::{redrive, run};
-use crate::support::{fresh_store, scalar, Member};
+use crate::support::{eventually, fresh_store, scalar, Member};
 
 /// Stores `count` tasks whose original topic is `orders`, with odd bytes in keys,
 /// values and header names.
@@ -904,4 +904,96 @@ async fn a_replay_against_an_unreachable_cluster_answers_within_seconds_with_the
         scalar(&store, "SELECT count(*) FROM recovery_replay").await,
         0
     );
+}
+
+/// Regression: `--rate 1e-20` passed the replay's check (> 0) and panicked every member
+/// that picked the job up (`Duration::from_secs_f64(1.0 / rate)`).
+#[tokio::test]
+async fn a_replay_rate_out_of_range_is_refused_naming_the_range() {
+    let (_store, settings) = fresh_store().await;
+    for rate in ["1e-20", "0", "NaN", "1e400"] {
+        let out = crate::support::cli::run(
+            &settings,
+            &["tasks", "replay", "--all", "--rate", rate, "--yes"],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{rate}: {stderr}");
+        assert!(
+            stderr.contains("rate must be a number per second from 0.001"),
+            "{rate}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{rate}: {stderr}");
+    }
+}
+
+/// Regression: a stored replay job with a rate no check would pass now (written by an
+/// older version or by hand) panicked the member that picked it up, and the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_replay_with_a_hostile_rate_does_not_stop_the_member() {
+    let kafka = crate::support::broker::cluster(&[("orders", 1)]);
+    let (store, mut settings) = fresh_store().await;
+    settings.kafka.bootstrap_servers = kafka.bootstrap_servers();
+    settings.worker.enabled = false;
+    settings.admin.listen = Some("127.0.0.1:0".parse().unwrap());
+    let tasks: Vec<NewTask> = (0..3)
+        .map(|i| NewTask {
+            dedup_key: Some(format!("{i}")),
+            failure: redrive::Failure {
+                original: Some(
+                    redrive::SourceCoordinates {
+                        topic: "orders".into(),
+                        partition: 0,
+                        offset: i,
+                    }
+                    .into(),
+                ),
+                ..redrive::Failure::with_value(format!("{i}"))
+            },
+            ..NewTask::new("log", format!("{i}"))
+        })
+        .collect();
+    store.enqueue_many(&tasks).await.unwrap();
+    let operator = redrive::store::Operator {
+        actor: "test".into(),
+        reason: None,
+    };
+    let replay = redrive::store::NewReplay {
+        filter: redrive::store::TaskFilter::default(),
+        target_topic: None,
+        mark_resolved: false,
+        rate: Some(1e-20),
+        detached: true,
+    };
+    store
+        .create_replay(&operator, &replay, "test")
+        .await
+        .unwrap();
+    let fleet = Fleet::builder(settings)
+        .with_builtin_handlers()
+        .build()
+        .unwrap();
+    let member = Member::start(fleet, &store);
+    eventually(
+        Duration::from_secs(20),
+        "the job to be picked up",
+        || async {
+            scalar(
+                &store,
+                "SELECT count(*) FROM recovery_replay WHERE status = 'running'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    // The first message leaves at once; the next waits for its (clamped) turn.
+    let produced = crate::support::broker::consume(
+        &kafka.bootstrap_servers(),
+        "orders",
+        1,
+        1,
+        Duration::from_secs(20),
+    );
+    assert_eq!(produced.len(), 1);
+    member.stop().await;
 }

@@ -1,11 +1,14 @@
 //! An operator acting on a task mid-call: the member stops the call at once (it is told,
 //! not left to its next heartbeat), and nothing of the task, nor of its ordering key,
-//! runs before that call has stopped.
+//! runs before that call has stopped. A call whose lease is lost (taken over, or not
+//! renewed in time while its member is cut off from the database) is stopped too, even
+//! if its handler ignores its token.
 
 use async_trait::async_trait;
 use redrive::store::{Action, Budget, Operator, Selection};
 use redrive::task::{order_key, Failure};
 use redrive::{Fleet, Handler, HandlerContext, HandlerError, NewTask, Status, Store, Task, TaskId};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -268,4 +271,103 @@ async fn a_fenced_call_holds_its_task_until_its_member_says_it_stopped_or_its_le
         .await
         .unwrap();
     assert_eq!(scalar(&store, stale).await, 0, "a stale row was left");
+}
+
+/// Sleeps without watching its context's token, then records a side effect.
+#[derive(Clone, Default)]
+struct Deaf {
+    started: Arc<AtomicUsize>,
+    effects: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl Handler for Deaf {
+    async fn handle(&self, _: &HandlerContext, _: &Task) -> Result<(), HandlerError> {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        self.effects.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        Some(Duration::from_secs(60))
+    }
+}
+
+/// Regression: a handler that ignored its token ran on after its lease was taken
+/// over, and its side effect landed after the new owner's attempt began.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
+async fn a_call_whose_lease_was_taken_over_is_stopped_even_if_it_ignores_its_token() {
+    let (store, mut settings) = fresh_store().await;
+    settings.worker.lease = Duration::from_secs(10);
+    settings.worker.heartbeat = Duration::from_millis(100);
+    settings.worker.poll_interval = Duration::from_millis(50);
+    let deaf = Deaf::default();
+    let fleet = Fleet::builder(settings)
+        .handler("deaf", deaf.clone())
+        .build()
+        .unwrap();
+    store.enqueue(&NewTask::new("deaf", "x")).await.unwrap();
+    let member = Member::start(fleet, &store);
+    eventually(Duration::from_secs(10), "the call started", || async {
+        deaf.started.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    sqlx::query(
+        "UPDATE recovery_task SET lease_version = lease_version + 1, lease_owner = 'rival'",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    // Past the end of the 4 s call.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    member.stop().await;
+    assert_eq!(
+        deaf.effects.load(Ordering::SeqCst),
+        0,
+        "the call was stopped"
+    );
+}
+
+/// Regression: a member cut off from PostgreSQL had no local lease deadline: its call
+/// ran on past the lease, while another member could take the task (and the next task
+/// of its key) over. The call is stopped once its lease could not be renewed in time.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
+async fn a_member_cut_off_from_the_database_stops_calls_whose_lease_ran_out() {
+    let (store, settings) = fresh_store().await;
+    let proxy = crate::support::PgProxy::start().await;
+    let mut settings = proxy.route(&settings);
+    settings.worker.lease = Duration::from_secs(2);
+    settings.worker.heartbeat = Duration::from_millis(200);
+    settings.worker.poll_interval = Duration::from_millis(50);
+    let proxied = redrive::Store::connect(&settings.database).await.unwrap();
+    let deaf = Deaf::default();
+    let fleet = Fleet::builder(settings)
+        .handler("deaf", deaf.clone())
+        .build()
+        .unwrap();
+    store.enqueue(&NewTask::new("deaf", "x")).await.unwrap();
+    let member = Member::start(fleet, &proxied);
+    eventually(Duration::from_secs(10), "the call started", || async {
+        deaf.started.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    proxy.cut();
+    // The call would end 4 s after it started; the lease ends after 2 s.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        deaf.effects.load(Ordering::SeqCst),
+        0,
+        "the call was stopped"
+    );
+    proxy.restore();
+    member.stop().await;
 }
