@@ -16,12 +16,12 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::output::{out, outln};
 use crate::config::{RouteMode, RouteSettings, Settings};
 use crate::fleet::{cancel_on_signal, Fleet};
 use crate::handlers::faults::FaultInjecting;
 use crate::handlers::{LogHandler, RepublishHandler};
 use crate::kafka::client_config;
+use crate::output::{out, outln};
 use crate::private_cluster::PrivateCluster;
 use crate::store::{StatusCounts, Store};
 

@@ -11,7 +11,7 @@ pub mod cause;
 mod outcome;
 
 pub use cause::{AttemptKind, Cause};
-pub use outcome::{AttemptOutcome, FinishOutcome, UnknownOutcome};
+pub use outcome::{AttemptOutcome, FinishOutcome, UnknownOutcome, Verdict};
 
 /// Identifier of a recovery task (the table's primary key).
 #[derive(

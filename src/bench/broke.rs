@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::median;
-use crate::cli::output::outln;
 use crate::config::Settings;
 use crate::operations::{FilterParams, GroupParams, Operations, PageRequest};
+use crate::output::outln;
 use crate::store::Store;
 
 /// How an operator uses the console beside the drain.
@@ -18,7 +18,9 @@ enum Use {
     /// No console.
     None,
     /// As at 3 a.m.: the overview open (its "What broke" refreshed every 5 s, as the
-    /// console does) and an operator grouping by class or searching every 2 s.
+    /// console does) and an operator grouping by class or searching every 2 s, on one
+    /// clock for the whole benchmark: a drain starts at whatever point of that cycle the
+    /// console is, as beside a console open all along (not with both at once).
     Paced,
     /// The worst case: groups and searches back to back, one after another.
     BackToBack,
@@ -35,8 +37,9 @@ pub(super) async fn drain_beside_console(
 ) -> anyhow::Result<()> {
     outln!(
         "drain of {drain_tasks} tasks (batch 100, concurrency 400) alone, beside a console in \
-         use (What broke refreshed every 5 s, a grouping or search every 2 s) and beside \
-         groupings and searches back to back; {rounds} round(s), medians shown:"
+         use (What broke refreshed every 5 s, a grouping or search every 2 s, on one clock \
+         for the whole run) and beside groupings and searches back to back; {rounds} \
+         round(s), medians shown:"
     );
     // One drain first, not counted: the first after seeding and vacuuming ran at a
     // quarter of the rest in every round measured (cold caches, autovacuum at work),
@@ -45,6 +48,8 @@ pub(super) async fn drain_beside_console(
     let warm = super::drain_noop(settings, store, drain_tasks, 100, 400).await?;
     outln!("  warm-up drain (not counted):           {warm:>8.0} tasks/s");
     let uses = [Use::None, Use::Paced, Use::BackToBack];
+    // The paced console's clock: its turns are seconds since this instant.
+    let console_clock = std::time::Instant::now();
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); uses.len()];
     for round in 0..rounds {
         for turn in 0..uses.len() {
@@ -53,7 +58,13 @@ pub(super) async fn drain_beside_console(
             seed_noop(store, drain_tasks).await?;
             let stop = Arc::new(AtomicBool::new(false));
             let answered = Arc::new(AtomicU64::new(0));
-            let operator = use_console(operations, usage, stop.clone(), answered.clone());
+            let operator = use_console(
+                operations,
+                usage,
+                console_clock,
+                stop.clone(),
+                answered.clone(),
+            );
             let drain = async {
                 let rate = super::drain_noop(settings, store, drain_tasks, 100, 400).await;
                 stop.store(true, Ordering::SeqCst);
@@ -89,14 +100,17 @@ pub(super) async fn drain_beside_console(
 }
 
 /// Uses the console as `usage` says until `stop`; answers how long it ran, counting each
-/// grouping or search in `answered`.
+/// grouping or search in `answered`. Paced, turn `n` is the second `n` after `clock`:
+/// the first taken is the next to come.
 async fn use_console(
     operations: &Operations,
     usage: Use,
+    clock: std::time::Instant,
     stop: Arc<AtomicBool>,
     answered: Arc<AtomicU64>,
 ) -> anyhow::Result<f64> {
     let started = std::time::Instant::now();
+    let second = std::time::Duration::from_secs(1);
     let search = FilterParams {
         search: Some("customer-4242:order-".into()),
         ..FilterParams::default()
@@ -106,6 +120,14 @@ async fn use_console(
         ..GroupParams::default()
     };
     let mut turn = 0u64;
+    if usage == Use::Paced {
+        turn = (started.duration_since(clock).as_secs()) + 1;
+        wait_until(
+            clock + second * u32::try_from(turn).unwrap_or(u32::MAX),
+            &stop,
+        )
+        .await;
+    }
     while usage != Use::None && !stop.load(Ordering::SeqCst) {
         // Every turn is a second when paced: the overview every 5th, the operator every 2nd.
         let overview = usage == Use::BackToBack || turn % 5 == 0;
@@ -129,14 +151,21 @@ async fn use_console(
         }
         turn += 1;
         if usage == Use::Paced {
-            let second = std::time::Duration::from_secs(1);
-            let until = started + second * u32::try_from(turn).unwrap_or(u32::MAX);
-            while !stop.load(Ordering::SeqCst) && std::time::Instant::now() < until {
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
+            wait_until(
+                clock + second * u32::try_from(turn).unwrap_or(u32::MAX),
+                &stop,
+            )
+            .await;
         }
     }
     Ok(started.elapsed().as_secs_f64())
+}
+
+/// Sleeps until `until`, or until `stop` is set.
+async fn wait_until(until: std::time::Instant, stop: &AtomicBool) {
+    while !stop.load(Ordering::SeqCst) && std::time::Instant::now() < until {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// Inserts `count` unattempted noop tasks due now, by SQL.

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use super::{bench_fleet, drop_schema, fresh_store, median};
 use crate::admin;
-use crate::cli::output::outln;
 use crate::config::{Role, Settings};
 use crate::operations::{ActRequest, Actor, FilterParams, Operations, Verb};
+use crate::output::outln;
 use crate::store::{ActionReport, Store};
 
 /// Options of the bulk action beside a drain.

@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{bench_fleet, drop_schema, fresh_store};
 use crate::admin::{self, Tokens};
-use crate::cli::output::outln;
 use crate::config::{AdminToken, Role, Settings};
+use crate::output::outln;
 use crate::store::Store;
 
 /// Options of `redrive bench console`.

@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::{drop_schema, fresh_store, median, NoopHandler};
-use crate::cli::output::outln;
 use crate::config::Settings;
 use crate::fleet::Fleet;
+use crate::output::outln;
 use crate::private_cluster::PrivateCluster;
 use crate::store::Store;
 use crate::task::NewTask;

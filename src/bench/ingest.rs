@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::{fresh_store, median};
-use crate::cli::output::outln;
 use crate::config::{RouteMode, RouteSettings, Settings};
 use crate::fleet::Fleet;
 use crate::handlers::LogHandler;
+use crate::output::outln;
 
 const TOPIC: &str = "bench.dlt";
 

@@ -28,10 +28,10 @@ use clap::Args;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::output::outln;
 use crate::config::Settings;
 use crate::fleet::Fleet;
 use crate::handlers::{Handler, HandlerContext, HandlerError};
+use crate::output::outln;
 use crate::store::Store;
 use crate::task::{NewTask, Task};
 

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::{drop_schema, fresh_store, median};
-use crate::cli::output::outln;
 use crate::config::Settings;
+use crate::output::outln;
 use crate::store::{Action, Budget, Due, Operator, Selection, Store, TaskFilter};
 use crate::task::Status;
 

@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{fresh_store, median};
-use crate::cli::output::outln;
 use crate::config::{parse_duration, DatabaseSettings, Settings};
+use crate::output::outln;
 use crate::store::Store;
 
 const TOPIC: &str = "bench.rebalance";

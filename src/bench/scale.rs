@@ -21,10 +21,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::cpu::CpuTimes;
 use super::{bench_fleet, drop_schema, fresh_store, server, statements};
-use crate::cli::output::outln;
 use crate::config::Settings;
+use crate::fleet::upkeep::SAMPLE_EVERY;
+use crate::output::outln;
 use crate::store::{next_turn_after, Store};
-use crate::upkeep::SAMPLE_EVERY;
 
 /// Rows written by one filling statement.
 const FILL_CHUNK: u64 = 1_000_000;

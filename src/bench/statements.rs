@@ -2,7 +2,7 @@
 //! server loads it (`shared_preload_libraries`): calls, execution time, buffers touched
 //! and WAL written, per task. Without it the figures are skipped, and the report says so.
 
-use crate::cli::output::outln;
+use crate::output::outln;
 use crate::store::Store;
 
 /// One statement's figures over a stretch.

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::{bench_fleet, drop_schema, fresh_store};
-use crate::cli::output::outln;
 use crate::config::Settings;
+use crate::output::outln;
 use crate::task::NewTask;
 
 /// How often the figures are printed (more often in a shorter stream).

@@ -18,9 +18,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::cpu::{self, CpuTimes};
 use super::{drop_schema, fresh_store, median, NoopHandler};
-use crate::cli::output::outln;
 use crate::config::{BreakerSettings, HandlerSettings, Settings, WebhookSettings};
 use crate::fleet::Fleet;
+use crate::output::outln;
 use crate::store::{BreakerCommand, Operator, Store};
 
 /// Options of `redrive bench webhook`.

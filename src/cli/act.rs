@@ -7,9 +7,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 
 use super::operator::confirm;
-use super::output::{errln, outln};
 use super::selection::SelectionArgs;
 use crate::operations::{ActAnswer, ActRequest, Actor, Operations, Verb};
+use crate::output::{errln, outln};
 
 /// Confirmation and output options of the bulk verbs.
 #[derive(Debug, Args)]

@@ -2,9 +2,9 @@
 
 use clap::Args;
 
-use super::output::{errln, outln};
 use super::table;
 use crate::operations::{AuditRequest, Operations};
+use crate::output::{errln, outln};
 
 /// Options of `redrive audit`.
 #[derive(Debug, Args)]

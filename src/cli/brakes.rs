@@ -3,9 +3,9 @@
 
 use clap::Subcommand;
 
-use super::output::outln;
 use super::table;
 use crate::operations::{Actor, EngageRequest, Operations, ReasonRequest};
+use crate::output::outln;
 
 /// `redrive brakes ...`
 #[derive(Debug, Subcommand)]

@@ -2,9 +2,9 @@
 
 use clap::Subcommand;
 
-use super::output::outln;
 use super::table;
 use crate::operations::{Actor, Operations, ReasonRequest};
+use crate::output::outln;
 use crate::store::BreakerCommand;
 
 /// `redrive breakers ...`

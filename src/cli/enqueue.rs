@@ -6,10 +6,10 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::output::outln;
 use crate::config::{parse_duration, Settings};
 use crate::fleet::Fleet;
 use crate::headers::Header;
+use crate::output::outln;
 use crate::store::{Enqueued, Store};
 use crate::task::{Failure, NewTask, TaskId};
 

@@ -1,10 +1,10 @@
 //! `redrive tasks groups`: what broke, grouped by cause, as a table or JSON.
 
-use super::output::{errln, outln};
 use super::selection::FilterArgs;
 use super::table;
 use super::watch::WatchArgs;
 use crate::operations::{GroupParams, Operations};
+use crate::output::{errln, outln};
 use crate::store::{GroupBy, Groups, Searched, TaskFilter};
 use crate::task::Status;
 use clap::Args;

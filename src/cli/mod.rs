@@ -11,9 +11,9 @@ use crate::config::Settings;
 use crate::demo::{self, DemoOptions};
 use crate::fleet::{Fleet, FleetBuilder};
 use crate::operations::Operations;
+use crate::output::outln;
 use crate::store::Store;
 use crate::telemetry;
-use output::outln;
 
 mod act;
 mod alerts;
@@ -24,7 +24,6 @@ mod enqueue;
 mod groups;
 mod members;
 mod operator;
-pub(crate) mod output;
 mod replays;
 mod selection;
 mod show;

@@ -3,7 +3,7 @@
 use anyhow::{bail, Context};
 use std::io::{IsTerminal, Write};
 
-use super::output::err;
+use crate::output::err;
 
 /// Asks `question` on the terminal; true to go on. Off a terminal (a script, a pipe)
 /// there is no one to ask: refused unless `yes` (`--yes`).

@@ -7,11 +7,11 @@ use std::io::IsTerminal;
 use tokio_util::sync::CancellationToken;
 
 use super::operator::confirm;
-use super::output::{errln, outln};
 use super::selection::FilterArgs;
 use super::table;
 use crate::fleet::{cancel_on_signal, Fleet};
 use crate::operations::{Actor, Operations, PageRequest, ReplayPreview, ReplayRequest, Runner};
+use crate::output::{errln, outln};
 use crate::replay::Replayer;
 use crate::store::{ReplayJob, Store};
 

@@ -9,9 +9,9 @@
 use clap::Args;
 use std::fmt::Write;
 
-use super::output::outln;
 use super::table;
 use crate::operations::Operations;
+use crate::output::outln;
 use crate::readable::Readable;
 use crate::store::{Attempt, TaskDetail, TaskSummary};
 use crate::when::{at, at_from_now};

@@ -3,8 +3,8 @@
 use serde::Serialize;
 use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
 
-use super::output::{errln, out, outln};
 use crate::operations::Page;
+use crate::output::{errln, out, outln};
 
 /// Prints a list verb's `page`: with `json`, the list envelope as the API answers it;
 /// else one `row` per item under `header` (or `nothing` when it is empty), then the

@@ -4,7 +4,6 @@ use clap::{Args, Subcommand};
 
 use super::act::{bulk, request, DecideArgs, ResolveArgs, RetryArgs};
 use super::groups;
-use super::output::{errln, outln};
 use super::replays::{run_in_foreground, ReplayArgs};
 use super::selection::FilterArgs;
 use super::show::{self, ShowArgs};
@@ -12,6 +11,7 @@ use super::table;
 use super::watch::{self, StatsArgs, WatchArgs};
 use crate::fleet::Fleet;
 use crate::operations::{ActRequest, Operations, PageRequest, Verb};
+use crate::output::{errln, outln};
 
 /// The task verbs.
 #[derive(Debug, Subcommand)]

@@ -29,9 +29,15 @@ mod strings;
 mod targets;
 mod webhook;
 
-/// Fixed amounts of a member's work in flight: claim loops per worker pool, ingest
-/// batches written at once.
-pub use crate::{ingest::FLUSHES_IN_FLIGHT, worker::CLAIM_LOOPS};
+/// Claim loops per worker pool: two keep one claim's round trip overlapping the other's.
+/// A fixed amount of a member's work in flight, as [`FLUSHES_IN_FLIGHT`] is: the checks
+/// of the pool's sizes count with them.
+pub const CLAIM_LOOPS: usize = 2;
+
+/// Ingest batches written at once: enough to overlap one insert's commit with the next
+/// batch's round trip. Ingest holds at most this many batches plus the one being filled.
+pub const FLUSHES_IN_FLIGHT: usize = 3;
+
 pub use admin::{AdminSettings, AdminToken, RetentionSettings, Role, MIN_TOKEN_CHARS};
 pub use brake::BrakeSettings;
 pub(crate) use checks::{is_internal_topic, target_problem, target_topic, topic_problem};

@@ -8,25 +8,11 @@ use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
 use super::{HandlerContext, HandlerError, Policy, Registered};
-use crate::task::{AttemptKind, Cause, FinishOutcome, Task};
+use crate::task::{AttemptKind, Cause, FinishOutcome, Task, Verdict};
 
 /// The longest delay before a retry: a larger backoff or Retry-After is clamped to it,
 /// so adding it to the current time can never overflow.
 pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(366 * 24 * 3600);
-
-/// How the handler answered, for a circuit breaker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// The handler was not called (no attempts left).
-    NotCalled,
-    /// It succeeded, or failed permanently: the downstream answered.
-    Answered,
-    /// It failed transiently (an error or a timeout).
-    Transient,
-    /// It panicked: a transient failure for the task and the breaker, and a failure of
-    /// the handler's own for the bad-deploy brake.
-    Panicked,
-}
 
 /// What one attempt decided.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,5 +1,8 @@
-//! The handler API: what developers implement to retry a failure.
+//! The handler API: what developers implement to retry a failure, and how a member calls
+//! one: [`invoke`] (timeouts, panics, verdicts) under the fleet's breakers as this member
+//! follows them ([`breakers`]).
 
+pub(crate) mod breakers;
 #[cfg(feature = "demo")]
 pub(crate) mod faults;
 pub mod invoke;
@@ -81,7 +84,7 @@ pub struct HandlerContext {
 impl HandlerContext {
     /// A context for attempt `attempt` with nowhere to save a checkpoint
     /// ([`HandlerContext::save_checkpoint`] answers `Unavailable`); a handler's tests
-    /// get one that keeps it from [`crate::testing`].
+    /// get one that keeps it from `redrive::testing` (its `HandlerTest`).
     pub fn new(
         worker_id: impl Into<String>,
         attempt: u32,

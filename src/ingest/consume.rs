@@ -18,16 +18,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::brake::{Paused, FOLLOW_EVERY};
 use super::context::IngestContext;
-use super::flush::{FlushError, Flusher, Offsets};
+use super::flush::{FlushError, Flusher};
 use super::in_flight::FlushesInFlight;
+use super::offsets::Offsets;
 use super::{IngestError, IngestProgress};
-use crate::config::IngestSettings;
+use crate::config::{IngestSettings, FLUSHES_IN_FLIGHT};
 use crate::kafka::message::Consumed;
 use crate::telemetry::Metrics;
-
-/// Batches being written at once: enough to overlap one insert's commit with the next
-/// batch's round trip. Ingest holds at most this many batches plus the one being filled.
-pub const FLUSHES_IN_FLIGHT: usize = 3;
 
 /// How often the latest offsets are committed again, so that a refused commit of an
 /// idle partition is not the last word.

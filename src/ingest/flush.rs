@@ -5,7 +5,6 @@
 //! tasks, and only then report the offsets that may be committed.
 
 use rdkafka::message::Message;
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use tracing::Instrument;
@@ -13,6 +12,7 @@ use tracing::Instrument;
 use super::brake::Brakes;
 use super::lineage;
 use super::mapping::{append_note, collision, minimal_form, to_task};
+use super::offsets::Offsets;
 use super::originals::Originals;
 use super::outage::StoreOutage;
 use super::outcome;
@@ -25,9 +25,6 @@ use crate::kafka::message::Consumed;
 use crate::store::{Enqueued, Store, StoreError};
 use crate::task::{NewTask, Status, TaskId};
 use crate::telemetry::{DatabaseFailed, DbOp, Metrics};
-
-/// Next offset to commit per (topic, partition).
-pub(crate) type Offsets = BTreeMap<(String, i32), i64>;
 
 /// Why a batch cannot be persisted; its offsets and every later batch's stay uncommitted.
 #[derive(Debug, thiserror::Error)]
@@ -311,7 +308,7 @@ fn is_data_error(error: &StoreError) -> bool {
 mod tests {
     use super::*;
     use crate::config::{RouteMode, RouteSettings};
-    use crate::resilience::follower::BreakerFollower;
+    use crate::handlers::breakers::BreakerFollower;
 
     /// Regression: a message on a topic that no route claimed was logged and dropped,
     /// and its offset committed. It is an error now, and the batch reports no offsets.
@@ -340,7 +337,7 @@ mod tests {
                 breakers: Arc::new(BreakerFollower::new(
                     Store::unreachable_for_test(),
                     Metrics::new(),
-                    &BTreeMap::new(),
+                    &std::collections::BTreeMap::new(),
                     &[],
                 )),
                 handlers: Arc::default(),

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::flush::Offsets;
+use super::offsets::Offsets;
 
 /// How long a rebalance waits for the flushes holding a revoked partition. Past it the
 /// partition is given up uncommitted: its new owner gets its messages again (stored

@@ -10,13 +10,13 @@ mod in_flight;
 mod lineage;
 mod lives;
 mod mapping;
+mod offsets;
 mod originals;
 mod outage;
 mod outcome;
 mod process;
 mod routes;
 
-pub use consume::FLUSHES_IN_FLIGHT;
 pub use flush::FlushError;
 
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -29,9 +29,9 @@ use crate::parts::Watch;
 
 use crate::config::{IngestSettings, KafkaSettings, Settings, Targets};
 use crate::finals::Finals;
+use crate::handlers::breakers::BreakerFollower;
 use crate::handlers::Registered;
 use crate::kafka::{consumer_config, redact_error};
-use crate::resilience::follower::BreakerFollower;
 use crate::store::Store;
 use crate::telemetry::Metrics;
 use brake::Brakes;

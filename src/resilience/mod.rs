@@ -3,8 +3,8 @@
 //!
 //! - [`breaker`]: a handler's circuit breaker as a pure state machine; its state lives in
 //!   PostgreSQL (`recovery_breaker`, `store/breakers.rs`) so the whole fleet shares it.
-//! - `follower`: the one follower of the fleet's breakers per member, started by the
-//!   member and shared by the worker's claim loops and process-mode ingest.
+//!   The member's view of them, the one follower of the fleet's breakers per member, is
+//!   beside the invocation it guards (`handlers/breakers.rs`).
 //! - `window`: the sliding window and threshold of the bad-deploy brake; the brake's
 //!   fleet row is in `store/brakes.rs`, pausing a route's partitions (any route: an
 //!   operator may engage one, `operations/brakes.rs`) in `ingest/brake.rs`.
@@ -13,5 +13,4 @@
 //! (`worker/admission.rs`).
 
 pub mod breaker;
-pub(crate) mod follower;
 pub(crate) mod window;

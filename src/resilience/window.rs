@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::config::BrakeSettings;
-use crate::handlers::invoke::Verdict;
+use crate::task::Verdict;
 
 /// What an inline attempt says about the deploy of its route's handler: `Some(true)` a
 /// failure of the handler's own, `Some(false)` a success, `None` nothing. The brake is

@@ -1,5 +1,6 @@
-//! The vocabulary of attempt outcomes: what an attempt decided for its task, and what
-//! its row in the attempt history (`recovery_attempt.outcome`) says happened.
+//! The vocabulary of attempt outcomes: how the handler answered (for the breakers and
+//! brakes), what an attempt decided for its task, and what its row in the attempt
+//! history (`recovery_attempt.outcome`) says happened.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -7,6 +8,20 @@ use std::fmt;
 use std::str::FromStr;
 
 use super::Status;
+
+/// How the handler answered, for a circuit breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The handler was not called (no attempts left).
+    NotCalled,
+    /// It succeeded, or failed permanently: the downstream answered.
+    Answered,
+    /// It failed transiently (an error or a timeout).
+    Transient,
+    /// It panicked: a transient failure for the task and the breaker, and a failure of
+    /// the handler's own for the bad-deploy brake.
+    Panicked,
+}
 
 /// What an attempt decided for its task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

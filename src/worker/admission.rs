@@ -10,10 +10,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{BreakerSettings, HandlerSettings};
-use crate::handlers::invoke::Verdict;
+use crate::handlers::breakers::BreakerFollower;
 use crate::resilience::breaker::BreakerState;
-use crate::resilience::follower::BreakerFollower;
 use crate::store::Store;
+use crate::task::Verdict;
 
 /// How often a member recounts the live workers its rate shares divide by.
 pub(crate) const RATE_SHARE_EVERY: Duration = Duration::from_secs(2);

@@ -2,10 +2,11 @@
 
 use tokio_util::sync::CancellationToken;
 
-use crate::handlers::invoke::{invoke, Verdict};
+use crate::handlers::invoke::invoke;
 use crate::handlers::{HandlerContext, RecoveryPoints, Registered};
 use crate::store::{Finish, Store};
 use crate::task::Task;
+use crate::task::Verdict;
 
 /// Runs one attempt of `task`: the result to write, and how the handler answered.
 /// `lease_lost` is handed to the handler as its cancellation signal; the handler's

@@ -18,9 +18,6 @@ use crate::store::{Claimed, Store};
 use crate::task::{Status, Task};
 use crate::telemetry::{DatabaseFailed, DbOp, Metrics};
 
-/// Claim loops per pool: two keep one claim's round trip overlapping the other's.
-pub const CLAIM_LOOPS: usize = 2;
-
 /// What one claim round took, and the statement that failed, if one did.
 struct ClaimRound {
     /// When the round's first statement was sent: no lease of it began earlier.

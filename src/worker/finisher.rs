@@ -11,9 +11,8 @@ use super::admission::Admission;
 use super::inflight::{say_calls_stopped, InFlight};
 use crate::backoff::Pause;
 use crate::finals::Finals;
-use crate::handlers::invoke::Verdict;
 use crate::store::{Finish, Store};
-use crate::task::{FinishOutcome, Lease, Task};
+use crate::task::{FinishOutcome, Lease, Task, Verdict};
 use crate::telemetry::{log_attempt, AttemptLine, DatabaseFailed, DbOp, Metrics};
 
 /// Finish statements in flight at once: enough to overlap one batch's commit with the

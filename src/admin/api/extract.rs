@@ -6,7 +6,7 @@ use axum::extract::{Path, Query};
 use axum::Json;
 use serde::de::DeserializeOwned;
 
-use super::error::ApiError;
+use crate::admin::error::ApiError;
 use crate::operations::PageRequest;
 
 /// A query string read into `T`.

@@ -13,6 +13,7 @@ use axum::Extension;
 use maud::{html, Markup};
 use serde_json::Value;
 
+use super::chart::outcome_class;
 use super::error::PageError;
 use super::filter;
 use super::layout::{self, Nav};
@@ -64,7 +65,7 @@ fn actions(id: TaskId) -> Markup {
     html! {
         form.task-actions method="post" action="/console/actions/preview" {
             input type="hidden" name="id" value=(id);
-            @for (verb, label) in super::tasks::VERBS.iter().filter(|(v, _)| *v != "replay") {
+            @for (verb, label) in super::form::VERBS.iter().filter(|(v, _)| *v != "replay") {
                 button type="submit" name="verb" value=(verb)
                     class=[(*verb == "discard").then_some("danger")] { (label) "…" }
             }
@@ -312,16 +313,6 @@ fn history(attempts: &[Attempt]) -> Markup {
                 }
             }
         }
-    }
-}
-
-/// The chart and badge colour of an attempt outcome.
-pub(crate) fn outcome_class(outcome: &str) -> &'static str {
-    match outcome {
-        "resolved" => "ok",
-        "retry" | "lease_expired" | "released" => "retry",
-        "permanent_failure" => "failed",
-        _ => "other",
     }
 }
 

@@ -11,10 +11,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::breaker::{Breaker, BreakerState, Tally, Transition};
 use crate::config::{BreakerSettings, HandlerSettings};
-use crate::handlers::invoke::Verdict;
+use crate::resilience::breaker::{Breaker, BreakerState, Tally, Transition};
 use crate::store::Store;
+use crate::task::Verdict;
 use crate::telemetry::Metrics;
 
 /// How often a member reports its tallies and reads the breakers.

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::error::PageError;
 use super::filter::list_url;
+use super::filter::ListChoices;
 use super::fleet::{brakes_table, breakers_table, members_table};
 use super::layout::{self, thousands, Nav};
 use super::{broke, chart, Console, Shared};
@@ -125,20 +126,6 @@ pub(crate) async fn list_choices(console: &Console, handler: Option<&str>) -> Li
         handlers: handlers.into_iter().collect(),
         routes: s.brakes.iter().map(|b| b.route.clone()).collect(),
     }
-}
-
-/// The task list's status counts and names to choose from (see [`list_choices`]).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct ListChoices {
-    /// Tasks per status of [`super::filter::STATUSES`], and when they were counted.
-    pub counts: Option<([i64; 4], DateTime<Utc>)>,
-    /// Every handler with tasks, a breaker, or a member serving it by name.
-    pub handlers: Vec<String>,
-    /// Every configured route (and every route whose brake ever engaged).
-    pub routes: Vec<String>,
-    /// The handlers whose breaker an operator forced open: their tasks wait until it is
-    /// released, whatever their next attempt's time says.
-    pub forced_open: Vec<String>,
 }
 
 /// `GET /console/`.

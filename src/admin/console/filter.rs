@@ -10,7 +10,6 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use maud::{html, Markup};
 
 use super::layout::thousands;
-use super::overview::ListChoices;
 use crate::operations::{FilterParams, StatusNames};
 use crate::store::{TaskFilter, MAX_PAGE, SEARCH_MAX_BYTES, SEARCH_SCAN};
 use crate::task::{Status, TaskId};
@@ -307,6 +306,20 @@ fn choice(name: &str, label: &str, current: Option<&str>, names: &[String]) -> M
             }
         }
     }
+}
+
+/// The task list's status counts and names to choose from (see [`super::overview::list_choices`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ListChoices {
+    /// Tasks per status of [`STATUSES`], and when they were counted.
+    pub counts: Option<([i64; 4], DateTime<Utc>)>,
+    /// Every handler with tasks, a breaker, or a member serving it by name.
+    pub handlers: Vec<String>,
+    /// Every configured route (and every route whose brake ever engaged).
+    pub routes: Vec<String>,
+    /// The handlers whose breaker an operator forced open: their tasks wait until it is
+    /// released, whatever their next attempt's time says.
+    pub forced_open: Vec<String>,
 }
 
 /// The filter as a compact bar: the status tabs with their counts, the search box,

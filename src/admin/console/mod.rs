@@ -30,6 +30,7 @@ mod actions;
 mod assets;
 mod audit;
 mod broke;
+mod cause_query;
 mod causes;
 mod chart;
 mod commands;
@@ -38,6 +39,7 @@ mod detail;
 mod error;
 mod filter;
 mod fleet;
+mod form;
 mod jobs;
 mod layout;
 mod login;
@@ -53,7 +55,7 @@ use axum::{middleware, Router};
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 
-use crate::admin::Tokens;
+use crate::admin::auth::Tokens;
 use crate::operations::Operations;
 
 pub(crate) use security::secure_headers;

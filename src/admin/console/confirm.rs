@@ -5,7 +5,7 @@
 use axum::response::Html;
 use maud::{html, Markup};
 
-use super::actions::ActionForm;
+use super::form::ActionForm;
 use super::layout::{self, Nav};
 use crate::operations::{ActAnswer, Actor, ReplayPreview, Verb};
 use crate::store::{CauseView, TaskSummary};

@@ -24,14 +24,6 @@ use crate::config::Role;
 use crate::operations::{Actor, Page, PageRequest};
 use crate::store::{Searched, TaskSummary};
 
-/// The verbs offered on the list and a task's page: value and label.
-pub(crate) const VERBS: [(&str, &str); 4] = [
-    ("retry", "Retry"),
-    ("discard", "Discard"),
-    ("resolve", "Resolve"),
-    ("replay", "Replay"),
-];
-
 /// `GET /console/tasks`: the list.
 pub(crate) async fn page(
     State(console): Shared,
@@ -101,7 +93,7 @@ pub(crate) async fn page(
 async fn tab_counts(
     console: &super::Console,
     filter: &crate::store::TaskFilter,
-    choices: &super::overview::ListChoices,
+    choices: &super::filter::ListChoices,
 ) -> Result<filter::TabCounts, PageError> {
     use crate::store::TaskFilter;
     let narrowed = TaskFilter {
@@ -283,7 +275,7 @@ fn actions(params: &ListParams, matching: Matching) -> Markup {
                 }
             }
             span.buttons {
-                @for (verb, label) in VERBS {
+                @for (verb, label) in super::form::VERBS {
                     @if !(searched && verb == "replay") {
                         button type="submit" name="verb" value=(verb)
                             class=[(verb == "discard").then_some("danger")] { (label) "…" }

@@ -75,7 +75,7 @@ fn group_url(by: GroupBy, group: &Group, filter: &TaskFilter) -> Option<(String,
         // A blank class (a row written by hand: ingest says `unclassified`) has no
         // address of its own: `?class=` is every class.
         GroupBy::Class if key.trim().is_empty() => return None,
-        GroupBy::Class => (super::causes::class_url(&key), "causes →"),
+        GroupBy::Class => (super::cause_query::class_url(&key), "causes →"),
         GroupBy::Handler => (
             listed(TaskFilter {
                 handler: Some(key),

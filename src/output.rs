@@ -31,31 +31,31 @@ pub fn write(mut out: impl Write, args: Arguments<'_>, newline: bool) {
 /// `println!` for the verbs' results.
 macro_rules! outln {
     () => {
-        $crate::cli::output::write(::std::io::stdout().lock(), format_args!(""), true)
+        $crate::output::write(::std::io::stdout().lock(), format_args!(""), true)
     };
     ($($arg:tt)*) => {
-        $crate::cli::output::write(::std::io::stdout().lock(), format_args!($($arg)*), true)
+        $crate::output::write(::std::io::stdout().lock(), format_args!($($arg)*), true)
     };
 }
 
 /// `print!` for the verbs' results.
 macro_rules! out {
     ($($arg:tt)*) => {
-        $crate::cli::output::write(::std::io::stdout().lock(), format_args!($($arg)*), false)
+        $crate::output::write(::std::io::stdout().lock(), format_args!($($arg)*), false)
     };
 }
 
 /// `eprintln!` for the verbs' remarks.
 macro_rules! errln {
     ($($arg:tt)*) => {
-        $crate::cli::output::write(::std::io::stderr().lock(), format_args!($($arg)*), true)
+        $crate::output::write(::std::io::stderr().lock(), format_args!($($arg)*), true)
     };
 }
 
 /// `eprint!` for the verbs' questions.
 macro_rules! err {
     ($($arg:tt)*) => {
-        $crate::cli::output::write(::std::io::stderr().lock(), format_args!($($arg)*), false)
+        $crate::output::write(::std::io::stderr().lock(), format_args!($($arg)*), false)
     };
 }
 

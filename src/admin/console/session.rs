@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use super::error::PageError;
 use super::Console;
-use crate::admin::Tokens;
+use crate::admin::auth::Tokens;
 use crate::config::Role;
 use crate::operations::Actor;
 use crate::readable::hex;

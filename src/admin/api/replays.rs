@@ -6,9 +6,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
-use super::error::{ApiError, ErrorBody};
 use super::extract::{body, id, query};
 use super::Shared;
+use crate::admin::error::{ApiError, ErrorBody};
 use crate::operations::{Actor, Page, PageRequest, ReplayPreview, ReplayRequest, Runner};
 use crate::store::ReplayJob;
 

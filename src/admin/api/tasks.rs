@@ -5,9 +5,9 @@ use axum::extract::{Path, RawQuery, State};
 use axum::{Extension, Json};
 use std::sync::Arc;
 
-use super::error::{ApiError, ErrorBody};
 use super::extract::{body, id, paged, split};
 use super::Shared;
+use crate::admin::error::{ApiError, ErrorBody};
 use crate::operations::{
     ActAnswer, ActRequest, Actor, FilterParams, GroupParams, Operations, Page, PageRequest, Verb,
     GROUP_PARAMS,

@@ -4,9 +4,9 @@ use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::{Extension, Json};
 
-use super::error::{ApiError, ErrorBody};
 use super::extract::{body, name, query};
 use super::Shared;
+use crate::admin::error::{ApiError, ErrorBody};
 use crate::operations::{Actor, AuditRequest, EngageRequest, Operations, Page, ReasonRequest};
 use crate::resilience::breaker::Breaker;
 use crate::store::{AuditEntry, Brake, BreakerCommand, Member};

@@ -6,7 +6,6 @@
 use maud::{html, Markup};
 use std::collections::BTreeMap;
 
-use super::detail::outcome_class;
 use crate::store::OutcomeMinute;
 
 const MINUTES: i32 = 60;
@@ -22,6 +21,16 @@ const LEGEND: [(&str, &str); 4] = [
     ("failed", "permanent failure"),
     ("other", "other"),
 ];
+
+/// The chart and badge colour of an attempt outcome.
+pub(crate) fn outcome_class(outcome: &str) -> &'static str {
+    match outcome {
+        "resolved" => "ok",
+        "retry" | "lease_expired" | "released" => "retry",
+        "permanent_failure" => "failed",
+        _ => "other",
+    }
+}
 
 /// The chart of `minutes` (as [`crate::store::Store::outcome_minutes`] reads them).
 pub(crate) fn outcomes(minutes: &[OutcomeMinute]) -> Markup {
