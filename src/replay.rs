@@ -9,21 +9,17 @@
 //! target partitions from the recorded marks, learns which of the batch's tasks are
 //! already there, and produces only the others.
 
-use indicatif::ProgressBar;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
 use rdkafka::producer::FutureProducer;
-use rdkafka::{Offset, TopicPartitionList};
 use std::collections::{BTreeSet, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{is_internal_topic, replay_loop, KafkaSettings, RouteSettings};
 use crate::kafka::context::QuietContext;
 use crate::kafka::dlt::own;
-use crate::kafka::message::Consumed;
 use crate::kafka::produce::{is_permanent, produce_task};
-use crate::kafka::{client_config, producer_config, redact_error};
+use crate::kafka::reader::{ReadError, Reader};
+use crate::kafka::{producer_config, redact_error};
 use crate::store::{apply_batch, Action, Marks, NewReplay, Operator, ReplayJob, Store, StoreError};
 use crate::task::{Task, TaskId};
 use crate::telemetry::Metrics;
@@ -35,8 +31,6 @@ const REPLAY_BATCH_BYTES: i64 = 16 * 1024 * 1024;
 /// How often a runner renews its hold on the job, and so how soon it learns of a
 /// cancel: within about this long, the messages in flight then aside.
 const BEAT_EVERY: Duration = Duration::from_secs(1);
-/// Longest wait for Kafka metadata, watermarks or a read-back.
-const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest wait for the metadata of a replay's topics before it is recorded: an
 /// operator waits for the answer (an unreachable cluster is told within this).
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -58,6 +52,15 @@ pub enum ReplayError {
     Invalid(String),
 }
 
+impl From<ReadError> for ReplayError {
+    fn from(error: ReadError) -> Self {
+        match error {
+            ReadError::Kafka(why) => ReplayError::Kafka(why),
+            ReadError::UnknownTopic(topic) => ReplayError::UnknownTopic(topic),
+        }
+    }
+}
+
 /// Checks a replay before it is recorded: [`replay_topics`], and every topic it would
 /// produce to exists. Nothing is produced.
 pub async fn check_replay(
@@ -75,13 +78,13 @@ pub async fn check_replay(
             reader
                 .partitions_within(&topic, CHECK_TIMEOUT)
                 .map_err(|error| match error {
-                    ReplayError::Kafka(why) => ReplayError::Kafka(format!(
+                    ReadError::Kafka(why) => ReplayError::Kafka(format!(
                         "cannot check topic {topic:?} with the bootstrap servers {} within \
                          {}s: {why}; nothing was recorded or produced",
                         kafka.bootstrap_servers,
                         CHECK_TIMEOUT.as_secs()
                     )),
-                    other => other,
+                    other => other.into(),
                 })?;
         }
         Ok(())
@@ -147,6 +150,11 @@ async fn refuse_loop(
     }
 }
 
+/// How far a running job is, told at its start and after each batch: the tasks it has
+/// handled (produced or skipped) and its total. A CLI draws a bar with it; a fleet
+/// member, running jobs in the background, tells no one.
+pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Send + Sync);
+
 /// Runs replay jobs for one runner (a CLI or a fleet member).
 pub struct Replayer {
     store: Store,
@@ -192,11 +200,12 @@ impl Replayer {
 
     /// Runs `job` (already taken by this runner) until it is done, cancelled, taken
     /// over, `stop` fires, or an error stops it (recorded on the job as `failed`, to be
-    /// resumed). Answers the job as it is afterwards.
+    /// resumed). Tells `progress` how far it is (see [`Progress`]). Answers the job as it
+    /// is afterwards.
     pub async fn run(
         &self,
         job: ReplayJob,
-        progress: &ProgressBar,
+        progress: Progress<'_>,
         stop: &CancellationToken,
     ) -> Result<ReplayJob, ReplayError> {
         let id = job.id;
@@ -241,7 +250,7 @@ impl Replayer {
     async fn produce_all(
         &self,
         job: ReplayJob,
-        progress: &ProgressBar,
+        progress: Progress<'_>,
         lost: &CancellationToken,
     ) -> Result<(), ReplayError> {
         let producer: FutureProducer<QuietContext> =
@@ -249,8 +258,9 @@ impl Replayer {
                 .create_with_context(QuietContext::default())
                 .map_err(|e| ReplayError::Kafka(redact_error(e, &self.kafka).to_string()))?;
         let limiter = job.rate.map(|rate| crate::rate::limiter(rate, 1));
-        progress.set_length(job.total.unwrap_or(0).max(0) as u64);
-        progress.set_position((job.produced + job.skipped).max(0) as u64);
+        let total = job.total.unwrap_or(0).max(0) as u64;
+        let mut done = (job.produced + job.skipped).max(0) as u64;
+        progress(done, total);
         let operator = Operator {
             actor: job.actor.clone(),
             reason: Some(format!("replayed by job {}", job.id)),
@@ -289,7 +299,7 @@ impl Replayer {
                     continue;
                 }
                 self.store.finish_replay(job.id, &self.runner, None).await?;
-                progress.finish();
+                progress(done.max(total), done.max(total));
                 return Ok(());
             };
             let already: HashSet<i64> = match &pending {
@@ -381,7 +391,8 @@ impl Replayer {
             if !ours.await? || lost.is_cancelled() {
                 return Ok(());
             }
-            progress.inc((sent.len() + skipped as usize) as u64);
+            done += (sent.len() + skipped as usize) as u64;
+            progress(done, total);
             cursor = upto;
             pending = rest;
         }
@@ -484,126 +495,5 @@ async fn keep_hold(store: Store, id: i64, runner: String, lost: CancellationToke
             }
             Err(error) => tracing::warn!(job = id, %error, "cannot renew the replay's hold"),
         }
-    }
-}
-
-/// Reads Kafka metadata and partitions (blocking calls, run off the async threads).
-struct Reader {
-    consumer: BaseConsumer<QuietContext>,
-    kafka: KafkaSettings,
-}
-
-impl Reader {
-    fn new(kafka: &KafkaSettings) -> Result<Reader, ReplayError> {
-        let consumer = client_config(kafka, crate::kafka::ClientRole::Consumer)
-            .set("group.id", "redrive-replay-reader")
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("allow.auto.create.topics", "false")
-            .set("enable.partition.eof", "true")
-            .create_with_context(QuietContext::default())
-            .map_err(|e| ReplayError::Kafka(redact_error(e, kafka).to_string()))?;
-        Ok(Reader {
-            consumer,
-            kafka: kafka.clone(),
-        })
-    }
-
-    fn kafka_error(&self, error: rdkafka::error::KafkaError) -> ReplayError {
-        ReplayError::Kafka(redact_error(error, &self.kafka).to_string())
-    }
-
-    /// The partitions of `topic`; an error when it does not exist.
-    fn partitions(&self, topic: &str) -> Result<Vec<i32>, ReplayError> {
-        self.partitions_within(topic, KAFKA_TIMEOUT)
-    }
-
-    /// [`Reader::partitions`], waiting at most `timeout` for the metadata.
-    fn partitions_within(&self, topic: &str, timeout: Duration) -> Result<Vec<i32>, ReplayError> {
-        let metadata = self
-            .consumer
-            .fetch_metadata(Some(topic), timeout)
-            .map_err(|e| self.kafka_error(e))?;
-        let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else {
-            return Err(ReplayError::UnknownTopic(topic.to_owned()));
-        };
-        if found.error().is_some() || found.partitions().is_empty() {
-            return Err(ReplayError::UnknownTopic(topic.to_owned()));
-        }
-        Ok(found.partitions().iter().map(|p| p.id()).collect())
-    }
-
-    fn high_watermark(&self, topic: &str, partition: i32) -> Result<i64, ReplayError> {
-        let (_, high) = self
-            .consumer
-            .fetch_watermarks(topic, partition, KAFKA_TIMEOUT)
-            .map_err(|e| self.kafka_error(e))?;
-        Ok(high)
-    }
-
-    /// Task ids of job `job` found on the marked partitions past their marks.
-    fn replayed_since(&self, job: i64, marks: &Marks) -> Result<HashSet<i64>, ReplayError> {
-        let mut assignment = TopicPartitionList::new();
-        let mut remaining = 0;
-        let mut ends = std::collections::HashMap::new();
-        for (topic, partitions) in marks {
-            for (&partition, &mark) in partitions {
-                let end = self.high_watermark(topic, partition)?;
-                if end > mark {
-                    assignment
-                        .add_partition_offset(topic, partition, Offset::Offset(mark))
-                        .map_err(|e| self.kafka_error(e))?;
-                    ends.insert((topic.clone(), partition), end);
-                    remaining += 1;
-                }
-            }
-        }
-        let mut found = HashSet::new();
-        if remaining == 0 {
-            return Ok(found);
-        }
-        self.consumer
-            .assign(&assignment)
-            .map_err(|e| self.kafka_error(e))?;
-        let prefix = format!("{job}:");
-        let deadline = Instant::now() + KAFKA_TIMEOUT;
-        let mut finished = HashSet::new();
-        while finished.len() < remaining {
-            if Instant::now() > deadline {
-                return Err(ReplayError::Kafka(
-                    "timed out reading back the pending batch from the target topics".into(),
-                ));
-            }
-            let Some(polled) = self.consumer.poll(Duration::from_millis(500)) else {
-                continue;
-            };
-            let message = match polled {
-                Ok(message) => message,
-                Err(rdkafka::error::KafkaError::PartitionEOF(_)) => continue,
-                Err(error) => return Err(self.kafka_error(error)),
-            };
-            let place = (message.topic().to_owned(), message.partition());
-            // Read byte-safely: rdkafka's own accessors panic on a name that is not UTF-8.
-            for header in Consumed::new(&message).headers {
-                if !header.name_is(own::REPLAY) {
-                    continue;
-                }
-                let task = header
-                    .value
-                    .as_deref()
-                    .and_then(|v| v.strip_prefix(prefix.as_bytes()))
-                    .and_then(|v| crate::kafka::dlt::number(v, false));
-                if let Some(task) = task {
-                    found.insert(task);
-                }
-            }
-            if ends
-                .get(&place)
-                .is_some_and(|&end| message.offset() + 1 >= end)
-            {
-                finished.insert(place);
-            }
-        }
-        Ok(found)
     }
 }

@@ -220,7 +220,11 @@ async fn foreground(replayer: &Replayer, job: ReplayJob, json: bool) -> anyhow::
     };
     let stop = CancellationToken::new();
     let signals = tokio::spawn(cancel_on_signal(stop.clone()));
-    let outcome = replayer.run(job, &progress, &stop).await;
+    let bar = |done: u64, total: u64| {
+        progress.set_length(total);
+        progress.set_position(done);
+    };
+    let outcome = replayer.run(job, &bar, &stop).await;
     signals.abort();
     progress.abandon();
     let job = outcome?;

@@ -3,7 +3,6 @@
 //! outages: an error is logged once per change and the loop tries again later.
 
 use futures::FutureExt;
-use indicatif::ProgressBar;
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -174,8 +173,7 @@ pub async fn run_detached_replays(
                 trouble.ok("looking for replay jobs");
                 let id = job.id;
                 tracing::info!(job = id, "running a replay job");
-                let hidden = ProgressBar::hidden();
-                let run = replayer.run(job, &hidden, &shutdown);
+                let run = replayer.run(job, &|_, _| {}, &shutdown);
                 match AssertUnwindSafe(run).catch_unwind().await {
                     Ok(Ok(job)) => tracing::info!(
                         job = id,

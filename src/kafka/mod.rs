@@ -6,6 +6,7 @@ pub mod dlt;
 pub mod fetch;
 pub mod message;
 pub mod produce;
+pub mod reader;
 pub mod roles;
 
 use rdkafka::error::KafkaError;

@@ -5,7 +5,6 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::filter::{bind_selection, Selection, TaskFilter, CONDITION};
@@ -17,9 +16,7 @@ use crate::task::Task;
 /// A runner that has not beaten for this long has stopped; another may take the job.
 pub const REPLAY_STALE_AFTER: Duration = Duration::from_secs(30);
 
-/// Where a target partition ended before a batch was produced: topic → partition → the
-/// high watermark. A resume reads from there to learn what the batch already wrote.
-pub type Marks = BTreeMap<String, BTreeMap<i32, i64>>;
+pub use crate::kafka::reader::Marks;
 
 /// A replay job, as listed.
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]

@@ -68,7 +68,7 @@ async fn run_to_end(
     replayer
         .run(
             job,
-            &indicatif::ProgressBar::hidden(),
+            &|_, _| {},
             &tokio_util::sync::CancellationToken::new(),
         )
         .await
