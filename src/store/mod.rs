@@ -2,6 +2,45 @@
 //!
 //! Every write made on behalf of a worker matches `(id, lease_version)`: a write whose
 //! fencing token is stale changes nothing, and the caller learns which ids it did change.
+//!
+//! ## What the database does by itself
+//!
+//! Beside the statements of this module, the schema acts on its own; each piece is
+//! written once in `migrations/` and named here with what fires it.
+//!
+//! **Triggers on `recovery_task`** (eleven):
+//! - `recovery_task_inserted` (after an insert statement): notifies `<schema>_due`, which
+//!   wakes the idle claim loops of every member.
+//! - Per-key ordering (rows with an `order_key`):
+//!   - `recovery_task_ordered_insert` (before insert) and `recovery_task_ordered_reopen`
+//!     (before a status change) hold a task that opens while its key has another open
+//!     task (`held`, due at the end of time);
+//!   - `recovery_task_ordered_release` (after an open task ends) makes the key's oldest
+//!     held task due once no unheld open task is left;
+//!   - `recovery_task_ordered_reopened` (after a statement reopens several tasks of a
+//!     key) gives the turn to the key's oldest open task, whatever order the statement
+//!     visited them in.
+//! - Dedup keys (`recovery_task_dedup`): `recovery_task_deleted` and
+//!   `recovery_task_truncated` free the keys of deleted tasks (retention, an operator).
+//! - Key heads (`recovery_task_key_head`, the first 64 bytes of each key, for a list by key):
+//!   `recovery_task_key_head_stored` (insert), `recovery_task_key_head_changed` (a key or
+//!   id changed), `recovery_task_key_head_deleted` and `recovery_task_key_head_truncated`.
+//!
+//! **Functions** the statements call: `recovery_due_at(handler, wanted)`, the one rule of
+//! when a task may run (no earlier than its handler's open breaker's `hold_until`), used
+//! by every path that sets a task due (enqueue, finish, operator actions, the ordering
+//! triggers); `recovery_attempts_allowed` (an attempt budget); `recovery_lock_order_key`
+//! (a key's advisory lock, taken by the ordering triggers); `recovery_headers_hold` (a
+//! search in the stored headers).
+//!
+//! **Notifications**: `<schema>_due` (tasks inserted, see above; a fenced call that
+//! stopped, from [`Store::calls_stopped`]'s statement) and `<schema>_fenced` (an operator
+//! fenced leases or compensation claims: the members holding them cancel their calls).
+//!
+//! **Stopping-call rows** (`recovery_stopping_call`): written by an operator's action on a
+//! task whose call is running (discard, resolve, retry with a new time), one per fenced
+//! lease until its call could have stopped (`ends_by`); the claim passes over the task and
+//! its key while one is there, and the member whose call stopped deletes it.
 
 mod audit;
 mod brakes;
