@@ -4,7 +4,7 @@
 //! - **Pages**: the fleet overview, live-updating
 //!   ([`overview`], opening with what broke, [`broke`], and with the outcome chart of
 //!   [`chart`]); every cause, or the groups by class, handler, route or topic
-//!   ([`causes`]); the task list with every filter
+//!   ([`causes`], its query and links in [`cause_query`]); the task list with every filter
 //!   of [`TaskFilter`](crate::store::TaskFilter) and keyset paging ([`tasks`], the form in
 //!   [`filter`]); a task's detail ([`detail`]); replay jobs with their progress
 //!   ([`replays`]); the audit log ([`audit`]); members, breakers and brakes ([`fleet`]).
@@ -22,7 +22,8 @@
 //!
 //! - **Actions** (operate callers only; a read caller sees no control and the layer
 //!   refuses its writes): bulk retry / discard / resolve / replay by selection or filter
-//!   ([`actions`], the confirm page in [`confirm`], background progress in [`jobs`]);
+//!   ([`actions`], the form they post in [`form`], the confirm page in [`confirm`],
+//!   background progress in [`jobs`]);
 //!   replay cancel and resume, breaker and brake commands ([`commands`]). Every write
 //!   is one `Operations` verb.
 
