@@ -303,7 +303,7 @@ impl Store {
         .collect::<Result<Vec<_>>>()?;
         let due = sqlx::query(
             "SELECT handler, count(*) AS due, \
-                    extract(epoch FROM now() - greatest(min(next_attempt_at), '4713-12-01 BC'))::float8 AS age \
+                    extract(epoch FROM now() - recovery_clamp_time(min(next_attempt_at)))::float8 AS age \
              FROM recovery_task WHERE status = 'failed' AND next_attempt_at <= now() \
              GROUP BY handler ORDER BY handler",
         )

@@ -37,8 +37,9 @@ pub(crate) use super::ORDERED_WALK as DUE_ORDER;
 // `lease_expired`), so the history holds one row per counted attempt.
 //
 // Times read from a row are clamped to what a time can hold here before any arithmetic
-// (`least(greatest(..))`): PostgreSQL 15 cannot subtract an infinite time, and a task
-// given one by hand failed every claim of its handlers (see `store::time`).
+// (`recovery_clamp_time`, `recovery_elapsed_ms`: migration `20261211100000`): PostgreSQL
+// 15 cannot subtract an infinite time, and a task given one by hand failed every claim of
+// its handlers (see `store::time`).
 const CLAIM_TEMPLATE: &str = concat!(
     r#"
 WITH due AS MATERIALIZED (
@@ -55,8 +56,8 @@ WITH due AS MATERIALIZED (
 lost AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
     SELECT id, lease_version, attempts, lease_owner,
-           least(greatest(coalesce(leased_at, next_attempt_at), '4713-12-01 BC'), '262142-01-01'),
-           least(greatest(extract(epoch FROM least(greatest(next_attempt_at, '4713-12-01 BC'), '262142-01-01') - least(greatest(leased_at, '4713-12-01 BC'), '262142-01-01')) * 1000, 0), 2147483647)::int,
+           recovery_clamp_time(coalesce(leased_at, next_attempt_at)),
+           recovery_elapsed_ms(leased_at, next_attempt_at),
            $6::text, 'the lease expired before the attempt was finished; the task was claimed again'
     FROM due
     WHERE lease_owner IS NOT NULL
@@ -94,7 +95,7 @@ const NOT_STOPPING: &str =
 // waiting for a stopping call are passed over: the member that stops the call tells the
 // idle claimers (`<schema>_due`).
 static NEXT_DUE: LazyLock<String> = LazyLock::new(|| {
-    "SELECT greatest(extract(epoch FROM least(greatest(next_attempt_at, '4713-12-01 BC'), '262142-01-01') - clock_timestamp()) * 1000, 0)::float8 \
+    "SELECT greatest(extract(epoch FROM recovery_clamp_time(next_attempt_at) - clock_timestamp()) * 1000, 0)::float8 \
      FROM recovery_task \
      WHERE status = 'failed' AND handler = ANY($1) \
        AND next_attempt_at >= coalesce($2::timestamptz, '-infinity') {NOT_STOPPING} \
@@ -140,11 +141,11 @@ WITH released AS (
           JOIN recovery_task o ON o.id = l.id) AS l
     WHERE t.id = l.id AND t.lease_version = l.version AND t.lease_owner IS NOT NULL
     RETURNING t.id, t.attempts + 1 AS attempt, l.version,
-              least(greatest(coalesce(l.leased_at, now()), '4713-12-01 BC'), '262142-01-01') AS leased_at),
+              recovery_clamp_time(coalesce(l.leased_at, now())) AS leased_at),
 history AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
     SELECT id, version, attempt, $3, leased_at,
-           least(greatest(extract(epoch FROM now() - leased_at) * 1000, 0), 2147483647)::int,
+           recovery_elapsed_ms(leased_at, now()),
            $4::text, 'lease given back on shutdown before the handler finished'
     FROM released)
 SELECT id FROM released

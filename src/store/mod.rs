@@ -31,7 +31,9 @@
 //! by every path that sets a task due (enqueue, finish, operator actions, the ordering
 //! triggers); `recovery_attempts_allowed` (an attempt budget); `recovery_lock_order_key`
 //! (a key's advisory lock, taken by the ordering triggers); `recovery_headers_hold` (a
-//! search in the stored headers).
+//! search in the stored headers); `recovery_clamp_time` and `recovery_elapsed_ms`
+//! (a stored time held to the range every program here can read and subtract, before
+//! any arithmetic).
 //!
 //! **Notifications**: `<schema>_due` (tasks inserted, see above; a fenced call that
 //! stopped, from [`Store::calls_stopped`]'s statement) and `<schema>_fenced` (an operator

@@ -212,8 +212,8 @@ chosen AS (
     SELECT * FROM target WHERE NOT $36 OR id NOT IN (SELECT id FROM started)),
 interrupted AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
-    SELECT id, lease_version, attempts, lease_owner, least(greatest(coalesce(leased_at, now()), '4713-12-01 BC'), '262142-01-01'),
-           least(greatest(extract(epoch FROM now() - least(greatest(leased_at, '4713-12-01 BC'), '262142-01-01')) * 1000, 0), 2147483647)::int,
+    SELECT id, lease_version, attempts, lease_owner, recovery_clamp_time(coalesce(leased_at, now())),
+           recovery_elapsed_ms(leased_at, now()),
            $37::text, 'an operator acted (' || $23 || ') while this attempt ran; its result was dropped'
     FROM chosen
     WHERE lease_owner IS NOT NULL

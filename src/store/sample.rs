@@ -155,7 +155,7 @@ impl Store {
             previous.resolved_counted_at
         };
         let due = sqlx::query_as(
-            "SELECT handler, count(*), extract(epoch FROM now() - greatest(min(next_attempt_at), '4713-12-01 BC'))::float8 \
+            "SELECT handler, count(*), extract(epoch FROM now() - recovery_clamp_time(min(next_attempt_at)))::float8 \
              FROM recovery_task WHERE status = 'failed' AND next_attempt_at <= now() \
              GROUP BY handler",
         )
