@@ -66,11 +66,7 @@ async fn run_to_end(
         Vec::new(),
     );
     replayer
-        .run(
-            job,
-            &|_, _| {},
-            &tokio_util::sync::CancellationToken::new(),
-        )
+        .run(job, &|_, _| {}, &tokio_util::sync::CancellationToken::new())
         .await
         .unwrap()
 }
