@@ -1,5 +1,6 @@
-//! The Kafka client layer shared by ingest, republish and parking: clients, the
-//! byte-safe read of consumed messages, produce, and the dead-letter header dialects.
+//! The Kafka client layer shared by ingest, republish, parking and replays: clients, the
+//! byte-safe read of consumed messages, produce, the dead-letter header dialects, and
+//! reading topics back for a replay ([`reader`]).
 
 pub mod context;
 pub mod dlt;

@@ -1,5 +1,6 @@
-//! Logging set-up, the Prometheus metrics of a redrive process, its health, and the
-//! fleet's alert rules.
+//! Logging set-up, the Prometheus metrics of a redrive process, the events that log and
+//! count together (`events`: a failed database statement), its health, and the fleet's
+//! alert rules.
 
 mod alerts;
 mod attempt_log;
