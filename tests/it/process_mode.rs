@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::broker::{cluster, committed, produce, producer, Sample};
 use crate::support::{eventually, fresh_store, scalar, Spawn};
 
 /// A process-mode `ordering = "key"` route of the topic `accounts` into a webhook to
@@ -90,9 +91,7 @@ async fn redeliver(
     eventually(
         Duration::from_secs(30),
         "the redelivered messages committed",
-        || async {
-            crate::support::broker::committed(&bootstrap, "redelivery", "accounts", 1) == vec![end]
-        },
+        || async { committed(&bootstrap, "redelivery", "accounts", 1) == vec![end] },
     )
     .await;
     second.kill();
@@ -111,8 +110,8 @@ fn refuse_commits(
 }
 
 /// A message of the key `alice` with the value `value`.
-fn alice(value: &str) -> crate::support::broker::Sample {
-    crate::support::broker::Sample {
+fn alice(value: &str) -> Sample {
+    Sample {
         key: Some("alice".into()),
         value: Some(value.into()),
         ..Default::default()
@@ -131,7 +130,7 @@ fn alice(value: &str) -> crate::support::broker::Sample {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn a_redelivered_process_mode_message_that_has_a_task_is_not_run_again() {
-    let broker = crate::support::broker::cluster(&[("accounts", 1)]);
+    let broker = cluster(&[("accounts", 1)]);
     let bootstrap = broker.bootstrap_servers();
     let (store, settings) = fresh_store().await;
     let server = failing_once_for("v1").await;
@@ -145,8 +144,8 @@ async fn a_redelivered_process_mode_message_that_has_a_task_is_not_run_again() {
     };
     refuse_commits(&broker);
     let first = member();
-    let producer = crate::support::broker::producer(&bootstrap);
-    crate::support::broker::produce(&producer, "accounts", &alice("v1")).await;
+    let producer = producer(&bootstrap);
+    produce(&producer, "accounts", &alice("v1")).await;
     eventually(
         Duration::from_secs(30),
         "v1 failed inline, then resolved by the pool",
@@ -160,7 +159,7 @@ async fn a_redelivered_process_mode_message_that_has_a_task_is_not_run_again() {
         },
     )
     .await;
-    crate::support::broker::produce(&producer, "accounts", &alice("v2")).await;
+    produce(&producer, "accounts", &alice("v2")).await;
     eventually(Duration::from_secs(30), "v2 applied inline", || async {
         values_called(&server, 0).contains(&"v2".to_owned())
     })
@@ -191,7 +190,7 @@ async fn a_redelivered_process_mode_message_that_has_a_task_is_not_run_again() {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn a_redelivered_message_without_a_task_is_not_applied_after_a_newer_one_of_its_key() {
-    let broker = crate::support::broker::cluster(&[("accounts", 1)]);
+    let broker = cluster(&[("accounts", 1)]);
     let bootstrap = broker.bootstrap_servers();
     let (store, settings) = fresh_store().await;
     let server = failing_once_for("v2").await;
@@ -205,13 +204,13 @@ async fn a_redelivered_message_without_a_task_is_not_applied_after_a_newer_one_o
     };
     refuse_commits(&broker);
     let first = member();
-    let producer = crate::support::broker::producer(&bootstrap);
-    crate::support::broker::produce(&producer, "accounts", &alice("v1")).await;
+    let producer = producer(&bootstrap);
+    produce(&producer, "accounts", &alice("v1")).await;
     eventually(Duration::from_secs(30), "v1 applied inline", || async {
         values_called(&server, 0) == ["v1"]
     })
     .await;
-    crate::support::broker::produce(&producer, "accounts", &alice("v2")).await;
+    produce(&producer, "accounts", &alice("v2")).await;
     eventually(
         Duration::from_secs(30),
         "v2 failed inline, then resolved by the pool",
@@ -247,7 +246,7 @@ async fn a_revoked_partitions_inline_call_ends_before_its_new_owner_starts() {
     // late the second member joins: a call as long as the wait could outlast it (a
     // longer call is the documented limit, not this test's subject).
     const CALL: Duration = Duration::from_secs(4);
-    let broker = crate::support::broker::cluster(&[("orders", 2)]);
+    let broker = cluster(&[("orders", 2)]);
     let bootstrap = broker.bootstrap_servers();
     let (_store, settings) = fresh_store().await;
     // Every call takes CALL; each call's message and start are noted.
@@ -309,15 +308,15 @@ handler = "orders"
             .unwrap()
     };
     let mut first = member(&dir.path().join("first.log"));
-    let producer = crate::support::broker::producer(&bootstrap);
+    let producer = producer(&bootstrap);
     for partition in 0..2 {
-        let sample = crate::support::broker::Sample {
+        let sample = Sample {
             key: Some(format!("k{partition}").into()),
             value: Some(format!("p{partition}").into()),
             partition: Some(partition),
             ..Default::default()
         };
-        crate::support::broker::produce(&producer, "orders", &sample).await;
+        produce(&producer, "orders", &sample).await;
     }
     eventually(
         Duration::from_secs(30),
@@ -331,7 +330,7 @@ handler = "orders"
     let moved = |log: &str| log.contains("orders[");
     let settled = tokio::time::Instant::now() + Duration::from_secs(60);
     while !(moved(&std::fs::read_to_string(&second_log).unwrap_or_default())
-        && crate::support::broker::committed(&bootstrap, "revoked", "orders", 2) == vec![1, 1])
+        && committed(&bootstrap, "revoked", "orders", 2) == vec![1, 1])
     {
         if tokio::time::Instant::now() > settled {
             for child in [&mut first, &mut second] {
@@ -340,7 +339,7 @@ handler = "orders"
             panic!(
                 "no partition moved, or the offsets were not committed ({:?}); calls {:?}\n\
                  first member's log:\n{}\nsecond member's log:\n{}",
-                crate::support::broker::committed(&bootstrap, "revoked", "orders", 2),
+                committed(&bootstrap, "revoked", "orders", 2),
                 starts.lock().unwrap(),
                 std::fs::read_to_string(dir.path().join("first.log")).unwrap_or_default(),
                 std::fs::read_to_string(&second_log).unwrap_or_default()
