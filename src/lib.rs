@@ -31,7 +31,8 @@
 //!
 //! 1. vocabulary and tools with no redrive imports: [`backoff`] (and `Pause`),
 //!    [`headers`], `parts`, [`readable`], `listener`, [`when`], [`rate`];
-//! 2. [`task`]: the task model, attempt outcomes and verdicts, causes;
+//! 2. [`task`]: the task model, attempt outcomes and verdicts, causes; [`pace`]: a
+//!    redrive job's ramp, checkpoints and the rule that pauses it;
 //! 3. [`config`] (settings, every check naming its key) and [`finals`];
 //! 4. `kafka` (clients, byte-safe messages, the dead-letter dialects) and
 //!    [`resilience`] (the pure machines: breaker states, the brake's window);
@@ -76,6 +77,7 @@ mod kafka;
 mod listener;
 pub mod operations;
 mod output;
+pub mod pace;
 mod parts;
 #[cfg(any(feature = "demo", feature = "bench"))]
 mod private_cluster;

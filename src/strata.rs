@@ -18,7 +18,7 @@ const STRATA: [&[&str]; 12] = [
         "rate",
         "private_cluster",
     ],
-    &["task"],
+    &["task", "pace"],
     &["config", "finals"],
     &["kafka", "resilience"],
     &["store"],

@@ -440,6 +440,7 @@ impl NewTask {
             created_at: now,
             updated_at: now,
             finished_at: None,
+            redrive_job: None,
         }
     }
 
@@ -494,6 +495,9 @@ pub struct Task {
     pub updated_at: DateTime<Utc>,
     /// When it became final.
     pub finished_at: Option<DateTime<Utc>>,
+    /// The last redrive job (a paced retry or a replay) that redrove it: its calls and
+    /// replayed records say so (`x-redrive-job`, `redrive-job`).
+    pub redrive_job: Option<i64>,
 }
 
 impl Task {

@@ -7,8 +7,11 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 
 use super::operator::confirm;
+use super::pace::PaceArgs;
 use super::selection::SelectionArgs;
-use crate::operations::{ActAnswer, ActRequest, Actor, Operations, Verb};
+use super::replays::{foreground, print_job_started, replayer};
+use crate::fleet::Fleet;
+use crate::operations::{ActAnswer, ActRequest, Actor, Operations, Runner, Verb};
 use crate::output::{errln, outln};
 
 /// Confirmation and output options of the bulk verbs.
@@ -43,9 +46,20 @@ pub struct RetryArgs {
     #[arg(long)]
     pub reason: Option<String>,
     /// Also retry tasks whose compensation has started: they start over from the first
-    /// step (their checkpoint cleared), and a compensation still running is cancelled.
+    /// step (their checkpoint cleared), and a compensation still running is cancelled;
+    /// and tasks an earlier redrive job already redrove.
     #[arg(long)]
     pub force: bool,
+    /// Pace the retry: make at most this many tasks due a second (a job, run here or
+    /// with --detach by the fleet, that pauses itself when the retried tasks fail again).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// The ramp and the pause of a paced retry.
+    #[command(flatten)]
+    pub pace: PaceArgs,
+    /// A paced retry: leave the job to the fleet's members instead of running it here.
+    #[arg(long)]
+    pub detach: bool,
     /// Confirmation and output.
     #[command(flatten)]
     pub bulk: BulkArgs,
@@ -89,14 +103,20 @@ pub fn request(selection: &SelectionArgs, reason: Option<String>, force: bool) -
     }
 }
 
-/// Runs `verb` on `request`: counts first, then asks, then acts.
+/// Runs `verb` on `request`: counts first, then asks, then acts (a paced retry: records
+/// its job, then runs it here or leaves it to the fleet with `detach`).
 pub async fn bulk(
+    fleet: &Fleet,
     operations: &Operations,
     verb: Verb,
     request: ActRequest,
     options: &BulkArgs,
+    detach: bool,
 ) -> anyhow::Result<()> {
     let actor = Actor::shell();
+    if detach && request.pace.is_none() {
+        bail!("--detach belongs to a paced retry: give it a --rate");
+    }
     // What is counted and confirmed is what exists now: tasks stored while the operator
     // reads the count (a cause that keeps growing) are left alone, unless the filter
     // gives an end of its own.
@@ -157,6 +177,18 @@ pub async fn bulk(
     }
     errln!("{name}: {count} task(s) selected");
     warn_held(&preview);
+    if let Some(refusal) = preview.redriven.as_ref().and_then(|r| r.refusal()) {
+        if !request.force {
+            bail!("{refusal}; nothing changed");
+        }
+    }
+    if request.pace.is_some() {
+        let what = format!("{name} {count} task(s) at a pace (a job)?");
+        if !confirm(&what, options.yes)? {
+            bail!("not confirmed; nothing changed");
+        }
+        return paced(fleet, operations, &actor, &request, options.json, detach).await;
+    }
     if !confirm(&format!("{name} {count} task(s)?"), options.yes)? {
         bail!("not confirmed; nothing changed");
     }
@@ -181,6 +213,30 @@ pub async fn bulk(
         bail!("{}", left_alone(verb, answer.refused));
     }
     Ok(())
+}
+
+/// Records a paced retry's job and runs it here, or leaves it to the fleet.
+async fn paced(
+    fleet: &Fleet,
+    operations: &Operations,
+    actor: &Actor,
+    request: &ActRequest,
+    json: bool,
+    detach: bool,
+) -> anyhow::Result<()> {
+    let replayer = replayer(fleet, operations.store());
+    let runner = match detach {
+        true => Runner::Fleet,
+        false => Runner::Here(replayer.runner()),
+    };
+    let answer = (operations.act_by(actor, Verb::Retry, request, runner, |_| {})).await?;
+    let Some(job) = answer.job else {
+        bail!("the paced retry recorded no job");
+    };
+    if detach {
+        return print_job_started(&job, json);
+    }
+    foreground(&replayer, job, json).await
 }
 
 /// Warns of the breakers forced open that hold retried tasks back.
@@ -224,6 +280,9 @@ fn print_dry_run(preview: &ActAnswer, verb: Verb, json: bool) -> anyhow::Result<
     // Part of the report: on standard output with the rest of it.
     for held in &preview.held_by_breakers {
         outln!("warning: {}", crate::readable::visible(&held.warning));
+    }
+    if let Some(refusal) = preview.redriven.as_ref().and_then(|r| r.refusal()) {
+        outln!("{refusal}");
     }
     Ok(())
 }

@@ -24,6 +24,7 @@ mod enqueue;
 mod groups;
 mod members;
 mod operator;
+mod pace;
 mod replays;
 mod selection;
 mod show;

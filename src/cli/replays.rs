@@ -7,8 +7,9 @@ use std::io::IsTerminal;
 use tokio_util::sync::CancellationToken;
 
 use super::operator::confirm;
+use super::pace::PaceArgs;
 use super::selection::FilterArgs;
-use super::table;
+use super::{table, watch};
 use crate::fleet::{cancel_on_signal, Fleet};
 use crate::operations::{Actor, Operations, PageRequest, ReplayPreview, ReplayRequest, Runner};
 use crate::output::{errln, outln};
@@ -30,9 +31,15 @@ pub struct ReplayArgs {
     /// Mark each replayed task resolved.
     #[arg(long)]
     pub mark_resolved: bool,
-    /// Messages per second at most.
+    /// Messages per second at most (with a ramp: at full pace).
     #[arg(long)]
     pub rate: Option<f64>,
+    /// The ramp and the pause of a paced replay (needs --rate).
+    #[command(flatten)]
+    pub pace: PaceArgs,
+    /// Also replay tasks an earlier redrive job already redrove.
+    #[arg(long)]
+    pub force: bool,
     /// Leave the job to the fleet's members instead of running it here.
     #[arg(long)]
     pub detach: bool,
@@ -51,10 +58,11 @@ pub struct ReplayArgs {
     pub json: bool,
 }
 
-/// The replay job verbs.
+/// The redrive job verbs (replays and paced retries).
 #[derive(Debug, Subcommand)]
 pub enum ReplaysCommand {
-    /// List replay jobs with their progress, newest first.
+    /// List redrive jobs (replays and paced retries) with their progress and pace,
+    /// newest first.
     List {
         /// Jobs per page (1 to 1000; default 50).
         #[arg(long)]
@@ -65,19 +73,33 @@ pub enum ReplaysCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Print again every interval until interrupted.
+        #[command(flatten)]
+        watch: watch::WatchArgs,
+    },
+    /// Pause a job; its runner stops after its current batch, and no member takes it
+    /// until it is resumed.
+    Pause {
+        /// Job id.
+        id: i64,
     },
     /// Cancel a job; its runner stops after its current batch.
     Cancel {
         /// Job id.
         id: i64,
     },
-    /// Continue an interrupted job here (or hand it to the fleet with --detach).
+    /// Continue a paused or interrupted job here (or hand it to the fleet with
+    /// --detach); a paused job judges its step afresh.
     Resume {
         /// Job id.
         id: i64,
         /// Hand it to the fleet's members.
         #[arg(long)]
         detach: bool,
+        /// Slow it down (or speed it up): a paced job's full pace, an unpaced replay's
+        /// rate, per second.
+        #[arg(long)]
+        rate: Option<f64>,
     },
 }
 
@@ -100,7 +122,8 @@ fn dead_local_runner(runner: Option<&str>) -> Option<&str> {
     (!alive).then_some(runner)
 }
 
-fn replayer(fleet: &Fleet, store: &Store) -> Replayer {
+/// The runner of this CLI's jobs.
+pub(super) fn replayer(fleet: &Fleet, store: &Store) -> Replayer {
     let settings = fleet.settings();
     Replayer::new(
         store.clone(),
@@ -119,13 +142,16 @@ pub async fn run_in_foreground(
     operations: &Operations,
 ) -> anyhow::Result<()> {
     let actor = Actor::shell();
+    let pace = args.pace.request(args.rate, false);
     let request = ReplayRequest {
         ids: Vec::new(),
         filter: args.filter.given(),
         all: args.all,
         to: args.to.clone(),
         mark_resolved: args.mark_resolved,
-        rate: args.rate,
+        rate: if pace.is_some() { None } else { args.rate },
+        pace,
+        force: args.force,
         reason: args.reason.clone(),
         dry_run: args.dry_run,
     };
@@ -141,6 +167,9 @@ pub async fn run_in_foreground(
             preview.matched
         );
         return Ok(());
+    }
+    if let (Some(refusal), false) = (preview.redriven.refusal(), args.force) {
+        bail!("{refusal}; nothing produced");
     }
     errln!("replay: {count} message(s) to produce, to {target}");
     if !confirm(&format!("replay {count} task(s) to {target}?"), args.yes)? {
@@ -177,6 +206,18 @@ fn print_preview(preview: &ReplayPreview, target: &str, json: bool) -> anyhow::R
             skipped.why
         );
     }
+    if let Some(pace) = &preview.pace {
+        outln!(
+            "  paced: ramp {} of {}/s, {} task(s) per step, pausing above {:.0}% failed",
+            pace.ramp_text(),
+            pace.rate,
+            pace.step_tasks,
+            pace.pause_ratio * 100.0
+        );
+    }
+    if let Some(refusal) = preview.redriven.refusal() {
+        outln!("  {refusal}");
+    }
     for task in &preview.sample {
         outln!(
             "  {} {} {} key={}",
@@ -189,31 +230,34 @@ fn print_preview(preview: &ReplayPreview, target: &str, json: bool) -> anyhow::R
     Ok(())
 }
 
-fn print_job_started(job: &ReplayJob, json: bool) -> anyhow::Result<()> {
+/// Says that `job` was left to the fleet.
+pub(super) fn print_job_started(job: &ReplayJob, json: bool) -> anyhow::Result<()> {
     if json {
         outln!("{}", serde_json::to_string_pretty(job)?);
     } else {
         outln!(
-            "replay job {} recorded; a fleet member will run it (follow it with `redrive replays list`)",
+            "{} job {} recorded; a fleet member will run it (follow it with `redrive replays list --watch`)",
+            job.kind,
             job.id
         );
     }
     Ok(())
 }
 
-/// Runs `job` here until it ends or SIGINT/SIGTERM, with a progress bar on a terminal.
-async fn foreground(replayer: &Replayer, job: ReplayJob, json: bool) -> anyhow::Result<()> {
+/// Runs `job` here until it ends, pauses or SIGINT/SIGTERM, with a progress bar on a
+/// terminal.
+pub(super) async fn foreground(replayer: &Replayer, job: ReplayJob, json: bool) -> anyhow::Result<()> {
     let id = job.id;
     let progress = if std::io::stderr().is_terminal() {
         let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
         bar.set_style(
             ProgressStyle::with_template(
-                "{spinner} replay {msg} [{bar:30}] {pos}/{len} ({per_sec}, {eta} left)",
+                "{spinner} {msg} [{bar:30}] {pos}/{len} ({per_sec}, {eta} left)",
             )
             .expect("a valid template")
             .progress_chars("=> "),
         );
-        bar.set_message(format!("job {id}"));
+        bar.set_message(format!("{} job {id}", job.kind));
         bar
     } else {
         ProgressBar::hidden()
@@ -232,6 +276,17 @@ async fn foreground(replayer: &Replayer, job: ReplayJob, json: bool) -> anyhow::
         outln!("{}", serde_json::to_string_pretty(&job)?);
     }
     match job.status.as_str() {
+        "done" if job.kind == "retry" => {
+            if !json {
+                outln!(
+                    "retry job {id} done: {} task(s) made due again, {} left alone (no longer \
+                     in a status a retry applies to)",
+                    job.produced,
+                    job.skipped
+                );
+            }
+            Ok(())
+        }
         "done" => {
             if !json {
                 outln!(
@@ -241,6 +296,13 @@ async fn foreground(replayer: &Replayer, job: ReplayJob, json: bool) -> anyhow::
             }
             Ok(())
         }
+        "paused" => bail!(
+            "{} job {id} paused after {} task(s): {}; resume it with `redrive replays resume \
+             {id}` (add --rate to slow it down), or cancel it with `redrive replays cancel {id}`",
+            job.kind,
+            job.produced,
+            job.paused_reason.as_deref().unwrap_or("paused")
+        ),
         "cancelled" => bail!(
             "replay job {id} was cancelled after {} message(s){}",
             job.produced,
@@ -260,44 +322,40 @@ pub async fn run(
     operations: &Operations,
 ) -> anyhow::Result<()> {
     match command {
-        ReplaysCommand::List { limit, after, json } => {
-            let page = operations.replays(&PageRequest { limit, after }).await?;
-            let header = [
-                "ID", "STATUS", "DONE", "PRODUCED", "TO", "RUNNER", "BY", "STARTED", "ERROR",
-            ];
-            table::print_page(&page, json, &header, "no replay job", |j| {
-                vec![
-                    j.id.to_string(),
-                    j.status.clone(),
-                    format!("{}/{}", j.produced + j.skipped, j.total.unwrap_or(0)),
-                    // A batch in flight of a job that has ended may be uncounted.
-                    match j.pending_upto.is_some()
-                        && matches!(j.status.as_str(), "cancelled" | "failed")
-                    {
-                        true => format!("{}+?", j.produced),
-                        false => j.produced.to_string(),
-                    },
-                    j.target_topic
-                        .clone()
-                        .unwrap_or_else(|| "(original)".into()),
-                    j.runner.clone().unwrap_or_default(),
-                    j.actor.clone(),
-                    j.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
-                    j.error.clone().unwrap_or_default(),
-                ]
-            })
+        ReplaysCommand::List {
+            limit,
+            after,
+            json,
+            watch,
+        } => {
+            let list = || list(operations, limit, after, json);
+            watch::every(&watch, list).await
+        }
+        ReplaysCommand::Pause { id } => {
+            let job = operations.pause_replay(&Actor::shell(), id).await?;
+            outln!(
+                "{} job {id} paused after {} task(s); resume it with `redrive replays resume {id}`",
+                job.kind,
+                job.produced
+            );
+            Ok(())
         }
         ReplaysCommand::Cancel { id } => {
             let job = operations.cancel_replay(&Actor::shell(), id).await?;
             let uncounted = job.uncounted().map(|words| format!("; {words}"));
+            let unit = match job.kind.as_str() {
+                "retry" => "task(s)",
+                _ => "message(s)",
+            };
             outln!(
-                "replay job {id} cancelled after {} message(s){}",
+                "{} job {id} cancelled after {} {unit}{}",
+                job.kind,
                 job.produced,
                 uncounted.unwrap_or_default()
             );
             Ok(())
         }
-        ReplaysCommand::Resume { id, detach } => {
+        ReplaysCommand::Resume { id, detach, rate } => {
             let replayer = replayer(fleet, operations.store());
             let before = operations.store().replay(id).await?;
             let dead = before
@@ -308,12 +366,68 @@ pub async fn run(
                 false => Runner::Here(replayer.runner()),
             };
             let job = operations
-                .resume_replay(&Actor::shell(), id, runner, dead)
+                .resume_replay(&Actor::shell(), id, runner, dead, rate)
                 .await?;
             if detach {
                 return print_job_started(&job, false);
             }
             foreground(&replayer, job, false).await
         }
+    }
+}
+
+/// `replays list`: one page of jobs.
+async fn list(
+    operations: &Operations,
+    limit: Option<i64>,
+    after: Option<i64>,
+    json: bool,
+) -> anyhow::Result<()> {
+            let page = operations.replays(&PageRequest { limit, after }).await?;
+            let header = [
+                "ID", "KIND", "STATUS", "DONE", "PRODUCED", "PACE", "TO", "RUNNER", "BY", "STARTED",
+                "ERROR",
+            ];
+            table::print_page(&page, json, &header, "no redrive job", |j| {
+                vec![
+                    j.id.to_string(),
+                    j.kind.clone(),
+                    match &j.paused_reason {
+                        Some(reason) if j.status == "paused" => format!("paused: {reason}"),
+                        _ => j.status.clone(),
+                    },
+                    format!("{}/{}", j.produced + j.skipped, j.total.unwrap_or(0)),
+                    // A batch in flight of a job that has ended may be uncounted.
+                    match j.pending_upto.is_some()
+                        && matches!(j.status.as_str(), "cancelled" | "failed")
+                    {
+                        true => format!("{}+?", j.produced),
+                        false => j.produced.to_string(),
+                    },
+                    pace_words(j),
+                    match (j.kind.as_str(), &j.target_topic) {
+                        ("retry", _) => "(workers)".into(),
+                        (_, Some(topic)) => topic.clone(),
+                        (_, None) => "(original)".into(),
+                    },
+                    j.runner.clone().unwrap_or_default(),
+                    j.actor.clone(),
+                    j.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                    j.error.clone().unwrap_or_default(),
+                ]
+            })
+}
+
+/// A job's pace in a few words: the step under way and its rate.
+fn pace_words(job: &ReplayJob) -> String {
+    match (&job.pace, job.rate) {
+        (Some(pace), _) => format!(
+            "step {}/{} at {}/s",
+            job.step.max(0) + 1,
+            pace.steps(),
+            pace.rate_of(job.step)
+        ),
+        (None, Some(rate)) => format!("{rate}/s"),
+        (None, None) => String::new(),
     }
 }

@@ -89,18 +89,20 @@ pub async fn run(
             let request = ActRequest {
                 at: args.at,
                 more_attempts: args.more_attempts,
+                pace: args.pace.request(args.rate, true),
                 ..request(&args.selection, args.reason, args.force)
             };
-            bulk(operations, Verb::Retry, request, &args.bulk).await
+            let (bulk_args, detach) = (&args.bulk, args.detach);
+            bulk(fleet, operations, Verb::Retry, request, bulk_args, detach).await
         }
         TasksCommand::Discard(args) => {
             let request = request(&args.selection, Some(args.reason), false);
-            bulk(operations, Verb::Discard, request, &args.bulk).await
+            bulk(fleet, operations, Verb::Discard, request, &args.bulk, false).await
         }
         TasksCommand::Resolve(args) => {
             let decide = args.decide;
             let request = request(&decide.selection, Some(decide.reason), args.force);
-            bulk(operations, Verb::Resolve, request, &decide.bulk).await
+            bulk(fleet, operations, Verb::Resolve, request, &decide.bulk, false).await
         }
         TasksCommand::Replay(args) => run_in_foreground(args, fleet, operations).await,
         TasksCommand::Groups(args) => {

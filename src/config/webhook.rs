@@ -227,9 +227,12 @@ impl WebhookSettings {
 /// Rack, PHP) read both spellings as one header.
 fn reserved(name: &HeaderName) -> Option<&'static str> {
     match name.as_str().replace('_', "-").as_str() {
-        "idempotency-key" | "x-redrive-task-id" | "x-redrive-attempt" | "x-correlation-id" => {
-            Some("is set by redrive on every call and cannot be configured")
-        }
+        "idempotency-key"
+        | "x-redrive-task-id"
+        | "x-redrive-attempt"
+        | "x-redrive-generation"
+        | "x-redrive-job"
+        | "x-correlation-id" => Some("is set by redrive on calls and cannot be configured"),
         "content-length" | "transfer-encoding" | "connection" => {
             Some("frames the request and cannot be configured")
         }
@@ -289,6 +292,8 @@ mod tests {
             "Idempotency-Key",
             "x-redrive-task-id",
             "X-Redrive-Attempt",
+            "X-Redrive-Job",
+            "x_redrive_generation",
             "X-Correlation-Id",
             "idempotency_key",
             "X_CORRELATION_ID",

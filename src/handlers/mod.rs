@@ -78,6 +78,9 @@ pub struct HandlerContext {
     pub attempt: u32,
     /// Cancelled when the lease is lost or the process stops: stop early if you can.
     pub cancellation: CancellationToken,
+    /// The redrive job (a paced retry) that made this task due again, if one did: the
+    /// call is part of an operator's redrive, not the task's own retries.
+    pub redrive_job: Option<i64>,
     recovery: Option<RecoveryPoints>,
 }
 
@@ -94,8 +97,15 @@ impl HandlerContext {
             worker_id: worker_id.into(),
             attempt,
             cancellation,
+            redrive_job: None,
             recovery: None,
         }
+    }
+
+    /// The context of an attempt that redrive job `job` made due, if any.
+    pub fn with_redrive_job(mut self, job: Option<i64>) -> Self {
+        self.redrive_job = job;
+        self
     }
 
     /// Saves to `recovery`: the task's row, or memory.

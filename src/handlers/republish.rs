@@ -66,10 +66,14 @@ impl Handler for RepublishHandler {
             .republish_target(task.failure.route.as_deref(), original)
             .map_err(HandlerError::permanent)?;
         let topic = target.topic.as_str();
-        let extra = [
+        let mut extra = vec![
             (own::TASK_ID, task.id.to_string()),
             (own::ATTEMPT, ctx.attempt.to_string()),
+            (own::GENERATION, task.failure.generation.to_string()),
         ];
+        if let Some(job) = ctx.redrive_job {
+            extra.push((own::JOB, job.to_string()));
+        }
         let producer = self.producer.get().map_err(|error| {
             HandlerError::transient(format!("cannot create the republish producer: {error}"))
         })?;

@@ -26,6 +26,10 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 // The other headers a call carries, named once rather than parsed per call.
 const TASK_ID_HEADER: HeaderName = HeaderName::from_static("x-redrive-task-id");
 const ATTEMPT_HEADER: HeaderName = HeaderName::from_static("x-redrive-attempt");
+/// The redrive job (a paced retry) that made the task due again, when one did.
+const JOB_HEADER: HeaderName = HeaderName::from_static("x-redrive-job");
+/// The task's generation (1 for a first failure, one more for each re-failure).
+const GENERATION_HEADER: HeaderName = HeaderName::from_static("x-redrive-generation");
 const CORRELATION_ID_HEADER: HeaderName = HeaderName::from_static("x-correlation-id");
 
 /// Bytes an envelope takes beyond its value, about (the buffer grows if it needs more).
@@ -159,7 +163,11 @@ impl Handler for WebhookHandler {
             .headers(target.headers.clone())
             .header(IDEMPOTENCY_KEY, key)
             .header(TASK_ID_HEADER, HeaderValue::from(task.id.0))
-            .header(ATTEMPT_HEADER, HeaderValue::from(ctx.attempt));
+            .header(ATTEMPT_HEADER, HeaderValue::from(ctx.attempt))
+            .header(GENERATION_HEADER, HeaderValue::from(task.failure.generation));
+        if let Some(job) = ctx.redrive_job {
+            request = request.header(JOB_HEADER, HeaderValue::from(job));
+        }
         if let Some(value) = task.failure.correlation_id.as_deref().and_then(header_text) {
             request = request.header(CORRELATION_ID_HEADER, value);
         }

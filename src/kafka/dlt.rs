@@ -26,7 +26,7 @@ pub mod own {
     pub const TASK_ID: &str = "redrive-task-id";
     /// Attempt number of a republish.
     pub const ATTEMPT: &str = "redrive-attempt";
-    /// Generation of a parked re-failure (1 for a first failure).
+    /// Generation of a parked re-failure or of a replayed task (1 for a first failure).
     pub const GENERATION: &str = "redrive-generation";
     /// Task a parked re-failure came from.
     pub const PREVIOUS_TASK_ID: &str = "redrive-previous-task-id";
@@ -37,6 +37,8 @@ pub mod own {
     /// `<job>:<task id>` of a replayed message: how a resumed replay finds what it
     /// already produced.
     pub const REPLAY: &str = "redrive-replay";
+    /// The redrive job (a replay) that produced a record.
+    pub const JOB: &str = "redrive-job";
 }
 
 /// Header names of one format.

@@ -7,10 +7,15 @@ use tokio::task::JoinHandle;
 
 use super::actor::{optional_reason, required_reason, Actor};
 use super::error::{OperationError, Result};
+use super::replays::{pace_of, Runner};
 use super::selection::{select, FilterParams};
 use super::Operations;
+use crate::pace::PaceRequest;
 use crate::resilience::breaker::Breaker;
-use crate::store::{Action, ActionReport, Budget, Due, Selection, TaskSummary};
+use crate::store::{
+    Action, ActionReport, Budget, Due, NewReplay, Redriven, ReplayJob, Selection, TaskFilter,
+    TaskSummary,
+};
 use crate::task::Status;
 
 /// Tasks a dry run shows at most.
@@ -74,8 +79,13 @@ pub struct ActRequest {
     /// Retry and resolve: also act on tasks whose compensation has started (running,
     /// waiting to retry, compensated or failed). A forced retry starts them over from no
     /// checkpoint; a compensation still pending is cancelled. Without it they are left
-    /// alone and counted in `refused`.
+    /// alone and counted in `refused`. A retry: also retry tasks an earlier redrive job
+    /// already redrove (without it, refused; the dry run names those jobs).
     pub force: bool,
+    /// Retry: a pace (a rate, a ramp through checkpoints, a pause when the retried tasks
+    /// fail again) instead of every task due at once: the retry becomes a job the
+    /// fleet's members run (`job` in the answer; follow it in `/api/v1/replays`).
+    pub pace: Option<PaceRequest>,
 }
 
 /// What an action did, or with `dry_run` would do.
@@ -107,6 +117,13 @@ pub struct ActAnswer {
     /// none of their retried tasks runs until the breaker is released.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub held_by_breakers: Vec<HeldByBreaker>,
+    /// Retry: selected tasks an earlier redrive job already redrove (a retry of them
+    /// needs `force`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redriven: Option<Redriven>,
+    /// A paced retry: the job that runs it (`changed` stays 0; the job counts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job: Option<ReplayJob>,
 }
 
 /// A breaker forced open over tasks a retry selects.
@@ -176,6 +193,20 @@ impl Operations {
         request: &ActRequest,
         progress: impl FnMut(ActionReport) + Send,
     ) -> Result<ActAnswer> {
+        self.act_by(actor, verb, request, Runner::Fleet, progress)
+            .await
+    }
+
+    /// [`Operations::act`], with a paced retry's job run by `runner` (the CLI in the
+    /// foreground) instead of the fleet's members.
+    pub async fn act_by(
+        &self,
+        actor: &Actor,
+        verb: Verb,
+        request: &ActRequest,
+        runner: Runner<'_>,
+        progress: impl FnMut(ActionReport) + Send,
+    ) -> Result<ActAnswer> {
         actor.must_operate()?;
         let action = self.action(verb, request).await?;
         let reason = match verb {
@@ -199,12 +230,24 @@ impl Operations {
             sample: None,
             unreadable: Vec::new(),
             held_by_breakers: Vec::new(),
+            redriven: None,
+            job: None,
         };
+        let pace = pace_of(request.pace.as_ref())?;
         if verb == Verb::Retry {
             let forced = (self.store)
                 .forced_open_over(&selection, action.applies_to())
                 .await?;
             answer.held_by_breakers = forced.into_iter().map(HeldByBreaker::of).collect();
+            let redriven = self.store.redriven_before(&filter_of(&selection)).await?;
+            if !request.dry_run && !request.force {
+                if let Some(refusal) = redriven.refusal() {
+                    return Err(OperationError::Conflict(refusal));
+                }
+            }
+            answer.redriven = Some(redriven);
+        } else if pace.is_some() {
+            return Err(OperationError::bad_request("pace belongs to retry"));
         }
         if request.dry_run {
             let sample = self
@@ -213,6 +256,29 @@ impl Operations {
                 .await?;
             answer.sample = Some(sample.tasks);
             answer.unreadable = sample.unreadable;
+            return Ok(answer);
+        }
+        if let Some(pace) = pace {
+            if action_has_time(&action) {
+                return Err(OperationError::bad_request(
+                    "at: a paced retry makes its tasks due as its pace admits them",
+                ));
+            }
+            let replay = NewReplay {
+                filter: filter_of(&selection),
+                retry: Some(action),
+                pace: Some(pace),
+                target_topic: None,
+                mark_resolved: false,
+                rate: None,
+                detached: runner == Runner::Fleet,
+            };
+            let name = match runner {
+                Runner::Fleet => "",
+                Runner::Here(name) => name,
+            };
+            let operator = actor.operator(reason);
+            answer.job = Some(self.store.create_replay(&operator, &replay, name).await?);
             return Ok(answer);
         }
         // Confirmed: audited even when nothing is left to change (the fleet may have
@@ -269,6 +335,27 @@ impl Operations {
         })
     }
 }
+/// The filter a job walks for `selection` (ticked ids become a filter of those ids).
+fn filter_of(selection: &Selection) -> TaskFilter {
+    match selection {
+        Selection::Ids(ids) => {
+            let mut ids = ids.clone();
+            ids.sort();
+            ids.dedup();
+            TaskFilter {
+                ids,
+                ..TaskFilter::default()
+            }
+        }
+        Selection::Filter(filter) => filter.clone(),
+    }
+}
+
+/// Whether a retry sets its own due time.
+fn action_has_time(action: &Action) -> bool {
+    matches!(action, Action::Retry { at: Some(_), .. })
+}
+
 /// A bulk action under way; dropped before its end (its member stopping), it says so.
 /// `changed` is as of the last batch it heard of: a batch committing as the member
 /// stops is counted by the audit entry, not here.

@@ -6,12 +6,13 @@ use serde::{Deserialize, Serialize};
 
 use super::act::SAMPLE;
 use super::actor::{optional_reason, Actor};
-use super::error::Result;
+use super::error::{OperationError, Result};
 use super::page::{Page, PageRequest};
 use super::selection::{select, FilterParams};
 use super::Operations;
+use crate::pace::{Pace, PaceRequest};
 use crate::replay::{check_replay, replay_topics};
-use crate::store::{NewReplay, ReplayJob, Selection, TaskFilter, TaskSummary};
+use crate::store::{NewReplay, Redriven, ReplayJob, Resumed, Selection, TaskFilter, TaskSummary};
 
 /// What to replay: the body of `POST /api/v1/tasks/replay`, and what `redrive tasks
 /// replay` reads.
@@ -28,8 +29,13 @@ pub struct ReplayRequest {
     pub to: Option<String>,
     /// Mark each replayed task resolved.
     pub mark_resolved: bool,
-    /// Messages per second at most.
+    /// Messages per second at most, unpaced (or give `pace`).
     pub rate: Option<f64>,
+    /// Ramp up through checkpoints and pause when the replayed messages fail again.
+    pub pace: Option<PaceRequest>,
+    /// Also replay tasks an earlier job already redrove (without it, refused; the dry
+    /// run names those jobs).
+    pub force: bool,
     /// Why (written to the audit log).
     pub reason: Option<String>,
     /// Count what it would produce and skip, with a sample; record and produce nothing
@@ -72,6 +78,10 @@ pub struct ReplayPreview {
     pub topics: Vec<String>,
     /// The first tasks (up to 5, in the order it would produce them) it would produce.
     pub sample: Vec<TaskSummary>,
+    /// Selected tasks an earlier job already redrove (a replay of them needs `force`).
+    pub redriven: Redriven,
+    /// The pace it would run at, if paced.
+    pub pace: Option<Pace>,
 }
 
 impl Operations {
@@ -111,6 +121,8 @@ impl Operations {
             ],
             topics,
             sample,
+            redriven: self.store.redriven_before(&replay.filter).await?,
+            pace: replay.pace,
         })
     }
 
@@ -125,6 +137,7 @@ impl Operations {
         actor.must_operate()?;
         let replay = new_replay(request, runner)?;
         self.store.ensure_exist(&replay.filter.ids).await?;
+        self.refuse_redriven(&replay.filter, request.force).await?;
         check_replay(&self.store, &self.kafka, &self.routes, &replay).await?;
         let operator = actor.operator(optional_reason(request.reason.as_deref())?);
         let name = match runner {
@@ -148,30 +161,73 @@ impl Operations {
         Ok(self.store.cancel_replay(&actor.operator(None), id).await?)
     }
 
-    /// Resumes replay job `id` (not ended, its runner stopped, or is `dead_runner`,
-    /// known dead) for `actor`, audited: `runner` takes it.
+    /// Refuses to redrive tasks of `filter` that an earlier job already redrove, unless
+    /// `force`.
+    pub(super) async fn refuse_redriven(&self, filter: &TaskFilter, force: bool) -> Result<()> {
+        if force {
+            return Ok(());
+        }
+        match self.store.redriven_before(filter).await?.refusal() {
+            Some(refusal) => Err(OperationError::Conflict(refusal)),
+            None => Ok(()),
+        }
+    }
+
+    /// Pauses job `id` for `actor`, audited: its runner stops after its current batch,
+    /// and no member takes it until it is resumed.
+    pub async fn pause_replay(&self, actor: &Actor, id: i64) -> Result<ReplayJob> {
+        actor.must_operate()?;
+        Ok(self.store.pause_by_operator(&actor.operator(None), id).await?)
+    }
+
+    /// Resumes job `id` (paused, or not ended with its runner stopped, or is
+    /// `dead_runner`, known dead) for `actor`, audited: `runner` takes it, at `rate` if
+    /// given (slowing it down: a paced job's full pace, an unpaced replay's rate).
     pub async fn resume_replay(
         &self,
         actor: &Actor,
         id: i64,
         runner: Runner<'_>,
         dead_runner: Option<&str>,
+        rate: Option<f64>,
     ) -> Result<ReplayJob> {
         actor.must_operate()?;
         let operator = actor.operator(None);
+        let slower = match rate {
+            None => None,
+            Some(rate) => {
+                let job = (self.store.replay(id).await?)
+                    .ok_or_else(|| OperationError::NotFound(format!("no replay job {id}")))?;
+                Some(match &job.pace {
+                    Some(pace) => Resumed {
+                        pace: Some(pace.at_rate(rate).map_err(OperationError::BadRequest)?),
+                        rate: None,
+                    },
+                    None => {
+                        if let Some(refusal) = crate::rate::refusal(rate) {
+                            return Err(OperationError::BadRequest(format!("rate {refusal}")));
+                        }
+                        Resumed {
+                            pace: None,
+                            rate: Some(rate),
+                        }
+                    }
+                })
+            }
+        };
         let (name, detach) = match runner {
             Runner::Fleet => ("", true),
             Runner::Here(name) => (name, false),
         };
         let job = (self.store)
-            .resume_replay(&operator, id, name, detach, dead_runner)
+            .resume_replay(&operator, id, name, detach, dead_runner, slower.as_ref())
             .await?;
         Ok(job)
     }
 }
 
 /// The job `request` describes, its selection checked.
-fn new_replay(request: &ReplayRequest, runner: Runner<'_>) -> Result<NewReplay> {
+pub(super) fn new_replay(request: &ReplayRequest, runner: Runner<'_>) -> Result<NewReplay> {
     // A replay job is a filter (it walks its tasks in id order, batch by batch): ticked
     // ids become a filter of those ids.
     let filter = match select(&request.ids, request.filter.as_ref(), request.all)? {
@@ -185,11 +241,29 @@ fn new_replay(request: &ReplayRequest, runner: Runner<'_>) -> Result<NewReplay> 
         }
         Selection::Filter(filter) => filter,
     };
+    let pace = pace_of(request.pace.as_ref())?;
+    if pace.is_some() && request.rate.is_some() {
+        return Err(OperationError::bad_request(
+            "rate: a paced replay takes its rate in pace.rate (give one of them)",
+        ));
+    }
     Ok(NewReplay {
         filter,
+        retry: None,
+        pace,
         target_topic: request.to.clone(),
         mark_resolved: request.mark_resolved,
         rate: request.rate,
         detached: runner == Runner::Fleet,
     })
+}
+
+/// The pace `request` asks for, checked; none when none was given.
+pub(super) fn pace_of(request: Option<&PaceRequest>) -> Result<Option<Pace>> {
+    match request {
+        Some(pace) if pace.is_given() => Pace::from_request(pace)
+            .map(Some)
+            .map_err(|why| OperationError::BadRequest(format!("pace: {why}"))),
+        _ => Ok(None),
+    }
 }

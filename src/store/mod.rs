@@ -62,6 +62,7 @@ mod lineage;
 mod members;
 mod migrations;
 mod operate;
+mod pacing;
 mod preview;
 mod query;
 mod replays;
@@ -96,7 +97,10 @@ pub(crate) use operate::apply_batch;
 pub use operate::{Action, ActionReport, Applicable, Budget, Operator, ACTION_BATCH};
 pub use preview::{ActionSample, ReplayCounts};
 pub use query::{Attempt, StatusCounts};
-pub use replays::{Marks, NewReplay, ReplayJob, ReplayPage, ReplayRowError, REPLAY_STALE_AFTER};
+pub use pacing::Redriven;
+pub use replays::{
+    Marks, NewReplay, ReplayJob, ReplayPage, ReplayRowError, Resumed, REPLAY_STALE_AFTER,
+};
 pub use retention::RETENTION_BATCH;
 pub use sample::{next_turn_after, FleetFigures, RESOLVED_RECOUNT, SAMPLED_CAUSES};
 pub use search::{SearchPage, Searched, SEARCH_TIMEOUT_MS};

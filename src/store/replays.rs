@@ -10,7 +10,9 @@ use std::time::Duration;
 use super::filter::{bind_selection, Selection, TaskFilter, CONDITION};
 use super::operate::Operator;
 use super::row::{task_columns, task_from_row};
+use super::operate::Action;
 use super::{Result, Store, StoreError, ORDERED_WALK};
+use crate::pace::Pace;
 use crate::task::Task;
 
 /// A runner that has not beaten for this long has stopped; another may take the job.
@@ -23,6 +25,8 @@ pub use crate::kafka::reader::Marks;
 pub struct ReplayJob {
     /// Job id.
     pub id: i64,
+    /// `replay` (produce to a topic) or `retry` (make the tasks due again).
+    pub kind: String,
     /// When it was started.
     pub created_at: DateTime<Utc>,
     /// Who started it.
@@ -33,11 +37,27 @@ pub struct ReplayJob {
     pub target_topic: Option<String>,
     /// Whether each replayed task is marked resolved.
     pub mark_resolved: bool,
-    /// Messages per second at most.
+    /// Messages per second at most (an unpaced replay).
     pub rate: Option<f64>,
+    /// Its pace: ramp, checkpoints, when it pauses itself; none: unpaced.
+    pub pace: Option<Pace>,
+    /// A retry job's action (its attempt budget, whether compensations are overridden).
+    #[serde(skip)]
+    pub retry: Option<Action>,
+    /// The ramp step under way (0 for the first).
+    pub step: i32,
+    /// The cursor when that step began.
+    pub step_cursor: i64,
+    /// Produced and skipped when that step began.
+    pub step_base: i64,
+    /// When that step began (or the job was last resumed).
+    pub step_started_at: Option<DateTime<Utc>>,
+    /// Why it is paused (by itself, when what it redrove failed again, or by an
+    /// operator).
+    pub paused_reason: Option<String>,
     /// Run by fleet members (true) or by the CLI that started it.
     pub detached: bool,
-    /// `pending`, `running`, `done`, `cancelled` or `failed`.
+    /// `pending`, `running`, `paused`, `done`, `cancelled` or `failed`.
     pub status: String,
     /// Who runs it now.
     pub runner: Option<String>,
@@ -45,7 +65,7 @@ pub struct ReplayJob {
     pub heartbeat_at: Option<DateTime<Utc>>,
     /// Tasks up to this id are done.
     pub cursor: i64,
-    /// Messages produced.
+    /// Messages produced (a replay), or tasks made due again (a retry).
     pub produced: i64,
     /// Tasks skipped (no topic to replay to, or payload not stored).
     pub skipped: i64,
@@ -78,11 +98,15 @@ impl ReplayJob {
     }
 }
 
-/// What a new replay does.
+/// What a new redrive job does.
 #[derive(Debug, Clone)]
 pub struct NewReplay {
-    /// The tasks to replay.
+    /// The tasks to redrive.
     pub filter: TaskFilter,
+    /// A retry's action; none: a replay.
+    pub retry: Option<Action>,
+    /// Its pace; none: unpaced.
+    pub pace: Option<Pace>,
     /// Target topic; none: each task's original topic.
     pub target_topic: Option<String>,
     /// Mark each replayed task resolved.
@@ -91,6 +115,15 @@ pub struct NewReplay {
     pub rate: Option<f64>,
     /// Leave it to fleet members.
     pub detached: bool,
+}
+
+/// A new rate for a job an operator resumes (slowing it down).
+#[derive(Debug, Clone, Default)]
+pub struct Resumed {
+    /// The paced job's pace at its new rate.
+    pub pace: Option<Pace>,
+    /// The unpaced replay's new rate.
+    pub rate: Option<f64>,
 }
 
 /// A replay that went as far as it could.
@@ -111,7 +144,7 @@ pub enum ReplayRowError {
     },
 }
 
-fn job_from_row(row: &PgRow) -> Result<ReplayJob> {
+pub(super) fn job_from_row(row: &PgRow) -> Result<ReplayJob> {
     let filter: serde_json::Value = row.try_get("filter")?;
     let marks: Option<serde_json::Value> = row.try_get("pending_marks")?;
     let id: i64 = row.try_get("id")?;
@@ -120,15 +153,33 @@ fn job_from_row(row: &PgRow) -> Result<ReplayJob> {
             StoreError::MalformedRow(format!("replay job {id}: {column}: {e}"))
         }
     };
+    let retry: Option<serde_json::Value> = row.try_get("retry")?;
+    let pace: Option<serde_json::Value> = row.try_get("pace")?;
+    let detached: bool = row.try_get("detached")?;
+    let by_fleet: bool = row.try_get("by_fleet")?;
     Ok(ReplayJob {
         id,
+        kind: row.try_get("kind")?,
         created_at: super::time::required(row, "created_at")?,
         actor: row.try_get("actor")?,
         filter: serde_json::from_value(filter).map_err(malformed("filter"))?,
         target_topic: row.try_get("target_topic")?,
         mark_resolved: row.try_get("mark_resolved")?,
         rate: row.try_get("rate")?,
-        detached: row.try_get("detached")?,
+        pace: pace
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(malformed("pace"))?,
+        retry: retry
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(malformed("retry"))?,
+        step: row.try_get("step")?,
+        step_cursor: row.try_get("step_cursor")?,
+        step_base: row.try_get("step_base")?,
+        step_started_at: super::time::optional(row, "step_started_at")?,
+        paused_reason: row.try_get("paused_reason")?,
+        detached: detached || by_fleet,
         status: row.try_get("status")?,
         runner: row.try_get("runner")?,
         heartbeat_at: super::time::optional(row, "heartbeat_at")?,
@@ -169,20 +220,33 @@ impl Store {
         let selection = Selection::Filter(replay.filter.clone());
         let total = self.count_selected(&selection).await?;
         let mut tx = self.pool.begin().await?;
+        let pace = replay.pace.as_ref().map(|p| serde_json::to_value(p).expect("a pace serializes"));
+        let retry = (replay.retry.as_ref())
+            .map(|r| serde_json::to_value(r).expect("an action serializes"));
+        let kind = match replay.retry {
+            Some(_) => "retry",
+            None => "replay",
+        };
         let details = serde_json::json!({
             "target_topic": replay.target_topic,
             "mark_resolved": replay.mark_resolved,
             "rate": replay.rate,
+            "pace": pace,
             "detached": replay.detached,
         });
         let audit = self
-            .insert_audit(&mut tx, operator, "replay", Some(&selection), Some(details))
+            .insert_audit(&mut tx, operator, kind, Some(&selection), Some(details))
             .await?;
+        // Jobs a member of an earlier release would run wrongly (a retry, or paced) are
+        // left to the fleet by `by_fleet`, which only this release's members claim.
+        let new_kind = replay.retry.is_some() || replay.pace.is_some();
         let row = sqlx::query(
             "INSERT INTO recovery_replay (actor, filter, target_topic, mark_resolved, rate, \
-                 detached, status, runner, heartbeat_at, total) \
-             VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 THEN 'pending' ELSE 'running' END, \
-                 CASE WHEN $6 THEN NULL ELSE $7 END, now(), $8) RETURNING *",
+                 detached, by_fleet, kind, pace, retry, status, runner, heartbeat_at, total, \
+                 step_started_at) \
+             VALUES ($1, $2, $3, $4, $5, $6 AND NOT $9, $6 AND $9, $10, $11, $12, \
+                 CASE WHEN $6 THEN 'pending' ELSE 'running' END, \
+                 CASE WHEN $6 THEN NULL ELSE $7 END, now(), $8, now()) RETURNING *",
         )
         .bind(&operator.actor)
         .bind(serde_json::to_value(&replay.filter).expect("a filter serializes"))
@@ -192,6 +256,10 @@ impl Store {
         .bind(replay.detached)
         .bind(runner)
         .bind(total)
+        .bind(new_kind)
+        .bind(kind)
+        .bind(pace)
+        .bind(retry)
         .fetch_one(&mut *tx)
         .await?;
         let job = job_from_row(&row)?;
@@ -232,7 +300,7 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(
             "UPDATE recovery_replay SET status = 'cancelled', finished_at = now() \
-             WHERE id = $1 AND status IN ('pending', 'running', 'failed') RETURNING *",
+             WHERE id = $1 AND status IN ('pending', 'running', 'paused', 'failed') RETURNING *",
         )
         .bind(id)
         .fetch_optional(&mut *tx)
@@ -263,9 +331,11 @@ impl Store {
         Ok(job)
     }
 
-    /// Resumes job `id` for `operator`, audited (`replay_resume`): any job not ended
-    /// whose runner stopped (its hold went stale, or it is `dead_runner`, known dead) is
-    /// taken by `runner`, or with `detach` handed to the fleet's members.
+    /// Resumes job `id` for `operator`, audited (`replay_resume`): a paused job, or any
+    /// job not ended whose runner stopped (its hold went stale, or it is `dead_runner`,
+    /// known dead), is taken by `runner`, or with `detach` handed to the fleet's members.
+    /// `slower` sets a new rate (of a paced job, its full pace). A paused job starts its
+    /// step's count and judgement again from here.
     pub async fn resume_replay(
         &self,
         operator: &Operator,
@@ -273,15 +343,26 @@ impl Store {
         runner: &str,
         detach: bool,
         dead_runner: Option<&str>,
+        slower: Option<&Resumed>,
     ) -> Result<ReplayJob> {
         let mut tx = self.pool.begin().await?;
+        let pace = slower
+            .and_then(|s| s.pace.as_ref())
+            .map(|p| serde_json::to_value(p).expect("a pace serializes"));
         let row = sqlx::query(
             "UPDATE recovery_replay SET \
                  status = CASE WHEN $3 THEN 'pending' ELSE 'running' END, \
                  runner = CASE WHEN $3 THEN NULL ELSE $2 END, \
-                 detached = detached OR $3, heartbeat_at = now(), error = NULL \
+                 detached = detached OR ($3 AND kind = 'replay' AND pace IS NULL), \
+                 by_fleet = by_fleet OR ($3 AND (kind = 'retry' OR pace IS NOT NULL)), \
+                 heartbeat_at = now(), error = NULL, paused_reason = NULL, \
+                 pace = coalesce($6, pace), rate = coalesce($7, rate), \
+                 step_base = CASE WHEN status = 'paused' THEN produced + skipped ELSE step_base END, \
+                 step_cursor = CASE WHEN status = 'paused' THEN cursor ELSE step_cursor END, \
+                 step_started_at = CASE WHEN status = 'paused' THEN now() ELSE step_started_at END \
              WHERE id = $1 AND ( \
-                 status = 'pending' AND detached \
+                 status = 'pending' AND (detached OR by_fleet) \
+                 OR status = 'paused' \
                  OR status IN ('running', 'failed') \
                     AND (runner IS NULL OR heartbeat_at < now() - $4 * interval '1 second' \
                          OR status = 'failed' OR runner = $5)) \
@@ -292,13 +373,19 @@ impl Store {
         .bind(detach)
         .bind(REPLAY_STALE_AFTER.as_secs_f64())
         .bind(dead_runner)
+        .bind(pace)
+        .bind(slower.and_then(|s| s.rate))
         .fetch_optional(&mut *tx)
         .await?;
         match row {
             Some(row) => {
                 // Read before the commit, as in `cancel_replay`.
                 let job = job_from_row(&row)?;
-                let details = serde_json::json!({ "job": id, "detached": detach });
+                let details = serde_json::json!({
+                    "job": id,
+                    "detached": detach,
+                    "rate": slower.map(|s| s.rate.or(s.pace.as_ref().map(|p| p.rate))),
+                });
                 self.insert_audit(&mut tx, operator, "replay_resume", None, Some(details))
                     .await?;
                 tx.commit().await?;
@@ -323,7 +410,8 @@ impl Store {
         let row = sqlx::query(
             "UPDATE recovery_replay SET status = 'running', runner = $1, heartbeat_at = now() \
              WHERE id = (SELECT id FROM recovery_replay \
-                         WHERE detached AND (status = 'pending' OR status = 'running' \
+                         WHERE (detached OR by_fleet) \
+                               AND (status = 'pending' OR status = 'running' \
                                AND heartbeat_at < now() - $2 * interval '1 second') \
                          ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) \
              RETURNING *",
@@ -431,7 +519,7 @@ impl Store {
         if done.rows_affected() == 1 {
             sqlx::query(
                 "UPDATE recovery_audit SET count = count + $2 \
-                 WHERE action = 'replay' AND (details->>'job')::bigint = $1",
+                 WHERE action IN ('replay', 'retry') AND (details->>'job')::bigint = $1",
             )
             .bind(id)
             .bind(produced)

@@ -145,7 +145,10 @@ macro_rules! task_columns {
             "previous_error",
             ", ",
             $p,
-            "disposition"
+            "disposition",
+            ", ",
+            $p,
+            "redrive_job"
         )
     };
 }
@@ -225,6 +228,7 @@ fn task_with_headers(row: &PgRow, headers: Vec<Header>) -> Result<Task> {
         created_at: required_timestamp(row, id, "created_at")?,
         updated_at: required_timestamp(row, id, "updated_at")?,
         finished_at: timestamp(row, id, "finished_at")?,
+        redrive_job: row.try_get("redrive_job")?,
     })
 }
 

@@ -23,7 +23,8 @@ pub(crate) async fn run_attempt(
         HandlerContext::new(worker_id, attempt, lease_lost).with_recovery(RecoveryPoints::Stored {
             store: store.clone(),
             lease: task.lease(),
-        });
+        })
+        .with_redrive_job(task.redrive_job);
     let attempted = invoke(registered, &ctx, task).await;
     let finish = Finish {
         lease: task.lease(),

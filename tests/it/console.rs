@@ -96,6 +96,8 @@ async fn an_operator_reads_the_fleet_its_tasks_and_their_payloads_in_a_browser()
         .await
         .unwrap();
     let replay = NewReplay {
+        retry: None,
+        pace: None,
         filter: TaskFilter {
             handler: Some("billing".into()),
             ..TaskFilter::default()

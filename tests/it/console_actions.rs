@@ -214,6 +214,8 @@ async fn a_read_only_session_and_a_cross_site_request_change_nothing() {
     let (store, settings) = fresh_store().await;
     let task = enqueue(&store, vec![task("orders", b"k", b"v")]).await[0].0;
     let replay = NewReplay {
+        retry: None,
+        pace: None,
         filter: TaskFilter::default(),
         target_topic: Some("elsewhere".into()),
         mark_resolved: false,
@@ -321,6 +323,8 @@ async fn an_operator_starts_cancels_and_resumes_replays_and_engages_and_releases
         reason: None,
     };
     let stalled = NewReplay {
+        retry: None,
+        pace: None,
         filter: TaskFilter {
             handler: Some("billing".into()),
             ..TaskFilter::default()

@@ -30,6 +30,7 @@ mod operations;
 mod operator_cli;
 mod operators;
 mod ordering;
+mod paced;
 mod outage;
 mod outcomes;
 mod process;

@@ -215,6 +215,8 @@ async fn an_interrupted_replay_is_handed_to_the_fleet_over_http() {
         reason: None,
     };
     let replay = NewReplay {
+        retry: None,
+        pace: None,
         filter: TaskFilter::default(),
         target_topic: Some("replayed".into()),
         mark_resolved: false,
@@ -283,6 +285,8 @@ async fn every_list_answers_one_envelope_and_pages_with_its_cursor() {
     };
     for _ in 0..3 {
         let replay = NewReplay {
+            retry: None,
+            pace: None,
             filter: TaskFilter::default(),
             target_topic: Some("replayed".into()),
             mark_resolved: false,

@@ -471,6 +471,8 @@ async fn a_resumed_batch_whose_selection_grew_produces_every_task_once() {
         reason: None,
     };
     let replay = redrive::store::NewReplay {
+        retry: None,
+        pace: None,
         filter: redrive::store::TaskFilter {
             status: vec![redrive::Status::PermanentFailure],
             ..Default::default()
@@ -542,6 +544,8 @@ async fn a_task_that_cannot_be_read_is_skipped_and_the_replay_goes_on() {
         reason: None,
     };
     let replay = redrive::store::NewReplay {
+        retry: None,
+        pace: None,
         filter: Default::default(),
         target_topic: None,
         mark_resolved: false,
@@ -578,6 +582,8 @@ async fn a_replay_into_a_consumed_topic_is_refused_on_resume_and_on_pickup() {
         reason: None,
     };
     let into_dlt = |detached| redrive::store::NewReplay {
+        retry: None,
+        pace: None,
         filter: redrive::store::TaskFilter::default(),
         target_topic: Some("orders.dlt".into()),
         mark_resolved: false,
@@ -774,6 +780,8 @@ async fn a_replay_cancelled_mid_batch_stops_soon_and_counts_every_message_it_pro
         reason: None,
     };
     let replay = redrive::store::NewReplay {
+        retry: None,
+        pace: None,
         filter: redrive::store::TaskFilter::default(),
         target_topic: None,
         mark_resolved: true,
@@ -954,6 +962,8 @@ async fn a_stored_replay_with_a_hostile_rate_does_not_stop_the_member() {
         reason: None,
     };
     let replay = redrive::store::NewReplay {
+        retry: None,
+        pace: None,
         filter: redrive::store::TaskFilter::default(),
         target_topic: None,
         mark_resolved: false,

@@ -824,7 +824,7 @@ async fn a_time_out_of_range_in_any_table_is_an_error_not_a_panic() {
     };
     let id = scalar(&store, "SELECT id FROM recovery_replay").await;
     let resumed = store
-        .resume_replay(&operator, id, "ops-runner", true, None)
+        .resume_replay(&operator, id, "ops-runner", true, None, None)
         .await
         .expect_err("unreadable")
         .to_string();

@@ -33,7 +33,7 @@ type Shared = State<Arc<Operations>>;
     paths(
         tasks::list_tasks, tasks::get_task, tasks::retry, tasks::discard, tasks::resolve,
         tasks::stats, tasks::check, tasks::groups,
-        replays::replay, replays::list_replays, replays::cancel_replay, replays::resume_replay,
+        replays::replay, replays::list_replays, replays::cancel_replay, replays::pause_replay, replays::resume_replay,
         fleet::audit, fleet::members, fleet::breakers, fleet::open_breaker,
         fleet::close_breaker, fleet::release_breaker, fleet::brakes, fleet::engage_brake,
         fleet::release_brake
@@ -72,6 +72,7 @@ pub(super) fn router(
         .route("/api/v1/tasks/{id}", get(tasks::get_task))
         .route("/api/v1/replays", get(replays::list_replays))
         .route("/api/v1/replays/{id}/cancel", post(replays::cancel_replay))
+        .route("/api/v1/replays/{id}/pause", post(replays::pause_replay))
         .route("/api/v1/replays/{id}/resume", post(replays::resume_replay))
         .route("/api/v1/stats", get(tasks::stats).route_layer(limited()))
         .route("/api/v1/check", get(tasks::check).route_layer(limited()))

@@ -1,4 +1,5 @@
-//! The replay endpoints: start (or a dry run), list, cancel, resume.
+//! The redrive job endpoints (replays and paced retries): start a replay (or a dry run),
+//! list, pause, cancel, resume.
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
@@ -58,19 +59,44 @@ pub async fn cancel_replay(
     Ok(Json(operations.cancel_replay(&actor, job).await?))
 }
 
-/// Hands an interrupted replay job (its runner stopped, or it failed) to the fleet's
-/// members, as `redrive replays resume --detach`: one of them continues it where it
-/// stopped.
-#[utoipa::path(post, path = "/api/v1/replays/{id}/resume", params(("id" = i64, Path, description = "Job id")),
+/// Pauses a job (a replay or a paced retry); its runner stops after its current batch
+/// and no member takes it until it is resumed.
+#[utoipa::path(post, path = "/api/v1/replays/{id}/pause", params(("id" = i64, Path, description = "Job id")),
     security(("bearer" = [])),
     responses((status = 200, body = ReplayJob), (status = 403, body = ErrorBody),
               (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
-pub async fn resume_replay(
+pub async fn pause_replay(
     State(operations): Shared,
     Extension(actor): Extension<Actor>,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<ReplayJob>, ApiError> {
     let job = id(path, "replay job")?;
-    let resumed = operations.resume_replay(&actor, job, Runner::Fleet, None);
+    Ok(Json(operations.pause_replay(&actor, job).await?))
+}
+
+/// How a job is resumed.
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[serde(default, deny_unknown_fields)]
+pub struct ResumeParams {
+    /// A new rate (slowing it down): a paced job's full pace, an unpaced replay's rate.
+    pub rate: Option<f64>,
+}
+
+/// Hands a paused or interrupted job (its runner stopped, or it failed) to the fleet's
+/// members, as `redrive replays resume --detach`: one of them continues it where it
+/// stopped; `?rate=` slows it down. A paused job judges its step afresh.
+#[utoipa::path(post, path = "/api/v1/replays/{id}/resume", params(("id" = i64, Path, description = "Job id"), ResumeParams),
+    security(("bearer" = [])),
+    responses((status = 200, body = ReplayJob), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody),
+              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn resume_replay(
+    State(operations): Shared,
+    Extension(actor): Extension<Actor>,
+    path: Result<Path<String>, PathRejection>,
+    q: Result<Query<ResumeParams>, QueryRejection>,
+) -> Result<Json<ReplayJob>, ApiError> {
+    let job = id(path, "replay job")?;
+    let rate = query(q)?.rate;
+    let resumed = operations.resume_replay(&actor, job, Runner::Fleet, None, rate);
     Ok(Json(resumed.await?))
 }

@@ -1,5 +1,6 @@
 //! The console's one-click commands, each a form posting to one operations verb:
-//! cancel and resume a replay job (resume hands it to the fleet), force a breaker open
+//! pause, cancel and resume a redrive job (resume hands it to the fleet, at a new rate
+//! if given), force a breaker open
 //! or closed or release it, engage a route's brake or release it (with a reason where
 //! the layer asks for one). Each answers by going back to the page it came from; a
 //! refusal (a read-only session: 403, a missing reason: 400) is an error page and
@@ -25,6 +26,7 @@ pub(crate) struct CommandForm {
     route: Option<String>,
     #[serde(rename = "for")]
     hold: Option<String>,
+    rate: Option<String>,
 }
 
 fn read(form: Result<Form<CommandForm>, FormRejection>) -> Result<CommandForm, PageError> {
@@ -53,15 +55,33 @@ pub(crate) async fn cancel_replay(
     Ok(Redirect::to(&format!("/console/replays#job-{}", job.id)))
 }
 
-/// `POST /console/replays/{id}/resume`: the fleet's members take it.
-pub(crate) async fn resume_replay(
+/// `POST /console/replays/{id}/pause`: its runner stops after its current batch.
+pub(crate) async fn pause_replay(
     State(console): Shared,
     Extension(actor): Extension<Actor>,
     Path(id): Path<String>,
 ) -> Result<Redirect, PageError> {
+    let job = console.app.pause_replay(&actor, job_id(&id)?).await?;
+    Ok(Redirect::to(&format!("/console/replays#job-{}", job.id)))
+}
+
+/// `POST /console/replays/{id}/resume`: the fleet's members take it, at the form's
+/// `rate` if one is given (slowing it down).
+pub(crate) async fn resume_replay(
+    State(console): Shared,
+    Extension(actor): Extension<Actor>,
+    Path(id): Path<String>,
+    form: Result<Form<CommandForm>, FormRejection>,
+) -> Result<Redirect, PageError> {
     let id = job_id(&id)?;
+    let rate = match given(read(form)?.rate) {
+        None => None,
+        Some(rate) => Some(rate.parse::<f64>().map_err(|_| {
+            PageError::bad_request(format!("rate: {rate:?} is not a number a second"))
+        })?),
+    };
     let job = (console.app)
-        .resume_replay(&actor, id, Runner::Fleet, None)
+        .resume_replay(&actor, id, Runner::Fleet, None, rate)
         .await?;
     Ok(Redirect::to(&format!("/console/replays#job-{}", job.id)))
 }

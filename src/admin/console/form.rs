@@ -167,6 +167,7 @@ impl ActionForm {
             at: self.at.clone(),
             more_attempts,
             force: false,
+            pace: None,
         })
     }
 
@@ -184,6 +185,8 @@ impl ActionForm {
             to: self.to.clone(),
             mark_resolved: self.mark_resolved,
             rate,
+            pace: None,
+            force: false,
             reason: self.reason.clone(),
             dry_run,
         })

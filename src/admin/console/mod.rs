@@ -112,6 +112,10 @@ pub(crate) fn router(app: Arc<Operations>, tokens: Arc<Tokens>, heavy: Arc<Semap
             post(commands::resume_replay),
         )
         .route(
+            "/console/replays/{id}/pause",
+            post(commands::pause_replay),
+        )
+        .route(
             "/console/breakers/{handler}/{command}",
             post(commands::breaker),
         )

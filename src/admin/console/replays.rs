@@ -1,9 +1,11 @@
-//! Replay jobs, newest first, with their progress; the table reloads every few seconds
-//! while the tab is visible.
+//! Redrive jobs (replays and paced retries), newest first, with their progress, their
+//! pace (the step under way and the next checkpoint) and why a paused job paused; the
+//! table reloads every few seconds while the tab is visible.
 //!
-//! For an operate caller, the last column holds Cancel (a job not ended) and Resume (a
-//! job whose runner stopped or that failed: the fleet's members take it), see
-//! [`super::commands`]; a replay starts from the task list's selection.
+//! For an operate caller, the last column holds Pause (a job not ended), Cancel, and
+//! Resume (a paused job, or one whose runner stopped or that failed: the fleet's members
+//! take it, at a new rate if one is given), see [`super::commands`]; a job starts from
+//! the task list's selection.
 
 use axum::extract::State;
 use axum::response::Html;
@@ -73,7 +75,7 @@ fn table(jobs: &[ReplayJob], operate: bool) -> Markup {
             caption { "The " (jobs.len()) " newest jobs" }
             thead {
                 tr {
-                    @for heading in ["Job", "Status", "Progress", "Tasks", "To", "Started", "By",
+                    @for heading in ["Job", "Status", "Progress", "Tasks", "To", "Pace", "Started", "By",
                                      "Runner", "Finished", "Error"] {
                         th scope="col" { (heading) }
                     }
@@ -93,6 +95,7 @@ fn resumable(job: &ReplayJob) -> bool {
     let stale =
         chrono::Utc::now() - chrono::TimeDelta::from_std(REPLAY_STALE_AFTER).unwrap_or_default();
     job.status == "failed"
+        || job.status == "paused"
         || job.status == "running" && !job.heartbeat_at.is_some_and(|beat| beat >= stale)
 }
 
@@ -101,8 +104,11 @@ fn row(job: &ReplayJob, operate: bool) -> Markup {
     let label = format!("progress of replay {}", job.id);
     html! {
         tr id=(format!("job-{}", job.id)) {
-            th scope="row" { (job.id) }
-            td { span class={ "badge replay-" (job.status) } { (job.status) } }
+            th scope="row" { (job.id) br; small { (job.kind) } }
+            td {
+                span class={ "badge replay-" (job.status) } { (job.status) }
+                @if let Some(reason) = &job.paused_reason { br; small.paused-reason { (reason) } }
+            }
             td.progress {
                 @match job.total {
                     Some(total) if total > 0 => {
@@ -113,20 +119,26 @@ fn row(job: &ReplayJob, operate: bool) -> Markup {
                     None => { (done) " so far" }
                 }
                 br;
-                small { (job.produced) " produced, " (job.skipped) " skipped" }
+                @if job.kind == "retry" {
+                    small { (job.produced) " made due again, " (job.skipped) " left alone" }
+                } @else {
+                    small { (job.produced) " produced, " (job.skipped) " skipped" }
+                }
                 @if matches!(job.status.as_str(), "cancelled" | "failed") {
                     @if let Some(words) = job.uncounted() { br; small.uncounted { (words) } }
                 }
             }
             td { a href=(list_url(&job.filter, &[])) { (describe(&job.filter)) } }
             td {
-                @match &job.target_topic {
-                    Some(topic) => code { (topic) },
-                    None => "each task's original topic",
+                @match (&job.target_topic, job.kind.as_str()) {
+                    (_, "retry") => "the fleet's workers",
+                    (Some(topic), _) => code { (topic) },
+                    (None, _) => "each task's original topic",
                 }
                 @if job.mark_resolved { br; small { "marks them resolved" } }
                 @if let Some(rate) = job.rate { br; small { "at most " (rate) " a second" } }
             }
+            td.pace { (pace(job)) }
             td { (layout::when(job.created_at)) }
             td { (job.actor) }
             td {
@@ -138,17 +150,51 @@ fn row(job: &ReplayJob, operate: bool) -> Markup {
             @if operate {
                 td.actions {
                     @if matches!(job.status.as_str(), "pending" | "running" | "failed") {
+                        form method="post" action=(format!("/console/replays/{}/pause", job.id)) {
+                            button.pause type="submit" aria-label=(format!("Pause job {}", job.id)) { "Pause" }
+                        }
+                    }
+                    @if matches!(job.status.as_str(), "pending" | "running" | "paused" | "failed") {
                         form method="post" action=(format!("/console/replays/{}/cancel", job.id)) {
-                            button.cancel type="submit" aria-label=(format!("Cancel replay {}", job.id)) { "Cancel" }
+                            button.cancel.danger type="submit" aria-label=(format!("Cancel replay {}", job.id)) { "Cancel" }
                         }
                     }
                     @if resumable(job) {
-                        form method="post" action=(format!("/console/replays/{}/resume", job.id)) {
+                        form.resume method="post" action=(format!("/console/replays/{}/resume", job.id)) {
+                            label { "Rate " input type="text" name="rate" inputmode="decimal" size="6" placeholder=(current_rate(job)) aria-label=(format!("New rate of job {}", job.id)); }
                             button.resume type="submit" aria-label=(format!("Resume replay {}", job.id)) { "Resume" }
                         }
                     }
                 }
             }
+        }
+    }
+}
+
+/// The rate a job runs at now (a placeholder for a new one).
+fn current_rate(job: &ReplayJob) -> String {
+    match (&job.pace, job.rate) {
+        (Some(pace), _) => format!("{}", pace.rate),
+        (None, Some(rate)) => format!("{rate}"),
+        (None, None) => "unlimited".into(),
+    }
+}
+
+/// A paced job's ramp, the step under way and its next checkpoint.
+fn pace(job: &ReplayJob) -> Markup {
+    let Some(pace) = &job.pace else {
+        return html! { @match job.rate { Some(rate) => { "at most " (rate) " a second" } None => "unpaced" } };
+    };
+    let step_done = job.produced + job.skipped - job.step_base;
+    html! {
+        "step " (job.step.max(0) + 1) " of " (pace.steps()) ", " (format!("{:.3}", pace.rate_of(job.step)).trim_end_matches('0').trim_end_matches('.')) "/s"
+        br;
+        small {
+            "ramp " (pace.ramp_text()) " of " (pace.rate) "/s"
+            @if !pace.is_last(job.step) {
+                "; checkpoint after " (step_done.max(0)) " of " (pace.step_tasks)
+            }
+            "; pauses above " (format!("{:.0}", pace.pause_ratio * 100.0)) "% failed of at least " (pace.min_outcomes)
         }
     }
 }

@@ -1,253 +1,27 @@
-//! Running a replay job: produce the stored bytes of the tasks its filter selects, in
-//! task id order, batch by batch, without ever producing a message twice on resume.
-//!
-//! Before a batch is produced the job records the batch's last task id and where each
-//! target partition ends (its high watermark). Every replayed message carries
-//! `redrive-replay: <job>:<task id>`. When the batch is acknowledged, the cursor moves
-//! past it (and, with `mark_resolved`, its tasks are resolved) in one transaction. A
-//! runner that dies between the two leaves the batch pending: whoever resumes reads the
-//! target partitions from the recorded marks, learns which of the batch's tasks are
-//! already there, and produces only the others.
+//! Producing a replay job's messages, batch by batch, without ever producing one twice
+//! on resume (see the module doc of [`super`]).
 
 use rdkafka::producer::FutureProducer;
 use std::collections::{BTreeSet, HashSet};
-use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{is_internal_topic, replay_loop, KafkaSettings, RouteSettings};
+use super::pacer::{Next, Pacer};
+use super::{Progress, ReplayError, Replayer};
+use crate::config::is_internal_topic;
 use crate::kafka::context::QuietContext;
 use crate::kafka::dlt::own;
 use crate::kafka::produce::{is_permanent, produce_task};
-use crate::kafka::reader::{ReadError, Reader};
+use crate::kafka::reader::Reader;
 use crate::kafka::{producer_config, redact_error};
-use crate::store::{apply_batch, Action, Marks, NewReplay, Operator, ReplayJob, Store, StoreError};
+use crate::store::{apply_batch, Action, Marks, Operator, ReplayJob, Store, StoreError};
 use crate::task::{Task, TaskId};
-use crate::telemetry::Metrics;
 
-/// Tasks per batch at most.
-const REPLAY_BATCH: i64 = 200;
 /// Payload bytes per batch at most (a larger single task goes alone).
 const REPLAY_BATCH_BYTES: i64 = 16 * 1024 * 1024;
-/// How often a runner renews its hold on the job, and so how soon it learns of a
-/// cancel: within about this long, the messages in flight then aside.
-const BEAT_EVERY: Duration = Duration::from_secs(1);
-/// Longest wait for the metadata of a replay's topics before it is recorded: an
-/// operator waits for the answer (an unreachable cluster is told within this).
-pub const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Why a replay could not start or stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum ReplayError {
-    /// The database.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// Kafka refused or could not be reached.
-    #[error("kafka: {0}")]
-    Kafka(String),
-    /// A target topic does not exist.
-    #[error("topic {0:?} does not exist (nothing was produced)")]
-    UnknownTopic(String),
-    /// The request itself is wrong.
-    #[error("{0}")]
-    Invalid(String),
-}
-
-impl From<ReadError> for ReplayError {
-    fn from(error: ReadError) -> Self {
-        match error {
-            ReadError::Kafka(why) => ReplayError::Kafka(why),
-            ReadError::UnknownTopic(topic) => ReplayError::UnknownTopic(topic),
-        }
-    }
-}
-
-/// Checks a replay before it is recorded: [`replay_topics`], and every topic it would
-/// produce to exists. Nothing is produced.
-pub async fn check_replay(
-    store: &Store,
-    kafka: &KafkaSettings,
-    routes: &[RouteSettings],
-    replay: &NewReplay,
-) -> Result<(), ReplayError> {
-    let topics = replay_topics(store, routes, replay).await?;
-    let kafka = kafka.clone();
-    tokio::task::spawn_blocking(move || {
-        let reader = Reader::new(&kafka)?;
-        for topic in topics {
-            // Bounded: an operator waits. Who could not be asked, and what failed.
-            reader
-                .partitions_within(&topic, CHECK_TIMEOUT)
-                .map_err(|error| match error {
-                    ReadError::Kafka(why) => ReplayError::Kafka(format!(
-                        "cannot check topic {topic:?} with the bootstrap servers {} within \
-                         {}s: {why}; nothing was recorded or produced",
-                        kafka.bootstrap_servers,
-                        CHECK_TIMEOUT.as_secs()
-                    )),
-                    other => other.into(),
-                })?;
-        }
-        Ok(())
-    })
-    .await
-    .expect("the topic check does not panic")
-}
-
-/// The topics a replay would produce to, after the checks that need no Kafka client: a
-/// valid rate and target name, a valid filter, and no topic consumed by one of
-/// `routes`' capture routes (an endless loop, see [`crate::config::replay_loop`]).
-pub async fn replay_topics(
-    store: &Store,
-    routes: &[RouteSettings],
-    replay: &NewReplay,
-) -> Result<Vec<String>, ReplayError> {
-    if let Some(rate) = replay.rate {
-        if let Some(refusal) = crate::rate::refusal(rate) {
-            return Err(ReplayError::Invalid(format!("rate {refusal}")));
-        }
-    }
-    if let Some(topic) = &replay.target_topic {
-        // The rules of the configured targets: a name Kafka accepts, not an internal one.
-        if let Err(refused) = crate::config::target_topic("the target topic", topic) {
-            let reason = refused.reason;
-            return Err(ReplayError::Invalid(format!("the target topic {reason}")));
-        }
-    }
-    replay.filter.validate().map_err(ReplayError::Invalid)?;
-    refuse_loop(
-        store,
-        routes,
-        &replay.filter,
-        replay.target_topic.as_deref(),
-    )
-    .await
-}
-
-/// The topics a replay of `filter` produces to (`target`, or the selected tasks'
-/// original topics), unless one of `routes`' capture routes consumes one of them (an
-/// endless loop, see [`crate::config::replay_loop`]).
-async fn refuse_loop(
-    store: &Store,
-    routes: &[RouteSettings],
-    filter: &crate::store::TaskFilter,
-    target: Option<&str>,
-) -> Result<Vec<String>, ReplayError> {
-    let topics = match target {
-        Some(topic) => vec![topic.to_owned()],
-        None => store.original_topics(filter).await?,
-    };
-    // An original topic comes from a dead letter's header: it may name one of Kafka's
-    // internal topics, which a replay never produces to.
-    if let Some(internal) = topics.iter().find(|t| is_internal_topic(t)) {
-        return Err(ReplayError::Invalid(format!(
-            "tasks of the filter have {internal:?}, Kafka's internal topic, as their original \
-             topic, which a replay never produces to; narrow the filter or give a target topic"
-        )));
-    }
-    match topics.iter().find_map(|t| replay_loop(routes, t)) {
-        Some(why) => Err(ReplayError::Invalid(why)),
-        None => Ok(topics),
-    }
-}
-
-/// How far a running job is, told at its start and after each batch: the tasks it has
-/// handled (produced or skipped) and its total. A CLI draws a bar with it; a fleet
-/// member, running jobs in the background, tells no one.
-pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Send + Sync);
-
-/// Runs replay jobs for one runner (a CLI or a fleet member).
-pub struct Replayer {
-    store: Store,
-    kafka: KafkaSettings,
-    max_message_bytes: u32,
-    runner: String,
-    /// The routes of the configuration it runs with: a job whose topic one of them
-    /// consumes is refused, however the job was recorded.
-    routes: Vec<RouteSettings>,
-    metrics: Metrics,
-}
 
 impl Replayer {
-    /// A runner named `runner` producing with the cluster of `kafka`, refusing jobs
-    /// that would produce to a topic one of `routes` captures.
-    pub fn new(
-        store: Store,
-        kafka: KafkaSettings,
-        max_message_bytes: u32,
-        runner: String,
-        routes: Vec<RouteSettings>,
-    ) -> Self {
-        Replayer {
-            store,
-            kafka,
-            max_message_bytes,
-            runner,
-            routes,
-            metrics: Metrics::new(),
-        }
-    }
-
-    /// Counts what it produces in `metrics` (`redrive_produced_messages_total`).
-    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
-        self.metrics = metrics;
-        self
-    }
-
-    /// This runner's name.
-    pub fn runner(&self) -> &str {
-        &self.runner
-    }
-
-    /// Runs `job` (already taken by this runner) until it is done, cancelled, taken
-    /// over, `stop` fires, or an error stops it (recorded on the job as `failed`, to be
-    /// resumed). Tells `progress` how far it is (see [`Progress`]). Answers the job as it
-    /// is afterwards.
-    pub async fn run(
-        &self,
-        job: ReplayJob,
-        progress: Progress<'_>,
-        stop: &CancellationToken,
-    ) -> Result<ReplayJob, ReplayError> {
-        let id = job.id;
-        let lost = stop.child_token();
-        let beat = tokio::spawn(keep_hold(
-            self.store.clone(),
-            id,
-            self.runner.clone(),
-            lost.clone(),
-        ));
-        // Checked on every run, not only when the job was recorded: it may have been
-        // recorded by a CLI without the fleet's configuration, or before the route.
-        let outcome = match refuse_loop(
-            &self.store,
-            &self.routes,
-            &job.filter,
-            job.target_topic.as_deref(),
-        )
-        .await
-        {
-            Ok(_) => self.produce_all(job, progress, &lost).await,
-            Err(refused) => Err(refused),
-        };
-        beat.abort();
-        if let Err(error) = &outcome {
-            tracing::warn!(job = id, %error, "replay stopped; resume it with `redrive replays resume`");
-            let text = error.to_string();
-            self.store
-                .finish_replay(id, &self.runner, Some(&text))
-                .await?;
-        }
-        outcome?;
-        if stop.is_cancelled() {
-            self.store.release_replay(id, &self.runner).await?;
-        }
-        let job = self.store.replay(id).await?.ok_or(StoreError::Replay(
-            crate::store::ReplayRowError::Unknown(id),
-        ))?;
-        Ok(job)
-    }
-
-    async fn produce_all(
+    /// Produces replay `job`'s messages from where it stands to its end, at its pace.
+    pub(super) async fn produce_all(
         &self,
         job: ReplayJob,
         progress: Progress<'_>,
@@ -257,7 +31,7 @@ impl Replayer {
             producer_config(&self.kafka, self.max_message_bytes)
                 .create_with_context(QuietContext::default())
                 .map_err(|e| ReplayError::Kafka(redact_error(e, &self.kafka).to_string()))?;
-        let limiter = job.rate.map(|rate| crate::rate::limiter(rate, 1));
+        let mut pacer = Pacer::new(&job);
         let total = job.total.unwrap_or(0).max(0) as u64;
         let mut done = (job.produced + job.skipped).max(0) as u64;
         progress(done, total);
@@ -286,9 +60,10 @@ impl Replayer {
                 return Ok(());
             }
             let upto = pending.as_ref().map(|(upto, _)| *upto);
+            let limit = pacer.batch_limit(done as i64);
             let page = self
                 .store
-                .replay_batch(&job.filter, cursor, upto, REPLAY_BATCH, REPLAY_BATCH_BYTES)
+                .replay_batch(&job.filter, cursor, upto, limit, REPLAY_BATCH_BYTES)
                 .await?;
             let tasks = page.tasks;
             let Some(last) = page.last else {
@@ -329,8 +104,9 @@ impl Replayer {
             let mut sends = Vec::new();
             // The last task of the batch handled (produced, skipped or found produced).
             let mut handled_upto = None;
+            let limiter = pacer.limiter(job.rate);
             for task in &tasks {
-                if let Some(limiter) = &limiter {
+                if let Some(limiter) = limiter {
                     // A slow rate must not hold up a cancel or a shutdown: what was
                     // produced so far is recorded below.
                     tokio::select! {
@@ -352,6 +128,8 @@ impl Replayer {
                 let extra = [
                     (own::TASK_ID, task.id.to_string()),
                     (own::REPLAY, format!("{}:{}", job.id, task.id)),
+                    (own::JOB, job.id.to_string()),
+                    (own::GENERATION, task.failure.generation.to_string()),
                 ];
                 // Spawned, so each message leaves when the limiter admits it.
                 let (producer, task, topic) = (producer.clone(), task.clone(), topic.to_owned());
@@ -393,8 +171,21 @@ impl Replayer {
             }
             done += (sent.len() + skipped as usize) as u64;
             progress(done, total);
+            let before = cursor;
             cursor = upto;
             pending = rest;
+            let next = pacer.after_batch(
+                &self.store,
+                &self.runner,
+                before,
+                cursor,
+                sent.len() as i64,
+                done as i64,
+                lost,
+            );
+            if next.await? == Next::Stop {
+                return Ok(());
+            }
         }
     }
 
@@ -424,6 +215,7 @@ impl Replayer {
             let resolve = Action::Resolve { force: true };
             apply_batch(&mut tx, operator, &resolve, &selection, 0, None).await?;
         }
+        Store::mark_redriven(&mut tx, job.id, sent, false).await?;
         let ours = Store::end_replay_batch(
             &mut tx,
             job.id,
@@ -478,22 +270,3 @@ fn target_of<'a>(job: &'a ReplayJob, task: &'a Task) -> Option<&'a str> {
         .filter(|topic| !is_internal_topic(topic))
 }
 
-/// Renews the runner's hold every few seconds; cancels `lost` when the job was
-/// cancelled or taken over.
-async fn keep_hold(store: Store, id: i64, runner: String, lost: CancellationToken) {
-    loop {
-        tokio::select! {
-            _ = lost.cancelled() => return,
-            _ = tokio::time::sleep(BEAT_EVERY) => {}
-        }
-        match store.beat_replay(id, &runner).await {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::info!(job = id, "replay cancelled or taken over; stopping");
-                lost.cancel();
-                return;
-            }
-            Err(error) => tracing::warn!(job = id, %error, "cannot renew the replay's hold"),
-        }
-    }
-}

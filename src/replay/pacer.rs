@@ -1,0 +1,185 @@
+//! A job's pace while it runs: the rate of its step, how many tasks its next batch may
+//! take, and after each batch the judgement of what it redrove (and, at the end of a
+//! step, the checkpoint) that may pause it. See [`crate::pace`] for the rules.
+
+use chrono::{DateTime, Utc};
+use governor::DefaultDirectRateLimiter;
+use std::collections::VecDeque;
+use tokio_util::sync::CancellationToken;
+
+use super::ReplayError;
+use crate::pace::{Outcomes, Pace};
+use crate::store::{ReplayJob, Store};
+
+/// Tasks per batch at most.
+pub(super) const MOST_PER_BATCH: i64 = 200;
+
+/// What a job does after a batch.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Next {
+    /// Send the next batch.
+    Go,
+    /// Stop: it paused, or is no longer this runner's.
+    Stop,
+}
+
+/// The pace of one running job.
+pub(super) struct Pacer {
+    id: i64,
+    kind_retry: bool,
+    pace: Option<Pace>,
+    step: i32,
+    step_cursor: i64,
+    step_base: i64,
+    step_started_at: DateTime<Utc>,
+    /// The last batches of the step: (cursor before the batch, tasks it sent).
+    window: VecDeque<(i64, i64)>,
+    limiter: Option<DefaultDirectRateLimiter>,
+}
+
+impl Pacer {
+    /// The pace of `job` where it stands.
+    pub(super) fn new(job: &ReplayJob) -> Pacer {
+        let mut pacer = Pacer {
+            id: job.id,
+            kind_retry: job.kind == "retry",
+            pace: job.pace.clone(),
+            step: job.step.max(0),
+            step_cursor: job.step_cursor,
+            step_base: job.step_base,
+            step_started_at: job.step_started_at.unwrap_or(job.created_at),
+            window: VecDeque::new(),
+            limiter: None,
+        };
+        pacer.limiter = pacer.rate().map(|rate| crate::rate::limiter(rate, 1));
+        pacer
+    }
+
+    /// The rate now, if any: the step's, or an unpaced replay's.
+    fn rate(&self) -> Option<f64> {
+        match &self.pace {
+            Some(pace) => Some(pace.rate_of(self.step)),
+            None => None,
+        }
+    }
+
+    /// The limiter of the step, if any; `unpaced` is an unpaced replay's own rate.
+    pub(super) fn limiter(&mut self, unpaced: Option<f64>) -> Option<&DefaultDirectRateLimiter> {
+        if self.limiter.is_none() {
+            self.limiter = unpaced.map(|rate| crate::rate::limiter(rate, 1));
+        }
+        self.limiter.as_ref()
+    }
+
+    /// How many tasks the next batch may take, `done` handled so far: about a second's
+    /// worth at the step's rate, and never past the step's checkpoint.
+    pub(super) fn batch_limit(&self, done: i64) -> i64 {
+        let Some(pace) = &self.pace else {
+            return MOST_PER_BATCH;
+        };
+        let second = pace.rate_of(self.step).ceil();
+        let mut limit = if second.is_finite() && second < MOST_PER_BATCH as f64 {
+            (second as i64).max(1)
+        } else {
+            MOST_PER_BATCH
+        };
+        if !pace.is_last(self.step) {
+            let left = self.step_base + pace.step_tasks - done;
+            limit = limit.min(left.max(1));
+        }
+        limit
+    }
+
+    /// After a batch that moved the cursor from `before` to `cursor`, sending `sent`
+    /// tasks, with `done` handled in all: judges the step so far, and at the step's end
+    /// waits for its outcomes and judges it whole before the next step begins. Pauses the
+    /// job (recorded, audited) when what it redrove failed again.
+    pub(super) async fn after_batch(
+        &mut self,
+        store: &Store,
+        runner: &str,
+        before: i64,
+        cursor: i64,
+        sent: i64,
+        done: i64,
+        lost: &CancellationToken,
+    ) -> Result<Next, ReplayError> {
+        let Some(pace) = self.pace.clone() else {
+            return Ok(Next::Go);
+        };
+        self.window.push_back((before, sent));
+        let wanted = (pace.min_outcomes * 4).max(500);
+        while self.window.len() > 1 && self.window.iter().skip(1).map(|w| w.1).sum::<i64>() >= wanted {
+            self.window.pop_front();
+        }
+        let window_start = self.window.front().map_or(cursor, |w| w.0).max(self.step_cursor);
+        let window_sent = self.window.iter().map(|w| w.1).sum();
+        if let Some(reason) = self.judge(store, &pace, window_start, window_sent).await? {
+            return self.pause(store, runner, &reason).await;
+        }
+        let step_sent = done - self.step_base;
+        if pace.is_last(self.step) || step_sent < pace.step_tasks {
+            return Ok(Next::Go);
+        }
+        // The checkpoint: the step's outcomes come in for `settle`, then the whole step
+        // is judged.
+        tracing::info!(
+            job = self.id,
+            step = self.step + 1,
+            settle_seconds = pace.settle_seconds,
+            "a step of a paced job is done; waiting for its outcomes"
+        );
+        tokio::select! {
+            _ = lost.cancelled() => return Ok(Next::Stop),
+            _ = tokio::time::sleep(pace.settle()) => {}
+        }
+        let whole = done - self.step_base;
+        if let Some(reason) = self.judge(store, &pace, self.step_cursor, whole).await? {
+            return self.pause(store, runner, &format!("at the checkpoint: {reason}")).await;
+        }
+        let step = self.step + 1;
+        if !store.begin_step(self.id, runner, step, cursor, done).await? {
+            return Ok(Next::Stop);
+        }
+        tracing::info!(job = self.id, step = step + 1, rate = pace.rate_of(step), "next step");
+        self.step = step;
+        self.step_cursor = cursor;
+        self.step_base = done;
+        self.step_started_at = Utc::now();
+        self.window.clear();
+        self.limiter = Some(crate::rate::limiter(pace.rate_of(step), 1));
+        Ok(Next::Go)
+    }
+
+    /// Why the job must pause, judging its tasks after `after` (`sent` of them).
+    async fn judge(
+        &self,
+        store: &Store,
+        pace: &Pace,
+        after: i64,
+        sent: i64,
+    ) -> Result<Option<String>, ReplayError> {
+        let (mut outcomes, open) = store
+            .step_outcomes(self.id, after, self.step_started_at, self.kind_retry)
+            .await?;
+        if self.kind_retry {
+            if let Some(breaker) = open.first() {
+                return Ok(Some(format!("the breaker of {breaker} is open")));
+            }
+        } else {
+            // A replay hears only of failures: the messages it produced are its outcomes,
+            // and those that came back failed.
+            outcomes = Outcomes {
+                total: sent.max(outcomes.failed),
+                ..outcomes
+            };
+        }
+        Ok(pace.judge(self.step, &outcomes))
+    }
+
+    async fn pause(&self, store: &Store, runner: &str, reason: &str) -> Result<Next, ReplayError> {
+        tracing::warn!(job = self.id, %reason, "a paced job paused itself; resume, slow down or cancel it");
+        store.pause_job(self.id, runner, reason).await?;
+        Ok(Next::Stop)
+    }
+}

@@ -1,0 +1,439 @@
+//! Paced redrive: a retry that ramps through its steps at the rate the operator chose,
+//! pauses itself when the downstream fails again (with a bounded number of calls into
+//! it), holds that pause on every member, resumes where it stopped, carries its job id
+//! into the handler's context, and refuses to redrive the same tasks twice by accident.
+
+use async_trait::async_trait;
+use redrive::operations::{ActRequest, Actor, FilterParams, OperationError, Runner, Verb};
+use redrive::pace::PaceRequest;
+use redrive::replay::Replayer;
+use redrive::store::ReplayJob;
+use redrive::{
+    Backoff, Failure, Fleet, Handler, HandlerContext, HandlerError, Jitter, NewTask, Settings,
+    Status, Store, Task, TaskId,
+};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::cli::redrive;
+use crate::support::{eventually, fresh_store, scalar};
+
+/// A downstream that fails (transiently) while `failing`, and records every call: the
+/// task, and the redrive job its context names.
+#[derive(Default)]
+struct Downstream {
+    failing: AtomicBool,
+    calls: Mutex<Vec<(TaskId, Option<i64>)>>,
+    failed_calls: std::sync::atomic::AtomicUsize,
+}
+
+impl Downstream {
+    fn calls(&self) -> usize {
+        self.calls.lock().unwrap().len()
+    }
+
+    fn failed_calls(&self) -> usize {
+        self.failed_calls.load(Ordering::SeqCst)
+    }
+
+    fn per_task(&self) -> HashMap<TaskId, usize> {
+        let mut counts = HashMap::new();
+        for (task, _) in self.calls.lock().unwrap().iter() {
+            *counts.entry(*task).or_default() += 1;
+        }
+        counts
+    }
+}
+
+struct Calling(Arc<Downstream>);
+
+#[async_trait]
+impl Handler for Calling {
+    async fn handle(&self, ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
+        self.0.calls.lock().unwrap().push((task.id, ctx.redrive_job));
+        match self.0.failing.load(Ordering::SeqCst) {
+            true => {
+                self.0.failed_calls.fetch_add(1, Ordering::SeqCst);
+                Err(HandlerError::transient("HTTP 503 from billing"))
+            }
+            false => Ok(()),
+        }
+    }
+
+    fn max_attempts(&self) -> Option<u32> {
+        Some(5)
+    }
+
+    /// A failed call waits an hour: each retried task is called once while the test
+    /// runs, so the calls count what the job let through.
+    fn backoff(&self) -> Option<Backoff> {
+        Some(Backoff {
+            base: Duration::from_secs(3600),
+            factor: 2.0,
+            cap: Duration::from_secs(3600),
+            jitter: Jitter::None,
+        })
+    }
+}
+
+/// `n` tasks of handler `h` that gave up earlier (permanent failures): no worker calls
+/// them until an operator retries them.
+async fn given_up(store: &Store, n: usize) -> Vec<TaskId> {
+    let tasks: Vec<NewTask> = (0..n)
+        .map(|i| NewTask {
+            handler: "h".into(),
+            status: Status::PermanentFailure,
+            failure: Failure {
+                key: Some(format!("k{i}").into_bytes()),
+                value: Some(b"{}".to_vec()),
+                ..Failure::default()
+            },
+            ..NewTask::default()
+        })
+        .collect();
+    let stored = store.enqueue_many(&tasks).await.unwrap();
+    stored.iter().map(|e| e.id()).collect()
+}
+
+fn fleet(settings: &Settings, downstream: &Arc<Downstream>) -> Fleet {
+    Fleet::builder(settings.clone())
+        .handler("h", Calling(downstream.clone()))
+        .build()
+        .unwrap()
+}
+
+/// The worker pool of `fleet`, running until the token is cancelled.
+fn workers(fleet: &Fleet, store: &Store) -> CancellationToken {
+    let stop = CancellationToken::new();
+    let pool = fleet.worker_pool(store.clone());
+    tokio::spawn({
+        let stop = stop.clone();
+        async move { pool.run(stop).await.unwrap() }
+    });
+    stop
+}
+
+fn pace(rate: f64, ramp: &str, step: i64, min_outcomes: i64) -> PaceRequest {
+    PaceRequest {
+        rate: Some(rate),
+        ramp: Some(ramp.into()),
+        step: Some(step),
+        min_outcomes: Some(min_outcomes),
+        settle: Some("1s".into()),
+        ..PaceRequest::default()
+    }
+}
+
+fn retry_of_h(pace: PaceRequest) -> ActRequest {
+    ActRequest {
+        filter: Some(FilterParams {
+            handler: Some("h".into()),
+            ..FilterParams::default()
+        }),
+        reason: Some("billing is back".into()),
+        pace: Some(pace),
+        ..ActRequest::default()
+    }
+}
+
+fn replayer(settings: &Settings, store: &Store, name: &str) -> Replayer {
+    Replayer::new(
+        store.clone(),
+        settings.kafka.clone(),
+        settings.ingest.max_message_bytes,
+        name.into(),
+        settings.routes.clone(),
+    )
+}
+
+/// Records the paced retry `request` as a job run by `runner`.
+async fn start(fleet: &Fleet, store: &Store, request: &ActRequest, runner: &str) -> ReplayJob {
+    let operations = fleet.operations(store.clone());
+    let answer = operations
+        .act_by(&Actor::shell(), Verb::Retry, request, Runner::Here(runner), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(answer.changed, 0, "a paced retry changes nothing up front");
+    answer.job.expect("a paced retry is a job")
+}
+
+async fn run(replayer: &Replayer, job: ReplayJob) -> ReplayJob {
+    let stop = CancellationToken::new();
+    tokio::time::timeout(Duration::from_secs(120), replayer.run(job, &|_, _| {}, &stop))
+        .await
+        .expect("the job ends within two minutes")
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paced_retry_ramps_through_its_steps_and_every_call_names_its_job() {
+    let (store, settings) = fresh_store().await;
+    let ids = given_up(&store, 40).await;
+    let downstream = Arc::new(Downstream::default());
+    let fleet = fleet(&settings, &downstream);
+    let stop_workers = workers(&fleet, &store);
+
+    let request = retry_of_h(pace(40.0, "25%,100%", 10, 5));
+    let job = start(&fleet, &store, &request, "runner-a").await;
+    assert_eq!((job.kind.as_str(), job.status.as_str()), ("retry", "running"));
+    assert_eq!(downstream.calls(), 0, "nothing is due before the job admits it");
+    let started = std::time::Instant::now();
+    let job = run(&replayer(&settings, &store, "runner-a"), job).await;
+    let took = started.elapsed();
+    assert_eq!(job.status, "done", "{job:?}");
+    assert_eq!((job.produced, job.skipped), (40, 0));
+    assert_eq!(job.step, 1, "the second and last step was reached");
+    // Step 1: 10 tasks at 10/s, then a checkpoint of 1 s; step 2: 30 at 40/s. Faster
+    // than that, the pace was not kept.
+    assert!(took >= Duration::from_millis(1500), "took {took:?}");
+
+    eventually(Duration::from_secs(20), "every retried task resolved", || async {
+        scalar(&store, "SELECT count(*) FROM recovery_task WHERE status = 'resolved'").await == 40
+    })
+    .await;
+    stop_workers.cancel();
+    let calls = downstream.calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 40, "each task called once");
+    assert!(
+        calls.iter().all(|(_, named)| *named == Some(job.id)),
+        "every call names job {}: {calls:?}",
+        job.id
+    );
+    let tagged = scalar(
+        &store,
+        &format!("SELECT count(*) FROM recovery_task WHERE redrive_job = {}", job.id),
+    )
+    .await;
+    assert_eq!(tagged, ids.len() as i64);
+    let audit = scalar(
+        &store,
+        &format!(
+            "SELECT count FROM recovery_audit WHERE action = 'retry' AND (details->>'job')::bigint = {}",
+            job.id
+        ),
+    )
+    .await;
+    assert_eq!(audit, 40, "the job's audit row counts what it retried");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paced_retry_into_a_failing_downstream_pauses_itself_on_every_member_and_resumes() {
+    let (store, settings) = fresh_store().await;
+    given_up(&store, 400).await;
+    let downstream = Arc::new(Downstream::default());
+    downstream.failing.store(true, Ordering::SeqCst);
+    let fleet = fleet(&settings, &downstream);
+    let stop_workers = workers(&fleet, &store);
+
+    // 20/s in the first step of 100 tasks; judged from 20 outcomes on.
+    let request = retry_of_h(pace(200.0, "10%,100%", 100, 20));
+    let job = start(&fleet, &store, &request, "runner-a").await;
+    let job = run(&replayer(&settings, &store, "runner-a"), job).await;
+    assert_eq!(job.status, "paused", "{job:?}");
+    let reason = job.paused_reason.clone().unwrap();
+    assert!(
+        reason.contains("outcomes of step 1 of 2 failed") && reason.contains("HTTP 503"),
+        "{reason}"
+    );
+    assert_eq!(job.step, 0, "still in the first step");
+    // What the job released before it paused is called within a moment; then nothing.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before_pause = downstream.calls();
+    assert_eq!(before_pause as i64, job.produced, "every released task was called once");
+    assert!(
+        (20..100).contains(&before_pause),
+        "calls into the failing downstream before the pause: {before_pause} (bounded by the step)"
+    );
+
+    // The pause holds on every member: none takes the job, and nothing more is called.
+    assert!(store.claim_detached_replay("member-b").await.unwrap().is_none());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(downstream.calls(), before_pause, "nothing is called while paused");
+
+    // The downstream recovers; the operator resumes at a lower rate.
+    downstream.failing.store(false, Ordering::SeqCst);
+    let operations = fleet.operations(store.clone());
+    let resumed = operations
+        .resume_replay(&Actor::shell(), job.id, Runner::Here("runner-b"), None, Some(400.0))
+        .await
+        .unwrap();
+    assert_eq!(resumed.status, "running");
+    assert_eq!(resumed.pace.as_ref().unwrap().rate, 400.0);
+    assert_eq!(resumed.step, 0, "it resumes in the step it paused in");
+    let job = run(&replayer(&settings, &store, "runner-b"), resumed).await;
+    assert_eq!(job.status, "done", "{job:?}");
+    assert_eq!(job.produced, 400);
+    let released_after = 400 - downstream.failed_calls() as i64;
+    eventually(Duration::from_secs(30), "the tasks released after the resume resolve", || async {
+        scalar(&store, "SELECT count(*) FROM recovery_task WHERE status = 'resolved'").await
+            == released_after
+    })
+    .await;
+    stop_workers.cancel();
+    let per_task = downstream.per_task();
+    assert!(per_task.values().all(|&n| n == 1), "no task was called twice");
+    let pauses = scalar(
+        &store,
+        "SELECT count(*) FROM recovery_audit WHERE action = 'replay_pause'",
+    )
+    .await;
+    assert_eq!(pauses, 1, "the pause is on the record");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redriving_tasks_an_earlier_job_redrove_needs_force_and_the_dry_run_names_the_job() {
+    let (store, settings) = fresh_store().await;
+    given_up(&store, 5).await;
+    let downstream = Arc::new(Downstream::default());
+    let fleet = fleet(&settings, &downstream);
+    let request = retry_of_h(pace(100.0, "100%", 10, 50));
+    let first = start(&fleet, &store, &request, "runner-a").await;
+    let first = run(&replayer(&settings, &store, "runner-a"), first).await;
+    assert_eq!(first.status, "done");
+    // The tasks are due again (no worker ran them); give them up again by hand.
+    sqlx::query("UPDATE recovery_task SET status = 'permanent_failure', finished_at = now()")
+        .execute(store.pool())
+        .await
+        .unwrap();
+
+    let operations = fleet.operations(store.clone());
+    let again = operations
+        .act_by(&Actor::shell(), Verb::Retry, &request, Runner::Here("x"), |_| {})
+        .await;
+    match again {
+        Err(OperationError::Conflict(why)) => assert!(
+            why.contains(&format!("5 of the selected tasks were already redriven by job {}", first.id))
+                && why.contains("--force"),
+            "{why}"
+        ),
+        other => panic!("a second redrive is refused without force: {other:?}"),
+    }
+    // An unpaced retry of them is refused alike.
+    let unpaced = ActRequest {
+        pace: None,
+        ..request.clone()
+    };
+    let refused = operations.act(&Actor::shell(), Verb::Retry, &unpaced, |_| {}).await;
+    assert!(matches!(refused, Err(OperationError::Conflict(_))), "{refused:?}");
+
+    let dry = ActRequest {
+        dry_run: true,
+        ..request.clone()
+    };
+    let preview = operations.act(&Actor::shell(), Verb::Retry, &dry, |_| {}).await.unwrap();
+    let redriven = preview.redriven.unwrap();
+    assert_eq!((redriven.count, redriven.jobs.clone()), (5, vec![first.id]));
+
+    let forced = ActRequest {
+        force: true,
+        ..request
+    };
+    let second = start(&fleet, &store, &forced, "runner-a").await;
+    assert_ne!(second.id, first.id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_paces_are_refused_naming_the_field_and_change_nothing() {
+    let (store, settings) = fresh_store().await;
+    given_up(&store, 3).await;
+    let fleet = fleet(&settings, &Arc::new(Downstream::default()));
+    let operations = fleet.operations(store.clone());
+    for (pace, field) in [
+        (PaceRequest::default(), None),
+        (
+            PaceRequest {
+                ramp: Some("5%".into()),
+                ..PaceRequest::default()
+            },
+            Some("pace: rate"),
+        ),
+        (
+            PaceRequest {
+                rate: Some(1e-20),
+                ..PaceRequest::default()
+            },
+            Some("pace: rate"),
+        ),
+        (
+            PaceRequest {
+                rate: Some(10.0),
+                pause_at: Some("200%".into()),
+                ..PaceRequest::default()
+            },
+            Some("pace: pause_at"),
+        ),
+    ] {
+        let request = retry_of_h(pace);
+        let answer = operations
+            .act_by(&Actor::shell(), Verb::Retry, &request, Runner::Here("x"), |_| {})
+            .await;
+        match (field, answer) {
+            // No pace at all: an ordinary retry.
+            (None, Ok(answer)) => assert!(answer.job.is_none() && answer.changed == 3),
+            (Some(field), Err(OperationError::BadRequest(why))) => {
+                assert!(why.starts_with(field), "{why}")
+            }
+            (field, other) => panic!("{field:?}: {other:?}"),
+        }
+    }
+    let discard = ActRequest {
+        reason: Some("no".into()),
+        ..retry_of_h(pace(1.0, "100%", 1, 1))
+    };
+    let refused = operations.act(&Actor::shell(), Verb::Discard, &discard, |_| {}).await;
+    assert!(matches!(refused, Err(OperationError::BadRequest(ref why)) if why.contains("pace")));
+    let jobs = scalar(&store, "SELECT count(*) FROM recovery_replay").await;
+    assert_eq!(jobs, 0, "no job was recorded");
+}
+
+/// A paced retry run by the CLI, killed with SIGKILL mid-step, resumes in the same step
+/// and no task is made due (or called) twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paced_retry_whose_runner_is_killed_mid_step_resumes_in_its_step_calling_no_task_twice()
+{
+    let (store, settings) = fresh_store().await;
+    given_up(&store, 120).await;
+    let downstream = Arc::new(Downstream::default());
+    let fleet = fleet(&settings, &downstream);
+    let stop_workers = workers(&fleet, &store);
+
+    let mut child = redrive(&settings)
+        .args([
+            "tasks", "retry", "--handler", "h", "--rate", "20", "--ramp", "50%,100%",
+            "--step", "60", "--settle", "0s", "--yes",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually(Duration::from_secs(30), "the CLI has retried 20 tasks", || async {
+        scalar(&store, "SELECT coalesce(max(produced), 0) FROM recovery_replay").await >= 20
+    })
+    .await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let job = (store.replays(1, None).await.unwrap()).remove(0);
+    assert_eq!((job.status.as_str(), job.step), ("running", 0), "{job:?}");
+    assert!(job.produced < 60, "killed inside the first step: {job:?}");
+
+    let operations = fleet.operations(store.clone());
+    let dead = job.runner.clone();
+    let resumed = operations
+        .resume_replay(&Actor::shell(), job.id, Runner::Here("runner-b"), dead.as_deref(), None)
+        .await
+        .unwrap();
+    assert_eq!(resumed.step, 0, "resumed in the step it was killed in");
+    let job = run(&replayer(&settings, &store, "runner-b"), resumed).await;
+    assert_eq!((job.status.as_str(), job.produced), ("done", 120), "{job:?}");
+    eventually(Duration::from_secs(30), "every task resolved", || async {
+        scalar(&store, "SELECT count(*) FROM recovery_task WHERE status = 'resolved'").await == 120
+    })
+    .await;
+    stop_workers.cancel();
+    let per_task = downstream.per_task();
+    assert_eq!(per_task.len(), 120);
+    assert!(per_task.values().all(|&n| n == 1), "a task was called twice");
+}
