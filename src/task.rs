@@ -9,6 +9,7 @@ use crate::headers::Header;
 
 pub mod cause;
 mod outcome;
+pub mod transform;
 
 pub use cause::{AttemptKind, Cause};
 pub use outcome::{AttemptOutcome, FinishOutcome, UnknownOutcome, Verdict};
