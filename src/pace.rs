@@ -234,10 +234,7 @@ fn trim_number(value: f64) -> String {
 fn parse_ramp(text: &str) -> Result<Vec<f64>, String> {
     let steps: Vec<&str> = text.split(',').map(str::trim).collect();
     if steps.len() > MOST_STEPS {
-        return Err(format!(
-            "at most {MOST_STEPS} steps, got {}",
-            steps.len()
-        ));
+        return Err(format!("at most {MOST_STEPS} steps, got {}", steps.len()));
     }
     steps
         .iter()
@@ -285,7 +282,10 @@ mod tests {
         assert_eq!(pace.steps(), 4);
         assert!((pace.rate_of(0) - 2.0).abs() < 1e-9);
         assert!((pace.rate_of(3) - 200.0).abs() < 1e-9);
-        assert!((pace.rate_of(9) - 200.0).abs() < 1e-9, "past the ramp: its last");
+        assert!(
+            (pace.rate_of(9) - 200.0).abs() < 1e-9,
+            "past the ramp: its last"
+        );
         assert!((pace.rate_of(-4) - 2.0).abs() < 1e-9, "a hand-written step");
         assert!(!pace.is_last(2));
         assert!(pace.is_last(3));
@@ -415,7 +415,11 @@ mod tests {
             causes: vec!["http.5xx: HTTP 503".into()],
         };
         assert_eq!(pace.judge(0, &outcomes(49, 49)), None, "too few outcomes");
-        assert_eq!(pace.judge(0, &outcomes(50, 10)), None, "20% is not above 20%");
+        assert_eq!(
+            pace.judge(0, &outcomes(50, 10)),
+            None,
+            "20% is not above 20%"
+        );
         let reason = pace.judge(0, &outcomes(50, 11)).expect("paused");
         assert_eq!(
             reason,

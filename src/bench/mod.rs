@@ -15,6 +15,7 @@ mod cpu;
 pub mod horizon;
 pub mod ingest;
 pub mod ops;
+pub mod pace;
 pub mod rebalance;
 pub mod scale;
 mod server;
@@ -72,6 +73,9 @@ pub enum BenchKind {
     /// The drain against the store's size (10k, 1M, 10M due tasks; 10M final ones) and
     /// against the number of members on one PostgreSQL, with what limits it.
     Scale(scale::ScaleBenchOptions),
+    /// A paced retry against a downstream that fails (from the start, or halfway): calls
+    /// into it before the job paused itself, the time to pause, the drain after resume.
+    RedrivePace(pace::PaceBenchOptions),
 }
 
 /// A count of at least one.
@@ -148,6 +152,7 @@ pub async fn run(settings: &Settings, args: &BenchArgs) -> anyhow::Result<()> {
         Some(BenchKind::Console(options)) => console::run(&settings, options).await,
         Some(BenchKind::Horizon(options)) => horizon::run(&settings, options).await,
         Some(BenchKind::Scale(options)) => scale::run(&settings, options).await,
+        Some(BenchKind::RedrivePace(options)) => pace::run(&settings, options).await,
         None => run_queue(&settings, &args.queue).await,
     }
 }

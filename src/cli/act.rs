@@ -8,8 +8,8 @@ use std::io::IsTerminal;
 
 use super::operator::confirm;
 use super::pace::PaceArgs;
-use super::selection::SelectionArgs;
 use super::replays::{foreground, print_job_started, replayer};
+use super::selection::SelectionArgs;
 use crate::fleet::Fleet;
 use crate::operations::{ActAnswer, ActRequest, Actor, Operations, Runner, Verb};
 use crate::output::{errln, outln};

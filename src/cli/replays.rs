@@ -246,7 +246,11 @@ pub(super) fn print_job_started(job: &ReplayJob, json: bool) -> anyhow::Result<(
 
 /// Runs `job` here until it ends, pauses or SIGINT/SIGTERM, with a progress bar on a
 /// terminal.
-pub(super) async fn foreground(replayer: &Replayer, job: ReplayJob, json: bool) -> anyhow::Result<()> {
+pub(super) async fn foreground(
+    replayer: &Replayer,
+    job: ReplayJob,
+    json: bool,
+) -> anyhow::Result<()> {
     let id = job.id;
     let progress = if std::io::stderr().is_terminal() {
         let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
@@ -383,39 +387,37 @@ async fn list(
     after: Option<i64>,
     json: bool,
 ) -> anyhow::Result<()> {
-            let page = operations.replays(&PageRequest { limit, after }).await?;
-            let header = [
-                "ID", "KIND", "STATUS", "DONE", "PRODUCED", "PACE", "TO", "RUNNER", "BY", "STARTED",
-                "ERROR",
-            ];
-            table::print_page(&page, json, &header, "no redrive job", |j| {
-                vec![
-                    j.id.to_string(),
-                    j.kind.clone(),
-                    match &j.paused_reason {
-                        Some(reason) if j.status == "paused" => format!("paused: {reason}"),
-                        _ => j.status.clone(),
-                    },
-                    format!("{}/{}", j.produced + j.skipped, j.total.unwrap_or(0)),
-                    // A batch in flight of a job that has ended may be uncounted.
-                    match j.pending_upto.is_some()
-                        && matches!(j.status.as_str(), "cancelled" | "failed")
-                    {
-                        true => format!("{}+?", j.produced),
-                        false => j.produced.to_string(),
-                    },
-                    pace_words(j),
-                    match (j.kind.as_str(), &j.target_topic) {
-                        ("retry", _) => "(workers)".into(),
-                        (_, Some(topic)) => topic.clone(),
-                        (_, None) => "(original)".into(),
-                    },
-                    j.runner.clone().unwrap_or_default(),
-                    j.actor.clone(),
-                    j.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
-                    j.error.clone().unwrap_or_default(),
-                ]
-            })
+    let page = operations.replays(&PageRequest { limit, after }).await?;
+    let header = [
+        "ID", "KIND", "STATUS", "DONE", "PRODUCED", "PACE", "TO", "RUNNER", "BY", "STARTED",
+        "ERROR",
+    ];
+    table::print_page(&page, json, &header, "no redrive job", |j| {
+        vec![
+            j.id.to_string(),
+            j.kind.clone(),
+            match &j.paused_reason {
+                Some(reason) if j.status == "paused" => format!("paused: {reason}"),
+                _ => j.status.clone(),
+            },
+            format!("{}/{}", j.produced + j.skipped, j.total.unwrap_or(0)),
+            // A batch in flight of a job that has ended may be uncounted.
+            match j.pending_upto.is_some() && matches!(j.status.as_str(), "cancelled" | "failed") {
+                true => format!("{}+?", j.produced),
+                false => j.produced.to_string(),
+            },
+            pace_words(j),
+            match (j.kind.as_str(), &j.target_topic) {
+                ("retry", _) => "(workers)".into(),
+                (_, Some(topic)) => topic.clone(),
+                (_, None) => "(original)".into(),
+            },
+            j.runner.clone().unwrap_or_default(),
+            j.actor.clone(),
+            j.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+            j.error.clone().unwrap_or_default(),
+        ]
+    })
 }
 
 /// A job's pace in a few words: the step under way and its rate.

@@ -102,7 +102,15 @@ pub async fn run(
         TasksCommand::Resolve(args) => {
             let decide = args.decide;
             let request = request(&decide.selection, Some(decide.reason), args.force);
-            bulk(fleet, operations, Verb::Resolve, request, &decide.bulk, false).await
+            bulk(
+                fleet,
+                operations,
+                Verb::Resolve,
+                request,
+                &decide.bulk,
+                false,
+            )
+            .await
         }
         TasksCommand::Replay(args) => run_in_foreground(args, fleet, operations).await,
         TasksCommand::Groups(args) => {

@@ -164,7 +164,10 @@ impl Handler for WebhookHandler {
             .header(IDEMPOTENCY_KEY, key)
             .header(TASK_ID_HEADER, HeaderValue::from(task.id.0))
             .header(ATTEMPT_HEADER, HeaderValue::from(ctx.attempt))
-            .header(GENERATION_HEADER, HeaderValue::from(task.failure.generation));
+            .header(
+                GENERATION_HEADER,
+                HeaderValue::from(task.failure.generation),
+            );
         if let Some(job) = ctx.redrive_job {
             request = request.header(JOB_HEADER, HeaderValue::from(job));
         }

@@ -7,10 +7,9 @@ use tokio::task::JoinHandle;
 
 use super::actor::{optional_reason, required_reason, Actor};
 use super::error::{OperationError, Result};
-use super::replays::{pace_of, Runner};
 use super::selection::{select, FilterParams};
-use super::Operations;
-use crate::pace::PaceRequest;
+use super::{Operations, Runner};
+use crate::pace::{Pace, PaceRequest};
 use crate::resilience::breaker::Breaker;
 use crate::store::{
     Action, ActionReport, Budget, Due, NewReplay, Redriven, ReplayJob, Selection, TaskFilter,
@@ -335,8 +334,18 @@ impl Operations {
         })
     }
 }
+/// The pace `request` asks for, checked; none when none was given.
+pub(super) fn pace_of(request: Option<&PaceRequest>) -> Result<Option<Pace>> {
+    match request {
+        Some(pace) if pace.is_given() => Pace::from_request(pace)
+            .map(Some)
+            .map_err(|why| OperationError::BadRequest(format!("pace: {why}"))),
+        _ => Ok(None),
+    }
+}
+
 /// The filter a job walks for `selection` (ticked ids become a filter of those ids).
-fn filter_of(selection: &Selection) -> TaskFilter {
+pub(super) fn filter_of(selection: &Selection) -> TaskFilter {
     match selection {
         Selection::Ids(ids) => {
             let mut ids = ids.clone();

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::act::SAMPLE;
+use super::act::{filter_of, pace_of, SAMPLE};
 use super::actor::{optional_reason, Actor};
 use super::error::{OperationError, Result};
 use super::page::{Page, PageRequest};
@@ -12,7 +12,7 @@ use super::selection::{select, FilterParams};
 use super::Operations;
 use crate::pace::{Pace, PaceRequest};
 use crate::replay::{check_replay, replay_topics};
-use crate::store::{NewReplay, Redriven, ReplayJob, Resumed, Selection, TaskFilter, TaskSummary};
+use crate::store::{NewReplay, Redriven, ReplayJob, Resumed, TaskFilter, TaskSummary};
 
 /// What to replay: the body of `POST /api/v1/tasks/replay`, and what `redrive tasks
 /// replay` reads.
@@ -163,7 +163,7 @@ impl Operations {
 
     /// Refuses to redrive tasks of `filter` that an earlier job already redrove, unless
     /// `force`.
-    pub(super) async fn refuse_redriven(&self, filter: &TaskFilter, force: bool) -> Result<()> {
+    async fn refuse_redriven(&self, filter: &TaskFilter, force: bool) -> Result<()> {
         if force {
             return Ok(());
         }
@@ -177,7 +177,10 @@ impl Operations {
     /// and no member takes it until it is resumed.
     pub async fn pause_replay(&self, actor: &Actor, id: i64) -> Result<ReplayJob> {
         actor.must_operate()?;
-        Ok(self.store.pause_by_operator(&actor.operator(None), id).await?)
+        Ok(self
+            .store
+            .pause_by_operator(&actor.operator(None), id)
+            .await?)
     }
 
     /// Resumes job `id` (paused, or not ended with its runner stopped, or is
@@ -227,20 +230,10 @@ impl Operations {
 }
 
 /// The job `request` describes, its selection checked.
-pub(super) fn new_replay(request: &ReplayRequest, runner: Runner<'_>) -> Result<NewReplay> {
+fn new_replay(request: &ReplayRequest, runner: Runner<'_>) -> Result<NewReplay> {
     // A replay job is a filter (it walks its tasks in id order, batch by batch): ticked
     // ids become a filter of those ids.
-    let filter = match select(&request.ids, request.filter.as_ref(), request.all)? {
-        Selection::Ids(mut ids) => {
-            ids.sort();
-            ids.dedup();
-            TaskFilter {
-                ids,
-                ..TaskFilter::default()
-            }
-        }
-        Selection::Filter(filter) => filter,
-    };
+    let filter = filter_of(&select(&request.ids, request.filter.as_ref(), request.all)?);
     let pace = pace_of(request.pace.as_ref())?;
     if pace.is_some() && request.rate.is_some() {
         return Err(OperationError::bad_request(
@@ -256,14 +249,4 @@ pub(super) fn new_replay(request: &ReplayRequest, runner: Runner<'_>) -> Result<
         rate: request.rate,
         detached: runner == Runner::Fleet,
     })
-}
-
-/// The pace `request` asks for, checked; none when none was given.
-pub(super) fn pace_of(request: Option<&PaceRequest>) -> Result<Option<Pace>> {
-    match request {
-        Some(pace) if pace.is_given() => Pace::from_request(pace)
-            .map(Some)
-            .map_err(|why| OperationError::BadRequest(format!("pace: {why}"))),
-        _ => Ok(None),
-    }
 }

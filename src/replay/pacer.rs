@@ -23,6 +23,19 @@ pub(super) enum Next {
     Stop,
 }
 
+/// What a batch did, as the pacer judges it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BatchDone {
+    /// The cursor before the batch.
+    pub(super) before: i64,
+    /// The cursor after it.
+    pub(super) cursor: i64,
+    /// Tasks it sent (produced, or made due again).
+    pub(super) sent: i64,
+    /// Tasks the job has handled in all (sent and skipped).
+    pub(super) done: i64,
+}
+
 /// The pace of one running job.
 pub(super) struct Pacer {
     id: i64,
@@ -57,10 +70,7 @@ impl Pacer {
 
     /// The rate now, if any: the step's, or an unpaced replay's.
     fn rate(&self) -> Option<f64> {
-        match &self.pace {
-            Some(pace) => Some(pace.rate_of(self.step)),
-            None => None,
-        }
+        self.pace.as_ref().map(|pace| pace.rate_of(self.step))
     }
 
     /// The limiter of the step, if any; `unpaced` is an unpaced replay's own rate.
@@ -90,29 +100,37 @@ impl Pacer {
         limit
     }
 
-    /// After a batch that moved the cursor from `before` to `cursor`, sending `sent`
-    /// tasks, with `done` handled in all: judges the step so far, and at the step's end
-    /// waits for its outcomes and judges it whole before the next step begins. Pauses the
-    /// job (recorded, audited) when what it redrove failed again.
+    /// After `batch`: judges the step so far, and at the step's end waits for its
+    /// outcomes and judges it whole before the next step begins. Pauses the job
+    /// (recorded, audited) when what it redrove failed again.
     pub(super) async fn after_batch(
         &mut self,
         store: &Store,
         runner: &str,
-        before: i64,
-        cursor: i64,
-        sent: i64,
-        done: i64,
+        batch: BatchDone,
         lost: &CancellationToken,
     ) -> Result<Next, ReplayError> {
+        let BatchDone {
+            before,
+            cursor,
+            sent,
+            done,
+        } = batch;
         let Some(pace) = self.pace.clone() else {
             return Ok(Next::Go);
         };
         self.window.push_back((before, sent));
         let wanted = (pace.min_outcomes * 4).max(500);
-        while self.window.len() > 1 && self.window.iter().skip(1).map(|w| w.1).sum::<i64>() >= wanted {
+        while self.window.len() > 1
+            && self.window.iter().skip(1).map(|w| w.1).sum::<i64>() >= wanted
+        {
             self.window.pop_front();
         }
-        let window_start = self.window.front().map_or(cursor, |w| w.0).max(self.step_cursor);
+        let window_start = self
+            .window
+            .front()
+            .map_or(cursor, |w| w.0)
+            .max(self.step_cursor);
         let window_sent = self.window.iter().map(|w| w.1).sum();
         if let Some(reason) = self.judge(store, &pace, window_start, window_sent).await? {
             return self.pause(store, runner, &reason).await;
@@ -135,13 +153,23 @@ impl Pacer {
         }
         let whole = done - self.step_base;
         if let Some(reason) = self.judge(store, &pace, self.step_cursor, whole).await? {
-            return self.pause(store, runner, &format!("at the checkpoint: {reason}")).await;
+            return self
+                .pause(store, runner, &format!("at the checkpoint: {reason}"))
+                .await;
         }
         let step = self.step + 1;
-        if !store.begin_step(self.id, runner, step, cursor, done).await? {
+        if !store
+            .begin_step(self.id, runner, step, cursor, done)
+            .await?
+        {
             return Ok(Next::Stop);
         }
-        tracing::info!(job = self.id, step = step + 1, rate = pace.rate_of(step), "next step");
+        tracing::info!(
+            job = self.id,
+            step = step + 1,
+            rate = pace.rate_of(step),
+            "next step"
+        );
         self.step = step;
         self.step_cursor = cursor;
         self.step_base = done;

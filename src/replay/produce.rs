@@ -5,7 +5,7 @@ use rdkafka::producer::FutureProducer;
 use std::collections::{BTreeSet, HashSet};
 use tokio_util::sync::CancellationToken;
 
-use super::pacer::{Next, Pacer};
+use super::pacer::{BatchDone, Next, Pacer};
 use super::{Progress, ReplayError, Replayer};
 use crate::config::is_internal_topic;
 use crate::kafka::context::QuietContext;
@@ -174,15 +174,13 @@ impl Replayer {
             let before = cursor;
             cursor = upto;
             pending = rest;
-            let next = pacer.after_batch(
-                &self.store,
-                &self.runner,
+            let batch = BatchDone {
                 before,
                 cursor,
-                sent.len() as i64,
-                done as i64,
-                lost,
-            );
+                sent: sent.len() as i64,
+                done: done as i64,
+            };
+            let next = pacer.after_batch(&self.store, &self.runner, batch, lost);
             if next.await? == Next::Stop {
                 return Ok(());
             }
@@ -269,4 +267,3 @@ fn target_of<'a>(job: &'a ReplayJob, task: &'a Task) -> Option<&'a str> {
         // skipped.
         .filter(|topic| !is_internal_topic(topic))
 }
-

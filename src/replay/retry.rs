@@ -5,7 +5,7 @@
 
 use tokio_util::sync::CancellationToken;
 
-use super::pacer::{Next, Pacer};
+use super::pacer::{BatchDone, Next, Pacer};
 use super::{Progress, ReplayError, Replayer};
 use crate::store::{apply_batch, Action, Operator, ReplayJob, Selection, Store, StoreError};
 use crate::task::TaskId;
@@ -79,15 +79,13 @@ impl Replayer {
             if !whole {
                 return Ok(());
             }
-            let next = pacer.after_batch(
-                &self.store,
-                &self.runner,
+            let batch = BatchDone {
                 before,
                 cursor,
-                changed,
-                done as i64,
-                lost,
-            );
+                sent: changed,
+                done: done as i64,
+            };
+            let next = pacer.after_batch(&self.store, &self.runner, batch, lost);
             if next.await? == Next::Stop {
                 return Ok(());
             }
@@ -120,9 +118,16 @@ impl Replayer {
             }
         };
         let left_alone = tasks.len() as i64 - changed + unreadable;
-        let ours =
-            Store::end_replay_batch(&mut tx, job.id, &self.runner, upto, changed, left_alone, false)
-                .await?;
+        let ours = Store::end_replay_batch(
+            &mut tx,
+            job.id,
+            &self.runner,
+            upto,
+            changed,
+            left_alone,
+            false,
+        )
+        .await?;
         if !ours {
             return Ok(None);
         }

@@ -95,9 +95,9 @@ pub use members::{Member, MEMBER_BEAT, MEMBER_LIVE_WITHIN};
 pub use migrations::{Migration, SchemaVersions};
 pub(crate) use operate::apply_batch;
 pub use operate::{Action, ActionReport, Applicable, Budget, Operator, ACTION_BATCH};
+pub use pacing::Redriven;
 pub use preview::{ActionSample, ReplayCounts};
 pub use query::{Attempt, StatusCounts};
-pub use pacing::Redriven;
 pub use replays::{
     Marks, NewReplay, ReplayJob, ReplayPage, ReplayRowError, Resumed, REPLAY_STALE_AFTER,
 };

@@ -55,7 +55,9 @@ impl Store {
             .await?;
         Ok(Redriven {
             count: row.try_get("count")?,
-            jobs: row.try_get::<Option<Vec<i64>>, _>("jobs")?.unwrap_or_default(),
+            jobs: row
+                .try_get::<Option<Vec<i64>>, _>("jobs")?
+                .unwrap_or_default(),
         })
     }
 
@@ -199,8 +201,7 @@ impl Store {
         let outcomes = Outcomes {
             total: row.try_get("total")?,
             failed: row.try_get("failed")?,
-            causes: (row.try_get::<Option<Vec<String>>, _>("causes")?)
-                .unwrap_or_default(),
+            causes: (row.try_get::<Option<Vec<String>>, _>("causes")?).unwrap_or_default(),
         };
         let open = row
             .try_get::<Option<Vec<String>>, _>("open")?

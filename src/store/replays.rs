@@ -8,9 +8,9 @@ use sqlx::{PgConnection, Row};
 use std::time::Duration;
 
 use super::filter::{bind_selection, Selection, TaskFilter, CONDITION};
+use super::operate::Action;
 use super::operate::Operator;
 use super::row::{task_columns, task_from_row};
-use super::operate::Action;
 use super::{Result, Store, StoreError, ORDERED_WALK};
 use crate::pace::Pace;
 use crate::task::Task;
@@ -220,9 +220,12 @@ impl Store {
         let selection = Selection::Filter(replay.filter.clone());
         let total = self.count_selected(&selection).await?;
         let mut tx = self.pool.begin().await?;
-        let pace = replay.pace.as_ref().map(|p| serde_json::to_value(p).expect("a pace serializes"));
-        let retry = (replay.retry.as_ref())
-            .map(|r| serde_json::to_value(r).expect("an action serializes"));
+        let pace = replay
+            .pace
+            .as_ref()
+            .map(|p| serde_json::to_value(p).expect("a pace serializes"));
+        let retry =
+            (replay.retry.as_ref()).map(|r| serde_json::to_value(r).expect("an action serializes"));
         let kind = match replay.retry {
             Some(_) => "retry",
             None => "replay",

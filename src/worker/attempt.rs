@@ -19,8 +19,8 @@ pub(crate) async fn run_attempt(
     lease_lost: CancellationToken,
 ) -> (Finish, Verdict) {
     let attempt = u32::try_from(task.attempts).unwrap_or(0);
-    let ctx =
-        HandlerContext::new(worker_id, attempt, lease_lost).with_recovery(RecoveryPoints::Stored {
+    let ctx = HandlerContext::new(worker_id, attempt, lease_lost)
+        .with_recovery(RecoveryPoints::Stored {
             store: store.clone(),
             lease: task.lease(),
         })

@@ -53,7 +53,11 @@ struct Calling(Arc<Downstream>);
 #[async_trait]
 impl Handler for Calling {
     async fn handle(&self, ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
-        self.0.calls.lock().unwrap().push((task.id, ctx.redrive_job));
+        self.0
+            .calls
+            .lock()
+            .unwrap()
+            .push((task.id, ctx.redrive_job));
         match self.0.failing.load(Ordering::SeqCst) {
             true => {
                 self.0.failed_calls.fetch_add(1, Ordering::SeqCst);
@@ -153,7 +157,13 @@ fn replayer(settings: &Settings, store: &Store, name: &str) -> Replayer {
 async fn start(fleet: &Fleet, store: &Store, request: &ActRequest, runner: &str) -> ReplayJob {
     let operations = fleet.operations(store.clone());
     let answer = operations
-        .act_by(&Actor::shell(), Verb::Retry, request, Runner::Here(runner), |_| {})
+        .act_by(
+            &Actor::shell(),
+            Verb::Retry,
+            request,
+            Runner::Here(runner),
+            |_| {},
+        )
         .await
         .unwrap();
     assert_eq!(answer.changed, 0, "a paced retry changes nothing up front");
@@ -162,10 +172,13 @@ async fn start(fleet: &Fleet, store: &Store, request: &ActRequest, runner: &str)
 
 async fn run(replayer: &Replayer, job: ReplayJob) -> ReplayJob {
     let stop = CancellationToken::new();
-    tokio::time::timeout(Duration::from_secs(120), replayer.run(job, &|_, _| {}, &stop))
-        .await
-        .expect("the job ends within two minutes")
-        .unwrap()
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        replayer.run(job, &|_, _| {}, &stop),
+    )
+    .await
+    .expect("the job ends within two minutes")
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -178,8 +191,15 @@ async fn a_paced_retry_ramps_through_its_steps_and_every_call_names_its_job() {
 
     let request = retry_of_h(pace(40.0, "25%,100%", 10, 5));
     let job = start(&fleet, &store, &request, "runner-a").await;
-    assert_eq!((job.kind.as_str(), job.status.as_str()), ("retry", "running"));
-    assert_eq!(downstream.calls(), 0, "nothing is due before the job admits it");
+    assert_eq!(
+        (job.kind.as_str(), job.status.as_str()),
+        ("retry", "running")
+    );
+    assert_eq!(
+        downstream.calls(),
+        0,
+        "nothing is due before the job admits it"
+    );
     let started = std::time::Instant::now();
     let job = run(&replayer(&settings, &store, "runner-a"), job).await;
     let took = started.elapsed();
@@ -190,9 +210,18 @@ async fn a_paced_retry_ramps_through_its_steps_and_every_call_names_its_job() {
     // than that, the pace was not kept.
     assert!(took >= Duration::from_millis(1500), "took {took:?}");
 
-    eventually(Duration::from_secs(20), "every retried task resolved", || async {
-        scalar(&store, "SELECT count(*) FROM recovery_task WHERE status = 'resolved'").await == 40
-    })
+    eventually(
+        Duration::from_secs(20),
+        "every retried task resolved",
+        || async {
+            scalar(
+                &store,
+                "SELECT count(*) FROM recovery_task WHERE status = 'resolved'",
+            )
+            .await
+                == 40
+        },
+    )
     .await;
     stop_workers.cancel();
     let calls = downstream.calls.lock().unwrap().clone();
@@ -204,7 +233,10 @@ async fn a_paced_retry_ramps_through_its_steps_and_every_call_names_its_job() {
     );
     let tagged = scalar(
         &store,
-        &format!("SELECT count(*) FROM recovery_task WHERE redrive_job = {}", job.id),
+        &format!(
+            "SELECT count(*) FROM recovery_task WHERE redrive_job = {}",
+            job.id
+        ),
     )
     .await;
     assert_eq!(tagged, ids.len() as i64);
@@ -242,22 +274,39 @@ async fn a_paced_retry_into_a_failing_downstream_pauses_itself_on_every_member_a
     // What the job released before it paused is called within a moment; then nothing.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let before_pause = downstream.calls();
-    assert_eq!(before_pause as i64, job.produced, "every released task was called once");
+    assert_eq!(
+        before_pause as i64, job.produced,
+        "every released task was called once"
+    );
     assert!(
         (20..100).contains(&before_pause),
         "calls into the failing downstream before the pause: {before_pause} (bounded by the step)"
     );
 
     // The pause holds on every member: none takes the job, and nothing more is called.
-    assert!(store.claim_detached_replay("member-b").await.unwrap().is_none());
+    assert!(store
+        .claim_detached_replay("member-b")
+        .await
+        .unwrap()
+        .is_none());
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(downstream.calls(), before_pause, "nothing is called while paused");
+    assert_eq!(
+        downstream.calls(),
+        before_pause,
+        "nothing is called while paused"
+    );
 
     // The downstream recovers; the operator resumes at a lower rate.
     downstream.failing.store(false, Ordering::SeqCst);
     let operations = fleet.operations(store.clone());
     let resumed = operations
-        .resume_replay(&Actor::shell(), job.id, Runner::Here("runner-b"), None, Some(400.0))
+        .resume_replay(
+            &Actor::shell(),
+            job.id,
+            Runner::Here("runner-b"),
+            None,
+            Some(400.0),
+        )
         .await
         .unwrap();
     assert_eq!(resumed.status, "running");
@@ -267,14 +316,25 @@ async fn a_paced_retry_into_a_failing_downstream_pauses_itself_on_every_member_a
     assert_eq!(job.status, "done", "{job:?}");
     assert_eq!(job.produced, 400);
     let released_after = 400 - downstream.failed_calls() as i64;
-    eventually(Duration::from_secs(30), "the tasks released after the resume resolve", || async {
-        scalar(&store, "SELECT count(*) FROM recovery_task WHERE status = 'resolved'").await
-            == released_after
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the tasks released after the resume resolve",
+        || async {
+            scalar(
+                &store,
+                "SELECT count(*) FROM recovery_task WHERE status = 'resolved'",
+            )
+            .await
+                == released_after
+        },
+    )
     .await;
     stop_workers.cancel();
     let per_task = downstream.per_task();
-    assert!(per_task.values().all(|&n| n == 1), "no task was called twice");
+    assert!(
+        per_task.values().all(|&n| n == 1),
+        "no task was called twice"
+    );
     let pauses = scalar(
         &store,
         "SELECT count(*) FROM recovery_audit WHERE action = 'replay_pause'",
@@ -301,12 +361,20 @@ async fn redriving_tasks_an_earlier_job_redrove_needs_force_and_the_dry_run_name
 
     let operations = fleet.operations(store.clone());
     let again = operations
-        .act_by(&Actor::shell(), Verb::Retry, &request, Runner::Here("x"), |_| {})
+        .act_by(
+            &Actor::shell(),
+            Verb::Retry,
+            &request,
+            Runner::Here("x"),
+            |_| {},
+        )
         .await;
     match again {
         Err(OperationError::Conflict(why)) => assert!(
-            why.contains(&format!("5 of the selected tasks were already redriven by job {}", first.id))
-                && why.contains("--force"),
+            why.contains(&format!(
+                "5 of the selected tasks were already redriven by job {}",
+                first.id
+            )) && why.contains("--force"),
             "{why}"
         ),
         other => panic!("a second redrive is refused without force: {other:?}"),
@@ -316,14 +384,22 @@ async fn redriving_tasks_an_earlier_job_redrove_needs_force_and_the_dry_run_name
         pace: None,
         ..request.clone()
     };
-    let refused = operations.act(&Actor::shell(), Verb::Retry, &unpaced, |_| {}).await;
-    assert!(matches!(refused, Err(OperationError::Conflict(_))), "{refused:?}");
+    let refused = operations
+        .act(&Actor::shell(), Verb::Retry, &unpaced, |_| {})
+        .await;
+    assert!(
+        matches!(refused, Err(OperationError::Conflict(_))),
+        "{refused:?}"
+    );
 
     let dry = ActRequest {
         dry_run: true,
         ..request.clone()
     };
-    let preview = operations.act(&Actor::shell(), Verb::Retry, &dry, |_| {}).await.unwrap();
+    let preview = operations
+        .act(&Actor::shell(), Verb::Retry, &dry, |_| {})
+        .await
+        .unwrap();
     let redriven = preview.redriven.unwrap();
     assert_eq!((redriven.count, redriven.jobs.clone()), (5, vec![first.id]));
 
@@ -368,7 +444,13 @@ async fn bad_paces_are_refused_naming_the_field_and_change_nothing() {
     ] {
         let request = retry_of_h(pace);
         let answer = operations
-            .act_by(&Actor::shell(), Verb::Retry, &request, Runner::Here("x"), |_| {})
+            .act_by(
+                &Actor::shell(),
+                Verb::Retry,
+                &request,
+                Runner::Here("x"),
+                |_| {},
+            )
             .await;
         match (field, answer) {
             // No pace at all: an ordinary retry.
@@ -383,7 +465,9 @@ async fn bad_paces_are_refused_naming_the_field_and_change_nothing() {
         reason: Some("no".into()),
         ..retry_of_h(pace(1.0, "100%", 1, 1))
     };
-    let refused = operations.act(&Actor::shell(), Verb::Discard, &discard, |_| {}).await;
+    let refused = operations
+        .act(&Actor::shell(), Verb::Discard, &discard, |_| {})
+        .await;
     assert!(matches!(refused, Err(OperationError::BadRequest(ref why)) if why.contains("pace")));
     let jobs = scalar(&store, "SELECT count(*) FROM recovery_replay").await;
     assert_eq!(jobs, 0, "no job was recorded");
@@ -392,8 +476,7 @@ async fn bad_paces_are_refused_naming_the_field_and_change_nothing() {
 /// A paced retry run by the CLI, killed with SIGKILL mid-step, resumes in the same step
 /// and no task is made due (or called) twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paced_retry_whose_runner_is_killed_mid_step_resumes_in_its_step_calling_no_task_twice()
-{
+async fn a_paced_retry_whose_runner_is_killed_mid_step_resumes_in_its_step_calling_no_task_twice() {
     let (store, settings) = fresh_store().await;
     given_up(&store, 120).await;
     let downstream = Arc::new(Downstream::default());
@@ -402,16 +485,36 @@ async fn a_paced_retry_whose_runner_is_killed_mid_step_resumes_in_its_step_calli
 
     let mut child = redrive(&settings)
         .args([
-            "tasks", "retry", "--handler", "h", "--rate", "20", "--ramp", "50%,100%",
-            "--step", "60", "--settle", "0s", "--yes",
+            "tasks",
+            "retry",
+            "--handler",
+            "h",
+            "--rate",
+            "20",
+            "--ramp",
+            "50%,100%",
+            "--step",
+            "60",
+            "--settle",
+            "0s",
+            "--yes",
         ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    eventually(Duration::from_secs(30), "the CLI has retried 20 tasks", || async {
-        scalar(&store, "SELECT coalesce(max(produced), 0) FROM recovery_replay").await >= 20
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the CLI has retried 20 tasks",
+        || async {
+            scalar(
+                &store,
+                "SELECT coalesce(max(produced), 0) FROM recovery_replay",
+            )
+            .await
+                >= 20
+        },
+    )
     .await;
     child.kill().unwrap();
     child.wait().unwrap();
@@ -422,18 +525,36 @@ async fn a_paced_retry_whose_runner_is_killed_mid_step_resumes_in_its_step_calli
     let operations = fleet.operations(store.clone());
     let dead = job.runner.clone();
     let resumed = operations
-        .resume_replay(&Actor::shell(), job.id, Runner::Here("runner-b"), dead.as_deref(), None)
+        .resume_replay(
+            &Actor::shell(),
+            job.id,
+            Runner::Here("runner-b"),
+            dead.as_deref(),
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(resumed.step, 0, "resumed in the step it was killed in");
     let job = run(&replayer(&settings, &store, "runner-b"), resumed).await;
-    assert_eq!((job.status.as_str(), job.produced), ("done", 120), "{job:?}");
+    assert_eq!(
+        (job.status.as_str(), job.produced),
+        ("done", 120),
+        "{job:?}"
+    );
     eventually(Duration::from_secs(30), "every task resolved", || async {
-        scalar(&store, "SELECT count(*) FROM recovery_task WHERE status = 'resolved'").await == 120
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE status = 'resolved'",
+        )
+        .await
+            == 120
     })
     .await;
     stop_workers.cancel();
     let per_task = downstream.per_task();
     assert_eq!(per_task.len(), 120);
-    assert!(per_task.values().all(|&n| n == 1), "a task was called twice");
+    assert!(
+        per_task.values().all(|&n| n == 1),
+        "a task was called twice"
+    );
 }

@@ -111,10 +111,7 @@ pub(crate) fn router(app: Arc<Operations>, tokens: Arc<Tokens>, heavy: Arc<Semap
             "/console/replays/{id}/resume",
             post(commands::resume_replay),
         )
-        .route(
-            "/console/replays/{id}/pause",
-            post(commands::pause_replay),
-        )
+        .route("/console/replays/{id}/pause", post(commands::pause_replay))
         .route(
             "/console/breakers/{handler}/{command}",
             post(commands::breaker),
