@@ -20,6 +20,8 @@ pub struct ApiError {
     message: String,
     /// Seconds after which trying again may work (`Retry-After`).
     retry_after: Option<u64>,
+    /// The approval an action waits for (a 202).
+    approval: Option<i64>,
 }
 
 /// `Retry-After` of a 503 for a database that cannot be reached.
@@ -32,8 +34,11 @@ const QUERY_CANCELED: &str = "57014";
 /// The body of every error answer.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ErrorBody {
-    /// What went wrong.
+    /// What went wrong (or, with a 202, why nothing was done yet).
     pub error: String,
+    /// With a 202: the approval the action waits for (`operations.approval_over`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval: Option<i64>,
 }
 
 impl ApiError {
@@ -42,6 +47,7 @@ impl ApiError {
             status,
             message: message.into(),
             retry_after: None,
+            approval: None,
         }
     }
 
@@ -138,6 +144,10 @@ impl From<OperationError> for ApiError {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, error.to_string())
             }
             OperationError::Store(error) => error.into(),
+            OperationError::NeedsApproval { ref approval, .. } => ApiError {
+                approval: Some(approval.id),
+                ..ApiError::new(StatusCode::ACCEPTED, error.to_string())
+            },
         }
     }
 }
@@ -148,6 +158,7 @@ impl IntoResponse for ApiError {
             self.status,
             Json(ErrorBody {
                 error: self.message,
+                approval: self.approval,
             }),
         )
             .into_response();

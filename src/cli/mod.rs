@@ -17,6 +17,7 @@ use crate::telemetry;
 
 mod act;
 mod alerts;
+mod approvals;
 mod audit;
 mod brakes;
 mod breakers;
@@ -30,6 +31,7 @@ mod selection;
 mod show;
 mod table;
 mod tasks;
+mod transform;
 mod watch;
 
 #[cfg(test)]
@@ -68,12 +70,16 @@ pub enum Command {
     Migrate,
     /// Store a recovery task from a file or standard input.
     Enqueue(EnqueueArgs),
-    /// Look at tasks and act on them: list, show, retry, discard, resolve, replay, stats, check.
+    /// Look at tasks and act on them: list, show, retry, discard, resolve, replay,
+    /// transform, groups, stats, check.
     #[command(subcommand)]
     Tasks(TasksCommand),
-    /// Replay jobs: list, cancel, resume.
+    /// Redrive jobs (replays and paced retries): list, pause, cancel, resume.
     #[command(subcommand)]
     Replays(ReplaysCommand),
+    /// Four eyes for large actions (`operations.approval_over`): list, approve, reject.
+    #[command(subcommand)]
+    Approvals(approvals::ApprovalsCommand),
     /// Circuit breakers: list them, force one open or closed, release it.
     #[command(subcommand)]
     Breakers(BreakersCommand),
@@ -101,6 +107,7 @@ impl Command {
         match self {
             Command::Tasks(_)
             | Command::Replays(_)
+            | Command::Approvals(_)
             | Command::Breakers(_)
             | Command::Brakes(_)
             | Command::Audit(_)
@@ -182,6 +189,10 @@ pub async fn main_with(register: impl FnOnce(FleetBuilder) -> FleetBuilder) -> a
         Command::Replays(command) => {
             let (fleet, operations) = operations(register, &settings).await?;
             replays::run(command, &fleet, &operations).await?;
+        }
+        Command::Approvals(command) => {
+            let (_, operations) = operations(register, &settings).await?;
+            approvals::run(command, &operations).await?;
         }
         Command::Breakers(command) => {
             let (_, operations) = operations(register, &settings).await?;

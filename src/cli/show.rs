@@ -175,6 +175,13 @@ fn render(detail: &TaskDetail) -> String {
     };
     payload(&mut out, "key", detail.key.as_ref(), absent);
     payload(&mut out, "value", detail.value.as_ref(), absent);
+    if let Some(original) = &detail.original_value {
+        let name = format!(
+            "value as it came (the value above is version {}, transformed)",
+            detail.payload_version
+        );
+        payload(&mut out, &name, Some(original), absent);
+    }
     for header in &detail.headers {
         let name = format!("header {}", printable(&header.name.line()));
         payload(&mut out, &name, header.value.as_ref(), "(no value)");

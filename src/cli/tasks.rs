@@ -35,6 +35,11 @@ pub enum TasksCommand {
     Resolve(ResolveArgs),
     /// Produce the stored messages of the tasks a filter selects to a topic.
     Replay(ReplayArgs),
+    /// Fix stored JSON payloads before redriving them: set, remove, rename or map fields
+    /// by JSON Pointer. A dry run shows what it would change (with a diff), fail on and
+    /// leave alone; each changed payload becomes a new version, the value as it came kept
+    /// (`tasks show`).
+    Transform(super::transform::TransformArgs),
     /// What broke: tasks grouped by cause (or class, handler, route, topic), biggest
     /// first, with first and last seen, a trend, what each spans and an example.
     ///
@@ -113,6 +118,7 @@ pub async fn run(
             .await
         }
         TasksCommand::Replay(args) => run_in_foreground(args, fleet, operations).await,
+        TasksCommand::Transform(args) => super::transform::run(operations, args).await,
         TasksCommand::Groups(args) => {
             watch::every(&args.watch, || groups::print(operations, &args)).await
         }

@@ -113,6 +113,30 @@ impl AdminSettings {
     }
 }
 
+/// `[operations]`: rules of operators' actions.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OperationsSettings {
+    /// Four eyes: an action (retry, discard, resolve, replay, transform) selecting more
+    /// tasks than this waits for a second operator's approval; absent: none does.
+    pub approval_over: Option<u64>,
+}
+
+/// Largest `approval_over`.
+const MOST_APPROVAL_OVER: u64 = 1_000_000_000;
+
+impl OperationsSettings {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        match self.approval_over {
+            Some(n) if n > MOST_APPROVAL_OVER => Err(ConfigError::new(
+                "operations.approval_over",
+                format!("must be at most {MOST_APPROVAL_OVER} tasks (got {n}); leave it out for no approvals"),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// `[retention]`: how long final tasks are kept, per status; absent keeps them.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -38,7 +38,9 @@ pub const CLAIM_LOOPS: usize = 2;
 /// batch's round trip. Ingest holds at most this many batches plus the one being filled.
 pub const FLUSHES_IN_FLIGHT: usize = 3;
 
-pub use admin::{AdminSettings, AdminToken, RetentionSettings, Role, MIN_TOKEN_CHARS};
+pub use admin::{
+    AdminSettings, AdminToken, OperationsSettings, RetentionSettings, Role, MIN_TOKEN_CHARS,
+};
 pub use brake::BrakeSettings;
 pub(crate) use checks::{is_internal_topic, target_problem, target_topic, topic_problem};
 pub(crate) use kafka::validate_routes;
@@ -101,6 +103,8 @@ pub struct Settings {
     pub admin: AdminSettings,
     /// `[retention]`
     pub retention: RetentionSettings,
+    /// `[operations]`
+    pub operations: OperationsSettings,
     /// `[log]`
     pub log: LogSettings,
     /// `[webhooks.NAME]`: a built-in webhook handler registered under each NAME.
@@ -362,6 +366,7 @@ impl Settings {
         }
         self.admin.validate()?;
         self.retention.validate()?;
+        self.operations.validate()?;
         self.log.validate()?;
         for (name, webhook) in &self.webhooks {
             webhook.validate(name)?;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use tokio::task::JoinHandle;
 
 use super::actor::{optional_reason, required_reason, Actor};
+use super::approvals::{audited_reason, Approved};
 use super::error::{OperationError, Result};
 use super::selection::{select, FilterParams};
 use super::{Operations, Runner};
@@ -53,7 +54,7 @@ impl Verb {
 
 /// Which tasks, why, and a retry's options: the body of `POST
 /// /api/v1/tasks/{retry,discard,resolve}`, and what `redrive tasks VERB` reads.
-#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ActRequest {
     /// These tasks (at most 10,000); or give `filter`.
@@ -206,6 +207,21 @@ impl Operations {
         runner: Runner<'_>,
         progress: impl FnMut(ActionReport) + Send,
     ) -> Result<ActAnswer> {
+        self.act_as(actor, verb, request, runner, None, progress)
+            .await
+    }
+
+    /// [`Operations::act_by`]; `approved`: run as approved (not held for approval), the
+    /// approver named in the audit reason.
+    pub(super) async fn act_as(
+        &self,
+        actor: &Actor,
+        verb: Verb,
+        request: &ActRequest,
+        runner: Runner<'_>,
+        approved: Option<&Approved>,
+        progress: impl FnMut(ActionReport) + Send,
+    ) -> Result<ActAnswer> {
         actor.must_operate()?;
         let action = self.action(verb, request).await?;
         let reason = match verb {
@@ -257,6 +273,17 @@ impl Operations {
             answer.unreadable = sample.unreadable;
             return Ok(answer);
         }
+        let name = action.name();
+        (self.hold_for_approval(
+            actor,
+            name,
+            request,
+            answer.matched,
+            reason.clone(),
+            approved,
+        ))
+        .await?;
+        let reason = audited_reason(reason, approved);
         if let Some(pace) = pace {
             if action_has_time(&action) {
                 return Err(OperationError::bad_request(

@@ -2,7 +2,7 @@
 //! API maps each to an HTTP status, the CLI prints its text.
 
 use crate::replay::ReplayError;
-use crate::store::{ReplayRowError, StoreError};
+use crate::store::{Approval, ApprovalRowError, ReplayRowError, StoreError};
 
 /// Result alias of the operations.
 pub type Result<T, E = OperationError> = std::result::Result<T, E>;
@@ -30,6 +30,20 @@ pub enum OperationError {
     /// The database failed.
     #[error(transparent)]
     Store(StoreError),
+    /// The action selects more tasks than `operations.approval_over`: it was recorded
+    /// as waiting for a second operator, and nothing else was done.
+    #[error(
+        "this {verb} selects {selected} tasks, more than operations.approval_over ({over}): it \
+         waits as approval {id} for a second operator (`redrive approvals approve {id}`, \
+         or the console's Approvals page); nothing was done yet",
+        verb = approval.verb, selected = approval.selected, id = approval.id
+    )]
+    NeedsApproval {
+        /// The deployment's threshold.
+        over: u64,
+        /// The approval recorded.
+        approval: Box<Approval>,
+    },
 }
 
 impl OperationError {
@@ -45,8 +59,16 @@ impl From<StoreError> for OperationError {
             StoreError::UnknownTasks(_) | StoreError::Replay(ReplayRowError::Unknown(_)) => {
                 OperationError::NotFound(error.to_string())
             }
-            StoreError::Replay(ReplayRowError::NotYours { .. }) | StoreError::NotEngaged(_) => {
+            StoreError::Replay(ReplayRowError::NotYours { .. })
+            | StoreError::NotEngaged(_)
+            | StoreError::Approval(ApprovalRowError::Decided { .. }) => {
                 OperationError::Conflict(error.to_string())
+            }
+            StoreError::Approval(ApprovalRowError::Unknown(_)) => {
+                OperationError::NotFound(error.to_string())
+            }
+            StoreError::Approval(ApprovalRowError::OwnAction { .. }) => {
+                OperationError::Forbidden(error.to_string())
             }
             other => OperationError::Store(other),
         }

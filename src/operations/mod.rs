@@ -17,14 +17,19 @@
 //! - [`groups`]: what broke, grouped by cause (or class, handler, route, topic).
 //! - [`act`]: retry, discard, resolve, with a dry run that counts and samples, and
 //!   progress after every committed batch.
+//! - [`transform`]: fix stored payloads before redriving them (a dry run with a diff,
+//!   then new versions, the value as it came kept).
 //! - [`replays`]: start (or a dry run counting what would be produced and skipped, and
 //!   why), list, cancel, resume.
 //! - [`breakers`]: list, open, close, release.
 //! - [`brakes`]: list, engage on purpose (any route), release.
+//! - [`approvals`]: four eyes for large actions (`operations.approval_over`): pending,
+//!   approved (by another operator, then run), rejected.
 //! - [`audit`]: the audit log.
 
 pub mod act;
 pub mod actor;
+pub mod approvals;
 pub mod audit;
 pub mod brakes;
 pub mod breakers;
@@ -34,6 +39,7 @@ pub mod page;
 pub mod replays;
 pub mod selection;
 pub mod tasks;
+pub mod transform;
 
 use std::collections::BTreeMap;
 
@@ -47,6 +53,7 @@ pub use groups::{GroupParams, GROUP_PARAMS};
 pub use page::{Page, PageRequest};
 pub use replays::{ReplayPreview, ReplayRequest, Runner, Skipped};
 pub use selection::{FilterParams, StatusNames, MAX_IDS};
+pub use transform::{TransformAnswer, TransformRequest};
 
 use crate::config::{BreakerSettings, KafkaSettings, RouteSettings, Settings, Targets};
 use crate::store::{Budgets, Store};
@@ -68,6 +75,8 @@ pub struct Operations {
     budgets: Budgets,
     /// The configured breakers, by handler.
     breakers: BTreeMap<String, BreakerSettings>,
+    /// Four eyes: actions selecting more tasks wait for a second operator.
+    approval_over: Option<u64>,
 }
 
 impl Operations {
@@ -83,6 +92,7 @@ impl Operations {
             breakers: (settings.handlers.iter())
                 .filter_map(|(name, h)| Some((name.clone(), h.breaker.clone()?)))
                 .collect(),
+            approval_over: settings.operations.approval_over,
         }
     }
 

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::act::{filter_of, pace_of, SAMPLE};
 use super::actor::{optional_reason, Actor};
+use super::approvals::{audited_reason, Approved};
 use super::error::{OperationError, Result};
 use super::page::{Page, PageRequest};
 use super::selection::{select, FilterParams};
@@ -16,7 +17,7 @@ use crate::store::{NewReplay, Redriven, ReplayJob, Resumed, TaskFilter, TaskSumm
 
 /// What to replay: the body of `POST /api/v1/tasks/replay`, and what `redrive tasks
 /// replay` reads.
-#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ReplayRequest {
     /// These tasks (at most 10,000, ticked on a list); or give `filter`.
@@ -134,12 +135,31 @@ impl Operations {
         request: &ReplayRequest,
         runner: Runner<'_>,
     ) -> Result<ReplayJob> {
+        self.start_replay_as(actor, request, runner, None).await
+    }
+
+    /// [`Operations::start_replay`]; `approved`: run as approved (not held for
+    /// approval), the approver named in the audit reason.
+    pub(super) async fn start_replay_as(
+        &self,
+        actor: &Actor,
+        request: &ReplayRequest,
+        runner: Runner<'_>,
+        approved: Option<&Approved>,
+    ) -> Result<ReplayJob> {
         actor.must_operate()?;
         let replay = new_replay(request, runner)?;
         self.store.ensure_exist(&replay.filter.ids).await?;
         self.refuse_redriven(&replay.filter, request.force).await?;
         check_replay(&self.store, &self.kafka, &self.routes, &replay).await?;
-        let operator = actor.operator(optional_reason(request.reason.as_deref())?);
+        let reason = optional_reason(request.reason.as_deref())?;
+        if self.approval_over.is_some() && approved.is_none() {
+            let selection = crate::store::Selection::Filter(replay.filter.clone());
+            let selected = self.store.count_selected(&selection).await?;
+            (self.hold_for_approval(actor, "replay", request, selected, reason.clone(), None))
+                .await?;
+        }
+        let operator = actor.operator(audited_reason(reason, approved));
         let name = match runner {
             Runner::Fleet => "",
             Runner::Here(name) => name,

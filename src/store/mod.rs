@@ -44,6 +44,7 @@
 //! lease until its call could have stopped (`ends_by`); the claim passes over the task and
 //! its key while one is there, and the member whose call stopped deletes it.
 
+mod approvals;
 mod audit;
 mod brakes;
 mod breakers;
@@ -72,10 +73,12 @@ mod sample;
 mod search;
 mod time;
 mod timeline;
+mod transform;
 mod vacuum;
 mod view;
 mod waiting;
 
+pub use approvals::{Approval, ApprovalRowError};
 pub use audit::{AuditEntry, AuditQuery};
 pub use brakes::Brake;
 pub use breakers::BreakerCommand;
@@ -105,6 +108,7 @@ pub use retention::RETENTION_BATCH;
 pub use sample::{next_turn_after, FleetFigures, RESOLVED_RECOUNT, SAMPLED_CAUSES};
 pub use search::{SearchPage, Searched, SEARCH_TIMEOUT_MS};
 pub use timeline::OutcomeMinute;
+pub use transform::{NewPayload, StoredPayload, TRANSFORMABLE};
 pub use view::{HeaderView, TaskDetail};
 pub use waiting::{CompensationNow, Ending, Waiting, WaitingState};
 
@@ -180,6 +184,9 @@ pub enum StoreError {
     /// A replay job is unknown or not in a state for what was asked.
     #[error(transparent)]
     Replay(#[from] ReplayRowError),
+    /// An approval that cannot be decided (unknown, decided, or the requester's own).
+    #[error(transparent)]
+    Approval(#[from] ApprovalRowError),
     /// A brake that is not engaged cannot be released.
     #[error("the brake of route {0:?} is not engaged")]
     NotEngaged(String),

@@ -39,8 +39,14 @@ pub struct TaskDetail {
     pub attempts_allowed: Option<i64>,
     /// Message key.
     pub key: Option<Readable>,
-    /// Message value.
+    /// Message value (the newest version, when a transform changed it).
     pub value: Option<Readable>,
+    /// The version of the value: 1 as it came, one more for each transform that
+    /// changed it.
+    pub payload_version: i32,
+    /// The value as it came, when a transform changed it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub original_value: Option<Readable>,
     /// Message headers, in order.
     pub headers: Vec<HeaderView>,
     /// The attempt history, oldest first.
@@ -118,6 +124,7 @@ impl Store {
         let history = self.attempts(id).await?;
         let compensation = self.compensation(id).await?;
         let cause = self.cause_of_task(id).await?;
+        let (original, payload_version) = self.payload_version(id).await?;
         let key = task.failure.key.as_deref().map(Readable::new);
         let value = task.failure.value.as_deref().map(Readable::new);
         let headers = task
@@ -151,6 +158,8 @@ impl Store {
             attempts_allowed: None,
             key,
             value,
+            payload_version,
+            original_value: original.as_deref().map(Readable::new),
             headers,
             history,
             compensation,

@@ -266,6 +266,7 @@ async fn a_share_group_dead_letter_is_stored_with_its_original_and_recovers() {
         task.id.to_string().into_bytes(),
     ));
     expected.push(Header::new("redrive-attempt", b"1".to_vec()));
+    expected.push(Header::new("redrive-generation", b"1".to_vec()));
     assert_eq!(headers_of(again[0]), expected);
 }
 

@@ -278,7 +278,15 @@ fn the_readme_is_a_front_door_into_the_docs() {
     let headings: Vec<&str> = (readme.lines())
         .filter_map(|line| line.strip_prefix("## "))
         .collect();
-    assert_eq!(headings, ["The demo", "To production", "Documentation"]);
+    assert_eq!(
+        headings,
+        [
+            "The demo",
+            "After an incident: redrive safely",
+            "To production",
+            "Documentation"
+        ]
+    );
     assert!(
         readme.contains("](docs/console.png)"),
         "the console's picture"

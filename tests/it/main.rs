@@ -3,6 +3,7 @@
 
 mod admin_api;
 mod alerts;
+mod approvals;
 mod authoring;
 mod brake;
 mod breakers;
@@ -45,6 +46,7 @@ mod stopping;
 mod store;
 mod support;
 mod task_view;
+mod transform;
 mod upgrades;
 mod webhook;
 mod worker;

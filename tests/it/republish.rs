@@ -77,6 +77,7 @@ async fn republish_writes_the_same_bytes_and_replaces_context_headers() {
         task.id.to_string().into_bytes(),
     ));
     expected.push(Header::new("redrive-attempt", b"1".to_vec()));
+    expected.push(Header::new("redrive-generation", b"1".to_vec()));
     assert_eq!(headers_of(&out[0]), expected);
 }
 

@@ -3,9 +3,10 @@
 //! request ([`extract`]), calls one method of [`Operations`] (which checks the rules and
 //! the role) and answers what it returns; lists answer the one envelope (`items`,
 //! `next_cursor`). Its endpoints: [`tasks`] (list, show, retry, discard, resolve,
-//! groups, stats, check), [`replays`] (start, list, cancel, resume), [`fleet`] (audit,
-//! members, breakers, brakes).
+//! groups, stats, check, transform), [`replays`] (start, list, pause, cancel, resume),
+//! [`fleet`] (audit, members, breakers, brakes), [`approvals`] (list, approve, reject).
 
+mod approvals;
 mod extract;
 mod fleet;
 mod replays;
@@ -31,12 +32,12 @@ type Shared = State<Arc<Operations>>;
 #[openapi(
     info(title = "redrive admin API", description = "Look at recovery tasks and act on them."),
     paths(
-        tasks::list_tasks, tasks::get_task, tasks::retry, tasks::discard, tasks::resolve,
+        tasks::list_tasks, tasks::get_task, tasks::retry, tasks::transform, tasks::discard, tasks::resolve,
         tasks::stats, tasks::check, tasks::groups,
         replays::replay, replays::list_replays, replays::cancel_replay, replays::pause_replay, replays::resume_replay,
         fleet::audit, fleet::members, fleet::breakers, fleet::open_breaker,
         fleet::close_breaker, fleet::release_breaker, fleet::brakes, fleet::engage_brake,
-        fleet::release_brake
+        fleet::release_brake, approvals::list_approvals, approvals::approve, approvals::reject
     ),
     modifiers(&BearerAuth)
 )]
@@ -66,6 +67,7 @@ pub(super) fn router(
         .route("/api/v1/tasks", get(tasks::list_tasks))
         .route("/api/v1/groups", get(tasks::groups).route_layer(limited()))
         .route("/api/v1/tasks/retry", post(tasks::retry))
+        .route("/api/v1/tasks/transform", post(tasks::transform))
         .route("/api/v1/tasks/discard", post(tasks::discard))
         .route("/api/v1/tasks/resolve", post(tasks::resolve))
         .route("/api/v1/tasks/replay", post(replays::replay))
@@ -91,6 +93,9 @@ pub(super) fn router(
         .route("/api/v1/brakes", get(fleet::brakes))
         .route("/api/v1/brakes/{route}/engage", post(fleet::engage_brake))
         .route("/api/v1/brakes/{route}/release", post(fleet::release_brake))
+        .route("/api/v1/approvals", get(approvals::list_approvals))
+        .route("/api/v1/approvals/{id}/approve", post(approvals::approve))
+        .route("/api/v1/approvals/{id}/reject", post(approvals::reject))
         .route_layer(middleware::from_fn_with_state(tokens, auth::authenticate))
         .with_state(operations)
 }

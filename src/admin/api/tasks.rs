@@ -9,8 +9,8 @@ use super::extract::{body, id, paged, split};
 use super::Shared;
 use crate::admin::error::{ApiError, ErrorBody};
 use crate::operations::{
-    ActAnswer, ActRequest, Actor, FilterParams, GroupParams, Operations, Page, PageRequest, Verb,
-    GROUP_PARAMS,
+    ActAnswer, ActRequest, Actor, FilterParams, GroupParams, Operations, Page, PageRequest,
+    TransformAnswer, TransformRequest, Verb, GROUP_PARAMS,
 };
 use crate::store::{CheckReport, Groups, Stats, TaskDetail, TaskSummary};
 
@@ -77,6 +77,26 @@ pub async fn retry(
     request: Result<Json<ActRequest>, JsonRejection>,
 ) -> Result<Json<ActAnswer>, ApiError> {
     act(&operations, actor, Verb::Retry, request).await
+}
+
+/// Fixes stored JSON payloads (failed, permanent_failure and discarded tasks): set,
+/// remove, rename or map fields by JSON Pointer. A dry run answers what it would change
+/// (with a diff of a few tasks), fail on and leave alone; applied, each changed payload
+/// becomes a new version, the value as it came kept. Runs to its end if the client goes
+/// away.
+#[utoipa::path(post, path = "/api/v1/tasks/transform", request_body = TransformRequest, security(("bearer" = [])),
+    responses((status = 200, body = TransformAnswer), (status = 400, body = ErrorBody),
+              (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn transform(
+    State(operations): Shared,
+    Extension(actor): Extension<Actor>,
+    request: Result<Json<TransformRequest>, JsonRejection>,
+) -> Result<Json<TransformAnswer>, ApiError> {
+    let request = body(request)?;
+    let run = tokio::spawn(async move { operations.transform(&actor, &request).await });
+    let answer = (run.await)
+        .map_err(|failed| ApiError::internal(format!("the transform failed: {failed}")))?;
+    Ok(Json(answer?))
 }
 
 /// Gives up on tasks (failed and permanent_failure ones): they become discarded.

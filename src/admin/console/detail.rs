@@ -137,8 +137,15 @@ fn body(id: TaskId, detail: &TaskDetail, operate: bool) -> Markup {
             h2 #message { "Message" }
             h3 { "Key" }
             @match &detail.key { Some(key) => (layout::payload(key)), None => p { "No key." } }
-            h3 { "Value" }
+            h3 {
+                "Value"
+                @if detail.payload_version > 1 { " (version " (detail.payload_version) ", transformed)" }
+            }
             @match &detail.value { Some(value) => (layout::payload(value)), None => p { "No value (a tombstone, or not stored: see payload_stored)." } }
+            @if let Some(original) = &detail.original_value {
+                h3 { "Value as it came" }
+                (layout::payload(original))
+            }
             h3 { "Headers" }
             (headers(&detail.headers))
         }

@@ -67,6 +67,9 @@ impl From<OperationError> for PageError {
                 PageError::new(StatusCode::BAD_GATEWAY, format!("kafka: {m}"))
             }
             OperationError::Store(e) => e.into(),
+            OperationError::NeedsApproval { .. } => {
+                PageError::new(StatusCode::ACCEPTED, error.to_string())
+            }
         }
     }
 }

@@ -20,15 +20,17 @@ pub(crate) enum Nav {
     Causes,
     Tasks,
     Replays,
+    Approvals,
     Fleet,
     Audit,
 }
 
-const NAV: [(Nav, &str, &str); 6] = [
+const NAV: [(Nav, &str, &str); 7] = [
     (Nav::Overview, "/console/", "Overview"),
     (Nav::Causes, "/console/causes", "What broke"),
     (Nav::Tasks, "/console/tasks", "Tasks"),
     (Nav::Replays, "/console/replays", "Replays"),
+    (Nav::Approvals, "/console/approvals", "Approvals"),
     (Nav::Fleet, "/console/fleet", "Members, breakers, brakes"),
     (Nav::Audit, "/console/audit", "Audit log"),
 ];

@@ -28,6 +28,7 @@
 //!   is one `Operations` verb.
 
 mod actions;
+mod approvals;
 mod assets;
 mod audit;
 mod broke;
@@ -112,6 +113,11 @@ pub(crate) fn router(app: Arc<Operations>, tokens: Arc<Tokens>, heavy: Arc<Semap
             post(commands::resume_replay),
         )
         .route("/console/replays/{id}/pause", post(commands::pause_replay))
+        .route("/console/approvals", get(approvals::page))
+        .route(
+            "/console/approvals/{id}/{decision}",
+            post(approvals::decide),
+        )
         .route(
             "/console/breakers/{handler}/{command}",
             post(commands::breaker),

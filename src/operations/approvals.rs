@@ -1,0 +1,178 @@
+//! Four eyes for large actions: with `operations.approval_over` set, a retry, discard,
+//! resolve, replay or transform that selects more tasks is recorded as waiting for a
+//! second operator ([`OperationError::NeedsApproval`]). Another operator (another token,
+//! console user or shell user; never the requester) approves it, and the approver's face
+//! runs it as the requester's action, its audit reason naming the approver; anyone may
+//! reject it, the requester withdrawing it too. The first decision wins.
+
+use serde::Serialize;
+
+use super::act::{ActRequest, Verb};
+use super::actor::{optional_reason, Actor};
+use super::error::{OperationError, Result};
+use super::page::{Page, PageRequest};
+use super::replays::{ReplayRequest, Runner};
+use super::transform::TransformRequest;
+use super::Operations;
+use crate::config::Role;
+use crate::store::Approval;
+
+/// An approved action being run: its approval and who approved it.
+#[derive(Debug, Clone)]
+pub struct Approved {
+    /// The approval.
+    pub id: i64,
+    /// Who approved it.
+    pub by: String,
+}
+
+impl Approved {
+    /// The audit reason of the approved action: the requester's, naming the approver.
+    pub(super) fn reason(&self, reason: Option<String>) -> String {
+        let approved = format!("approved by {} (approval {})", self.by, self.id);
+        match reason {
+            Some(reason) => format!("{reason}; {approved}"),
+            None => approved,
+        }
+    }
+}
+
+/// The reason an action is audited with: `reason`, naming the approver when approved.
+pub(super) fn audited_reason(
+    reason: Option<String>,
+    approved: Option<&Approved>,
+) -> Option<String> {
+    match approved {
+        Some(approved) => Some(approved.reason(reason)),
+        None => reason,
+    }
+}
+
+impl Operations {
+    /// Holds an action of `verb` selecting `selected` tasks for approval when the
+    /// deployment asks for it (and it is not being run approved): records `request` as
+    /// waiting and answers [`OperationError::NeedsApproval`].
+    pub(super) async fn hold_for_approval(
+        &self,
+        actor: &Actor,
+        verb: &str,
+        request: &impl Serialize,
+        selected: i64,
+        reason: Option<String>,
+        approved: Option<&Approved>,
+    ) -> Result<()> {
+        let over = match (self.approval_over, approved) {
+            (Some(over), None) if u64::try_from(selected).is_ok_and(|n| n > over) => over,
+            _ => return Ok(()),
+        };
+        let request = serde_json::to_value(request).expect("a request serializes");
+        let operator = actor.operator(reason);
+        let approval = (self.store)
+            .request_approval(&operator, verb, request, selected)
+            .await?;
+        Err(OperationError::NeedsApproval {
+            over,
+            approval: Box::new(approval),
+        })
+    }
+
+    /// A page of approvals, newest first; with `pending`, those waiting.
+    pub async fn approvals(&self, pending: bool, page: &PageRequest) -> Result<Page<Approval>> {
+        let limit = page.limit()?;
+        let items = self.store.approvals(pending, limit, page.after()?).await?;
+        Ok(Page::after(items, limit, |a| a.id))
+    }
+
+    /// Approves approval `id` for `actor` (who must be allowed to operate, and not be its
+    /// requester), then runs its action as the requester's (a paced retry or a replay:
+    /// recorded for the fleet's members). Answers the approval with what the action
+    /// answered (or why it failed) in `outcome`.
+    pub async fn approve(&self, actor: &Actor, id: i64, reason: Option<&str>) -> Result<Approval> {
+        actor.must_operate()?;
+        let operator = actor.operator(optional_reason(reason)?);
+        let mut approval = self.store.decide_approval(&operator, id, true).await?;
+        let approved = Approved {
+            id,
+            by: actor.name.clone(),
+        };
+        let requester = Actor {
+            name: approval.requested_by.clone(),
+            role: Role::Operate,
+        };
+        let outcome = self.run_approved(&requester, &approval, &approved).await;
+        let recorded = match &outcome {
+            Ok(answer) => answer.clone(),
+            Err(error) => serde_json::json!({ "error": error.to_string() }),
+        };
+        self.store
+            .record_approval_outcome(id, recorded.clone())
+            .await?;
+        approval.outcome = Some(recorded);
+        outcome?;
+        Ok(approval)
+    }
+
+    /// Rejects approval `id` for `actor` (who must be allowed to operate; the requester
+    /// withdraws it so), `reason` recorded.
+    pub async fn reject(&self, actor: &Actor, id: i64, reason: Option<&str>) -> Result<Approval> {
+        actor.must_operate()?;
+        let operator = actor.operator(optional_reason(reason)?);
+        Ok(self.store.decide_approval(&operator, id, false).await?)
+    }
+
+    /// Runs the approved action; what it answered, as JSON.
+    async fn run_approved(
+        &self,
+        requester: &Actor,
+        approval: &Approval,
+        approved: &Approved,
+    ) -> Result<serde_json::Value> {
+        let malformed = |e: serde_json::Error| {
+            OperationError::BadRequest(format!("approval {}: its request: {e}", approval.id))
+        };
+        let request = approval.request.clone();
+        let answer = match approval.verb.as_str() {
+            "retry" | "discard" | "resolve" => {
+                let verb = match approval.verb.as_str() {
+                    "retry" => Verb::Retry,
+                    "discard" => Verb::Discard,
+                    _ => Verb::Resolve,
+                };
+                let request: ActRequest = serde_json::from_value(request).map_err(malformed)?;
+                let answer = self
+                    .act_as(
+                        requester,
+                        verb,
+                        &request,
+                        Runner::Fleet,
+                        Some(approved),
+                        |_| {},
+                    )
+                    .await?;
+                serde_json::to_value(answer)
+            }
+            "replay" => {
+                let request: ReplayRequest = serde_json::from_value(request).map_err(malformed)?;
+                let job = self
+                    .start_replay_as(requester, &request, Runner::Fleet, Some(approved))
+                    .await?;
+                serde_json::to_value(job)
+            }
+            "transform" => {
+                let request: TransformRequest =
+                    serde_json::from_value(request).map_err(malformed)?;
+                let answer = self
+                    .transform_as(requester, &request, Some(approved))
+                    .await?;
+                serde_json::to_value(answer)
+            }
+            other => {
+                return Err(OperationError::BadRequest(format!(
+                    "approval {}: no action {other:?}",
+                    approval.id
+                )))
+            }
+        };
+        Ok(answer.expect("an answer serializes"))
+    }
+}

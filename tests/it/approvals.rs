@@ -1,0 +1,235 @@
+//! Four eyes for large actions: above `operations.approval_over` an action waits for a
+//! second operator; its requester cannot approve it; the first decision wins (approvals
+//! racing rejections); the approved action runs as the requester's, the approver named in
+//! its audit row; below the threshold nothing waits.
+
+use redrive::config::{AdminToken, Role};
+use redrive::operations::{
+    ActRequest, Actor, FilterParams, OperationError, TransformRequest, Verb,
+};
+use redrive::{Failure, Fleet, NewTask, Settings, Status, Store};
+use reqwest::StatusCode;
+use serde_json::json;
+
+use crate::support::api::{with_tokens, Api, OPERATE};
+use crate::support::{fresh_store, scalar};
+
+const SECOND: &str = "second-operator-token-0123";
+
+fn actor(name: &str) -> Actor {
+    Actor {
+        name: name.into(),
+        role: Role::Operate,
+    }
+}
+
+async fn given_up(store: &Store, n: usize) {
+    let tasks: Vec<NewTask> = (0..n)
+        .map(|i| NewTask {
+            handler: "h".into(),
+            status: Status::PermanentFailure,
+            failure: Failure {
+                key: Some(format!("k{i}").into_bytes()),
+                value: Some(br#"{"a":1}"#.to_vec()),
+                ..Failure::default()
+            },
+            ..NewTask::default()
+        })
+        .collect();
+    store.enqueue_many(&tasks).await.unwrap();
+}
+
+fn over(settings: &Settings, n: u64) -> Settings {
+    let mut settings = settings.clone();
+    settings.operations.approval_over = Some(n);
+    settings
+}
+
+fn retry_all() -> ActRequest {
+    ActRequest {
+        filter: Some(FilterParams {
+            handler: Some("h".into()),
+            ..FilterParams::default()
+        }),
+        reason: Some("billing is back".into()),
+        ..ActRequest::default()
+    }
+}
+
+async fn failed(store: &Store) -> i64 {
+    scalar(
+        store,
+        "SELECT count(*) FROM recovery_task WHERE status = 'failed'",
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_action_waits_for_a_second_operator_and_runs_as_the_requesters() {
+    let (store, settings) = fresh_store().await;
+    given_up(&store, 3).await;
+    let fleet = Fleet::builder(over(&settings, 2)).build().unwrap();
+    let operations = fleet.operations(store.clone());
+    let (alice, bob) = (actor("alice"), actor("bob"));
+
+    let held = operations
+        .act(&alice, Verb::Retry, &retry_all(), |_| {})
+        .await;
+    let approval = match held {
+        Err(OperationError::NeedsApproval { over, approval }) => {
+            assert_eq!(
+                (over, approval.selected, approval.status.as_str()),
+                (2, 3, "pending")
+            );
+            assert_eq!(approval.requested_by, "alice");
+            approval
+        }
+        other => panic!("a retry of 3 tasks over 2 waits: {other:?}"),
+    };
+    assert_eq!(failed(&store).await, 0, "nothing ran yet");
+    // A dry run is never held.
+    let dry = ActRequest {
+        dry_run: true,
+        ..retry_all()
+    };
+    assert_eq!(
+        operations
+            .act(&alice, Verb::Retry, &dry, |_| {})
+            .await
+            .unwrap()
+            .matched,
+        3
+    );
+
+    match operations.approve(&alice, approval.id, None).await {
+        Err(OperationError::Forbidden(why)) => assert!(why.contains("second operator"), "{why}"),
+        other => panic!("the requester cannot approve: {other:?}"),
+    }
+    let approved = operations
+        .approve(&bob, approval.id, Some("checked the dashboard"))
+        .await
+        .unwrap();
+    assert_eq!(approved.status, "approved");
+    assert_eq!(approved.decided_by.as_deref(), Some("bob"));
+    assert_eq!(approved.outcome.as_ref().unwrap()["changed"], 3);
+    assert_eq!(failed(&store).await, 3, "the approved retry ran");
+    let row = sqlx::query_as::<_, (String, String)>(
+        "SELECT actor, reason FROM recovery_audit WHERE action = 'retry'",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(row.0, "alice", "the action is the requester's");
+    assert!(
+        row.1.contains("billing is back")
+            && row
+                .1
+                .contains(&format!("approved by bob (approval {})", approval.id)),
+        "{row:?}"
+    );
+    match operations.approve(&actor("carol"), approval.id, None).await {
+        Err(OperationError::Conflict(why)) => assert!(why.contains("already"), "{why}"),
+        other => panic!("decided once: {other:?}"),
+    }
+
+    // Under the threshold nothing waits.
+    let small = Fleet::builder(over(&settings, 10)).build().unwrap();
+    let answer = small
+        .operations(store.clone())
+        .act(&alice, Verb::Discard, &retry_all(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(answer.changed, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_racing_rejections_decide_once_and_a_rejected_action_never_runs() {
+    let (store, settings) = fresh_store().await;
+    given_up(&store, 2).await;
+    let fleet = Fleet::builder(over(&settings, 1)).build().unwrap();
+    let operations = std::sync::Arc::new(fleet.operations(store.clone()));
+    let transform = TransformRequest {
+        filter: retry_all().filter,
+        transform: json!([{"op": "set", "path": "/a", "value": 2}]),
+        reason: Some("fix".into()),
+        ..TransformRequest::default()
+    };
+    let mut approved_runs = 0;
+    for _ in 0..10 {
+        let approval = match operations.transform(&actor("alice"), &transform).await {
+            Err(OperationError::NeedsApproval { approval, .. }) => approval,
+            other => panic!("held: {other:?}"),
+        };
+        let (a, b) = (operations.clone(), operations.clone());
+        let id = approval.id;
+        let approve = tokio::spawn(async move { a.approve(&actor("bob"), id, None).await });
+        let reject =
+            tokio::spawn(async move { b.reject(&actor("alice"), id, Some("withdrawn")).await });
+        let (approve, reject) = (approve.await.unwrap(), reject.await.unwrap());
+        assert!(
+            approve.is_ok() != reject.is_ok(),
+            "exactly one decision wins: {approve:?} / {reject:?}"
+        );
+        if approve.is_ok() {
+            approved_runs += 1;
+        }
+    }
+    let transforms = scalar(
+        &store,
+        "SELECT count(*) FROM recovery_audit WHERE action = 'transform'",
+    )
+    .await;
+    assert_eq!(transforms, approved_runs, "only approved transforms ran");
+    let decided = scalar(
+        &store,
+        "SELECT count(*) FROM recovery_audit WHERE action IN ('approval_approve', 'approval_reject')",
+    )
+    .await;
+    assert_eq!(decided, 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http_a_held_action_answers_202_and_another_token_approves_it() {
+    let (store, settings) = fresh_store().await;
+    given_up(&store, 3).await;
+    let mut settings = with_tokens(over(&settings, 2));
+    settings.admin.tokens.insert(
+        "second".into(),
+        AdminToken {
+            role: Role::Operate,
+            token: SECOND.to_owned().into(),
+        },
+    );
+    let api = Api::start(&store, &settings).await;
+    let body = json!({"filter": {"handler": "h"}, "reason": "billing is back"});
+    let (status, answer) = api.post("/api/v1/tasks/retry", Some(OPERATE), body).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    let id = answer["approval"].as_i64().unwrap();
+    assert!(
+        answer["error"].as_str().unwrap().contains("approval_over"),
+        "{answer}"
+    );
+    let (status, page) = api
+        .get("/api/v1/approvals?pending=true", Some(OPERATE))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(page["items"][0]["id"], id);
+
+    let path = format!("/api/v1/approvals/{id}/approve");
+    let (status, refused) = api.post(&path, Some(OPERATE), json!({})).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
+    let (status, approved) = api
+        .post(&path, Some(SECOND), json!({"reason": "looked"}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{approved}");
+    assert_eq!(approved["outcome"]["changed"], 3);
+    assert_eq!(failed(&store).await, 3);
+    let (status, _) = api
+        .post(
+            &format!("/api/v1/approvals/{id}/reject"),
+            Some(OPERATE),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+}
