@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio::task::JoinHandle;
 
 use super::actor::{optional_reason, required_reason, Actor};
-use super::approvals::{audited_reason, Approved};
+use super::approved::{audited_reason, Approved};
 use super::error::{OperationError, Result};
 use super::selection::{select, FilterParams};
 use super::{Operations, Runner};

@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::act::{ActRequest, Verb};
 use super::actor::{optional_reason, Actor};
+use super::approved::Approved;
 use super::error::{OperationError, Result};
 use super::page::{Page, PageRequest};
 use super::replays::{ReplayRequest, Runner};
@@ -16,37 +17,6 @@ use super::transform::TransformRequest;
 use super::Operations;
 use crate::config::Role;
 use crate::store::Approval;
-
-/// An approved action being run: its approval and who approved it.
-#[derive(Debug, Clone)]
-pub struct Approved {
-    /// The approval.
-    pub id: i64,
-    /// Who approved it.
-    pub by: String,
-}
-
-impl Approved {
-    /// The audit reason of the approved action: the requester's, naming the approver.
-    pub(super) fn reason(&self, reason: Option<String>) -> String {
-        let approved = format!("approved by {} (approval {})", self.by, self.id);
-        match reason {
-            Some(reason) => format!("{reason}; {approved}"),
-            None => approved,
-        }
-    }
-}
-
-/// The reason an action is audited with: `reason`, naming the approver when approved.
-pub(super) fn audited_reason(
-    reason: Option<String>,
-    approved: Option<&Approved>,
-) -> Option<String> {
-    match approved {
-        Some(approved) => Some(approved.reason(reason)),
-        None => reason,
-    }
-}
 
 impl Operations {
     /// Holds an action of `verb` selecting `selected` tasks for approval when the

@@ -30,6 +30,7 @@
 pub mod act;
 pub mod actor;
 pub mod approvals;
+pub mod approved;
 pub mod audit;
 pub mod brakes;
 pub mod breakers;

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::act::{filter_of, pace_of, SAMPLE};
 use super::actor::{optional_reason, Actor};
-use super::approvals::{audited_reason, Approved};
+use super::approved::{audited_reason, Approved};
 use super::error::{OperationError, Result};
 use super::page::{Page, PageRequest};
 use super::selection::{select, FilterParams};

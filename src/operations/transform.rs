@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::act::filter_of;
 use super::actor::{required_reason, Actor};
-use super::approvals::{audited_reason, Approved};
+use super::approved::{audited_reason, Approved};
 use super::error::{OperationError, Result};
 use super::selection::{select, FilterParams};
 use super::Operations;
