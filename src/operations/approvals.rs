@@ -32,7 +32,7 @@ impl Operations {
         approved: Option<&Approved>,
     ) -> Result<()> {
         let over = match (self.approval_over, approved) {
-            (Some(over), None) if u64::try_from(selected).is_ok_and(|n| n > over) => over,
+            (Some(over), None) if self.needs_approval(selected) => over,
             _ => return Ok(()),
         };
         let request = serde_json::to_value(request).expect("a request serializes");
@@ -44,6 +44,12 @@ impl Operations {
             over,
             approval: Box::new(approval),
         })
+    }
+
+    /// Whether an action selecting `selected` tasks waits for a second operator here.
+    pub fn needs_approval(&self, selected: i64) -> bool {
+        self.approval_over
+            .is_some_and(|over| u64::try_from(selected).is_ok_and(|n| n > over))
     }
 
     /// A page of approvals, newest first; with `pending`, those waiting.

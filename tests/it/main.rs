@@ -15,6 +15,7 @@ mod compensation;
 mod config;
 mod console;
 mod console_actions;
+mod console_redrive;
 mod dead_letters;
 mod docs;
 mod guarantees;

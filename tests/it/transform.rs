@@ -197,7 +197,10 @@ async fn bad_transforms_and_hostile_payloads_get_clear_answers() {
     for (transform, expected) in [
         (json!([]), "transform:"),
         (json!([{"op": "explode", "path": "/a"}]), "op"),
-        (json!([{"op": "set", "path": "", "value": 1}]), "op 0 (set): path"),
+        (
+            json!([{"op": "set", "path": "", "value": 1}]),
+            "op 0 (set): path",
+        ),
         (json!({"op": "set"}), "transform:"),
     ] {
         match operations

@@ -20,7 +20,7 @@ use super::confirm;
 use super::error::PageError;
 use super::form::{ActionForm, Asked};
 use super::Shared;
-use crate::operations::{Actor, OperationError, ReplayRequest, Runner, Verb};
+use crate::operations::{ActAnswer, Actor, OperationError, ReplayRequest, Runner, Verb};
 
 fn read_form(
     form: Result<Form<Vec<(String, String)>>, FormRejection>,
@@ -87,6 +87,23 @@ pub(crate) async fn run(
             }
             let answer = (console.app).act(&actor, verb, &request, |_| {}).await?;
             request.dry_run = false;
+            // A paced retry is a job of the fleet's (the Replays page follows it); an
+            // action held for a second operator waits on the Approvals page.
+            if request.pace.is_some() || console.app.needs_approval(answer.matched) {
+                let done = (console.app).act(&actor, verb, &request, |_| {}).await;
+                return match done {
+                    Ok(ActAnswer { job: Some(job), .. }) => {
+                        Ok(Redirect::to(&format!("/console/replays#job-{}", job.id))
+                            .into_response())
+                    }
+                    Ok(_) => Ok(Redirect::to("/console/replays").into_response()),
+                    Err(OperationError::NeedsApproval { approval, .. }) => Ok(Redirect::to(
+                        &format!("/console/approvals#approval-{}", approval.id),
+                    )
+                    .into_response()),
+                    Err(other) => Err(other.into()),
+                };
+            }
             let id = console.jobs.start(
                 console.app.clone(),
                 actor,
@@ -110,6 +127,10 @@ pub(crate) async fn run(
                 }
                 // Kafka could not be asked, or refused the target: the form again, as
                 // typed, with the reason, rather than a bare error page.
+                Err(OperationError::NeedsApproval { approval, .. }) => {
+                    let to = format!("/console/approvals#approval-{}", approval.id);
+                    return Ok(Redirect::to(&to).into_response());
+                }
                 Err(OperationError::Kafka(why)) => (StatusCode::SERVICE_UNAVAILABLE, why),
                 Err(OperationError::BadRequest(why)) => (StatusCode::BAD_REQUEST, why),
                 Err(other) => return Err(other.into()),

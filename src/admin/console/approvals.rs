@@ -67,7 +67,7 @@ fn table(approvals: &[Approval], operate: bool, me: &str) -> Markup {
                 @for a in approvals {
                     tr id=(format!("approval-{}", a.id)) {
                         th scope="row" { (a.id) }
-                        td { (a.verb) br; small { code { (crate::readable::visible(&a.request.to_string())) } } }
+                        td { (a.verb) br; small { code { (crate::readable::visible(&asked(&a.request).to_string())) } } }
                         td { (a.selected) }
                         td { (a.requested_by) }
                         td { (layout::when(a.created_at)) }
@@ -77,7 +77,7 @@ fn table(approvals: &[Approval], operate: bool, me: &str) -> Markup {
                             @if let Some(by) = &a.decided_by { br; small { "by " (by) } }
                             @if let Some(why) = &a.decision_reason { br; small { (why) } }
                         }
-                        td { @if let Some(outcome) = &a.outcome { code { (crate::readable::visible(&outcome.to_string())) } } }
+                        td { @if let Some(outcome) = &a.outcome { (outcome_words(outcome)) } }
                         @if operate {
                             td.actions {
                                 form method="post" action=(format!("/console/approvals/{}/approve", a.id)) {
@@ -129,4 +129,56 @@ pub(crate) async fn decide(
         other => return Err(PageError::bad_request(format!("no decision {other:?}"))),
     };
     Ok(Redirect::to(&format!("/console/approvals#approval-{id}")))
+}
+
+/// What a request asks for, without its defaults (null, false, empty) and its reason
+/// (shown in its own column).
+fn asked(request: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    fn given(value: &Value) -> Option<Value> {
+        match value {
+            Value::Null | Value::Bool(false) => None,
+            Value::Array(items) if items.is_empty() => None,
+            Value::Object(fields) => {
+                let kept: serde_json::Map<String, Value> = (fields.iter())
+                    .filter_map(|(name, value)| Some((name.clone(), given(value)?)))
+                    .collect();
+                (!kept.is_empty()).then_some(Value::Object(kept))
+            }
+            other => Some(other.clone()),
+        }
+    }
+    let mut request = request.clone();
+    if let Some(fields) = request.as_object_mut() {
+        fields.remove("reason");
+    }
+    given(&request).unwrap_or(Value::Null)
+}
+
+/// What an approved action answered, in words: an error, a job, or what it changed.
+fn outcome_words(outcome: &serde_json::Value) -> Markup {
+    if let Some(error) = outcome.get("error").and_then(|e| e.as_str()) {
+        return html! { span.warning { "failed: " (crate::readable::visible(error)) } };
+    }
+    if let Some(job) = outcome
+        .get("job")
+        .and_then(|j| j.get("id"))
+        .and_then(|i| i.as_i64())
+    {
+        return html! { a href=(format!("/console/replays#job-{job}")) { "job " (job) } };
+    }
+    if let Some(job) = outcome
+        .get("kind")
+        .and(outcome.get("id"))
+        .and_then(|i| i.as_i64())
+    {
+        return html! { a href=(format!("/console/replays#job-{job}")) { "job " (job) } };
+    }
+    let count = |name: &str| outcome.get(name).and_then(|n| n.as_i64()).unwrap_or(0);
+    html! {
+        (count("changed")) " changed"
+        @if let Some(audit) = outcome.get("audit_id").and_then(|a| a.as_i64()) {
+            " (audit entry " (audit) ")"
+        }
+    }
 }

@@ -85,6 +85,7 @@ pub(crate) fn act_page(
                     input #c-more type="number" name="more_attempts" min="1" max="1000000" aria-describedby="h-more";
                     small #h-more { "empty: a whole new budget" }
                 }
+                (pace_fields(form, "tasks"))
             }
             div.buttons {
                 button #confirm type="submit" disabled[answer.matched == 0]
@@ -139,10 +140,7 @@ pub(crate) fn replay_page(
                 input #c-to type="text" name="to" autocomplete="off" aria-describedby="h-to" value=[form.to.as_deref()];
                 small #h-to { "empty: each task's original topic" }
             }
-            div.field {
-                label for="c-rate" { "Rate (messages a second, optional)" }
-                input #c-rate type="number" name="rate" min="0.001" step="any" value=[form.rate.as_deref()];
-            }
+            (pace_fields(form, "messages"))
             div.field.check {
                 input #c-resolved type="checkbox" name="mark_resolved" value="true" checked[form.mark_resolved];
                 label for="c-resolved" { "Mark each replayed task resolved" }
@@ -154,6 +152,27 @@ pub(crate) fn replay_page(
         }
     };
     layout::page(actor, Nav::Tasks, "Confirm: replay", body)
+}
+
+/// A paced job's rate and ramp (see docs/paced-redrive.md): `what` a second.
+fn pace_fields(form: &ActionForm, what: &str) -> Markup {
+    html! {
+        fieldset.pace {
+            legend { "Pace (optional)" }
+            div.field {
+                label for="c-rate" { "Rate (" (what) " a second)" }
+                input #c-rate type="number" name="rate" min="0.001" step="any" value=[form.rate.as_deref()] aria-describedby="h-rate";
+            }
+            div.field {
+                label for="c-ramp" { "Ramp" }
+                input #c-ramp type="text" name="ramp" autocomplete="off" placeholder="1%,5%,25%,100%" value=[form.ramp.as_deref()] aria-describedby="h-rate";
+            }
+            small #h-rate {
+                "With a rate, a job that starts at the ramp's first share of it, checks each step of 100 tasks, "
+                "and pauses itself when more than 20% of a step's outcomes fail again (Replays page)."
+            }
+        }
+    }
 }
 
 /// The selection, carried to the confirmation as it was previewed.

@@ -5,6 +5,7 @@
 use super::error::PageError;
 use super::filter;
 use crate::operations::{ActRequest, FilterParams, ReplayRequest, Verb};
+use crate::pace::PaceRequest;
 use crate::store::CauseView;
 
 /// The verbs offered on the list and a task's page: value and label.
@@ -43,8 +44,10 @@ pub(crate) struct ActionForm {
     pub more_attempts: Option<String>,
     /// Replay: the target topic (empty: each task's original one).
     pub to: Option<String>,
-    /// Replay: messages per second at most.
+    /// Replay: messages per second at most; retry: a paced retry's tasks per second.
     pub rate: Option<String>,
+    /// Retry and replay: the ramp of a paced job (`1%,5%,100%` of the rate).
+    pub ramp: Option<String>,
     /// Replay: mark each replayed task resolved.
     pub mark_resolved: bool,
 }
@@ -93,6 +96,7 @@ impl ActionForm {
                 "more_attempts" => form.more_attempts = given,
                 "to" => form.to = given,
                 "rate" => form.rate = given,
+                "ramp" => form.ramp = given,
                 "mark_resolved" => form.mark_resolved = true,
                 other => return Err(PageError::bad_request(format!("unknown field {other:?}"))),
             }
@@ -167,28 +171,44 @@ impl ActionForm {
             at: self.at.clone(),
             more_attempts,
             force: false,
-            pace: None,
+            pace: self.pace(self.rate()?, true),
         })
     }
 
     /// The layer's request for a replay.
     pub(crate) fn replay_request(&self, dry_run: bool) -> Result<ReplayRequest, PageError> {
         let (ids, filter, all) = self.selection()?;
-        let rate = (self.rate.as_deref())
-            .map(|r| r.parse::<f64>())
-            .transpose()
-            .map_err(|_| PageError::bad_request("rate must be a number of messages a second"))?;
+        let rate = self.rate()?;
+        let pace = self.pace(rate, false);
         Ok(ReplayRequest {
             ids,
             filter,
             all,
             to: self.to.clone(),
             mark_resolved: self.mark_resolved,
-            rate,
-            pace: None,
+            rate: if pace.is_some() { None } else { rate },
+            pace,
             force: false,
             reason: self.reason.clone(),
             dry_run,
+        })
+    }
+
+    /// The rate given, as a number.
+    fn rate(&self) -> Result<Option<f64>, PageError> {
+        (self.rate.as_deref())
+            .map(|r| r.parse::<f64>())
+            .transpose()
+            .map_err(|_| PageError::bad_request("rate must be a number a second"))
+    }
+
+    /// The pace asked for: a ramp (with the rate), or with `rate_paces` the rate alone
+    /// (a retry).
+    fn pace(&self, rate: Option<f64>, rate_paces: bool) -> Option<PaceRequest> {
+        (self.ramp.is_some() || rate_paces && rate.is_some()).then(|| PaceRequest {
+            rate,
+            ramp: self.ramp.clone(),
+            ..PaceRequest::default()
         })
     }
 

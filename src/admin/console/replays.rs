@@ -44,7 +44,12 @@ pub(crate) async fn page(
             }
         }
     };
-    Ok(layout::page(&caller, Nav::Replays, "Replay jobs", body))
+    Ok(layout::page(
+        &caller,
+        Nav::Replays,
+        "Redrive jobs: replays and paced retries",
+        body,
+    ))
 }
 
 /// `GET /console/live/replays`: the table alone, for the page's script.
@@ -68,7 +73,7 @@ async fn read(console: &super::Console) -> Result<Vec<ReplayJob>, PageError> {
 
 fn table(jobs: &[ReplayJob], operate: bool) -> Markup {
     if jobs.is_empty() {
-        return html! { p.empty { "No replay job has been started." } };
+        return html! { p.empty { "No replay or paced retry has been started." } };
     }
     html! {
         table.replays {
