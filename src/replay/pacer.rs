@@ -23,6 +23,20 @@ pub(super) enum Next {
     Stop,
 }
 
+/// How long a retry waits for the workers to take the tasks it released before it
+/// pauses, saying so.
+const STALLED_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+/// How often a retry looks again while its released tasks wait for the workers.
+const WAIT_FOR_WORKERS: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// A judgement of a step so far.
+struct Judged {
+    /// Why the job must pause, if it must.
+    reason: Option<String>,
+    /// Its tasks due now that no worker has taken yet.
+    waiting: i64,
+}
+
 /// What a batch did, as the pacer judges it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct BatchDone {
@@ -132,8 +146,33 @@ impl Pacer {
             .map_or(cursor, |w| w.0)
             .max(self.step_cursor);
         let window_sent = self.window.iter().map(|w| w.1).sum();
-        if let Some(reason) = self.judge(store, &pace, window_start, window_sent).await? {
-            return self.pause(store, runner, &reason).await;
+        // A retry admits no more than the workers take: while more of its released
+        // tasks wait for their call than a second's worth at the step's rate, it waits
+        // (judging as it waits), so that the pace is the pace of the calls and a pause
+        // leaves few released tasks still to be called.
+        let most_waiting = (pace.rate_of(self.step).ceil() as i64).max(1);
+        let waiting_since = tokio::time::Instant::now();
+        loop {
+            let judged = self.judge(store, &pace, window_start, window_sent).await?;
+            if let Some(reason) = judged.reason {
+                return self.pause(store, runner, &reason).await;
+            }
+            if !self.kind_retry || judged.waiting <= most_waiting {
+                break;
+            }
+            if waiting_since.elapsed() >= STALLED_AFTER {
+                let reason = format!(
+                    "{} of the tasks it made due have waited {} s for a worker (does a live \
+                     member serve their handler? `redrive members`)",
+                    judged.waiting,
+                    STALLED_AFTER.as_secs()
+                );
+                return self.pause(store, runner, &reason).await;
+            }
+            tokio::select! {
+                _ = lost.cancelled() => return Ok(Next::Stop),
+                _ = tokio::time::sleep(WAIT_FOR_WORKERS) => {}
+            }
         }
         let step_sent = done - self.step_base;
         if pace.is_last(self.step) || step_sent < pace.step_tasks {
@@ -152,18 +191,19 @@ impl Pacer {
             _ = tokio::time::sleep(pace.settle()) => {}
         }
         let whole = done - self.step_base;
-        if let Some(reason) = self.judge(store, &pace, self.step_cursor, whole).await? {
+        let judged = self.judge(store, &pace, self.step_cursor, whole).await?;
+        if let Some(reason) = judged.reason {
             return self
                 .pause(store, runner, &format!("at the checkpoint: {reason}"))
                 .await;
         }
         let step = self.step + 1;
-        if !store
+        let Some(began) = store
             .begin_step(self.id, runner, step, cursor, done)
             .await?
-        {
+        else {
             return Ok(Next::Stop);
-        }
+        };
         tracing::info!(
             job = self.id,
             step = step + 1,
@@ -173,26 +213,30 @@ impl Pacer {
         self.step = step;
         self.step_cursor = cursor;
         self.step_base = done;
-        self.step_started_at = Utc::now();
+        self.step_started_at = began;
         self.window.clear();
         self.limiter = Some(crate::rate::limiter(pace.rate_of(step), 1));
         Ok(Next::Go)
     }
 
-    /// Why the job must pause, judging its tasks after `after` (`sent` of them).
+    /// The judgement of its tasks after `after` (`sent` of them): why the job must
+    /// pause, if it must, and how many of them wait for their call.
     async fn judge(
         &self,
         store: &Store,
         pace: &Pace,
         after: i64,
         sent: i64,
-    ) -> Result<Option<String>, ReplayError> {
-        let (mut outcomes, open) = store
+    ) -> Result<Judged, ReplayError> {
+        let step = store
             .step_outcomes(self.id, after, self.step_started_at, self.kind_retry)
             .await?;
+        let mut outcomes = step.outcomes;
+        let waiting = step.waiting;
         if self.kind_retry {
-            if let Some(breaker) = open.first() {
-                return Ok(Some(format!("the breaker of {breaker} is open")));
+            if let Some(breaker) = step.open_breakers.first() {
+                let reason = Some(format!("the breaker of {breaker} is open"));
+                return Ok(Judged { reason, waiting });
             }
         } else {
             // A replay hears only of failures: the messages it produced are its outcomes,
@@ -202,7 +246,10 @@ impl Pacer {
                 ..outcomes
             };
         }
-        Ok(pace.judge(self.step, &outcomes))
+        Ok(Judged {
+            reason: pace.judge(self.step, &outcomes),
+            waiting,
+        })
     }
 
     async fn pause(&self, store: &Store, runner: &str, reason: &str) -> Result<Next, ReplayError> {

@@ -98,7 +98,7 @@ pub use members::{Member, MEMBER_BEAT, MEMBER_LIVE_WITHIN};
 pub use migrations::{Migration, SchemaVersions};
 pub(crate) use operate::apply_batch;
 pub use operate::{Action, ActionReport, Applicable, Budget, Operator, ACTION_BATCH};
-pub use pacing::Redriven;
+pub use pacing::{Redriven, StepOutcomes};
 pub use preview::{ActionSample, ReplayCounts};
 pub use query::{Attempt, StatusCounts};
 pub use replays::{

@@ -16,6 +16,18 @@ use crate::task::TaskId;
 /// Causes named in a pause's reason at most.
 const CAUSES_NAMED: i64 = 3;
 
+/// What a job's tasks of a step did so far.
+#[derive(Debug, Clone, Default)]
+pub struct StepOutcomes {
+    /// Their outcomes.
+    pub outcomes: Outcomes,
+    /// The handlers among them whose breaker is open (with why).
+    pub open_breakers: Vec<String>,
+    /// Those due now that no worker has taken yet (a retry's released tasks waiting for
+    /// their call).
+    pub waiting: i64,
+}
+
 /// Selected tasks that an earlier job already redrove.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Redriven {
@@ -62,7 +74,8 @@ impl Store {
     }
 
     /// Begins step `step` of job `id` at `cursor`, with `base` produced and skipped so
-    /// far; false when the job is no longer `runner`'s.
+    /// far: when it began (the database's clock, which the attempts' times are on), or
+    /// none when the job is no longer `runner`'s.
     pub async fn begin_step(
         &self,
         id: i64,
@@ -70,20 +83,20 @@ impl Store {
         step: i32,
         cursor: i64,
         base: i64,
-    ) -> Result<bool> {
-        let done = sqlx::query(
+    ) -> Result<Option<DateTime<Utc>>> {
+        let began = sqlx::query_scalar(
             "UPDATE recovery_replay SET step = $3, step_cursor = $4, step_base = $5, \
                  step_started_at = now(), heartbeat_at = now() \
-             WHERE id = $1 AND runner = $2 AND status = 'running'",
+             WHERE id = $1 AND runner = $2 AND status = 'running' RETURNING step_started_at",
         )
         .bind(id)
         .bind(runner)
         .bind(step)
         .bind(cursor)
         .bind(base)
-        .execute(&self.pool)
+        .fetch_optional(&self.pool)
         .await?;
-        Ok(done.rows_affected() == 1)
+        Ok(began)
     }
 
     /// Pauses job `id`, which `runner` runs, for `reason`: it waits for an operator to
@@ -157,14 +170,14 @@ impl Store {
     /// The outcomes of job `id`'s tasks after task id `after` since `since`: with
     /// `attempts` (a retry), their attempts (resolved, or failed again); and the
     /// re-failures that came back from what it sent. With the handlers among them whose
-    /// breaker is open.
+    /// breaker is open, and how many wait for their call.
     pub async fn step_outcomes(
         &self,
         id: i64,
         after: i64,
         since: DateTime<Utc>,
         attempts: bool,
-    ) -> Result<(Outcomes, Vec<String>)> {
+    ) -> Result<StepOutcomes> {
         let row = sqlx::query(
             "WITH mine AS (SELECT id, handler, cause_id FROM recovery_task \
                            WHERE redrive_job = $1 AND id > $2), \
@@ -189,7 +202,10 @@ impl Store {
                                       ORDER BY b.handler) \
                      FROM recovery_breaker b \
                      WHERE b.state = 'open' \
-                       AND b.handler IN (SELECT DISTINCT handler FROM mine)) AS open",
+                       AND b.handler IN (SELECT DISTINCT handler FROM mine)) AS open, \
+                    (SELECT count(*) FROM recovery_task \
+                     WHERE redrive_job = $1 AND id > $2 AND status = 'failed' \
+                       AND next_attempt_at <= now() AND lease_owner IS NULL) AS waiting",
         )
         .bind(id)
         .bind(after)
@@ -203,10 +219,14 @@ impl Store {
             failed: row.try_get("failed")?,
             causes: (row.try_get::<Option<Vec<String>>, _>("causes")?).unwrap_or_default(),
         };
-        let open = row
+        let open_breakers = row
             .try_get::<Option<Vec<String>>, _>("open")?
             .unwrap_or_default();
-        Ok((outcomes, open))
+        Ok(StepOutcomes {
+            outcomes,
+            open_breakers,
+            waiting: row.try_get("waiting")?,
+        })
     }
 
     /// In `conn`'s transaction: job `id` redrove `tasks` (a retry: those it made due

@@ -558,3 +558,55 @@ async fn a_paced_retry_whose_runner_is_killed_mid_step_resumes_in_its_step_calli
         "a task was called twice"
     );
 }
+
+/// Waits `delay`, then answers as `Calling` does.
+struct Slow(Arc<Downstream>, Duration);
+
+#[async_trait]
+impl Handler for Slow {
+    async fn handle(&self, ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
+        tokio::time::sleep(self.1).await;
+        Calling(self.0.clone()).handle(ctx, task).await
+    }
+}
+
+/// Regression (found by the bench): a retry paced faster than its workers could call
+/// released tasks by the thousand ahead of them, and a pause left them all to be called
+/// into the failing downstream. It now releases no more than a second's worth ahead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paced_retry_never_runs_more_than_a_second_ahead_of_its_workers() {
+    let (store, mut settings) = fresh_store().await;
+    settings.worker.concurrency = 1;
+    settings.worker.batch_size = 1;
+    given_up(&store, 240).await;
+    let downstream = Arc::new(Downstream::default());
+    let fleet = Fleet::builder(settings.clone())
+        .handler("h", Slow(downstream.clone(), Duration::from_millis(50)))
+        .build()
+        .unwrap();
+    let stop_workers = workers(&fleet, &store);
+    // 40/s asked; the one worker calls about 20 a second.
+    let request = retry_of_h(pace(40.0, "100%", 1000, 1000));
+    let job = start(&fleet, &store, &request, "runner-a").await;
+    let run = tokio::spawn({
+        let replayer = replayer(&settings, &store, "runner-a");
+        async move { run(&replayer, job).await }
+    });
+    let mut widest = 0;
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let released = scalar(
+            &store,
+            "SELECT coalesce(max(produced), 0) FROM recovery_replay",
+        )
+        .await;
+        let ahead = released - downstream.calls() as i64;
+        widest = widest.max(ahead);
+    }
+    // A second's worth (40), one batch (40) and the call in flight; released at 40/s
+    // for six seconds against 20 calls a second, it would be 120 ahead.
+    assert!(widest <= 85, "released {widest} tasks ahead of the calls");
+    let job = run.await.unwrap();
+    assert_eq!((job.status.as_str(), job.produced), ("done", 240));
+    stop_workers.cancel();
+}
