@@ -147,10 +147,11 @@ impl Pacer {
             .max(self.step_cursor);
         let window_sent = self.window.iter().map(|w| w.1).sum();
         // A retry admits no more than the workers take: while more of its released
-        // tasks wait for their call than a second's worth at the step's rate, it waits
-        // (judging as it waits), so that the pace is the pace of the calls and a pause
-        // leaves few released tasks still to be called.
-        let most_waiting = (pace.rate_of(self.step).ceil() as i64).max(1);
+        // tasks wait for their call than a quarter of a second's worth at the step's
+        // rate (or one batch), it waits (judging as it waits), so that the pace is the
+        // pace of the calls and a pause leaves few released tasks still to be called.
+        let quarter = (pace.rate_of(self.step) / 4.0).ceil() as i64;
+        let most_waiting = quarter.max(self.batch_limit(done)).max(1);
         let waiting_since = tokio::time::Instant::now();
         loop {
             let judged = self.judge(store, &pace, window_start, window_sent).await?;

@@ -114,6 +114,8 @@ impl Replayer {
                 let selection = Selection::Ids(tasks.to_vec());
                 let batch = apply_batch(&mut tx, operator, action, &selection, 0, None).await?;
                 Store::mark_redriven(&mut tx, job.id, tasks, true).await?;
+                // Idle workers take them at once, not at their next poll.
+                Store::notify_due(&mut tx).await?;
                 batch.changed
             }
         };

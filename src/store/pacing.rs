@@ -229,6 +229,15 @@ impl Store {
         })
     }
 
+    /// In `conn`'s transaction: wakes the members' idle claim loops when it commits
+    /// (`<schema>_due`), for tasks it made due.
+    pub(crate) async fn notify_due(conn: &mut PgConnection) -> Result<()> {
+        sqlx::query("SELECT pg_notify(current_schema() || '_due', '')")
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
     /// In `conn`'s transaction: job `id` redrove `tasks` (a retry: those it made due
     /// again, still failed).
     pub(crate) async fn mark_redriven(
