@@ -53,7 +53,8 @@ pub struct PaceRequest {
 }
 
 impl PaceRequest {
-    /// Whether any of it was given.
+    /// Whether any of it was given (a face that builds one from options it may not
+    /// have).
     pub fn is_given(&self) -> bool {
         self.rate.is_some()
             || self.ramp.is_some()
@@ -77,8 +78,8 @@ pub struct Pace {
     pub pause_ratio: f64,
     /// Outcomes a step needs before it is judged.
     pub min_outcomes: i64,
-    /// Seconds a checkpoint waits for a step's outcomes.
-    pub settle_seconds: u64,
+    /// Milliseconds a checkpoint waits for a step's outcomes.
+    pub settle_ms: u64,
 }
 
 /// A step's outcomes so far.
@@ -133,13 +134,29 @@ impl Pace {
                 humantime::format_duration(settle)
             ));
         }
+        for (n, share) in ramp.iter().enumerate() {
+            if rate * share < crate::rate::MIN_RATE {
+                return Err(format!(
+                    "ramp: step {}: {}% of {rate}/s is below the least rate, {}/s",
+                    n + 1,
+                    share * 100.0,
+                    crate::rate::MIN_RATE
+                ));
+            }
+        }
+        if ramp.len() > 1 && step_tasks < min_outcomes {
+            return Err(format!(
+                "step: a step of {step_tasks} tasks never gathers the {min_outcomes} outcomes \
+                 a checkpoint judges (min_outcomes); raise step or lower min_outcomes"
+            ));
+        }
         Ok(Pace {
             rate,
             ramp,
             step_tasks,
             pause_ratio,
             min_outcomes,
-            settle_seconds: settle.as_secs(),
+            settle_ms: u64::try_from(settle.as_millis()).unwrap_or(u64::MAX),
         })
     }
 
@@ -172,7 +189,7 @@ impl Pace {
 
     /// How long a checkpoint waits.
     pub fn settle(&self) -> Duration {
-        Duration::from_secs(self.settle_seconds).min(LONGEST_SETTLE)
+        Duration::from_millis(self.settle_ms).min(LONGEST_SETTLE)
     }
 
     /// Why the job must pause, given `step`'s `outcomes`; none when it may go on.

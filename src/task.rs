@@ -442,6 +442,7 @@ impl NewTask {
             updated_at: now,
             finished_at: None,
             redrive_job: None,
+            redriven_by: None,
         }
     }
 
@@ -496,9 +497,12 @@ pub struct Task {
     pub updated_at: DateTime<Utc>,
     /// When it became final.
     pub finished_at: Option<DateTime<Utc>>,
-    /// The last redrive job (a paced retry or a replay) that redrove it: its calls and
-    /// replayed records say so (`x-redrive-job`, `redrive-job`).
+    /// The redrive job (a paced retry) whose release made it due now, or that replayed
+    /// it: its calls say so (`x-redrive-job`). Cleared by any other operator action.
     pub redrive_job: Option<i64>,
+    /// The last redrive job that redrove it, kept: another job redrives it again only
+    /// with `force`.
+    pub redriven_by: Option<i64>,
 }
 
 impl Task {

@@ -295,7 +295,8 @@ pub(super) async fn foreground(
             if !json {
                 outln!(
                     "replay job {id} done: {} produced, {} skipped (no topic or no stored payload)",
-                    job.produced, job.skipped
+                    job.produced,
+                    job.skipped
                 );
             }
             Ok(())
@@ -310,11 +311,18 @@ pub(super) async fn foreground(
         "cancelled" => bail!(
             "replay job {id} was cancelled after {} message(s){}",
             job.produced,
-            job.uncounted().map(|words| format!("; {words}")).unwrap_or_default()
+            job.uncounted()
+                .map(|words| format!("; {words}"))
+                .unwrap_or_default()
         ),
         _ => bail!(
-            "replay job {id} stopped after {} message(s); continue it with `redrive replays resume {id}`",
-            job.produced
+            "{} job {id} stopped after {} {}; continue it with `redrive replays resume {id}`",
+            job.kind,
+            job.produced,
+            match job.kind.as_str() {
+                "retry" => "task(s)",
+                _ => "message(s)",
+            }
         ),
     }
 }
@@ -424,10 +432,14 @@ async fn list(
 fn pace_words(job: &ReplayJob) -> String {
     match (&job.pace, job.rate) {
         (Some(pace), _) => format!(
-            "step {}/{} at {}/s",
+            "step {}/{} at {}/s{}",
             job.step.max(0) + 1,
             pace.steps(),
-            pace.rate_of(job.step)
+            pace.rate_of(job.step),
+            match job.next_checkpoint {
+                Some(at) => format!(", checkpoint at {at}"),
+                None => String::new(),
+            }
         ),
         (None, Some(rate)) => format!("{rate}/s"),
         (None, None) => String::new(),

@@ -46,14 +46,14 @@ pub async fn run(operations: &Operations, args: TransformArgs) -> anyhow::Result
             .with_context(|| format!("reading the transform from {path}"))?,
         (None, None) => bail!("give the transform with --spec or --spec-file"),
     };
-    let transform: serde_json::Value = serde_json::from_str(&text)
+    let transform = serde_json::value::RawValue::from_string(text.trim().to_owned())
         .map_err(|e| anyhow::anyhow!("the transform is not JSON: {e}"))?;
     let actor = Actor::shell();
     let request = TransformRequest {
         ids: args.selection.ids.clone(),
         filter: args.selection.filter.given(),
         all: args.selection.all,
-        transform,
+        transform: Some(transform),
         reason: args.reason.clone(),
         dry_run: true,
     };

@@ -294,6 +294,8 @@ impl Operations {
                 filter: filter_of(&selection),
                 retry: Some(action),
                 pace: Some(pace),
+                force: request.force,
+                bounded: true,
                 target_topic: None,
                 mark_resolved: false,
                 rate: None,
@@ -364,7 +366,7 @@ impl Operations {
 /// The pace `request` asks for, checked; none when none was given.
 pub(super) fn pace_of(request: Option<&PaceRequest>) -> Result<Option<Pace>> {
     match request {
-        Some(pace) if pace.is_given() => Pace::from_request(pace)
+        Some(pace) => Pace::from_request(pace)
             .map(Some)
             .map_err(|why| OperationError::BadRequest(format!("pace: {why}"))),
         _ => Ok(None),

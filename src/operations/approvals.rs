@@ -67,6 +67,10 @@ impl Operations {
         actor.must_operate()?;
         let operator = actor.operator(optional_reason(reason)?);
         let mut approval = self.store.decide_approval(&operator, id, true).await?;
+        // Until it answers, the approval says it runs: an approver stopped part-way (a
+        // killed CLI) leaves that, not an approval that looks complete.
+        let running = serde_json::json!({ "running": true });
+        self.store.record_approval_outcome(id, running).await?;
         let approved = Approved {
             id,
             by: actor.name.clone(),
@@ -135,8 +139,9 @@ impl Operations {
                 serde_json::to_value(job)
             }
             "transform" => {
+                // From text: the transform is read as raw JSON.
                 let request: TransformRequest =
-                    serde_json::from_value(request).map_err(malformed)?;
+                    serde_json::from_str(&request.to_string()).map_err(malformed)?;
                 let answer = self
                     .transform_as(requester, &request, Some(approved))
                     .await?;

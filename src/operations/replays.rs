@@ -148,7 +148,10 @@ impl Operations {
         approved: Option<&Approved>,
     ) -> Result<ReplayJob> {
         actor.must_operate()?;
-        let replay = new_replay(request, runner)?;
+        let mut replay = new_replay(request, runner)?;
+        // Where large actions need approval, what was counted (and approved) is all it
+        // does.
+        replay.bounded |= self.approval_over.is_some();
         self.store.ensure_exist(&replay.filter.ids).await?;
         self.refuse_redriven(&replay.filter, request.force).await?;
         check_replay(&self.store, &self.kafka, &self.routes, &replay).await?;
@@ -219,8 +222,9 @@ impl Operations {
         let slower = match rate {
             None => None,
             Some(rate) => {
-                let job = (self.store.replay(id).await?)
-                    .ok_or_else(|| OperationError::NotFound(format!("no replay job {id}")))?;
+                let job = (self.store.replay(id).await?).ok_or_else(|| {
+                    OperationError::NotFound(format!("no job {id} (replays and paced retries)"))
+                })?;
                 Some(match &job.pace {
                     Some(pace) => Resumed {
                         pace: Some(pace.at_rate(rate).map_err(OperationError::BadRequest)?),
@@ -263,7 +267,9 @@ fn new_replay(request: &ReplayRequest, runner: Runner<'_>) -> Result<NewReplay> 
     Ok(NewReplay {
         filter,
         retry: None,
+        bounded: pace.is_some(),
         pace,
+        force: request.force,
         target_topic: request.to.clone(),
         mark_resolved: request.mark_resolved,
         rate: request.rate,

@@ -35,7 +35,7 @@ pub struct TransformRequest {
     /// "remove", "path": "/b"}, {"op": "rename", "from": "/c", "path": "/d"}, {"op":
     /// "map", "path": "/e", "from_value": "EUR", "to": "eur"}]` (JSON Pointers).
     #[schema(value_type = Object)]
-    pub transform: serde_json::Value,
+    pub transform: Option<Box<serde_json::value::RawValue>>,
     /// Why (written to the audit log); required unless `dry_run`.
     pub reason: Option<String>,
     /// Count and show what it would do; change nothing.
@@ -109,7 +109,12 @@ impl Operations {
         approved: Option<&Approved>,
     ) -> Result<TransformAnswer> {
         actor.must_operate()?;
-        let transform = Transform::parse(&request.transform.to_string())
+        // Read from the text as sent: a value parsed on the way would have lost a
+        // duplicate key or a number a double cannot hold, which the parser refuses.
+        let text = (request.transform.as_ref()).ok_or_else(|| {
+            OperationError::bad_request("transform: required (a list of operations)")
+        })?;
+        let transform = Transform::parse(text.get())
             .map_err(|e| OperationError::BadRequest(format!("transform: {e}")))?;
         let reason = match request.dry_run {
             true => None,

@@ -134,7 +134,9 @@ impl Pacer {
             return Ok(Next::Go);
         };
         self.window.push_back((before, sent));
-        let wanted = (pace.min_outcomes * 4).max(500);
+        // The latest outcomes weigh: a window of about twice what a judgement needs, so
+        // that a downstream failing in the middle of a long step is met soon.
+        let wanted = (pace.min_outcomes * 2).max(100);
         while self.window.len() > 1
             && self.window.iter().skip(1).map(|w| w.1).sum::<i64>() >= wanted
         {
@@ -184,7 +186,7 @@ impl Pacer {
         tracing::info!(
             job = self.id,
             step = self.step + 1,
-            settle_seconds = pace.settle_seconds,
+            settle_ms = pace.settle_ms,
             "a step of a paced job is done; waiting for its outcomes"
         );
         tokio::select! {

@@ -59,12 +59,26 @@ impl Replayer {
             if lost.is_cancelled() {
                 return Ok(());
             }
-            let upto = pending.as_ref().map(|(upto, _)| *upto);
-            let limit = pacer.batch_limit(done as i64);
-            let page = self
-                .store
-                .replay_batch(&job.filter, cursor, upto, limit, REPLAY_BATCH_BYTES)
-                .await?;
+            // Tasks stored after the job was recorded never join it, and it never
+            // handles more than it counted then (and was confirmed or approved for).
+            let pending_upto = pending.as_ref().map(|(upto, _)| *upto);
+            let upto = match (pending_upto, job.upto_id) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let left = match (&pending, job.upto_id, job.total) {
+                (None, Some(_), Some(total)) => total - done as i64,
+                _ => i64::MAX,
+            };
+            let limit = pacer.batch_limit(done as i64).min(left);
+            let page = match limit > 0 {
+                true => {
+                    (self.store)
+                        .replay_batch(&job.filter, cursor, upto, limit, REPLAY_BATCH_BYTES)
+                        .await?
+                }
+                false => Default::default(),
+            };
             let tasks = page.tasks;
             let Some(last) = page.last else {
                 if let Some((upto, _)) = pending.take() {
@@ -121,6 +135,13 @@ impl Replayer {
                     skipped += 1;
                     continue;
                 };
+                // Another job's task is not this one's to replay (unless forced); one
+                // already found on the topics (a pending batch) was this job's.
+                let others = task.redriven_by.is_some_and(|by| by != job.id);
+                if others && !job.force && !already.contains(&task.id.0) {
+                    skipped += 1;
+                    continue;
+                }
                 sent.push(task.id);
                 if already.contains(&task.id.0) {
                     continue;

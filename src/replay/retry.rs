@@ -37,10 +37,22 @@ impl Replayer {
             if lost.is_cancelled() {
                 return Ok(());
             }
-            let limit = pacer.batch_limit(done as i64);
-            let page = (self.store)
-                .replay_batch(&job.filter, cursor, None, limit, i64::MAX)
-                .await?;
+            // Never more than it counted when it was recorded (and confirmed, or
+            // approved): tasks that start to match meanwhile may take the place of those
+            // that stopped, never add to them.
+            let left = match (job.upto_id, job.total) {
+                (Some(_), Some(total)) => total - done as i64,
+                _ => i64::MAX,
+            };
+            let limit = pacer.batch_limit(done as i64).min(left);
+            let page = match limit > 0 {
+                true => {
+                    (self.store)
+                        .replay_batch(&job.filter, cursor, job.upto_id, limit, i64::MAX)
+                        .await?
+                }
+                false => Default::default(),
+            };
             let Some(last) = page.last else {
                 self.store.finish_replay(job.id, &self.runner, None).await?;
                 progress(done.max(total), done.max(total));
@@ -111,12 +123,18 @@ impl Replayer {
         let changed = match tasks.is_empty() {
             true => 0,
             false => {
-                let selection = Selection::Ids(tasks.to_vec());
-                let batch = apply_batch(&mut tx, operator, action, &selection, 0, None).await?;
-                Store::mark_redriven(&mut tx, job.id, tasks, true).await?;
-                // Idle workers take them at once, not at their next poll.
-                Store::notify_due(&mut tx).await?;
-                batch.changed
+                // Another job's tasks are not this one's to redrive (unless forced).
+                let tasks = &Store::redrivable(&mut tx, job.id, tasks, job.force).await?;
+                if tasks.is_empty() {
+                    0
+                } else {
+                    let selection = Selection::Ids(tasks.to_vec());
+                    let batch = apply_batch(&mut tx, operator, action, &selection, 0, None).await?;
+                    Store::mark_redriven(&mut tx, job.id, tasks, true).await?;
+                    // Idle workers take them at once, not at their next poll.
+                    Store::notify_due(&mut tx).await?;
+                    batch.changed
+                }
             }
         };
         let left_alone = tasks.len() as i64 - changed + unreadable;

@@ -255,6 +255,9 @@ changed AS (
         -- the compensation may have undone.
         checkpoint = CASE WHEN $24 = 'failed' AND t.id IN (SELECT id FROM started) THEN NULL
                           ELSE t.checkpoint END,
+        -- Whatever is due now is due by this action, not by a job's earlier release (a
+        -- job's own batch marks its tasks again after it).
+        redrive_job = NULL,
         updated_at = now()
     FROM chosen
     WHERE t.id = chosen.id

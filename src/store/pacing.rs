@@ -59,8 +59,8 @@ impl Store {
         let selection = Selection::Filter(filter.clone());
         let statement = format!(
             "SELECT count(*) AS count, \
-                 (array_agg(DISTINCT redrive_job ORDER BY redrive_job DESC))[1:5] AS jobs \
-             FROM recovery_task WHERE {CONDITION} AND redrive_job IS NOT NULL"
+                 (array_agg(DISTINCT redriven_by ORDER BY redriven_by DESC))[1:5] AS jobs \
+             FROM recovery_task WHERE {CONDITION} AND redriven_by IS NOT NULL"
         );
         let row = bind_selection(sqlx::query(&statement), &selection)
             .fetch_one(&self.pool)
@@ -201,7 +201,7 @@ impl Store {
                     (SELECT array_agg(b.handler || coalesce(' (' || b.reason || ')', '') \
                                       ORDER BY b.handler) \
                      FROM recovery_breaker b \
-                     WHERE b.state = 'open' \
+                     WHERE (b.forced = 'open' OR b.state = 'open' AND b.hold_until > now()) \
                        AND b.handler IN (SELECT DISTINCT handler FROM mine)) AS open, \
                     (SELECT count(*) FROM recovery_task \
                      WHERE redrive_job = $1 AND id > $2 AND status = 'failed' \
@@ -229,6 +229,29 @@ impl Store {
         })
     }
 
+    /// In `conn`'s transaction: those of `tasks` job `id` may redrive, locked until it
+    /// commits: unless `force`, not one another job redrove (two jobs over the same
+    /// tasks, started together or overlapping, never both redrive one).
+    pub(crate) async fn redrivable(
+        conn: &mut PgConnection,
+        id: i64,
+        tasks: &[TaskId],
+        force: bool,
+    ) -> Result<Vec<TaskId>> {
+        let ids: Vec<i64> = tasks.iter().map(|t| t.0).collect();
+        let mine: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM recovery_task \
+             WHERE id = ANY($1) AND ($3 OR redriven_by IS NULL OR redriven_by = $2) \
+             ORDER BY id FOR UPDATE",
+        )
+        .bind(ids)
+        .bind(id)
+        .bind(force)
+        .fetch_all(&mut *conn)
+        .await?;
+        Ok(mine.into_iter().map(TaskId).collect())
+    }
+
     /// In `conn`'s transaction: wakes the members' idle claim loops when it commits
     /// (`<schema>_due`), for tasks it made due.
     pub(crate) async fn notify_due(conn: &mut PgConnection) -> Result<()> {
@@ -248,7 +271,7 @@ impl Store {
     ) -> Result<()> {
         let ids: Vec<i64> = tasks.iter().map(|t| t.0).collect();
         sqlx::query(
-            "UPDATE recovery_task SET redrive_job = $1 \
+            "UPDATE recovery_task SET redrive_job = $1, redriven_by = $1 \
              WHERE id = ANY($2) AND (NOT $3 OR status = 'failed')",
         )
         .bind(id)

@@ -55,6 +55,14 @@ pub struct ReplayJob {
     /// Why it is paused (by itself, when what it redrove failed again, or by an
     /// operator).
     pub paused_reason: Option<String>,
+    /// Whether it redrives tasks another job redrove too.
+    pub force: bool,
+    /// Bounded ([`NewReplay::bounded`]): the newest task id when it was recorded; it
+    /// handles no more than `total`.
+    pub upto_id: Option<i64>,
+    /// A paced job's next checkpoint: the tasks handled (produced and skipped) at which
+    /// its step ends; none in its last step.
+    pub next_checkpoint: Option<i64>,
     /// Run by fleet members (true) or by the CLI that started it.
     pub detached: bool,
     /// `pending`, `running`, `paused`, `done`, `cancelled` or `failed`.
@@ -107,6 +115,12 @@ pub struct NewReplay {
     pub retry: Option<Action>,
     /// Its pace; none: unpaced.
     pub pace: Option<Pace>,
+    /// Redrive tasks another job redrove too.
+    pub force: bool,
+    /// Bounded: tasks stored later never join it, and it handles no more than it counts
+    /// now (a paced job, a retry job, or any job where large actions need approval). An
+    /// unpaced replay otherwise takes every task matching when its cursor reaches it.
+    pub bounded: bool,
     /// Target topic; none: each task's original topic.
     pub target_topic: Option<String>,
     /// Mark each replayed task resolved.
@@ -130,10 +144,10 @@ pub struct Resumed {
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayRowError {
     /// No such job.
-    #[error("no replay job {0}")]
+    #[error("no job {0} (replays and paced retries)")]
     Unknown(i64),
     /// Another runner holds it, or it has ended.
-    #[error("replay job {id} is {status}{runner}", runner = .runner.as_deref().map(|r| format!(" (run by {r})")).unwrap_or_default())]
+    #[error("job {id} is {status}{runner}", runner = .runner.as_deref().map(|r| format!(" (run by {r})")).unwrap_or_default())]
     NotYours {
         /// The job.
         id: i64,
@@ -145,6 +159,14 @@ pub enum ReplayRowError {
 }
 
 pub(super) fn job_from_row(row: &PgRow) -> Result<ReplayJob> {
+    let mut job = job_fields(row)?;
+    job.next_checkpoint = (job.pace.as_ref())
+        .filter(|pace| !pace.is_last(job.step))
+        .map(|pace| job.step_base.saturating_add(pace.step_tasks));
+    Ok(job)
+}
+
+fn job_fields(row: &PgRow) -> Result<ReplayJob> {
     let filter: serde_json::Value = row.try_get("filter")?;
     let marks: Option<serde_json::Value> = row.try_get("pending_marks")?;
     let id: i64 = row.try_get("id")?;
@@ -179,6 +201,9 @@ pub(super) fn job_from_row(row: &PgRow) -> Result<ReplayJob> {
         step_base: row.try_get("step_base")?,
         step_started_at: super::time::optional(row, "step_started_at")?,
         paused_reason: row.try_get("paused_reason")?,
+        force: row.try_get("force")?,
+        upto_id: row.try_get("upto_id")?,
+        next_checkpoint: None,
         detached: detached || by_fleet,
         status: row.try_get("status")?,
         runner: row.try_get("runner")?,
@@ -246,10 +271,12 @@ impl Store {
         let row = sqlx::query(
             "INSERT INTO recovery_replay (actor, filter, target_topic, mark_resolved, rate, \
                  detached, by_fleet, kind, pace, retry, status, runner, heartbeat_at, total, \
-                 step_started_at) \
+                 step_started_at, force, upto_id) \
              VALUES ($1, $2, $3, $4, $5, $6 AND NOT $9, $6 AND $9, $10, $11, $12, \
                  CASE WHEN $6 THEN 'pending' ELSE 'running' END, \
-                 CASE WHEN $6 THEN NULL ELSE $7 END, now(), $8, now()) RETURNING *",
+                 CASE WHEN $6 THEN NULL ELSE $7 END, now(), $8, now(), $13, \
+                 CASE WHEN $14 THEN (SELECT coalesce(max(id), 0) FROM recovery_task) END) \
+             RETURNING *",
         )
         .bind(&operator.actor)
         .bind(serde_json::to_value(&replay.filter).expect("a filter serializes"))
@@ -263,6 +290,8 @@ impl Store {
         .bind(kind)
         .bind(pace)
         .bind(retry)
+        .bind(replay.force)
+        .bind(replay.bounded)
         .fetch_one(&mut *tx)
         .await?;
         let job = job_from_row(&row)?;

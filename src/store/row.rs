@@ -148,7 +148,10 @@ macro_rules! task_columns {
             "disposition",
             ", ",
             $p,
-            "redrive_job"
+            "redrive_job",
+            ", ",
+            $p,
+            "redriven_by"
         )
     };
 }
@@ -229,6 +232,7 @@ fn task_with_headers(row: &PgRow, headers: Vec<Header>) -> Result<Task> {
         updated_at: required_timestamp(row, id, "updated_at")?,
         finished_at: timestamp(row, id, "finished_at")?,
         redrive_job: row.try_get("redrive_job")?,
+        redriven_by: row.try_get("redriven_by")?,
     })
 }
 

@@ -12,7 +12,7 @@ use reqwest::StatusCode;
 use serde_json::json;
 
 use crate::support::api::{with_tokens, Api, OPERATE};
-use crate::support::{fresh_store, scalar};
+use crate::support::{fresh_store, raw, scalar};
 
 const SECOND: &str = "second-operator-token-0123";
 
@@ -150,7 +150,7 @@ async fn approvals_racing_rejections_decide_once_and_a_rejected_action_never_run
     let operations = std::sync::Arc::new(fleet.operations(store.clone()));
     let transform = TransformRequest {
         filter: retry_all().filter,
-        transform: json!([{"op": "set", "path": "/a", "value": 2}]),
+        transform: raw(json!([{"op": "set", "path": "/a", "value": 2}])),
         reason: Some("fix".into()),
         ..TransformRequest::default()
     };

@@ -98,6 +98,8 @@ async fn an_operator_reads_the_fleet_its_tasks_and_their_payloads_in_a_browser()
     let replay = NewReplay {
         retry: None,
         pace: None,
+        force: false,
+        bounded: false,
         filter: TaskFilter {
             handler: Some("billing".into()),
             ..TaskFilter::default()

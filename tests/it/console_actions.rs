@@ -216,6 +216,8 @@ async fn a_read_only_session_and_a_cross_site_request_change_nothing() {
     let replay = NewReplay {
         retry: None,
         pace: None,
+        force: false,
+        bounded: false,
         filter: TaskFilter::default(),
         target_topic: Some("elsewhere".into()),
         mark_resolved: false,
@@ -325,6 +327,8 @@ async fn an_operator_starts_cancels_and_resumes_replays_and_engages_and_releases
     let stalled = NewReplay {
         retry: None,
         pace: None,
+        force: false,
+        bounded: false,
         filter: TaskFilter {
             handler: Some("billing".into()),
             ..TaskFilter::default()

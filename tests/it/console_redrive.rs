@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::support::api::OPERATE;
 use crate::support::console::{enqueue, task, Console};
-use crate::support::{eventually, fresh_store, scalar, Browser};
+use crate::support::{eventually, fresh_store, raw, scalar, Browser};
 
 fn actor(name: &str) -> Actor {
     Actor {
@@ -58,7 +58,7 @@ async fn an_operator_resumes_a_paused_job_approves_a_large_action_and_reads_a_tr
     // A transform of one task (one task: under the threshold).
     let transform = TransformRequest {
         ids: vec![ids[0].0],
-        transform: json!([{"op": "rename", "from": "/amount", "path": "/amount_cents"}]),
+        transform: raw(json!([{"op": "rename", "from": "/amount", "path": "/amount_cents"}])),
         reason: Some("schema v3".into()),
         ..TransformRequest::default()
     };

@@ -217,6 +217,8 @@ async fn an_interrupted_replay_is_handed_to_the_fleet_over_http() {
     let replay = NewReplay {
         retry: None,
         pace: None,
+        force: false,
+        bounded: false,
         filter: TaskFilter::default(),
         target_topic: Some("replayed".into()),
         mark_resolved: false,
@@ -287,6 +289,8 @@ async fn every_list_answers_one_envelope_and_pages_with_its_cursor() {
         let replay = NewReplay {
             retry: None,
             pace: None,
+            force: false,
+            bounded: false,
             filter: TaskFilter::default(),
             target_topic: Some("replayed".into()),
             mark_resolved: false,

@@ -418,7 +418,7 @@ async fn bad_paces_are_refused_naming_the_field_and_change_nothing() {
     let fleet = fleet(&settings, &Arc::new(Downstream::default()));
     let operations = fleet.operations(store.clone());
     for (pace, field) in [
-        (PaceRequest::default(), None),
+        (PaceRequest::default(), Some("pace: rate")),
         (
             PaceRequest {
                 ramp: Some("5%".into()),
@@ -441,6 +441,23 @@ async fn bad_paces_are_refused_naming_the_field_and_change_nothing() {
             },
             Some("pace: pause_at"),
         ),
+        (
+            PaceRequest {
+                rate: Some(10.0),
+                ramp: Some("1e-30%,100%".into()),
+                ..PaceRequest::default()
+            },
+            Some("pace: ramp: step 1"),
+        ),
+        (
+            PaceRequest {
+                rate: Some(10.0),
+                ramp: Some("10%,100%".into()),
+                step: Some(20),
+                ..PaceRequest::default()
+            },
+            Some("pace: step: a step of 20 tasks never gathers the 50 outcomes"),
+        ),
     ] {
         let request = retry_of_h(pace);
         let answer = operations
@@ -453,8 +470,6 @@ async fn bad_paces_are_refused_naming_the_field_and_change_nothing() {
             )
             .await;
         match (field, answer) {
-            // No pace at all: an ordinary retry.
-            (None, Ok(answer)) => assert!(answer.job.is_none() && answer.changed == 3),
             (Some(field), Err(OperationError::BadRequest(why))) => {
                 assert!(why.starts_with(field), "{why}")
             }
@@ -609,4 +624,178 @@ async fn a_paced_retry_never_runs_more_than_a_second_ahead_of_its_workers() {
     let job = run.await.unwrap();
     assert_eq!((job.status.as_str(), job.produced), ("done", 240));
     stop_workers.cancel();
+}
+
+/// Found by the attack: two paced retries of the same tasks, started together (or one
+/// walking into the other's), both made them due: 78 of 100 tasks called twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_paced_jobs_over_the_same_tasks_never_both_redrive_one() {
+    let (store, settings) = fresh_store().await;
+    given_up(&store, 100).await;
+    let downstream = Arc::new(Downstream::default());
+    let fleet = fleet(&settings, &downstream);
+    let stop_workers = workers(&fleet, &store);
+    let request = retry_of_h(pace(100.0, "100%", 10, 50));
+    // Both recorded before either ran: the check at creation finds nothing redriven.
+    let first = start(&fleet, &store, &request, "runner-a").await;
+    let second = start(&fleet, &store, &request, "runner-b").await;
+    let (a, b) = (
+        replayer(&settings, &store, "runner-a"),
+        replayer(&settings, &store, "runner-b"),
+    );
+    let (first, second) = tokio::join!(run(&a, first), run(&b, second));
+    assert_eq!(
+        (first.status.as_str(), second.status.as_str()),
+        ("done", "done")
+    );
+    assert_eq!(
+        first.produced + second.produced,
+        100,
+        "{first:?} {second:?}"
+    );
+    eventually(Duration::from_secs(30), "every task resolved", || async {
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE status = 'resolved'",
+        )
+        .await
+            == 100
+    })
+    .await;
+    stop_workers.cancel();
+    assert!(
+        downstream.per_task().values().all(|&n| n == 1),
+        "a task was called twice"
+    );
+}
+
+/// Found by the attack: a job counted 5 tasks (under operations.approval_over), and
+/// 1,500 tasks that came to match later were redriven too. A job handles no more than it
+/// counted, and no task stored after it was recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_never_redrives_more_than_it_counted_when_it_was_recorded() {
+    let (store, settings) = fresh_store().await;
+    given_up(&store, 5).await;
+    // Failed tasks of the handler, not in the selection (permanent failures) yet.
+    let later: Vec<NewTask> = (0..30)
+        .map(|i| NewTask {
+            handler: "h".into(),
+            failure: Failure {
+                key: Some(format!("later{i}").into_bytes()),
+                ..Failure::default()
+            },
+            ..NewTask::default()
+        })
+        .collect();
+    store.enqueue_many(&later).await.unwrap();
+    let downstream = Arc::new(Downstream::default());
+    let fleet = fleet(&settings, &downstream);
+    let mut request = retry_of_h(pace(100.0, "100%", 10, 50));
+    if let Some(filter) = request.filter.as_mut() {
+        filter.status = Some(redrive::operations::StatusNames(vec![
+            "permanent_failure".into()
+        ]));
+    }
+    let job = start(&fleet, &store, &request, "runner-a").await;
+    assert_eq!(job.total, Some(5));
+    // They come to match, and more are stored.
+    sqlx::query("UPDATE recovery_task SET status = 'permanent_failure', finished_at = now()")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    given_up(&store, 10).await;
+    let job = run(&replayer(&settings, &store, "runner-a"), job).await;
+    assert_eq!((job.status.as_str(), job.produced), ("done", 5), "{job:?}");
+    let redriven = scalar(
+        &store,
+        "SELECT count(*) FROM recovery_task WHERE redriven_by IS NOT NULL",
+    )
+    .await;
+    assert_eq!(redriven, 5);
+}
+
+/// Found by the attack: a breaker row left open by an earlier configuration (its hold
+/// long past, no breaker configured now) paused every paced retry of its handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_open_breaker_row_does_not_pause_a_paced_retry() {
+    let (store, settings) = fresh_store().await;
+    given_up(&store, 20).await;
+    sqlx::query(
+        "INSERT INTO recovery_breaker (handler, state, hold_until, changed_at) \
+         VALUES ('h', 'open', now() - interval '1 hour', now() - interval '2 hours')",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let downstream = Arc::new(Downstream::default());
+    let fleet = fleet(&settings, &downstream);
+    let stop_workers = workers(&fleet, &store);
+    let job = start(
+        &fleet,
+        &store,
+        &retry_of_h(pace(50.0, "100%", 10, 5)),
+        "runner-a",
+    )
+    .await;
+    let job = run(&replayer(&settings, &store, "runner-a"), job).await;
+    stop_workers.cancel();
+    assert_eq!((job.status.as_str(), job.produced), ("done", 20), "{job:?}");
+}
+
+/// Found by the attack: an operator's unpaced retry of tasks a job once redrove sent
+/// that job's id in X-Redrive-Job. Only the job's own release does; a later job still
+/// needs force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_own_retry_is_not_attributed_to_an_earlier_job() {
+    let (store, settings) = fresh_store().await;
+    given_up(&store, 3).await;
+    let downstream = Arc::new(Downstream::default());
+    let fleet = fleet(&settings, &downstream);
+    let request = retry_of_h(pace(100.0, "100%", 10, 5));
+    let job = start(&fleet, &store, &request, "runner-a").await;
+    let job = run(&replayer(&settings, &store, "runner-a"), job).await;
+    assert_eq!(job.produced, 3);
+    let unpaced = ActRequest {
+        pace: None,
+        force: true,
+        ..request.clone()
+    };
+    let operations = fleet.operations(store.clone());
+    operations
+        .act(&Actor::shell(), Verb::Retry, &unpaced, |_| {})
+        .await
+        .unwrap();
+    let stop_workers = workers(&fleet, &store);
+    eventually(
+        Duration::from_secs(20),
+        "the retried tasks resolved",
+        || async {
+            scalar(
+                &store,
+                "SELECT count(*) FROM recovery_task WHERE status = 'resolved'",
+            )
+            .await
+                == 3
+        },
+    )
+    .await;
+    stop_workers.cancel();
+    let calls = downstream.calls.lock().unwrap().clone();
+    assert!(calls.iter().all(|(_, job)| job.is_none()), "{calls:?}");
+    let kept = scalar(
+        &store,
+        &format!(
+            "SELECT count(*) FROM recovery_task WHERE redriven_by = {}",
+            job.id
+        ),
+    )
+    .await;
+    assert_eq!(kept, 3, "the job is remembered for the force check");
+    let again = operations
+        .act(&Actor::shell(), Verb::Retry, &request, |_| {})
+        .await;
+    assert!(
+        matches!(again, Err(OperationError::Conflict(_))),
+        "{again:?}"
+    );
 }

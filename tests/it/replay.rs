@@ -480,6 +480,8 @@ async fn a_resumed_batch_whose_selection_grew_produces_every_task_once() {
     let replay = redrive::store::NewReplay {
         retry: None,
         pace: None,
+        force: false,
+        bounded: false,
         filter: redrive::store::TaskFilter {
             status: vec![redrive::Status::PermanentFailure],
             ..Default::default()
@@ -553,6 +555,8 @@ async fn a_task_that_cannot_be_read_is_skipped_and_the_replay_goes_on() {
     let replay = redrive::store::NewReplay {
         retry: None,
         pace: None,
+        force: false,
+        bounded: false,
         filter: Default::default(),
         target_topic: None,
         mark_resolved: false,
@@ -591,6 +595,8 @@ async fn a_replay_into_a_consumed_topic_is_refused_on_resume_and_on_pickup() {
     let into_dlt = |detached| redrive::store::NewReplay {
         retry: None,
         pace: None,
+        force: false,
+        bounded: false,
         filter: redrive::store::TaskFilter::default(),
         target_topic: Some("orders.dlt".into()),
         mark_resolved: false,
@@ -789,6 +795,8 @@ async fn a_replay_cancelled_mid_batch_stops_soon_and_counts_every_message_it_pro
     let replay = redrive::store::NewReplay {
         retry: None,
         pace: None,
+        force: false,
+        bounded: false,
         filter: redrive::store::TaskFilter::default(),
         target_topic: None,
         mark_resolved: true,
@@ -971,6 +979,8 @@ async fn a_stored_replay_with_a_hostile_rate_does_not_stop_the_member() {
     let replay = redrive::store::NewReplay {
         retry: None,
         pace: None,
+        force: false,
+        bounded: false,
         filter: redrive::store::TaskFilter::default(),
         target_topic: None,
         mark_resolved: false,

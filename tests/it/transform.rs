@@ -9,7 +9,7 @@ use redrive::{Failure, NewTask, Status, Store, TaskId};
 use serde_json::json;
 
 use crate::support::cli::run;
-use crate::support::{fresh_store, scalar};
+use crate::support::{fresh_store, raw, scalar};
 
 async fn task(store: &Store, value: &[u8], status: Status) -> TaskId {
     let task = NewTask {
@@ -34,7 +34,7 @@ fn of_h(transform: serde_json::Value, dry_run: bool) -> TransformRequest {
             handler: Some("h".into()),
             ..FilterParams::default()
         }),
-        transform,
+        transform: raw(transform),
         reason: Some("the schema moved on".into()),
         dry_run,
         ..TransformRequest::default()
@@ -293,4 +293,53 @@ async fn the_cli_shows_the_diff_on_a_dry_run_and_writes_after_yes() {
     );
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("not JSON"));
+}
+
+/// Found by the attack: the faces parsed a transform into a JSON value first, which keeps
+/// the last of two duplicate keys and turns 12345678901234567890123 into a double; the
+/// parser's refusals of both never ran. The text as sent is parsed now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transform_is_read_from_the_text_as_sent() {
+    let (store, settings) = fresh_store().await;
+    task(&store, br#"{"x":1}"#, Status::Failed).await;
+    let fleet = redrive::Fleet::builder(settings.clone()).build().unwrap();
+    let operations = fleet.operations(store.clone());
+    for (text, expected) in [
+        (
+            r#"[{"op":"set","path":"/big","value":12345678901234567890123}]"#,
+            "exactly",
+        ),
+        (r#"[{"op":"set","op":"remove","path":"/x"}]"#, "op"),
+        (r#"[{"op":"remove","path":"/x","path":"/y"}]"#, "path"),
+    ] {
+        let request = TransformRequest {
+            transform: Some(serde_json::value::RawValue::from_string(text.into()).unwrap()),
+            ..of_h(json!(null), true)
+        };
+        match operations.transform(&Actor::shell(), &request).await {
+            Err(OperationError::BadRequest(why)) => {
+                assert!(why.contains(expected), "{text}: {why}")
+            }
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+    let big = r#"[{"op":"set","path":"/big","value":12345678901234567890123}]"#;
+    let cli = run(
+        &settings,
+        &[
+            "tasks",
+            "transform",
+            "--handler",
+            "h",
+            "--spec",
+            big,
+            "--dry-run",
+        ],
+    );
+    assert!(!cli.status.success());
+    assert!(
+        String::from_utf8_lossy(&cli.stderr).contains("exactly"),
+        "{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
 }

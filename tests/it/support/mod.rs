@@ -118,6 +118,11 @@ where
     }
 }
 
+/// `value` as the raw JSON text a request carries (a payload transform).
+pub fn raw(value: serde_json::Value) -> Option<Box<serde_json::value::RawValue>> {
+    Some(serde_json::value::to_raw_value(&value).unwrap())
+}
+
 /// A scalar from the store's schema.
 pub async fn scalar(store: &Store, sql: &str) -> i64 {
     sqlx::query_scalar(sql)
