@@ -20,7 +20,11 @@ ALTER TABLE recovery_replay
     ADD COLUMN IF NOT EXISTS step_base bigint NOT NULL DEFAULT 0,
     ADD COLUMN IF NOT EXISTS step_started_at timestamptz,
     -- Why it is paused (by itself or by an operator).
-    ADD COLUMN IF NOT EXISTS paused_reason text;
+    ADD COLUMN IF NOT EXISTS paused_reason text,
+    -- Redrive tasks another job redrove too (the operator's `--force`).
+    ADD COLUMN IF NOT EXISTS force boolean NOT NULL DEFAULT false,
+    -- The newest task id when it was recorded: tasks stored later never join it.
+    ADD COLUMN IF NOT EXISTS upto_id bigint;
 
 ALTER TABLE recovery_replay DROP CONSTRAINT IF EXISTS recovery_replay_status_check;
 ALTER TABLE recovery_replay ADD CONSTRAINT recovery_replay_status_check
@@ -29,11 +33,13 @@ ALTER TABLE recovery_replay DROP CONSTRAINT IF EXISTS recovery_replay_kind_check
 ALTER TABLE recovery_replay ADD CONSTRAINT recovery_replay_kind_check
     CHECK (kind IN ('replay', 'retry'));
 
--- The last job that redrove a task (replayed it or released it for a retry): its
--- webhook calls and replayed records carry it, a later job needs `force` to redrive it
--- again, and a job judges its outcomes by it. A column without a default: a catalog
--- change only.
+-- `redrive_job`: the job whose release made a task due now (a paced retry) or that
+-- replayed it: its webhook calls carry it, and a job judges its outcomes by it; any
+-- other operator action clears it. `redriven_by`: the last job that redrove it, never
+-- cleared: a later job needs `force` to redrive it again. Columns without a default: a
+-- catalog change only.
 ALTER TABLE recovery_task ADD COLUMN IF NOT EXISTS redrive_job bigint;
+ALTER TABLE recovery_task ADD COLUMN IF NOT EXISTS redriven_by bigint;
 
 -- A job's tasks in id order (the step it judges is a range of ids).
 CREATE INDEX IF NOT EXISTS recovery_task_redrive_job ON recovery_task (redrive_job, id)
