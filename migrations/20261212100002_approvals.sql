@@ -7,8 +7,9 @@ CREATE TABLE IF NOT EXISTS recovery_approval (
     created_at      timestamptz NOT NULL DEFAULT now(),
     -- retry, discard, resolve, replay or transform
     verb            text        NOT NULL,
-    -- The request as the requester sent it (the operations layer's request type).
-    request         jsonb       NOT NULL,
+    -- The request as the requester sent it (the operations layer's request type), as
+    -- JSON text: jsonb would reorder a transform's keys and lose `-0` and `\u0000`.
+    request         text        NOT NULL,
     -- Tasks it selected when it was requested.
     selected        bigint      NOT NULL,
     requested_by    text        NOT NULL,

@@ -309,8 +309,13 @@ pub(super) async fn foreground(
             job.paused_reason.as_deref().unwrap_or("paused")
         ),
         "cancelled" => bail!(
-            "replay job {id} was cancelled after {} message(s){}",
+            "{} job {id} was cancelled after {} {}{}",
+            job.kind,
             job.produced,
+            match job.kind.as_str() {
+                "retry" => "task(s)",
+                _ => "message(s)",
+            },
             job.uncounted()
                 .map(|words| format!("; {words}"))
                 .unwrap_or_default()

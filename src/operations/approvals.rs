@@ -35,7 +35,7 @@ impl Operations {
             (Some(over), None) if self.needs_approval(selected) => over,
             _ => return Ok(()),
         };
-        let request = serde_json::to_value(request).expect("a request serializes");
+        let request = serde_json::to_string(request).expect("a request serializes");
         let operator = actor.operator(reason);
         let approval = (self.store)
             .request_approval(&operator, verb, request, selected)
@@ -100,6 +100,56 @@ impl Operations {
         Ok(self.store.decide_approval(&operator, id, false).await?)
     }
 
+    /// How many tasks the approved action's selection holds now (its dry run).
+    async fn selected_now(
+        &self,
+        requester: &Actor,
+        approval: &Approval,
+        approved: &Approved,
+    ) -> Result<i64> {
+        let text = approval.request_text.as_str();
+        let malformed = |e: serde_json::Error| {
+            OperationError::BadRequest(format!("approval {}: its request: {e}", approval.id))
+        };
+        Ok(match approval.verb.as_str() {
+            "retry" | "discard" | "resolve" => {
+                let verb = match approval.verb.as_str() {
+                    "retry" => Verb::Retry,
+                    "discard" => Verb::Discard,
+                    _ => Verb::Resolve,
+                };
+                let mut request: ActRequest = serde_json::from_str(text).map_err(malformed)?;
+                request.dry_run = true;
+                let preview = self
+                    .act_as(
+                        requester,
+                        verb,
+                        &request,
+                        Runner::Fleet,
+                        Some(approved),
+                        |_| {},
+                    )
+                    .await?;
+                preview.matched
+            }
+            "replay" => {
+                let mut request: ReplayRequest = serde_json::from_str(text).map_err(malformed)?;
+                request.dry_run = true;
+                self.preview_replay(requester, &request).await?.matched
+            }
+            "transform" => {
+                let mut request: TransformRequest =
+                    serde_json::from_str(text).map_err(malformed)?;
+                request.dry_run = true;
+                (self
+                    .transform_as(requester, &request, Some(approved))
+                    .await?)
+                    .matched
+            }
+            _ => 0,
+        })
+    }
+
     /// Runs the approved action; what it answered, as JSON.
     async fn run_approved(
         &self,
@@ -110,7 +160,17 @@ impl Operations {
         let malformed = |e: serde_json::Error| {
             OperationError::BadRequest(format!("approval {}: its request: {e}", approval.id))
         };
-        let request = approval.request.clone();
+        let text = approval.request_text.as_str();
+        // Never more than was approved: a selection that has grown since is asked for
+        // again.
+        let now = self.selected_now(requester, approval, approved).await?;
+        if now > approval.selected {
+            return Err(OperationError::Conflict(format!(
+                "approval {}: its selection now holds {now} tasks, more than the {} approved; \
+                 nothing was done (ask for it again)",
+                approval.id, approval.selected
+            )));
+        }
         let answer = match approval.verb.as_str() {
             "retry" | "discard" | "resolve" => {
                 let verb = match approval.verb.as_str() {
@@ -118,7 +178,7 @@ impl Operations {
                     "discard" => Verb::Discard,
                     _ => Verb::Resolve,
                 };
-                let request: ActRequest = serde_json::from_value(request).map_err(malformed)?;
+                let request: ActRequest = serde_json::from_str(text).map_err(malformed)?;
                 let answer = self
                     .act_as(
                         requester,
@@ -132,16 +192,14 @@ impl Operations {
                 serde_json::to_value(answer)
             }
             "replay" => {
-                let request: ReplayRequest = serde_json::from_value(request).map_err(malformed)?;
+                let request: ReplayRequest = serde_json::from_str(text).map_err(malformed)?;
                 let job = self
                     .start_replay_as(requester, &request, Runner::Fleet, Some(approved))
                     .await?;
                 serde_json::to_value(job)
             }
             "transform" => {
-                // From text: the transform is read as raw JSON.
-                let request: TransformRequest =
-                    serde_json::from_str(&request.to_string()).map_err(malformed)?;
+                let request: TransformRequest = serde_json::from_str(text).map_err(malformed)?;
                 let answer = self
                     .transform_as(requester, &request, Some(approved))
                     .await?;

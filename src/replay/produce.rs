@@ -118,6 +118,14 @@ impl Replayer {
             let mut sends = Vec::new();
             // The last task of the batch handled (produced, skipped or found produced).
             let mut handled_upto = None;
+            // Claimed before they are produced: another job (a replay or a retry) leaves
+            // them out from then on, and this one leaves out those another claimed.
+            let candidates: Vec<TaskId> = tasks.iter().map(|t| t.id).collect();
+            let mine: HashSet<TaskId> = (self.store)
+                .claim_for_replay(job.id, &candidates, job.force)
+                .await?
+                .into_iter()
+                .collect();
             let limiter = pacer.limiter(job.rate);
             for task in &tasks {
                 if let Some(limiter) = limiter {
@@ -135,10 +143,8 @@ impl Replayer {
                     skipped += 1;
                     continue;
                 };
-                // Another job's task is not this one's to replay (unless forced); one
-                // already found on the topics (a pending batch) was this job's.
-                let others = task.redriven_by.is_some_and(|by| by != job.id);
-                if others && !job.force && !already.contains(&task.id.0) {
+                // Another job's task is not this one's to replay (unless forced).
+                if !mine.contains(&task.id) {
                     skipped += 1;
                     continue;
                 }

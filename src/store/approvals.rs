@@ -21,6 +21,9 @@ pub struct Approval {
     /// The request as it was sent.
     #[schema(value_type = Object)]
     pub request: serde_json::Value,
+    /// The request's JSON text, as stored: what the approved action runs.
+    #[serde(skip)]
+    pub request_text: String,
     /// Tasks it selected when it was asked for.
     pub selected: i64,
     /// Who asked.
@@ -68,11 +71,13 @@ pub enum ApprovalRowError {
 }
 
 fn approval_from_row(row: &PgRow) -> Result<Approval> {
+    let text: String = row.try_get("request")?;
     Ok(Approval {
         id: row.try_get("id")?,
         created_at: super::time::required(row, "created_at")?,
         verb: row.try_get("verb")?,
-        request: row.try_get("request")?,
+        request: serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text.clone())),
+        request_text: text,
         selected: row.try_get("selected")?,
         requested_by: row.try_get("requested_by")?,
         reason: row.try_get("reason")?,
@@ -91,7 +96,7 @@ impl Store {
         &self,
         operator: &Operator,
         verb: &str,
-        request: serde_json::Value,
+        request: String,
         selected: i64,
     ) -> Result<Approval> {
         let mut tx = self.pool.begin().await?;

@@ -252,6 +252,27 @@ impl Store {
         Ok(mine.into_iter().map(TaskId).collect())
     }
 
+    /// Claims `tasks` for replay job `id` before it produces them: those it may redrive
+    /// (see [`Store::redrivable`]) are marked as redriven by it, in one transaction, so
+    /// that another job (a replay or a retry) leaves them out from then on.
+    pub async fn claim_for_replay(
+        &self,
+        id: i64,
+        tasks: &[TaskId],
+        force: bool,
+    ) -> Result<Vec<TaskId>> {
+        let mut tx = self.pool.begin().await?;
+        let mine = Store::redrivable(&mut tx, id, tasks, force).await?;
+        let ids: Vec<i64> = mine.iter().map(|t| t.0).collect();
+        sqlx::query("UPDATE recovery_task SET redriven_by = $1 WHERE id = ANY($2)")
+            .bind(id)
+            .bind(ids)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(mine)
+    }
+
     /// In `conn`'s transaction: wakes the members' idle claim loops when it commits
     /// (`<schema>_due`), for tasks it made due.
     pub(crate) async fn notify_due(conn: &mut PgConnection) -> Result<()> {

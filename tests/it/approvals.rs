@@ -233,3 +233,41 @@ async fn over_http_a_held_action_answers_202_and_another_token_approves_it() {
         .await;
     assert_eq!(status, StatusCode::CONFLICT);
 }
+
+/// Found by the second attack: an approval of 150 tasks discarded 650, the selection
+/// having grown before it was approved. An approved action never acts on more tasks than
+/// were approved: a selection that grew is asked for again, and nothing is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_never_runs_on_more_tasks_than_were_approved() {
+    let (store, settings) = fresh_store().await;
+    given_up(&store, 3).await;
+    let fleet = Fleet::builder(over(&settings, 2)).build().unwrap();
+    let operations = fleet.operations(store.clone());
+    let discard = ActRequest {
+        reason: Some("noise".into()),
+        ..retry_all()
+    };
+    let approval = match operations
+        .act(&actor("alice"), Verb::Discard, &discard, |_| {})
+        .await
+    {
+        Err(OperationError::NeedsApproval { approval, .. }) => approval,
+        other => panic!("held: {other:?}"),
+    };
+    given_up(&store, 2).await;
+    match operations.approve(&actor("bob"), approval.id, None).await {
+        Err(OperationError::Conflict(why)) => {
+            assert!(
+                why.contains("now holds 5 tasks, more than the 3 approved"),
+                "{why}"
+            )
+        }
+        other => panic!("refused: {other:?}"),
+    }
+    let discarded = scalar(
+        &store,
+        "SELECT count(*) FROM recovery_task WHERE status = 'discarded'",
+    )
+    .await;
+    assert_eq!(discarded, 0, "nothing was done");
+}

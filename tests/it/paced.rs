@@ -799,3 +799,196 @@ async fn an_operators_own_retry_is_not_attributed_to_an_earlier_job() {
         "{again:?}"
     );
 }
+
+/// A paced replay into a consumer that fails every message again: the re-failures come
+/// back through the dead-letter topic, are linked to the tasks the job replayed, and the
+/// job pauses itself in its first step, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
+async fn a_paced_replay_pauses_itself_when_the_replayed_messages_fail_again() {
+    use crate::support::broker::{
+        consume, headers_of, produce, producer, route, KafkaCase, Sample,
+    };
+    use rdkafka::message::Message;
+    use redrive::config::RouteMode;
+    use redrive::operations::ReplayRequest;
+    use redrive::{Header, OriginalCoordinates};
+
+    const DLT: &str = "orders.dlt";
+    const ORIGINAL: &str = "orders";
+    let capture = route(&[DLT], RouteMode::Capture, "log");
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        settings,
+    } = KafkaCase::new(&[(DLT, 1), (ORIGINAL, 1)], vec![capture]).await;
+    let tasks: Vec<NewTask> = (0..120)
+        .map(|i| NewTask {
+            handler: "log".into(),
+            status: Status::PermanentFailure,
+            failure: Failure {
+                key: Some(format!("order-{i}").into_bytes()),
+                value: Some(format!("order {i}").into_bytes()),
+                original: Some(OriginalCoordinates {
+                    topic: ORIGINAL.into(),
+                    partition: Some(0),
+                    offset: Some(i),
+                }),
+                ..Failure::default()
+            },
+            ..NewTask::default()
+        })
+        .collect();
+    store.enqueue_many(&tasks).await.unwrap();
+    // The member captures what comes back (its workers are off: nothing is republished).
+    let mut member_settings = settings.clone();
+    member_settings.worker.enabled = false;
+    let member = crate::support::Member::start(crate::support::fleet(&member_settings), &store);
+
+    // The consumer of `orders`: every message it reads fails again, dead-lettered with
+    // its headers copied (redrive-task-id among them), as Spring does.
+    let stop_consumer = CancellationToken::new();
+    let consumer = tokio::spawn({
+        let (bootstrap, stop) = (bootstrap.clone(), stop_consumer.clone());
+        async move {
+            let producer = producer(&bootstrap);
+            let mut handled = 0;
+            while !stop.is_cancelled() {
+                let boot = bootstrap.clone();
+                let read = tokio::task::spawn_blocking(move || {
+                    consume(&boot, ORIGINAL, 1, 10_000, Duration::from_millis(700))
+                });
+                let messages = read.await.unwrap();
+                for message in messages.iter().skip(handled) {
+                    let mut headers = headers_of(message);
+                    headers.push(Header::new(
+                        "kafka_dlt-original-topic",
+                        ORIGINAL.as_bytes().to_vec(),
+                    ));
+                    headers.push(Header::new(
+                        "kafka_dlt-exception-message",
+                        b"schema mismatch".to_vec(),
+                    ));
+                    let sample = Sample {
+                        key: message.key().map(<[u8]>::to_vec),
+                        value: message.payload().map(<[u8]>::to_vec),
+                        headers,
+                        partition: None,
+                    };
+                    produce(&producer, DLT, &sample).await;
+                }
+                handled = messages.len();
+            }
+            handled
+        }
+    });
+
+    let fleet = crate::support::fleet(&settings);
+    let operations = fleet.operations(store.clone());
+    let request = ReplayRequest {
+        filter: Some(FilterParams {
+            handler: Some("log".into()),
+            status: Some(redrive::operations::StatusNames(vec![
+                "permanent_failure".into()
+            ])),
+            ..FilterParams::default()
+        }),
+        pace: Some(PaceRequest {
+            rate: Some(40.0),
+            ramp: Some("50%,100%".into()),
+            step: Some(40),
+            min_outcomes: Some(20),
+            settle: Some("4s".into()),
+            ..PaceRequest::default()
+        }),
+        reason: Some("schema fixed?".into()),
+        ..ReplayRequest::default()
+    };
+    let job = operations
+        .start_replay(&Actor::shell(), &request, Runner::Here("runner-a"))
+        .await
+        .unwrap();
+    let job = run(&replayer(&settings, &store, "runner-a"), job).await;
+    stop_consumer.cancel();
+    let consumed = consumer.await.unwrap();
+    member.stop().await;
+    assert_eq!(job.status, "paused", "{job:?}");
+    let reason = job.paused_reason.clone().unwrap();
+    assert!(
+        reason.contains("failed") && reason.contains("schema mismatch"),
+        "{reason}"
+    );
+    assert!(
+        job.produced <= 40,
+        "paused in its first step of 40: {job:?}"
+    );
+    assert!(
+        consumed as i64 <= job.produced,
+        "{consumed} consumed, {} produced",
+        job.produced
+    );
+    let linked = scalar(
+        &store,
+        "SELECT count(*) FROM recovery_task WHERE previous_task_id IS NOT NULL",
+    )
+    .await;
+    assert!(
+        linked >= 20,
+        "the re-failures are linked to the replayed tasks: {linked}"
+    );
+}
+
+/// Found by the second attack: two replays of the same tasks at once both produced every
+/// one of them. A replay claims its batch before producing it, and another job (a
+/// replay or a retry) leaves those out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "slow-tests"),
+    ignore = "slow tier: scripts/test runs it"
+)]
+async fn two_replays_of_the_same_tasks_at_once_produce_each_once() {
+    use crate::support::broker::{consume, KafkaCase};
+    use redrive::operations::ReplayRequest;
+
+    const TARGET: &str = "again";
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        settings,
+    } = KafkaCase::new(&[(TARGET, 1)], vec![]).await;
+    given_up(&store, 60).await;
+    let operations = crate::support::fleet(&settings).operations(store.clone());
+    let request = ReplayRequest {
+        filter: Some(FilterParams {
+            handler: Some("h".into()),
+            ..FilterParams::default()
+        }),
+        to: Some(TARGET.into()),
+        rate: Some(200.0),
+        ..ReplayRequest::default()
+    };
+    // Both recorded before either ran.
+    let first = (operations.start_replay(&Actor::shell(), &request, Runner::Here("runner-a")))
+        .await
+        .unwrap();
+    let second = (operations.start_replay(&Actor::shell(), &request, Runner::Here("runner-b")))
+        .await
+        .unwrap();
+    let (a, b) = (
+        replayer(&settings, &store, "runner-a"),
+        replayer(&settings, &store, "runner-b"),
+    );
+    let (first, second) = tokio::join!(run(&a, first), run(&b, second));
+    assert_eq!(first.produced + second.produced, 60, "{first:?} {second:?}");
+    let messages = tokio::task::spawn_blocking(move || {
+        consume(&bootstrap, TARGET, 1, 200, Duration::from_secs(5))
+    })
+    .await
+    .unwrap();
+    assert_eq!(messages.len(), 60, "each task produced once");
+}
