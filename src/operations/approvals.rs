@@ -112,12 +112,8 @@ impl Operations {
             OperationError::BadRequest(format!("approval {}: its request: {e}", approval.id))
         };
         Ok(match approval.verb.as_str() {
-            "retry" | "discard" | "resolve" => {
-                let verb = match approval.verb.as_str() {
-                    "retry" => Verb::Retry,
-                    "discard" => Verb::Discard,
-                    _ => Verb::Resolve,
-                };
+            name @ ("retry" | "discard" | "resolve") => {
+                let verb = act_verb(name);
                 let mut request: ActRequest = serde_json::from_str(text).map_err(malformed)?;
                 request.dry_run = true;
                 let preview = self
@@ -172,12 +168,8 @@ impl Operations {
             )));
         }
         let answer = match approval.verb.as_str() {
-            "retry" | "discard" | "resolve" => {
-                let verb = match approval.verb.as_str() {
-                    "retry" => Verb::Retry,
-                    "discard" => Verb::Discard,
-                    _ => Verb::Resolve,
-                };
+            name @ ("retry" | "discard" | "resolve") => {
+                let verb = act_verb(name);
                 let request: ActRequest = serde_json::from_str(text).map_err(malformed)?;
                 let answer = self
                     .act_as(
@@ -213,5 +205,14 @@ impl Operations {
             }
         };
         Ok(answer.expect("an answer serializes"))
+    }
+}
+
+/// The verb an approval of `name` (`retry`, `discard` or `resolve`) runs.
+fn act_verb(name: &str) -> Verb {
+    match name {
+        "retry" => Verb::Retry,
+        "discard" => Verb::Discard,
+        _ => Verb::Resolve,
     }
 }
