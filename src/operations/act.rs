@@ -300,6 +300,7 @@ impl Operations {
                 mark_resolved: false,
                 rate: None,
                 detached: runner == Runner::Fleet,
+                approval: approved.map(|a| a.id),
             };
             let name = match runner {
                 Runner::Fleet => "",

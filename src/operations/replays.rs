@@ -149,6 +149,7 @@ impl Operations {
     ) -> Result<ReplayJob> {
         actor.must_operate()?;
         let mut replay = new_replay(request, runner)?;
+        replay.approval = approved.map(|a| a.id);
         // Where large actions need approval, what was counted (and approved) is all it
         // does.
         replay.bounded |= self.approval_over.is_some();
@@ -225,6 +226,7 @@ impl Operations {
                 let job = (self.store.replay(id).await?).ok_or_else(|| {
                     OperationError::NotFound(format!("no job {id} (replays and paced retries)"))
                 })?;
+                refuse_faster_than_approved(&job, rate)?;
                 Some(match &job.pace {
                     Some(pace) => Resumed {
                         pace: Some(pace.at_rate(rate).map_err(OperationError::BadRequest)?),
@@ -253,6 +255,23 @@ impl Operations {
     }
 }
 
+/// Refuses to resume `job` at `rate` when an approval started it at a lower rate: an
+/// approved job may be slowed down, never sped past what was approved (a faster pace is
+/// a new action, approved again).
+fn refuse_faster_than_approved(job: &ReplayJob, rate: f64) -> Result<()> {
+    match (job.approval_id, job.approved_rate) {
+        (Some(approval), Some(approved)) if rate > approved => {
+            Err(OperationError::Forbidden(format!(
+                "job {} runs approval {approval}, approved at up to {approved}/s; it may resume \
+                 at that rate or slower, not at {rate}/s (a faster pace needs a new approval: \
+                 cancel it and ask again)",
+                job.id
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The job `request` describes, its selection checked.
 fn new_replay(request: &ReplayRequest, runner: Runner<'_>) -> Result<NewReplay> {
     // A replay job is a filter (it walks its tasks in id order, batch by batch): ticked
@@ -274,5 +293,6 @@ fn new_replay(request: &ReplayRequest, runner: Runner<'_>) -> Result<NewReplay> 
         mark_resolved: request.mark_resolved,
         rate: request.rate,
         detached: runner == Runner::Fleet,
+        approval: None,
     })
 }

@@ -148,34 +148,18 @@ impl Pacer {
             .map_or(cursor, |w| w.0)
             .max(self.step_cursor);
         let window_sent = self.window.iter().map(|w| w.1).sum();
-        // A retry admits no more than the workers take: while more of its released
-        // tasks wait for their call than a quarter of a second's worth at the step's
-        // rate (or one batch), it waits (judging as it waits), so that the pace is the
-        // pace of the calls and a pause leaves few released tasks still to be called.
-        let quarter = (pace.rate_of(self.step) / 4.0).ceil() as i64;
-        let most_waiting = quarter.max(self.batch_limit(done)).max(1);
-        let waiting_since = tokio::time::Instant::now();
-        loop {
-            let judged = self.judge(store, &pace, window_start, window_sent).await?;
-            if let Some(reason) = judged.reason {
-                return self.pause(store, runner, &reason).await;
-            }
-            if !self.kind_retry || judged.waiting <= most_waiting {
-                break;
-            }
-            if waiting_since.elapsed() >= STALLED_AFTER {
-                let reason = format!(
-                    "{} of the tasks it made due have waited {} s for a worker (does a live \
-                     member serve their handler? `redrive members`)",
-                    judged.waiting,
-                    STALLED_AFTER.as_secs()
-                );
-                return self.pause(store, runner, &reason).await;
-            }
-            tokio::select! {
-                _ = lost.cancelled() => return Ok(Next::Stop),
-                _ = tokio::time::sleep(WAIT_FOR_WORKERS) => {}
-            }
+        if let Some(stop) = self
+            .keep_up(
+                store,
+                runner,
+                &pace,
+                (window_start, window_sent),
+                done,
+                lost,
+            )
+            .await?
+        {
+            return Ok(stop);
         }
         let step_sent = done - self.step_base;
         if pace.is_last(self.step) || step_sent < pace.step_tasks {
@@ -220,6 +204,66 @@ impl Pacer {
         self.window.clear();
         self.limiter = Some(crate::rate::limiter(pace.rate_of(step), 1));
         Ok(Next::Go)
+    }
+
+    /// Before the first batch of a run (a resumed job): waits, as after a batch, while
+    /// the tasks it released before still wait for a worker, so that a resume never
+    /// adds to a queue no worker takes.
+    pub(super) async fn before_first_batch(
+        &mut self,
+        store: &Store,
+        runner: &str,
+        cursor: i64,
+        done: i64,
+        lost: &CancellationToken,
+    ) -> Result<Next, ReplayError> {
+        let Some(pace) = self.pace.clone() else {
+            return Ok(Next::Go);
+        };
+        let kept_up = self.keep_up(store, runner, &pace, (cursor, 0), done, lost);
+        Ok(kept_up.await?.unwrap_or(Next::Go))
+    }
+
+    /// Judges the step's latest outcomes (its tasks after `window_start`, `window_sent`
+    /// of them, the window) and pauses the job when they failed. A retry admits no more than the
+    /// workers take: while more of its released tasks wait for their call than a
+    /// quarter of a second's worth at the step's rate (or one batch), it waits (judging
+    /// as it waits), so that the pace is the pace of the calls and a pause leaves few
+    /// released tasks still to be called. Answers [`Next::Stop`] when the job stopped.
+    async fn keep_up(
+        &self,
+        store: &Store,
+        runner: &str,
+        pace: &Pace,
+        (window_start, window_sent): (i64, i64),
+        done: i64,
+        lost: &CancellationToken,
+    ) -> Result<Option<Next>, ReplayError> {
+        let quarter = (pace.rate_of(self.step) / 4.0).ceil() as i64;
+        let most_waiting = quarter.max(self.batch_limit(done)).max(1);
+        let waiting_since = tokio::time::Instant::now();
+        loop {
+            let judged = self.judge(store, pace, window_start, window_sent).await?;
+            if let Some(reason) = judged.reason {
+                return self.pause(store, runner, &reason).await.map(Some);
+            }
+            if !self.kind_retry || judged.waiting <= most_waiting {
+                return Ok(None);
+            }
+            if waiting_since.elapsed() >= STALLED_AFTER {
+                let reason = format!(
+                    "{} of the tasks it made due have waited {} s for a worker (does a live \
+                     member serve their handler? `redrive members`)",
+                    judged.waiting,
+                    STALLED_AFTER.as_secs()
+                );
+                return self.pause(store, runner, &reason).await.map(Some);
+            }
+            tokio::select! {
+                _ = lost.cancelled() => return Ok(Some(Next::Stop)),
+                _ = tokio::time::sleep(WAIT_FOR_WORKERS) => {}
+            }
+        }
     }
 
     /// The judgement of its tasks after `after` (`sent` of them): why the job must

@@ -33,6 +33,10 @@ impl Replayer {
             reason: Some(format!("retried by job {}", job.id)),
         };
         let mut cursor = job.cursor;
+        let first = pacer.before_first_batch(&self.store, &self.runner, cursor, done as i64, lost);
+        if first.await? == Next::Stop {
+            return Ok(());
+        }
         loop {
             if lost.is_cancelled() {
                 return Ok(());

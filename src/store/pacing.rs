@@ -170,7 +170,8 @@ impl Store {
     /// The outcomes of job `id`'s tasks after task id `after` since `since`: with
     /// `attempts` (a retry), their attempts (resolved, or failed again); and the
     /// re-failures that came back from what it sent. With the handlers among them whose
-    /// breaker is open, and how many wait for their call.
+    /// breaker is open, and how many of all its tasks wait for their call (released in
+    /// this step or before).
     pub async fn step_outcomes(
         &self,
         id: i64,
@@ -204,7 +205,7 @@ impl Store {
                      WHERE (b.forced = 'open' OR b.state = 'open' AND b.hold_until > now()) \
                        AND b.handler IN (SELECT DISTINCT handler FROM mine)) AS open, \
                     (SELECT count(*) FROM recovery_task \
-                     WHERE redrive_job = $1 AND id > $2 AND status = 'failed' \
+                     WHERE redrive_job = $1 AND status = 'failed' \
                        AND next_attempt_at <= now() AND lease_owner IS NULL) AS waiting",
         )
         .bind(id)

@@ -60,6 +60,11 @@ pub struct ReplayJob {
     /// Bounded ([`NewReplay::bounded`]): the newest task id when it was recorded; it
     /// handles no more than `total`.
     pub upto_id: Option<i64>,
+    /// The approval that started it, if one did (`operations.approval_over`).
+    pub approval_id: Option<i64>,
+    /// The rate it was approved at (per second; none: unlimited): a resume may not go
+    /// faster.
+    pub approved_rate: Option<f64>,
     /// A paced job's next checkpoint: the tasks handled (produced and skipped) at which
     /// its step ends; none in its last step.
     pub next_checkpoint: Option<i64>,
@@ -129,6 +134,8 @@ pub struct NewReplay {
     pub rate: Option<f64>,
     /// Leave it to fleet members.
     pub detached: bool,
+    /// The approval that lets it run, if one does.
+    pub approval: Option<i64>,
 }
 
 /// A new rate for a job an operator resumes (slowing it down).
@@ -203,6 +210,8 @@ fn job_fields(row: &PgRow) -> Result<ReplayJob> {
         paused_reason: row.try_get("paused_reason")?,
         force: row.try_get("force")?,
         upto_id: row.try_get("upto_id")?,
+        approval_id: row.try_get("approval_id")?,
+        approved_rate: row.try_get("approved_rate")?,
         next_checkpoint: None,
         detached: detached || by_fleet,
         status: row.try_get("status")?,
@@ -271,11 +280,12 @@ impl Store {
         let row = sqlx::query(
             "INSERT INTO recovery_replay (actor, filter, target_topic, mark_resolved, rate, \
                  detached, by_fleet, kind, pace, retry, status, runner, heartbeat_at, total, \
-                 step_started_at, force, upto_id) \
+                 step_started_at, force, upto_id, approval_id, approved_rate) \
              VALUES ($1, $2, $3, $4, $5, $6 AND NOT $9, $6 AND $9, $10, $11, $12, \
                  CASE WHEN $6 THEN 'pending' ELSE 'running' END, \
                  CASE WHEN $6 THEN NULL ELSE $7 END, now(), $8, now(), $13, \
-                 CASE WHEN $14 THEN (SELECT coalesce(max(id), 0) FROM recovery_task) END) \
+                 CASE WHEN $14 THEN (SELECT coalesce(max(id), 0) FROM recovery_task) END, \
+                 $15, CASE WHEN $15 IS NOT NULL THEN $16 END) \
              RETURNING *",
         )
         .bind(&operator.actor)
@@ -292,6 +302,8 @@ impl Store {
         .bind(retry)
         .bind(replay.force)
         .bind(replay.bounded)
+        .bind(replay.approval)
+        .bind(replay.pace.as_ref().map(|p| p.rate).or(replay.rate))
         .fetch_one(&mut *tx)
         .await?;
         let job = job_from_row(&row)?;

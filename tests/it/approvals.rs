@@ -271,3 +271,71 @@ async fn an_approval_never_runs_on_more_tasks_than_were_approved() {
     .await;
     assert_eq!(discarded, 0, "nothing was done");
 }
+
+/// Found on re-reading: the requester of an approved paced retry could pause it and
+/// resume it at any rate, past the pace the second operator approved. An approved job
+/// resumes at its approved rate or slower.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_job_never_resumes_faster_than_it_was_approved() {
+    use redrive::operations::Runner;
+    use redrive::pace::PaceRequest;
+    let (store, settings) = fresh_store().await;
+    given_up(&store, 3).await;
+    let fleet = Fleet::builder(over(&settings, 2)).build().unwrap();
+    let operations = fleet.operations(store.clone());
+    let paced = ActRequest {
+        pace: Some(PaceRequest {
+            rate: Some(10.0),
+            ..PaceRequest::default()
+        }),
+        ..retry_all()
+    };
+    let approval = match operations
+        .act(&actor("alice"), Verb::Retry, &paced, |_| {})
+        .await
+    {
+        Err(OperationError::NeedsApproval { approval, .. }) => approval,
+        other => panic!("held: {other:?}"),
+    };
+    let approved = operations
+        .approve(&actor("bob"), approval.id, None)
+        .await
+        .unwrap();
+    let job: i64 = approved.outcome.as_ref().unwrap()["job"]["id"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("a job: {:?}", approved.outcome));
+    operations.pause_replay(&actor("alice"), job).await.unwrap();
+    for who in ["alice", "carol"] {
+        match operations
+            .resume_replay(&actor(who), job, Runner::Fleet, None, Some(1000.0))
+            .await
+        {
+            Err(OperationError::Forbidden(why)) => assert!(
+                why.contains(&format!("approval {}", approval.id)) && why.contains("10/s"),
+                "{why}"
+            ),
+            other => panic!("{who} resumed it faster: {other:?}"),
+        }
+    }
+    let status = scalar(
+        &store,
+        &format!("SELECT count(*) FROM recovery_replay WHERE id = {job} AND status = 'paused'"),
+    )
+    .await;
+    assert_eq!(status, 1, "a refused resume leaves it paused");
+    let slower = operations
+        .resume_replay(&actor("alice"), job, Runner::Fleet, None, Some(5.0))
+        .await
+        .unwrap();
+    assert_eq!(slower.pace.map(|p| p.rate), Some(5.0));
+    operations.pause_replay(&actor("alice"), job).await.unwrap();
+    let back = operations
+        .resume_replay(&actor("alice"), job, Runner::Fleet, None, Some(10.0))
+        .await
+        .unwrap();
+    assert_eq!(
+        back.pace.map(|p| p.rate),
+        Some(10.0),
+        "back to what was approved"
+    );
+}

@@ -108,6 +108,7 @@ async fn an_operator_reads_the_fleet_its_tasks_and_their_payloads_in_a_browser()
         mark_resolved: false,
         rate: None,
         detached: false,
+        approval: None,
     };
     store
         .create_replay(&operator, &replay, "a-test")

@@ -223,6 +223,7 @@ async fn a_read_only_session_and_a_cross_site_request_change_nothing() {
         mark_resolved: false,
         rate: None,
         detached: false,
+        approval: None,
     };
     let operator = Operator {
         actor: "test".into(),
@@ -337,6 +338,7 @@ async fn an_operator_starts_cancels_and_resumes_replays_and_engages_and_releases
         mark_resolved: false,
         rate: None,
         detached: false,
+        approval: None,
     };
     let stalled = store
         .create_replay(&operator, &stalled, "a-runner-that-died")

@@ -224,6 +224,7 @@ async fn an_interrupted_replay_is_handed_to_the_fleet_over_http() {
         mark_resolved: false,
         rate: None,
         detached: false,
+        approval: None,
     };
     let job = store
         .create_replay(&operator, &replay, "cli-gone")
@@ -296,6 +297,7 @@ async fn every_list_answers_one_envelope_and_pages_with_its_cursor() {
             mark_resolved: false,
             rate: None,
             detached: true,
+            approval: None,
         };
         store.create_replay(&operator, &replay, "").await.unwrap();
     }

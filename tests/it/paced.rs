@@ -992,3 +992,56 @@ async fn two_replays_of_the_same_tasks_at_once_produce_each_once() {
     .unwrap();
     assert_eq!(messages.len(), 60, "each task produced once");
 }
+
+/// Found on re-reading: a paced retry whose tasks wait for workers that never come (no
+/// member serves the handler) released one or two more batches at every resume. A
+/// resumed job first waits for the tasks it released before to be taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resuming_a_retry_whose_released_tasks_still_wait_releases_no_more() {
+    let (store, settings) = fresh_store().await;
+    given_up(&store, 400).await;
+    let downstream = Arc::new(Downstream::default());
+    let fleet = fleet(&settings, &downstream);
+    // No workers: what it releases waits.
+    let request = retry_of_h(pace(40.0, "100%", 1000, 1000));
+    let job = start(&fleet, &store, &request, "runner-a").await;
+    let operations = fleet.operations(store.clone());
+    let released = || async {
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE status = 'failed' AND redrive_job IS NOT NULL",
+        )
+        .await
+    };
+    // Runs the job for three seconds, then an operator pauses it.
+    let run_a_while = |job: ReplayJob| {
+        let replayer = replayer(&settings, &store, "runner-a");
+        let (operations, id) = (fleet.operations(store.clone()), job.id);
+        async move {
+            let running = tokio::spawn(async move { run(&replayer, job).await });
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            operations.pause_replay(&Actor::shell(), id).await.unwrap();
+            running.await.unwrap()
+        }
+    };
+    let paused = run_a_while(job).await;
+    assert_eq!(paused.status, "paused", "{paused:?}");
+    let first = released().await;
+    assert!((1..=80).contains(&first), "released {first} with no worker");
+    for round in 1..=3 {
+        let resumed = operations
+            .resume_replay(
+                &Actor::shell(),
+                paused.id,
+                Runner::Here("runner-a"),
+                None,
+                None,
+            )
+            .await
+            .unwrap();
+        let again = run_a_while(resumed).await;
+        assert_eq!(again.status, "paused", "{again:?}");
+        let now = released().await;
+        assert_eq!(now, first, "resume {round} released {} more", now - first);
+    }
+}

@@ -490,6 +490,7 @@ async fn a_resumed_batch_whose_selection_grew_produces_every_task_once() {
         mark_resolved: false,
         rate: None,
         detached: false,
+        approval: None,
     };
     let job = store
         .create_replay(&operator, &replay, "runner")
@@ -562,6 +563,7 @@ async fn a_task_that_cannot_be_read_is_skipped_and_the_replay_goes_on() {
         mark_resolved: false,
         rate: None,
         detached: false,
+        approval: None,
     };
     let job = store
         .create_replay(&operator, &replay, "runner")
@@ -602,6 +604,7 @@ async fn a_replay_into_a_consumed_topic_is_refused_on_resume_and_on_pickup() {
         mark_resolved: false,
         rate: None,
         detached,
+        approval: None,
     };
     let refused = |job: &Value| {
         job["status"] == "failed"
@@ -802,6 +805,7 @@ async fn a_replay_cancelled_mid_batch_stops_soon_and_counts_every_message_it_pro
         mark_resolved: true,
         rate: Some(150.0),
         detached: false,
+        approval: None,
     };
     let job = store
         .create_replay(&operator, &replay, "runner")
@@ -986,6 +990,7 @@ async fn a_stored_replay_with_a_hostile_rate_does_not_stop_the_member() {
         mark_resolved: false,
         rate: Some(1e-20),
         detached: true,
+        approval: None,
     };
     store
         .create_replay(&operator, &replay, "test")
