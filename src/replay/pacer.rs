@@ -29,6 +29,10 @@ const STALLED_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 /// How often a retry looks again while its released tasks wait for the workers.
 const WAIT_FOR_WORKERS: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// How late a replayed message's re-failure may come back and still weigh in the
+/// judgement of the batches around it.
+const REPLAY_LAG: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A judgement of a step so far.
 struct Judged {
     /// Why the job must pause, if it must.
@@ -135,8 +139,9 @@ impl Pacer {
         };
         self.window.push_back((before, sent));
         // The latest outcomes weigh: a window of about twice what a judgement needs, so
-        // that a downstream failing in the middle of a long step is met soon.
-        let wanted = (pace.min_outcomes * 2).max(100);
+        // that a downstream failing in the middle of a long step is met soon, widened by
+        // what was sent too lately for its outcome to be in (see `in_flight`).
+        let wanted = (pace.min_outcomes * 2).max(100) + self.in_flight(&pace, done);
         while self.window.len() > 1
             && self.window.iter().skip(1).map(|w| w.1).sum::<i64>() >= wanted
         {
@@ -206,6 +211,24 @@ impl Pacer {
         Ok(Next::Go)
     }
 
+    /// How many released tasks of a retry may wait for a worker: a quarter of a
+    /// second's worth at the step's rate, or one batch.
+    fn most_waiting(&self, pace: &Pace, done: i64) -> i64 {
+        let quarter = (pace.rate_of(self.step) / 4.0).ceil() as i64;
+        quarter.max(self.batch_limit(done)).max(1)
+    }
+
+    /// How many of the latest tasks sent may have no outcome yet: a retry's tasks
+    /// waiting for a worker and its latest batch; a replay's messages of the last
+    /// [`REPLAY_LAG`] (a re-failure comes back through the consumer, its dead-letter
+    /// topic and a member's ingest).
+    fn in_flight(&self, pace: &Pace, done: i64) -> i64 {
+        match self.kind_retry {
+            true => self.most_waiting(pace, done) + self.batch_limit(done),
+            false => (pace.rate_of(self.step) * REPLAY_LAG.as_secs_f64()).ceil() as i64,
+        }
+    }
+
     /// Before the first batch of a run (a resumed job): waits, as after a batch, while
     /// the tasks it released before still wait for a worker, so that a resume never
     /// adds to a queue no worker takes.
@@ -239,8 +262,7 @@ impl Pacer {
         done: i64,
         lost: &CancellationToken,
     ) -> Result<Option<Next>, ReplayError> {
-        let quarter = (pace.rate_of(self.step) / 4.0).ceil() as i64;
-        let most_waiting = quarter.max(self.batch_limit(done)).max(1);
+        let most_waiting = self.most_waiting(pace, done);
         let waiting_since = tokio::time::Instant::now();
         loop {
             let judged = self.judge(store, pace, window_start, window_sent).await?;
