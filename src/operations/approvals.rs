@@ -100,49 +100,26 @@ impl Operations {
         Ok(self.store.decide_approval(&operator, id, false).await?)
     }
 
-    /// How many tasks the approved action's selection holds now (its dry run).
+    /// How many tasks the approved action's selection holds now, counted as when it was
+    /// held.
     async fn selected_now(
         &self,
         requester: &Actor,
-        approval: &Approval,
+        held: &Held,
         approved: &Approved,
     ) -> Result<i64> {
-        let text = approval.request_text.as_str();
-        let malformed = |e: serde_json::Error| {
-            OperationError::BadRequest(format!("approval {}: its request: {e}", approval.id))
-        };
-        Ok(match approval.verb.as_str() {
-            name @ ("retry" | "discard" | "resolve") => {
-                let verb = act_verb(name);
-                let mut request: ActRequest = serde_json::from_str(text).map_err(malformed)?;
-                request.dry_run = true;
-                let preview = self
-                    .act_as(
-                        requester,
-                        verb,
-                        &request,
-                        Runner::Fleet,
-                        Some(approved),
-                        |_| {},
-                    )
-                    .await?;
-                preview.matched
+        Ok(match held {
+            Held::Act(verb, request) => {
+                let request = ActRequest {
+                    dry_run: true,
+                    ..request.clone()
+                };
+                let run = Runner::Fleet;
+                let preview = self.act_as(requester, *verb, &request, run, Some(approved), |_| {});
+                preview.await?.matched
             }
-            "replay" => {
-                let mut request: ReplayRequest = serde_json::from_str(text).map_err(malformed)?;
-                request.dry_run = true;
-                self.preview_replay(requester, &request).await?.matched
-            }
-            "transform" => {
-                let mut request: TransformRequest =
-                    serde_json::from_str(text).map_err(malformed)?;
-                request.dry_run = true;
-                (self
-                    .transform_as(requester, &request, Some(approved))
-                    .await?)
-                    .matched
-            }
-            _ => 0,
+            Held::Replay(request) => self.preview_replay(requester, request).await?.matched,
+            Held::Transform(request) => self.transformable(request).await?,
         })
     }
 
@@ -153,13 +130,10 @@ impl Operations {
         approval: &Approval,
         approved: &Approved,
     ) -> Result<serde_json::Value> {
-        let malformed = |e: serde_json::Error| {
-            OperationError::BadRequest(format!("approval {}: its request: {e}", approval.id))
-        };
-        let text = approval.request_text.as_str();
+        let held = Held::read(approval)?;
         // Never more than was approved: a selection that has grown since is asked for
         // again.
-        let now = self.selected_now(requester, approval, approved).await?;
+        let now = self.selected_now(requester, &held, approved).await?;
         if now > approval.selected {
             return Err(OperationError::Conflict(format!(
                 "approval {}: its selection now holds {now} tasks, more than the {} approved; \
@@ -167,52 +141,60 @@ impl Operations {
                 approval.id, approval.selected
             )));
         }
-        let answer = match approval.verb.as_str() {
-            name @ ("retry" | "discard" | "resolve") => {
-                let verb = act_verb(name);
-                let request: ActRequest = serde_json::from_str(text).map_err(malformed)?;
-                let answer = self
-                    .act_as(
-                        requester,
-                        verb,
-                        &request,
-                        Runner::Fleet,
-                        Some(approved),
-                        |_| {},
-                    )
-                    .await?;
-                serde_json::to_value(answer)
+        let answer = match &held {
+            Held::Act(verb, request) => {
+                let run = Runner::Fleet;
+                let answer = self.act_as(requester, *verb, request, run, Some(approved), |_| {});
+                serde_json::to_value(answer.await?)
             }
-            "replay" => {
-                let request: ReplayRequest = serde_json::from_str(text).map_err(malformed)?;
-                let job = self
-                    .start_replay_as(requester, &request, Runner::Fleet, Some(approved))
-                    .await?;
-                serde_json::to_value(job)
+            Held::Replay(request) => {
+                let job = self.start_replay_as(requester, request, Runner::Fleet, Some(approved));
+                serde_json::to_value(job.await?)
             }
-            "transform" => {
-                let request: TransformRequest = serde_json::from_str(text).map_err(malformed)?;
-                let answer = self
-                    .transform_as(requester, &request, Some(approved))
-                    .await?;
-                serde_json::to_value(answer)
-            }
-            other => {
-                return Err(OperationError::BadRequest(format!(
-                    "approval {}: no action {other:?}",
-                    approval.id
-                )))
+            Held::Transform(request) => {
+                let answer = self.transform_as(requester, request, Some(approved));
+                serde_json::to_value(answer.await?)
             }
         };
         Ok(answer.expect("an answer serializes"))
     }
 }
 
-/// The verb an approval of `name` (`retry`, `discard` or `resolve`) runs.
-fn act_verb(name: &str) -> Verb {
-    match name {
-        "retry" => Verb::Retry,
-        "discard" => Verb::Discard,
-        _ => Verb::Resolve,
+/// The action an approval holds, read from the request as it was sent.
+enum Held {
+    /// A retry, discard or resolve.
+    Act(Verb, ActRequest),
+    /// A replay.
+    Replay(ReplayRequest),
+    /// A transform.
+    Transform(TransformRequest),
+}
+
+impl Held {
+    /// The action `approval` holds, or why it cannot be read.
+    fn read(approval: &Approval) -> Result<Held> {
+        let text = approval.request_text.as_str();
+        let malformed = |e: serde_json::Error| {
+            OperationError::BadRequest(format!("approval {}: its request: {e}", approval.id))
+        };
+        Ok(match approval.verb.as_str() {
+            "retry" => Held::Act(Verb::Retry, serde_json::from_str(text).map_err(malformed)?),
+            "discard" => Held::Act(
+                Verb::Discard,
+                serde_json::from_str(text).map_err(malformed)?,
+            ),
+            "resolve" => Held::Act(
+                Verb::Resolve,
+                serde_json::from_str(text).map_err(malformed)?,
+            ),
+            "replay" => Held::Replay(serde_json::from_str(text).map_err(malformed)?),
+            "transform" => Held::Transform(serde_json::from_str(text).map_err(malformed)?),
+            other => {
+                return Err(OperationError::BadRequest(format!(
+                    "approval {}: no action {other:?}",
+                    approval.id
+                )))
+            }
+        })
     }
 }

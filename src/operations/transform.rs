@@ -100,6 +100,14 @@ impl Operations {
         self.transform_as(actor, request, None).await
     }
 
+    /// How many tasks `request` would transform (the tasks it selects whose payload a
+    /// transform may change): what an approval of it counts.
+    pub(super) async fn transformable(&self, request: &TransformRequest) -> Result<i64> {
+        let selection = select(&request.ids, request.filter.as_ref(), request.all)?;
+        let selection = Selection::Filter(filter_of(&selection));
+        Ok(self.store.count_transformable(&selection).await?)
+    }
+
     /// [`Operations::transform`]; `approved`: run as approved (not held for approval),
     /// the approver named in the audit reason.
     pub(super) async fn transform_as(
