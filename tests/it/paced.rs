@@ -28,6 +28,8 @@ struct Downstream {
     failing: AtomicBool,
     calls: Mutex<Vec<(TaskId, Option<i64>)>>,
     failed_calls: std::sync::atomic::AtomicUsize,
+    /// Starts failing at this call (0: only when told).
+    fail_from: std::sync::atomic::AtomicUsize,
 }
 
 impl Downstream {
@@ -53,11 +55,15 @@ struct Calling(Arc<Downstream>);
 #[async_trait]
 impl Handler for Calling {
     async fn handle(&self, ctx: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
-        self.0
-            .calls
-            .lock()
-            .unwrap()
-            .push((task.id, ctx.redrive_job));
+        let made = {
+            let mut calls = self.0.calls.lock().unwrap();
+            calls.push((task.id, ctx.redrive_job));
+            calls.len()
+        };
+        let from = self.0.fail_from.load(Ordering::SeqCst);
+        if from > 0 && made >= from {
+            self.0.failing.store(true, Ordering::SeqCst);
+        }
         match self.0.failing.load(Ordering::SeqCst) {
             true => {
                 self.0.failed_calls.fetch_add(1, Ordering::SeqCst);
@@ -1044,4 +1050,31 @@ async fn resuming_a_retry_whose_released_tasks_still_wait_releases_no_more() {
         let now = released().await;
         assert_eq!(now, first, "resume {round} released {} more", now - first);
     }
+}
+
+/// Found by the bench: a paced retry at full pace into a downstream that began to fail
+/// halfway never paused. It judged only its latest batch, whose tasks no worker had
+/// called yet. Its window now takes in what is still in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_paced_retry_into_a_downstream_failing_halfway_pauses_within_a_bound() {
+    let (store, settings) = fresh_store().await;
+    given_up(&store, 3000).await;
+    let downstream = Arc::new(Downstream::default());
+    downstream.fail_from.store(1000, Ordering::SeqCst);
+    let fleet = fleet(&settings, &downstream);
+    let stop_workers = workers(&fleet, &store);
+    let request = retry_of_h(pace(1000.0, "100%", 1000, 50));
+    let job = start(&fleet, &store, &request, "runner-a").await;
+    let job = run(&replayer(&settings, &store, "runner-a"), job).await;
+    // What it released before the pause is called within a moment.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop_workers.cancel();
+    assert_eq!(job.status, "paused", "{job:?}");
+    let failed = downstream.failed_calls();
+    // At 1,000/s: the 100 outcomes it judges, a quarter second waiting and a batch in
+    // flight, and what was called while it decided.
+    assert!(
+        failed <= 700,
+        "{failed} calls into the failing downstream: {job:?}"
+    );
 }
