@@ -249,6 +249,11 @@ impl Operations {
             job: None,
         };
         let pace = pace_of(request.pace.as_ref())?;
+        if pace.is_some() && action_has_time(&action) {
+            return Err(OperationError::bad_request(
+                "at: a paced retry makes its tasks due as its pace admits them",
+            ));
+        }
         if verb == Verb::Retry {
             let forced = (self.store)
                 .forced_open_over(&selection, action.applies_to())
@@ -285,11 +290,6 @@ impl Operations {
         .await?;
         let reason = audited_reason(reason, approved);
         if let Some(pace) = pace {
-            if action_has_time(&action) {
-                return Err(OperationError::bad_request(
-                    "at: a paced retry makes its tasks due as its pace admits them",
-                ));
-            }
             let replay = NewReplay {
                 filter: filter_of(&selection),
                 retry: Some(action),
@@ -311,10 +311,12 @@ impl Operations {
             return Ok(answer);
         }
         // Confirmed: audited even when nothing is left to change (the fleet may have
-        // finished the tasks since the preview), with count 0.
+        // finished the tasks since the preview), with count 0. An approved action
+        // changes no more tasks than were approved, however its selection moves.
         let operator = actor.operator(reason);
+        let most = approved.map(|approved| approved.selected);
         let report = (self.store)
-            .act_reporting(&operator, &action, &selection, progress)
+            .act_reporting(&operator, &action, &selection, most, progress)
             .await?;
         answer.changed = report.changed;
         answer.refused = report.refused;

@@ -74,6 +74,7 @@ impl Operations {
         let approved = Approved {
             id,
             by: actor.name.clone(),
+            selected: approval.selected,
         };
         let requester = Actor {
             name: approval.requested_by.clone(),

@@ -8,6 +8,8 @@ pub struct Approved {
     pub id: i64,
     /// Who approved it.
     pub by: String,
+    /// How many tasks it was approved for: it changes no more.
+    pub selected: i64,
 }
 
 impl Approved {

@@ -164,9 +164,16 @@ impl Operations {
             audit_id: audit,
             dry_run: request.dry_run,
         };
+        // An approved transform changes no more tasks than were approved, however its
+        // selection moves.
+        let most = approved.map(|approved| approved.selected);
         let mut after = 0;
         loop {
-            let payloads = self.store.payloads(&selection, after, BATCH).await?;
+            let limit = most.map_or(BATCH, |most| (most - answer.matched).min(BATCH));
+            if limit <= 0 {
+                break;
+            }
+            let payloads = self.store.payloads(&selection, after, limit).await?;
             let Some(last) = payloads.last() else {
                 break;
             };

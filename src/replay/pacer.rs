@@ -159,7 +159,7 @@ impl Pacer {
                 runner,
                 &pace,
                 (window_start, window_sent),
-                done,
+                self.most_waiting(&pace, done),
                 lost,
             )
             .await?
@@ -229,40 +229,38 @@ impl Pacer {
         }
     }
 
-    /// Before the first batch of a run (a resumed job): waits, as after a batch, while
-    /// the tasks it released before still wait for a worker, so that a resume never
-    /// adds to a queue no worker takes.
+    /// Before the first batch of a run (a resumed job): waits, as after a batch, until
+    /// none of the tasks it released before wait for a worker, so that a resume (at any
+    /// rate) never adds to a queue no worker takes.
     pub(super) async fn before_first_batch(
         &mut self,
         store: &Store,
         runner: &str,
         cursor: i64,
-        done: i64,
         lost: &CancellationToken,
     ) -> Result<Next, ReplayError> {
         let Some(pace) = self.pace.clone() else {
             return Ok(Next::Go);
         };
-        let kept_up = self.keep_up(store, runner, &pace, (cursor, 0), done, lost);
+        let kept_up = self.keep_up(store, runner, &pace, (cursor, 0), 0, lost);
         Ok(kept_up.await?.unwrap_or(Next::Go))
     }
 
     /// Judges the step's latest outcomes (its tasks after `window_start`, `window_sent`
-    /// of them, the window) and pauses the job when they failed. A retry admits no more than the
-    /// workers take: while more of its released tasks wait for their call than a
-    /// quarter of a second's worth at the step's rate (or one batch), it waits (judging
-    /// as it waits), so that the pace is the pace of the calls and a pause leaves few
-    /// released tasks still to be called. Answers [`Next::Stop`] when the job stopped.
+    /// of them, the window) and pauses the job when they failed. A retry admits no more
+    /// than the workers take: while more than `most_waiting` of its released tasks wait
+    /// for their call, it waits (judging as it waits), so that the pace is the pace of
+    /// the calls and a pause leaves few released tasks still to be called. Answers
+    /// [`Next::Stop`] when the job stopped.
     async fn keep_up(
         &self,
         store: &Store,
         runner: &str,
         pace: &Pace,
         (window_start, window_sent): (i64, i64),
-        done: i64,
+        most_waiting: i64,
         lost: &CancellationToken,
     ) -> Result<Option<Next>, ReplayError> {
-        let most_waiting = self.most_waiting(pace, done);
         let waiting_since = tokio::time::Instant::now();
         loop {
             let judged = self.judge(store, pace, window_start, window_sent).await?;

@@ -13,7 +13,7 @@ use crate::kafka::dlt::own;
 use crate::kafka::produce::{is_permanent, produce_task};
 use crate::kafka::reader::Reader;
 use crate::kafka::{producer_config, redact_error};
-use crate::store::{apply_batch, Action, Marks, Operator, ReplayJob, Store, StoreError};
+use crate::store::{apply_batch, Action, Marks, Operator, ReplayJob, Store, StoreError, Walk};
 use crate::task::{Task, TaskId};
 
 /// Payload bytes per batch at most (a larger single task goes alone).
@@ -238,7 +238,7 @@ impl Replayer {
             // Replaying is the operator's deliberate redo: what it produced is resolved,
             // over a compensation too.
             let resolve = Action::Resolve { force: true };
-            apply_batch(&mut tx, operator, &resolve, &selection, 0, None).await?;
+            apply_batch(&mut tx, operator, &resolve, &selection, Walk::WHOLE, None).await?;
         }
         Store::mark_redriven(&mut tx, job.id, sent, false).await?;
         let ours = Store::end_replay_batch(

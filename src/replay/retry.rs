@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::pacer::{BatchDone, Next, Pacer};
 use super::{Progress, ReplayError, Replayer};
-use crate::store::{apply_batch, Action, Operator, ReplayJob, Selection, Store, StoreError};
+use crate::store::{apply_batch, Action, Operator, ReplayJob, Selection, Store, StoreError, Walk};
 use crate::task::TaskId;
 
 impl Replayer {
@@ -33,7 +33,7 @@ impl Replayer {
             reason: Some(format!("retried by job {}", job.id)),
         };
         let mut cursor = job.cursor;
-        let first = pacer.before_first_batch(&self.store, &self.runner, cursor, done as i64, lost);
+        let first = pacer.before_first_batch(&self.store, &self.runner, cursor, lost);
         if first.await? == Next::Stop {
             return Ok(());
         }
@@ -133,7 +133,9 @@ impl Replayer {
                     0
                 } else {
                     let selection = Selection::Ids(tasks.to_vec());
-                    let batch = apply_batch(&mut tx, operator, action, &selection, 0, None).await?;
+                    let batch =
+                        apply_batch(&mut tx, operator, action, &selection, Walk::WHOLE, None)
+                            .await?;
                     Store::mark_redriven(&mut tx, job.id, tasks, true).await?;
                     // Idle workers take them at once, not at their next poll.
                     Store::notify_due(&mut tx).await?;

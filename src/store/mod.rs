@@ -96,7 +96,7 @@ pub use lease::Claimed;
 pub use lineage::Ancestor;
 pub use members::{Member, MEMBER_BEAT, MEMBER_LIVE_WITHIN};
 pub use migrations::{Migration, SchemaVersions};
-pub(crate) use operate::apply_batch;
+pub(crate) use operate::{apply_batch, Walk};
 pub use operate::{Action, ActionReport, Applicable, Budget, Operator, ACTION_BATCH};
 pub use pacing::{Redriven, StepOutcomes};
 pub use preview::{ActionSample, ReplayCounts};

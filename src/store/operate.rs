@@ -311,17 +311,19 @@ impl Store {
         action: &Action,
         selection: &Selection,
     ) -> Result<ActionReport> {
-        self.act_reporting(operator, action, selection, |_| {})
+        self.act_reporting(operator, action, selection, None, |_| {})
             .await
     }
 
-    /// [`Store::act`], telling `progress` what was done so far (its audit row, tasks
-    /// changed and left alone) after every batch it committed.
+    /// [`Store::act`], changing no more than `most` tasks if given (an approved
+    /// action), telling `progress` what was done so far (its audit row, tasks changed
+    /// and left alone) after every batch it committed.
     pub async fn act_reporting(
         &self,
         operator: &Operator,
         action: &Action,
         selection: &Selection,
+        most: Option<i64>,
         mut progress: impl FnMut(ActionReport) + Send,
     ) -> Result<ActionReport> {
         if let Selection::Ids(ids) = selection {
@@ -332,6 +334,10 @@ impl Store {
         let mut changed = 0_i64;
         let mut refused = 0_i64;
         loop {
+            let limit = most.map_or(ACTION_BATCH, |most| (most - changed).min(ACTION_BATCH));
+            if limit <= 0 {
+                break;
+            }
             let mut tries = 0;
             let batch_started = std::time::Instant::now();
             let batch = loop {
@@ -360,7 +366,8 @@ impl Store {
                         .await?
                     }
                 };
-                match apply_batch(&mut tx, operator, action, selection, cursor, Some(audit)).await {
+                let walk = Walk { cursor, limit };
+                match apply_batch(&mut tx, operator, action, selection, walk, Some(audit)).await {
                     Ok(batch) => {
                         tx.commit().await?;
                         audit_id = Some(audit);
@@ -449,15 +456,32 @@ pub(crate) struct Batch {
     pub(crate) refused: i64,
 }
 
-/// Applies `action` to the next batch of `selection` after task id `cursor`, in the
-/// caller's transaction (begun with [`ORDERED_WALK`]), adding the count to audit row
-/// `audit` if given.
+/// Where the next batch of an action starts, and how many tasks it takes at most.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Walk {
+    /// The batch takes tasks after this id.
+    pub(crate) cursor: i64,
+    /// Tasks it takes at most.
+    pub(crate) limit: i64,
+}
+
+impl Walk {
+    /// A whole batch from the start (a selection of ids).
+    pub(crate) const WHOLE: Walk = Walk {
+        cursor: 0,
+        limit: ACTION_BATCH,
+    };
+}
+
+/// Applies `action` to the next batch of `selection` (`walk`), in the caller's
+/// transaction (begun with [`ORDERED_WALK`]), adding the count to audit row `audit` if
+/// given.
 pub(crate) async fn apply_batch(
     conn: &mut PgConnection,
     operator: &Operator,
     action: &Action,
     selection: &Selection,
-    cursor: i64,
+    walk: Walk,
     audit: Option<i64>,
 ) -> Result<Batch> {
     let statement = statement(BATCH);
@@ -483,9 +507,9 @@ pub(crate) async fn apply_batch(
     };
     sqlx::query(LOCK_TIMEOUT).execute(&mut *conn).await?;
     let query = bind_selection(sqlx::query(&statement), selection)
-        .bind(cursor)
+        .bind(walk.cursor)
         .bind(&applies)
-        .bind(ACTION_BATCH)
+        .bind(walk.limit)
         .bind(action.name())
         .bind(action.new_status().as_str())
         .bind(at)

@@ -379,7 +379,8 @@ impl Store {
     /// job not ended whose runner stopped (its hold went stale, or it is `dead_runner`,
     /// known dead), is taken by `runner`, or with `detach` handed to the fleet's members.
     /// `slower` sets a new rate (of a paced job, its full pace). A paused job starts its
-    /// step's count and judgement again from here.
+    /// step's count and judgement again from here. A job already waiting for the fleet's
+    /// members is not resumed again for them (two resumes at once: one wins).
     pub async fn resume_replay(
         &self,
         operator: &Operator,
@@ -405,7 +406,7 @@ impl Store {
                  step_cursor = CASE WHEN status = 'paused' THEN cursor ELSE step_cursor END, \
                  step_started_at = CASE WHEN status = 'paused' THEN now() ELSE step_started_at END \
              WHERE id = $1 AND ( \
-                 status = 'pending' AND (detached OR by_fleet) \
+                 status = 'pending' AND (detached OR by_fleet) AND NOT $3 \
                  OR status = 'paused' \
                  OR status IN ('running', 'failed') \
                     AND (runner IS NULL OR heartbeat_at < now() - $4 * interval '1 second' \

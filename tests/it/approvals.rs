@@ -339,3 +339,114 @@ async fn an_approved_job_never_resumes_faster_than_it_was_approved() {
         "back to what was approved"
     );
 }
+
+/// Found by the third attack: an approved discard of 10 tasks discarded 20, tasks coming
+/// to match between the approval's count and the action. An approved action changes no
+/// more tasks than were approved, however its selection moves while it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_action_changes_no_more_than_approved_while_its_selection_moves() {
+    let (store, settings) = fresh_store().await;
+    let fleet = Fleet::builder(over(&settings, 5)).build().unwrap();
+    let operations = fleet.operations(store.clone());
+    for round in 0..8 {
+        let handler = format!("grow{round}");
+        let tasks: Vec<NewTask> = (0..30)
+            .map(|i| NewTask {
+                handler: handler.clone(),
+                status: if i < 10 {
+                    Status::PermanentFailure
+                } else {
+                    Status::Resolved
+                },
+                failure: Failure {
+                    key: Some(format!("{}{i}", if i < 10 { "k" } else { "flip" }).into_bytes()),
+                    ..Failure::default()
+                },
+                ..NewTask::default()
+            })
+            .collect();
+        store.enqueue_many(&tasks).await.unwrap();
+        let discard = ActRequest {
+            filter: Some(FilterParams {
+                handler: Some(handler.clone()),
+                status: Some(redrive::operations::StatusNames(vec![
+                    "permanent_failure".into()
+                ])),
+                ..FilterParams::default()
+            }),
+            reason: Some("noise".into()),
+            ..ActRequest::default()
+        };
+        let approval = match operations
+            .act(&actor("alice"), Verb::Discard, &discard, |_| {})
+            .await
+        {
+            Err(OperationError::NeedsApproval { approval, .. }) => approval,
+            other => panic!("held: {other:?}"),
+        };
+        // The other tasks of the handler come to match and stop matching, again and again.
+        let stop = tokio_util::sync::CancellationToken::new();
+        let flipper = tokio::spawn({
+            let (store, stop, handler) = (store.clone(), stop.clone(), handler.clone());
+            async move {
+                while !stop.is_cancelled() {
+                    sqlx::query(
+                        "UPDATE recovery_task SET status = CASE status \
+                             WHEN 'resolved' THEN 'permanent_failure' ELSE 'resolved' END \
+                         WHERE handler = $1 AND msg_key LIKE 'flip%' \
+                           AND status IN ('resolved', 'permanent_failure')",
+                    )
+                    .bind(&handler)
+                    .execute(store.pool())
+                    .await
+                    .unwrap();
+                }
+            }
+        });
+        let approved = operations.approve(&actor("bob"), approval.id, None).await;
+        stop.cancel();
+        flipper.await.unwrap();
+        let discarded = scalar(
+            &store,
+            &format!(
+                "SELECT count(*) FROM recovery_task WHERE handler = '{handler}' \
+                 AND status = 'discarded'"
+            ),
+        )
+        .await;
+        assert!(
+            discarded <= approval.selected,
+            "round {round}: {discarded} discarded, {} approved: {approved:?}",
+            approval.selected
+        );
+    }
+}
+
+/// Found by the third attack: a paced retry with `at` (which a paced retry refuses) was
+/// held for approval, and failed only when approved. It is refused before anything is
+/// recorded, as without approvals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_paced_retry_is_refused_before_it_is_held() {
+    use redrive::pace::PaceRequest;
+    let (store, settings) = fresh_store().await;
+    given_up(&store, 3).await;
+    let fleet = Fleet::builder(over(&settings, 2)).build().unwrap();
+    let operations = fleet.operations(store.clone());
+    let request = ActRequest {
+        at: Some("1h".into()),
+        pace: Some(PaceRequest {
+            rate: Some(10.0),
+            ..PaceRequest::default()
+        }),
+        ..retry_all()
+    };
+    match operations
+        .act(&actor("alice"), Verb::Retry, &request, |_| {})
+        .await
+    {
+        Err(OperationError::BadRequest(why)) => assert!(why.starts_with("at:"), "{why}"),
+        other => panic!("refused: {other:?}"),
+    }
+    let held = scalar(&store, "SELECT count(*) FROM recovery_approval").await;
+    assert_eq!(held, 0, "nothing recorded");
+}

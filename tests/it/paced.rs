@@ -1034,14 +1034,15 @@ async fn resuming_a_retry_whose_released_tasks_still_wait_releases_no_more() {
     assert_eq!(paused.status, "paused", "{paused:?}");
     let first = released().await;
     assert!((1..=80).contains(&first), "released {first} with no worker");
-    for round in 1..=3 {
+    // Found by the third attack: a resume at a faster rate released more.
+    for (round, rate) in [(1, None), (2, Some(400.0)), (3, Some(4000.0))] {
         let resumed = operations
             .resume_replay(
                 &Actor::shell(),
                 paused.id,
                 Runner::Here("runner-a"),
                 None,
-                None,
+                rate,
             )
             .await
             .unwrap();
@@ -1077,4 +1078,54 @@ async fn a_fast_paced_retry_into_a_downstream_failing_halfway_pauses_within_a_bo
         failed <= 700,
         "{failed} calls into the failing downstream: {job:?}"
     );
+}
+
+/// Found by the third attack: ten resumes of one paused job at once all answered 200,
+/// each audited, the last rate winning. One wins; the others are told the job already
+/// waits for the fleet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumes_of_one_paused_job_at_once_resume_it_once() {
+    let (store, settings) = fresh_store().await;
+    given_up(&store, 10).await;
+    let downstream = Arc::new(Downstream::default());
+    let fleet = fleet(&settings, &downstream);
+    let operations = Arc::new(fleet.operations(store.clone()));
+    let answer = operations
+        .act(
+            &Actor::shell(),
+            Verb::Retry,
+            &retry_of_h(pace(10.0, "100%", 100, 50)),
+            |_| {},
+        )
+        .await
+        .unwrap();
+    let id = answer.job.unwrap().id;
+    operations.pause_replay(&Actor::shell(), id).await.unwrap();
+    let resumes = (0..8).map(|i| {
+        let operations = operations.clone();
+        tokio::spawn(async move {
+            let rate = Some(5.0 + f64::from(i));
+            operations
+                .resume_replay(&Actor::shell(), id, Runner::Fleet, None, rate)
+                .await
+        })
+    });
+    let mut won = 0;
+    for resume in resumes.collect::<Vec<_>>() {
+        match resume.await.unwrap() {
+            Ok(job) => {
+                won += 1;
+                assert_eq!(job.status, "pending");
+            }
+            Err(OperationError::Conflict(why)) => assert!(why.contains("pending"), "{why}"),
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(won, 1);
+    let audited = scalar(
+        &store,
+        "SELECT count(*) FROM recovery_audit WHERE action = 'replay_resume'",
+    )
+    .await;
+    assert_eq!(audited, 1);
 }
