@@ -291,7 +291,7 @@ impl Operations {
         let reason = audited_reason(reason, approved);
         if let Some(pace) = pace {
             let replay = NewReplay {
-                filter: filter_of(&selection),
+                filter: applicable_only(filter_of(&selection), &action),
                 retry: Some(action),
                 pace: Some(pace),
                 force: request.force,
@@ -301,6 +301,7 @@ impl Operations {
                 rate: None,
                 detached: runner == Runner::Fleet,
                 approval: approved.map(|a| a.id),
+                most: approved.map(|a| a.selected),
             };
             let name = match runner {
                 Runner::Fleet => "",
@@ -390,6 +391,20 @@ pub(super) fn filter_of(selection: &Selection) -> TaskFilter {
         }
         Selection::Filter(filter) => filter.clone(),
     }
+}
+
+/// `filter` narrowed to the statuses `action` applies to, so that a job walking it
+/// counts (and an approval bounds) only the tasks it may change: every such status when
+/// the filter names none, those it names among them otherwise (a filter naming none of
+/// them is left as it is: the action changes nothing it selects).
+fn applicable_only(mut filter: TaskFilter, action: &Action) -> TaskFilter {
+    let applies = action.applies_to();
+    if filter.status.is_empty() {
+        filter.status = applies.to_vec();
+    } else if filter.status.iter().any(|s| applies.contains(s)) {
+        filter.status.retain(|s| applies.contains(s));
+    }
+    filter
 }
 
 /// Whether a retry sets its own due time.

@@ -13,7 +13,14 @@ use super::selection::{select, FilterParams};
 use super::Operations;
 use crate::pace::{Pace, PaceRequest};
 use crate::replay::{check_replay, replay_topics};
-use crate::store::{NewReplay, Redriven, ReplayJob, Resumed, TaskFilter, TaskSummary};
+use crate::store::{
+    NewReplay, Redriven, ReplayJob, ReplayRowError, Resumed, StoreError, TaskFilter, TaskSummary,
+    REPLAY_STALE_AFTER,
+};
+use std::time::Duration;
+
+/// How long a resume waits for the runner of a job paused mid-batch to let go of it.
+const LET_GO_WITHIN: Duration = Duration::from_secs(5);
 
 /// What to replay: the body of `POST /api/v1/tasks/replay`, and what `redrive tasks
 /// replay` reads.
@@ -150,6 +157,7 @@ impl Operations {
         actor.must_operate()?;
         let mut replay = new_replay(request, runner)?;
         replay.approval = approved.map(|a| a.id);
+        replay.most = approved.map(|a| a.selected);
         // Where large actions need approval, what was counted (and approved) is all it
         // does.
         replay.bounded |= self.approval_over.is_some();
@@ -248,10 +256,35 @@ impl Operations {
             Runner::Fleet => ("", true),
             Runner::Here(name) => (name, false),
         };
-        let job = (self.store)
-            .resume_replay(&operator, id, name, detach, dead_runner, slower.as_ref())
-            .await?;
-        Ok(job)
+        // A job paused while it ran is let go by its runner once what it had in flight
+        // is delivered (about a second): until then it is not resumed, so that two
+        // runners never produce one batch.
+        let deadline = tokio::time::Instant::now() + LET_GO_WITHIN;
+        loop {
+            let resumed = (self.store)
+                .resume_replay(&operator, id, name, detach, dead_runner, slower.as_ref())
+                .await;
+            match resumed {
+                Err(StoreError::Replay(ReplayRowError::NotYours {
+                    status,
+                    runner: Some(runner),
+                    ..
+                })) if status == "paused" => {
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(OperationError::Conflict(format!(
+                            "job {id} was paused while {runner} ran it, and {runner} has not \
+                             let go of it within {}s (it delivers what it had in flight \
+                             first); resume it again in a moment. A runner that died lets \
+                             go by itself {}s after its last beat",
+                            LET_GO_WITHIN.as_secs(),
+                            REPLAY_STALE_AFTER.as_secs()
+                        )));
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                other => return Ok(other?),
+            }
+        }
     }
 }
 
@@ -294,5 +327,6 @@ fn new_replay(request: &ReplayRequest, runner: Runner<'_>) -> Result<NewReplay> 
         rate: request.rate,
         detached: runner == Runner::Fleet,
         approval: None,
+        most: None,
     })
 }

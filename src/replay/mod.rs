@@ -240,9 +240,9 @@ impl Replayer {
                 .await?;
         }
         outcome?;
-        if stop.is_cancelled() {
-            self.store.release_replay(id, &self.runner).await?;
-        }
+        // Stopped, or paused by an operator (what it had in flight now delivered): a
+        // resume may hand it to another runner from here.
+        self.store.release_replay(id, &self.runner).await?;
         let job = self.store.replay(id).await?.ok_or(StoreError::Replay(
             crate::store::ReplayRowError::Unknown(id),
         ))?;

@@ -302,7 +302,7 @@ impl Pacer {
         let waiting = step.waiting;
         if self.kind_retry {
             if let Some(breaker) = step.open_breakers.first() {
-                let reason = Some(format!("the breaker of {breaker} is open"));
+                let reason = Some(format!("the breaker of {breaker}"));
                 return Ok(Judged { reason, waiting });
             }
         } else {

@@ -21,10 +21,11 @@ const CAUSES_NAMED: i64 = 3;
 pub struct StepOutcomes {
     /// Their outcomes.
     pub outcomes: Outcomes,
-    /// The handlers among them whose breaker is open (with why).
+    /// The handlers among them whose breaker is not closed: `billing is half-open
+    /// (why)`.
     pub open_breakers: Vec<String>,
-    /// Those due now that no worker has taken yet (a retry's released tasks waiting for
-    /// their call).
+    /// Those a worker would take now and none has (a retry's released tasks waiting for
+    /// their call: due, unleased or their lease lapsed).
     pub waiting: i64,
 }
 
@@ -127,8 +128,9 @@ impl Store {
         Ok(true)
     }
 
-    /// Pauses job `id` for an operator, audited: its runner stops after its current
-    /// batch, and no member takes it until it is resumed.
+    /// Pauses job `id` for an operator, audited: its runner stops within about a second
+    /// (what it has in flight delivered first) and then lets go of it; until it has, and
+    /// after, no one takes the job until it is resumed.
     pub async fn pause_by_operator(&self, operator: &Operator, id: i64) -> Result<ReplayJob> {
         let mut tx = self.pool.begin().await?;
         let reason = format!(
@@ -141,7 +143,8 @@ impl Store {
                 .unwrap_or_default()
         );
         let row = sqlx::query(
-            "UPDATE recovery_replay SET status = 'paused', paused_reason = $2, runner = NULL \
+            "UPDATE recovery_replay SET status = 'paused', paused_reason = $2, \
+                 runner = CASE WHEN status = 'running' THEN runner END \
              WHERE id = $1 AND status IN ('pending', 'running', 'failed') RETURNING *",
         )
         .bind(id)
@@ -199,14 +202,18 @@ impl Store {
                         FROM failures f LEFT JOIN recovery_cause c ON c.id = f.cause_id \
                         GROUP BY c.class, c.example ORDER BY count(*) DESC LIMIT $4) top) \
                         AS causes, \
-                    (SELECT array_agg(b.handler || coalesce(' (' || b.reason || ')', '') \
+                    (SELECT array_agg(b.handler || ' is ' \
+                                      || CASE WHEN b.forced = 'open' THEN 'forced open' \
+                                              ELSE replace(b.state, '_', '-') END \
+                                      || coalesce(' (' || b.reason || ')', '') \
                                       ORDER BY b.handler) \
                      FROM recovery_breaker b \
-                     WHERE (b.forced = 'open' OR b.state = 'open' AND b.hold_until > now()) \
+                     WHERE (b.forced = 'open' \
+                            OR b.state IN ('open', 'half_open') AND b.hold_until > now()) \
                        AND b.handler IN (SELECT DISTINCT handler FROM mine)) AS open, \
                     (SELECT count(*) FROM recovery_task \
                      WHERE redrive_job = $1 AND status = 'failed' \
-                       AND next_attempt_at <= now() AND lease_owner IS NULL) AS waiting",
+                       AND next_attempt_at <= now()) AS waiting",
         )
         .bind(id)
         .bind(after)

@@ -136,6 +136,8 @@ pub struct NewReplay {
     pub detached: bool,
     /// The approval that lets it run, if one does.
     pub approval: Option<i64>,
+    /// Tasks it handles at most (what was approved), below what its filter counts now.
+    pub most: Option<i64>,
 }
 
 /// A new rate for a job an operator resumes (slowing it down).
@@ -252,7 +254,8 @@ impl Store {
         runner: &str,
     ) -> Result<ReplayJob> {
         let selection = Selection::Filter(replay.filter.clone());
-        let total = self.count_selected(&selection).await?;
+        let counted = self.count_selected(&selection).await?;
+        let total = replay.most.map_or(counted, |most| counted.min(most.max(0)));
         let mut tx = self.pool.begin().await?;
         let pace = replay
             .pace
@@ -408,6 +411,8 @@ impl Store {
              WHERE id = $1 AND ( \
                  status = 'pending' AND (detached OR by_fleet) AND NOT $3 \
                  OR status = 'paused' \
+                    AND (runner IS NULL OR heartbeat_at < now() - $4 * interval '1 second' \
+                         OR runner = $5) \
                  OR status IN ('running', 'failed') \
                     AND (runner IS NULL OR heartbeat_at < now() - $4 * interval '1 second' \
                          OR status = 'failed' OR runner = $5)) \
@@ -495,12 +500,14 @@ impl Store {
     }
 
     /// Lets go of job `id` when `runner` stops before it ends: a detached job waits for
-    /// the next member, a foreground one for `replays resume`.
+    /// the next member, a foreground one for `replays resume`, a paused one (paused by
+    /// an operator while `runner` ran it) for a resume, which waits for this.
     pub async fn release_replay(&self, id: i64, runner: &str) -> Result<()> {
         sqlx::query(
             "UPDATE recovery_replay SET runner = NULL, \
-                 status = CASE WHEN detached THEN 'pending' ELSE status END \
-             WHERE id = $1 AND runner = $2 AND status = 'running'",
+                 status = CASE WHEN detached AND status = 'running' THEN 'pending' \
+                               ELSE status END \
+             WHERE id = $1 AND runner = $2 AND status IN ('running', 'paused')",
         )
         .bind(id)
         .bind(runner)

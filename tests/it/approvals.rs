@@ -450,3 +450,81 @@ async fn an_invalid_paced_retry_is_refused_before_it_is_held() {
     let held = scalar(&store, "SELECT count(*) FROM recovery_approval").await;
     assert_eq!(held, 0, "nothing recorded");
 }
+
+/// Found by the fourth attack: an approved paced retry of 6 tasks (its filter naming no
+/// status) counted every task of the filter, resolved ones too, and retried 26 when they
+/// came to match. A job an approval starts handles no more tasks than were approved, and
+/// a retry job walks only the statuses a retry changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_paced_retry_handles_no_more_tasks_than_approved() {
+    use redrive::pace::PaceRequest;
+    use redrive::replay::Replayer;
+    let (store, settings) = fresh_store().await;
+    given_up(&store, 6).await;
+    let resolved: Vec<NewTask> = (0..20)
+        .map(|i| NewTask {
+            handler: "h".into(),
+            status: Status::Resolved,
+            failure: Failure {
+                key: Some(format!("r{i}").into_bytes()),
+                ..Failure::default()
+            },
+            ..NewTask::default()
+        })
+        .collect();
+    store.enqueue_many(&resolved).await.unwrap();
+    let fleet = Fleet::builder(over(&settings, 5)).build().unwrap();
+    let operations = fleet.operations(store.clone());
+    let paced = ActRequest {
+        pace: Some(PaceRequest {
+            rate: Some(1000.0),
+            ..PaceRequest::default()
+        }),
+        ..retry_all()
+    };
+    let approval = match operations
+        .act(&actor("alice"), Verb::Retry, &paced, |_| {})
+        .await
+    {
+        Err(OperationError::NeedsApproval { approval, .. }) => approval,
+        other => panic!("held: {other:?}"),
+    };
+    assert_eq!(approval.selected, 6);
+    operations
+        .approve(&actor("bob"), approval.id, None)
+        .await
+        .unwrap();
+    // The resolved tasks come to match before a member takes the job.
+    sqlx::query("UPDATE recovery_task SET status = 'permanent_failure' WHERE status = 'resolved'")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let job = store
+        .claim_detached_replay("member-a")
+        .await
+        .unwrap()
+        .expect("the approved job waits for a member");
+    assert_eq!(job.total, Some(6), "{job:?}");
+    let replayer = Replayer::new(
+        store.clone(),
+        settings.kafka.clone(),
+        settings.ingest.max_message_bytes,
+        "member-a".into(),
+        Vec::new(),
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    let job = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        replayer.run(job, &|_, _| {}, &stop),
+    )
+    .await
+    .expect("the job ends within a minute")
+    .unwrap();
+    assert_eq!((job.status.as_str(), job.produced), ("done", 6), "{job:?}");
+    let redriven = scalar(
+        &store,
+        "SELECT count(*) FROM recovery_task WHERE redriven_by IS NOT NULL",
+    )
+    .await;
+    assert_eq!(redriven, 6);
+}

@@ -109,6 +109,7 @@ async fn an_operator_reads_the_fleet_its_tasks_and_their_payloads_in_a_browser()
         rate: None,
         detached: false,
         approval: None,
+        most: None,
     };
     store
         .create_replay(&operator, &replay, "a-test")

@@ -224,6 +224,7 @@ async fn a_read_only_session_and_a_cross_site_request_change_nothing() {
         rate: None,
         detached: false,
         approval: None,
+        most: None,
     };
     let operator = Operator {
         actor: "test".into(),
@@ -339,6 +340,7 @@ async fn an_operator_starts_cancels_and_resumes_replays_and_engages_and_releases
         rate: None,
         detached: false,
         approval: None,
+        most: None,
     };
     let stalled = store
         .create_replay(&operator, &stalled, "a-runner-that-died")

@@ -225,6 +225,7 @@ async fn an_interrupted_replay_is_handed_to_the_fleet_over_http() {
         rate: None,
         detached: false,
         approval: None,
+        most: None,
     };
     let job = store
         .create_replay(&operator, &replay, "cli-gone")
@@ -298,6 +299,7 @@ async fn every_list_answers_one_envelope_and_pages_with_its_cursor() {
             rate: None,
             detached: true,
             approval: None,
+            most: None,
         };
         store.create_replay(&operator, &replay, "").await.unwrap();
     }

@@ -1034,6 +1034,16 @@ async fn resuming_a_retry_whose_released_tasks_still_wait_releases_no_more() {
     assert_eq!(paused.status, "paused", "{paused:?}");
     let first = released().await;
     assert!((1..=80).contains(&first), "released {first} with no worker");
+    // Found by the fourth attack: tasks whose lease lapsed (their member killed) wait
+    // for a worker as much as those never leased.
+    sqlx::query(
+        "UPDATE recovery_task SET lease_owner = 'killed-member', \
+             next_attempt_at = now() - interval '1 second' \
+         WHERE redrive_job IS NOT NULL AND status = 'failed'",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
     // Found by the third attack: a resume at a faster rate released more.
     for (round, rate) in [(1, None), (2, Some(400.0)), (3, Some(4000.0))] {
         let resumed = operations
@@ -1128,4 +1138,103 @@ async fn resumes_of_one_paused_job_at_once_resume_it_once() {
     )
     .await;
     assert_eq!(audited, 1);
+}
+
+/// Found by the fourth attack: a half-open breaker (its hold renewed every cool-down)
+/// deferred every released task, none counted as waiting, and the job released all of
+/// them to run at once when the breaker closed. A breaker that is not closed pauses the
+/// job, as an open one does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_breaker_pauses_a_paced_retry() {
+    let (store, settings) = fresh_store().await;
+    given_up(&store, 200).await;
+    sqlx::query(
+        "INSERT INTO recovery_breaker (handler, state, hold_until, changed_at) \
+         VALUES ('h', 'half_open', now() + interval '10 minutes', now())",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let downstream = Arc::new(Downstream::default());
+    let fleet = fleet(&settings, &downstream);
+    let job = start(
+        &fleet,
+        &store,
+        &retry_of_h(pace(50.0, "100%", 100, 50)),
+        "runner-a",
+    )
+    .await;
+    let job = run(&replayer(&settings, &store, "runner-a"), job).await;
+    assert_eq!(job.status, "paused", "{job:?}");
+    let reason = job.paused_reason.clone().unwrap_or_default();
+    assert!(reason.contains("h is half-open"), "{reason}");
+    assert!(job.produced <= 50, "{job:?}");
+}
+
+/// Found by the fourth attack: a replay paused mid-batch and resumed at once was taken
+/// by a second runner while the first still produced its batch: 24 messages twice. The
+/// runner of a job paused mid-batch lets go of it once what it had in flight is
+/// delivered, and a resume waits for that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_paused_mid_batch_and_resumed_at_once_produces_each_task_once() {
+    use crate::support::broker::{consume, headers_of, KafkaCase};
+    use redrive::operations::ReplayRequest;
+
+    const TARGET: &str = "target";
+    let KafkaCase {
+        broker: _broker,
+        bootstrap,
+        store,
+        settings,
+    } = KafkaCase::new(&[(TARGET, 1)], Vec::new()).await;
+    given_up(&store, 60).await;
+    let fleet = fleet(&settings, &Arc::new(Downstream::default()));
+    let operations = fleet.operations(store.clone());
+    let request = ReplayRequest {
+        filter: Some(FilterParams {
+            handler: Some("h".into()),
+            ..FilterParams::default()
+        }),
+        to: Some(TARGET.into()),
+        pace: Some(pace(20.0, "100%", 1000, 50)),
+        reason: Some("replay".into()),
+        ..ReplayRequest::default()
+    };
+    let job = operations
+        .start_replay(&Actor::shell(), &request, Runner::Here("runner-a"))
+        .await
+        .unwrap();
+    let id = job.id;
+    let first = tokio::spawn({
+        let replayer = replayer(&settings, &store, "runner-a");
+        async move { run(&replayer, job).await }
+    });
+    // In the middle of its second batch (20 a second).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    operations.pause_replay(&Actor::shell(), id).await.unwrap();
+    let resumed = operations
+        .resume_replay(&Actor::shell(), id, Runner::Here("runner-b"), None, None)
+        .await
+        .unwrap();
+    let second = run(&replayer(&settings, &store, "runner-b"), resumed).await;
+    first.await.unwrap();
+    assert_eq!(second.status, "done", "{second:?}");
+    let read = tokio::task::spawn_blocking(move || {
+        consume(&bootstrap, TARGET, 1, 1000, Duration::from_secs(5))
+    })
+    .await
+    .unwrap();
+    let mut per_task: HashMap<String, usize> = HashMap::new();
+    for message in &read {
+        let task = headers_of(message)
+            .into_iter()
+            .find(|h| h.name == b"redrive-task-id")
+            .and_then(|h| h.value)
+            .map(|v| String::from_utf8_lossy(&v).into_owned())
+            .unwrap_or_default();
+        *per_task.entry(task).or_default() += 1;
+    }
+    let twice: Vec<_> = per_task.iter().filter(|(_, &n)| n > 1).collect();
+    assert!(twice.is_empty(), "produced twice: {twice:?}");
+    assert_eq!(per_task.len(), 60, "{} tasks on the topic", per_task.len());
 }

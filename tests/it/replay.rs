@@ -491,6 +491,7 @@ async fn a_resumed_batch_whose_selection_grew_produces_every_task_once() {
         rate: None,
         detached: false,
         approval: None,
+        most: None,
     };
     let job = store
         .create_replay(&operator, &replay, "runner")
@@ -564,6 +565,7 @@ async fn a_task_that_cannot_be_read_is_skipped_and_the_replay_goes_on() {
         rate: None,
         detached: false,
         approval: None,
+        most: None,
     };
     let job = store
         .create_replay(&operator, &replay, "runner")
@@ -605,6 +607,7 @@ async fn a_replay_into_a_consumed_topic_is_refused_on_resume_and_on_pickup() {
         rate: None,
         detached,
         approval: None,
+        most: None,
     };
     let refused = |job: &Value| {
         job["status"] == "failed"
@@ -806,6 +809,7 @@ async fn a_replay_cancelled_mid_batch_stops_soon_and_counts_every_message_it_pro
         rate: Some(150.0),
         detached: false,
         approval: None,
+        most: None,
     };
     let job = store
         .create_replay(&operator, &replay, "runner")
@@ -991,6 +995,7 @@ async fn a_stored_replay_with_a_hostile_rate_does_not_stop_the_member() {
         rate: Some(1e-20),
         detached: true,
         approval: None,
+        most: None,
     };
     store
         .create_replay(&operator, &replay, "test")
