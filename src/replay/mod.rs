@@ -19,12 +19,14 @@ mod pacer;
 mod produce;
 mod retry;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{is_internal_topic, replay_loop, KafkaSettings, RouteSettings};
 use crate::kafka::reader::{ReadError, Reader};
-use crate::store::{NewReplay, ReplayJob, Store, StoreError};
+use crate::store::{NewReplay, ReplayJob, Store, StoreError, REPLAY_STALE_AFTER};
 use crate::telemetry::Metrics;
 
 /// How often a runner renews its hold on the job, and so how soon it learns of a
@@ -209,11 +211,13 @@ impl Replayer {
     ) -> Result<ReplayJob, ReplayError> {
         let id = job.id;
         let lost = stop.child_token();
+        let hold = Arc::new(Hold::new());
         let beat = tokio::spawn(keep_hold(
             self.store.clone(),
             id,
             self.runner.clone(),
             lost.clone(),
+            hold.clone(),
         ));
         // Checked on every run, not only when the job was recorded: it may have been
         // recorded by a CLI without the fleet's configuration, or before the route.
@@ -227,7 +231,7 @@ impl Replayer {
             )
             .await
             {
-                Ok(_) => self.produce_all(job, progress, &lost).await,
+                Ok(_) => self.produce_all(job, progress, &lost, &hold).await,
                 Err(refused) => Err(refused),
             },
         };
@@ -239,10 +243,10 @@ impl Replayer {
                 .finish_replay(id, &self.runner, Some(&text))
                 .await?;
         }
-        outcome?;
-        // Stopped, or paused by an operator (what it had in flight now delivered): a
-        // resume may hand it to another runner from here.
+        // Stopped, or paused by an operator (what it had in flight now delivered or
+        // failed): a resume may hand it to another runner from here.
         self.store.release_replay(id, &self.runner).await?;
+        outcome?;
         let job = self.store.replay(id).await?.ok_or(StoreError::Replay(
             crate::store::ReplayRowError::Unknown(id),
         ))?;
@@ -250,16 +254,52 @@ impl Replayer {
     }
 }
 
+/// A runner's hold on its job as the runner knows it: when it last renewed it. Once
+/// [`TRUST_HOLD_FOR`] has passed since (the process was frozen, or the database out of
+/// reach), another runner may have taken the job over, so this one sends nothing more.
+struct Hold {
+    renewed: Mutex<Instant>,
+}
+
+/// How long a runner trusts its hold after renewing it: less than the
+/// [`REPLAY_STALE_AFTER`] after which another runner may take the job, by the time a
+/// renewal takes to come back.
+const TRUST_HOLD_FOR: Duration = Duration::from_secs(REPLAY_STALE_AFTER.as_secs() - 5);
+
+impl Hold {
+    /// A hold renewed now (the job was just taken).
+    fn new() -> Hold {
+        Hold {
+            renewed: Mutex::new(Instant::now()),
+        }
+    }
+
+    fn renew(&self) {
+        *self.renewed.lock().expect("the hold's lock") = Instant::now();
+    }
+
+    /// Whether the runner may still act on the job.
+    fn trusted(&self) -> bool {
+        self.renewed.lock().expect("the hold's lock").elapsed() < TRUST_HOLD_FOR
+    }
+}
+
 /// Renews the runner's hold every few seconds; cancels `lost` when the job was
-/// cancelled or taken over.
-async fn keep_hold(store: Store, id: i64, runner: String, lost: CancellationToken) {
+/// cancelled, paused or taken over.
+async fn keep_hold(
+    store: Store,
+    id: i64,
+    runner: String,
+    lost: CancellationToken,
+    hold: Arc<Hold>,
+) {
     loop {
         tokio::select! {
             _ = lost.cancelled() => return,
             _ = tokio::time::sleep(BEAT_EVERY) => {}
         }
         match store.beat_replay(id, &runner).await {
-            Ok(true) => {}
+            Ok(true) => hold.renew(),
             Ok(false) => {
                 tracing::info!(job = id, "replay cancelled or taken over; stopping");
                 lost.cancel();
@@ -267,5 +307,26 @@ async fn keep_hold(store: Store, id: i64, runner: String, lost: CancellationToke
             }
             Err(error) => tracing::warn!(job = id, %error, "cannot renew the replay's hold"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_not_renewed_for_most_of_the_stale_time_is_not_trusted() {
+        let hold = Hold::new();
+        assert!(hold.trusted());
+        tokio::time::advance(TRUST_HOLD_FOR - Duration::from_millis(1)).await;
+        assert!(hold.trusted(), "just within");
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert!(!hold.trusted(), "a frozen runner wakes past its hold");
+        hold.renew();
+        assert!(hold.trusted(), "renewed");
+        assert!(
+            TRUST_HOLD_FOR < REPLAY_STALE_AFTER,
+            "it stops trusting its hold before another runner may take the job"
+        );
     }
 }

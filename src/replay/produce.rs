@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashSet};
 use tokio_util::sync::CancellationToken;
 
 use super::pacer::{BatchDone, Next, Pacer};
-use super::{Progress, ReplayError, Replayer};
+use super::{Hold, Progress, ReplayError, Replayer};
 use crate::config::is_internal_topic;
 use crate::kafka::context::QuietContext;
 use crate::kafka::dlt::own;
@@ -26,6 +26,7 @@ impl Replayer {
         job: ReplayJob,
         progress: Progress<'_>,
         lost: &CancellationToken,
+        hold: &Hold,
     ) -> Result<(), ReplayError> {
         let producer: FutureProducer<QuietContext> =
             producer_config(&self.kafka, self.max_message_bytes)
@@ -136,6 +137,13 @@ impl Replayer {
                         _ = limiter.until_ready() => {}
                     }
                 } else if lost.is_cancelled() {
+                    break;
+                }
+                // A runner that could not renew its hold for a while (frozen, or cut off
+                // from the database) may have been replaced: it sends nothing more.
+                if !hold.trusted() {
+                    tracing::warn!(job = job.id, "the hold on the job is not renewed; stopping");
+                    lost.cancel();
                     break;
                 }
                 handled_upto = Some(task.id.0);
