@@ -45,6 +45,18 @@ fn over(settings: &Settings, n: u64) -> Settings {
     settings
 }
 
+/// The approval alice's `verb` of `request` waits for (it must be held).
+async fn held_act(
+    operations: &redrive::operations::Operations,
+    verb: Verb,
+    request: &ActRequest,
+) -> Box<redrive::store::Approval> {
+    match operations.act(&actor("alice"), verb, request, |_| {}).await {
+        Err(OperationError::NeedsApproval { approval, .. }) => approval,
+        other => panic!("held: {other:?}"),
+    }
+}
+
 fn retry_all() -> ActRequest {
     ActRequest {
         filter: Some(FilterParams {
@@ -247,13 +259,7 @@ async fn an_approval_never_runs_on_more_tasks_than_were_approved() {
         reason: Some("noise".into()),
         ..retry_all()
     };
-    let approval = match operations
-        .act(&actor("alice"), Verb::Discard, &discard, |_| {})
-        .await
-    {
-        Err(OperationError::NeedsApproval { approval, .. }) => approval,
-        other => panic!("held: {other:?}"),
-    };
+    let approval = held_act(&operations, Verb::Discard, &discard).await;
     given_up(&store, 2).await;
     match operations.approve(&actor("bob"), approval.id, None).await {
         Err(OperationError::Conflict(why)) => {
@@ -290,13 +296,7 @@ async fn an_approved_job_never_resumes_faster_than_it_was_approved() {
         }),
         ..retry_all()
     };
-    let approval = match operations
-        .act(&actor("alice"), Verb::Retry, &paced, |_| {})
-        .await
-    {
-        Err(OperationError::NeedsApproval { approval, .. }) => approval,
-        other => panic!("held: {other:?}"),
-    };
+    let approval = held_act(&operations, Verb::Retry, &paced).await;
     let approved = operations
         .approve(&actor("bob"), approval.id, None)
         .await
@@ -377,13 +377,7 @@ async fn an_approved_action_changes_no_more_than_approved_while_its_selection_mo
             reason: Some("noise".into()),
             ..ActRequest::default()
         };
-        let approval = match operations
-            .act(&actor("alice"), Verb::Discard, &discard, |_| {})
-            .await
-        {
-            Err(OperationError::NeedsApproval { approval, .. }) => approval,
-            other => panic!("held: {other:?}"),
-        };
+        let approval = held_act(&operations, Verb::Discard, &discard).await;
         // The other tasks of the handler come to match and stop matching, again and again.
         let stop = tokio_util::sync::CancellationToken::new();
         let flipper = tokio::spawn({
@@ -482,13 +476,7 @@ async fn an_approved_paced_retry_handles_no_more_tasks_than_approved() {
         }),
         ..retry_all()
     };
-    let approval = match operations
-        .act(&actor("alice"), Verb::Retry, &paced, |_| {})
-        .await
-    {
-        Err(OperationError::NeedsApproval { approval, .. }) => approval,
-        other => panic!("held: {other:?}"),
-    };
+    let approval = held_act(&operations, Verb::Retry, &paced).await;
     assert_eq!(approval.selected, 6);
     operations
         .approve(&actor("bob"), approval.id, None)
