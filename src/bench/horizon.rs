@@ -112,7 +112,7 @@ impl TableState {
         let (dead, live, vacuums, due_index_bytes, index_bytes) = sqlx::query_as(
             "SELECT coalesce(n_dead_tup, 0), coalesce(n_live_tup, 0), \
                     coalesce(autovacuum_count, 0) + coalesce(vacuum_count, 0), \
-                    pg_relation_size('recovery_task_due'), pg_indexes_size('recovery_task') \
+                    pg_relation_size('recovery_task_due_by_handler'), pg_indexes_size('recovery_task') \
              FROM pg_stat_user_tables WHERE relid = 'recovery_task'::regclass",
         )
         .fetch_one(store.pool())

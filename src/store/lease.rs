@@ -15,11 +15,14 @@ use super::{Result, Store};
 use crate::task::{AttemptOutcome, Cause, FinishOutcome, Lease, Task, TaskId};
 
 // The claim and `next_due` read due tasks in due order, walking the partial index
-// `recovery_task_due`. Without fresh statistics (a burst of tasks not analyzed yet, or
-// statistics taken while few tasks were unfinished) the planner believes few rows are due
-// and reads all of them to sort them (a bitmap scan) or aggregate them: seconds per
-// statement at a million rows. Their transaction switches sorting off, so the ordered
-// index walk, which stops after the rows wanted, is the one plan left.
+// `recovery_task_due_by_handler` (handler, due time) once for each handler of the lane:
+// the due tasks of handlers the lane does not serve are never read. Without fresh
+// statistics (a burst of tasks not analyzed yet, or statistics taken while few tasks were
+// unfinished) the planner believes few rows are due and reads all of them to sort them (a
+// bitmap scan) or aggregate them: seconds per statement at a million rows. Their
+// transaction switches sorting off, so the ordered index walk, which stops after the rows
+// wanted, is the one plan left (the few rows the claim merges across handlers are sorted
+// all the same: that plan has no other way).
 use super::KEYED_PROBES;
 pub(crate) use super::ORDERED_WALK as DUE_ORDER;
 
@@ -28,6 +31,11 @@ pub(crate) use super::ORDERED_WALK as DUE_ORDER;
 // over once its lease has lapsed. `$7`, when set, is where the walk of the due index
 // starts (see `worker::due_floor`): tasks due before it are left to a later claim.
 // Each claimed row answers the due time it was claimed at (`was_due`).
+//
+// The claim takes the `$2` earliest due tasks across its handlers. It first reads, without
+// locking, how many of those each handler holds (`share`), then walks each handler's due
+// tasks taking that many, passing those another claim holds (`SKIP LOCKED`): it locks no
+// row it does not take, and a row another member is claiming only moves the walk on.
 //
 // A task an operator fenced mid-call waits until that call has stopped (see
 // [`NOT_STOPPING`]).
@@ -42,17 +50,28 @@ pub(crate) use super::ORDERED_WALK as DUE_ORDER;
 // its handlers (see `store::time`).
 const CLAIM_TEMPLATE: &str = concat!(
     r#"
-WITH due AS MATERIALIZED (
-    SELECT id, lease_owner, lease_version, leased_at, next_attempt_at, attempts
-    FROM recovery_task
-    WHERE status = 'failed' AND handler = ANY($1)
-      AND next_attempt_at <= coalesce($5::timestamptz, now())
-      AND next_attempt_at >= coalesce($7::timestamptz, '-infinity')
-      AND (lease_owner IS NULL OR next_attempt_at <= now())
-      {NOT_STOPPING}
-    ORDER BY next_attempt_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED),
+WITH lane AS (SELECT DISTINCT name FROM unnest($1::text[]) AS l(name)),
+share AS (
+    SELECT handler, count(*) AS n
+    FROM (SELECT candidate.handler
+          FROM lane CROSS JOIN LATERAL (
+              SELECT handler, next_attempt_at
+              FROM recovery_task
+              WHERE status = 'failed' AND handler = lane.name {CLAIMABLE}
+              ORDER BY next_attempt_at
+              LIMIT $2) AS candidate
+          ORDER BY candidate.next_attempt_at
+          LIMIT $2) AS earliest
+    GROUP BY handler),
+due AS MATERIALIZED (
+    SELECT taken.*
+    FROM share CROSS JOIN LATERAL (
+        SELECT id, lease_owner, lease_version, leased_at, next_attempt_at, attempts
+        FROM recovery_task
+        WHERE status = 'failed' AND handler = share.handler {CLAIMABLE}
+        ORDER BY next_attempt_at
+        LIMIT share.n
+        FOR UPDATE SKIP LOCKED) AS taken),
 lost AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
     SELECT id, lease_version, attempts, lease_owner,
@@ -77,8 +96,16 @@ RETURNING "#,
 "#
 );
 
-static CLAIM: LazyLock<String> =
-    LazyLock::new(|| CLAIM_TEMPLATE.replace("{NOT_STOPPING}", NOT_STOPPING));
+static CLAIM: LazyLock<String> = LazyLock::new(|| {
+    let claimable = CLAIMABLE.replace("{NOT_STOPPING}", NOT_STOPPING);
+    CLAIM_TEMPLATE.replace("{CLAIMABLE}", &claimable)
+});
+
+/// What makes a task of the lane's handler claimable now (see the claim above).
+const CLAIMABLE: &str = "AND next_attempt_at <= coalesce($5::timestamptz, now())
+      AND next_attempt_at >= coalesce($7::timestamptz, '-infinity')
+      AND (lease_owner IS NULL OR next_attempt_at <= now())
+      {NOT_STOPPING}";
 
 /// The claim's condition that no call fenced out by an operator may still be running for
 /// the task or its ordering key (`recovery_stopping_call`). The table is empty but for
@@ -91,15 +118,17 @@ const NOT_STOPPING: &str =
                AND (order_key IS NULL OR NOT EXISTS (SELECT 1 FROM recovery_stopping_call s
                            WHERE s.order_key = recovery_task.order_key AND s.ends_by > now()))))";
 
-// When the next task the claim would take is due, looking from `$2` on when set. Tasks
-// waiting for a stopping call are passed over: the member that stops the call tells the
-// idle claimers (`<schema>_due`).
+// When the next task the claim would take is due, looking from `$2` on when set: the
+// earliest of each handler's first. Tasks waiting for a stopping call are passed over:
+// the member that stops the call tells the idle claimers (`<schema>_due`).
 static NEXT_DUE: LazyLock<String> = LazyLock::new(|| {
-    "SELECT greatest(extract(epoch FROM recovery_clamp_time(next_attempt_at) - clock_timestamp()) * 1000, 0)::float8 \
-     FROM recovery_task \
-     WHERE status = 'failed' AND handler = ANY($1) \
-       AND next_attempt_at >= coalesce($2::timestamptz, '-infinity') {NOT_STOPPING} \
-     ORDER BY next_attempt_at LIMIT 1"
+    "SELECT greatest(extract(epoch FROM recovery_clamp_time(min(first.due)) - clock_timestamp()) * 1000, 0)::float8 \
+     FROM unnest($1::text[]) AS lane(name) CROSS JOIN LATERAL ( \
+         SELECT next_attempt_at AS due FROM recovery_task \
+         WHERE status = 'failed' AND handler = lane.name \
+           AND next_attempt_at >= coalesce($2::timestamptz, '-infinity') {NOT_STOPPING} \
+         ORDER BY next_attempt_at LIMIT 1) AS first \
+     HAVING count(*) > 0"
         .replace("{NOT_STOPPING}", NOT_STOPPING)
 });
 

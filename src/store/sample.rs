@@ -112,7 +112,7 @@ impl Store {
         previous: &FleetFigures,
         now: DateTime<Utc>,
     ) -> Result<FleetFigures> {
-        // Each count reads its statuses' partial index (`recovery_task_due`, the
+        // Each count reads its statuses' partial index (`recovery_task_due_by_handler`, the
         // unsuccessful ones), not the table.
         let mut tasks: Vec<(String, String, i64)> = sqlx::query_as(
             "SELECT 'failed', handler, count(*) FROM recovery_task WHERE status = 'failed' \

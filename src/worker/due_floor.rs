@@ -1,7 +1,7 @@
 //! Where each claim starts its walk of the due index.
 //!
-//! A claim walks the due index (`recovery_task_due`) in due order. At the start of that
-//! walk lie the entries of row versions that are dead but cannot be removed yet: every
+//! A claim walks the due tasks of each of its handlers in due order (the index
+//! `recovery_task_due_by_handler`). At the start of each walk lie the entries of row versions that are dead but cannot be removed yet: every
 //! task claimed or finished leaves one, and they stay until vacuum comes by, or for as
 //! long as a long transaction anywhere on the server pins the MVCC horizon. Each costs
 //! the walk a visit to the table. Under a pinned horizon they pile up by thousands a
@@ -9,8 +9,9 @@
 //! (0.1 ms) when it started near them (`redrive bench horizon`).
 //!
 //! So a claim lane (one set of handlers) starts its walk [`FLOOR_MARGIN`] before the
-//! earliest due time its last claim found, and walks the whole index again at least
-//! every [`FULL_WALK_EVERY`]. A task set due before the floor after it was set (a
+//! earliest due time its last claim found, and walks its handlers' due tasks from their
+//! start again at least every [`FULL_WALK_EVERY`] (the due tasks of other handlers are
+//! never walked). A task set due before the floor after it was set (a
 //! transaction longer than the margin that stored it, an operator's retry at a time
 //! past, a row another transaction held when the claim passed it) waits for that full
 //! walk: at most about a second more, never forever. The idle wait is cut short to make

@@ -558,7 +558,7 @@ async fn a_rate_limited_backlog_does_not_spin_an_idle_member() {
         scalar(
             &store,
             "SELECT idx_scan FROM pg_stat_user_indexes \
-             WHERE schemaname = current_schema() AND indexrelname = 'recovery_task_due'",
+             WHERE schemaname = current_schema() AND indexrelname = 'recovery_task_due_by_handler'",
         )
     };
     let before = scans().await;

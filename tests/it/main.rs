@@ -18,6 +18,7 @@ mod console_actions;
 mod console_redrive;
 mod dead_letters;
 mod docs;
+mod due_walk;
 mod guarantees;
 mod hostile;
 mod ingest;

@@ -1,0 +1,185 @@
+//! The claim's walk of the due tasks: the earliest due across the lane's handlers, rows
+//! another claim holds passed over, and never a read of the due tasks of handlers the
+//! lane does not serve.
+
+use chrono::Utc;
+use redrive::{NewTask, Store};
+use std::time::Duration;
+
+use crate::support::{fresh_store, scalar};
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn lane(names: &[&str]) -> Vec<String> {
+    names.iter().map(|name| name.to_string()).collect()
+}
+
+/// A task of `handler` named `name`, due `seconds_ago` seconds ago.
+fn due_ago(handler: &str, name: &str, seconds_ago: i64) -> NewTask {
+    let mut task = NewTask::new(handler, name.as_bytes().to_vec());
+    task.next_attempt_at = Some(Utc::now() - chrono::Duration::seconds(seconds_ago));
+    task
+}
+
+fn values(tasks: &[redrive::Task]) -> Vec<String> {
+    let mut values: Vec<String> = tasks
+        .iter()
+        .map(|t| {
+            String::from_utf8_lossy(t.failure.value.as_deref().unwrap_or_default()).into_owned()
+        })
+        .collect();
+    values.sort();
+    values
+}
+
+/// The claim walks each handler's due tasks on its own; it must still take the earliest
+/// due across them, count a handler named twice once, and pass a row another
+/// transaction holds without locking a row it does not take.
+#[tokio::test]
+async fn a_claim_takes_the_earliest_due_across_its_handlers_and_passes_held_rows() {
+    let (store, _) = fresh_store().await;
+    store
+        .enqueue_many(&[
+            due_ago("other", "other-60", 60),
+            due_ago("a", "a-50", 50),
+            due_ago("b", "b-40", 40),
+            due_ago("a", "a-30", 30),
+            due_ago("b", "b-20", 20),
+            due_ago("a", "a-10", 10),
+        ])
+        .await
+        .unwrap();
+
+    let first = store
+        .claim(&lane(&["a", "b", "a"]), 3, "w1", LEASE)
+        .await
+        .unwrap();
+    assert_eq!(values(&first), ["a-30", "a-50", "b-40"]);
+
+    // Another transaction holds a-10, the earliest left: the claim passes it and takes
+    // b-20, and leaves a-10 unlocked by it (the holder's lock is the only one).
+    let mut holder = store.pool().begin().await.unwrap();
+    sqlx::query("SELECT id FROM recovery_task WHERE msg_value = 'a-10'::bytea FOR UPDATE")
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    let second = store
+        .claim(&lane(&["a", "b"]), 2, "w2", LEASE)
+        .await
+        .unwrap();
+    assert_eq!(values(&second), ["b-20"]);
+    holder.rollback().await.unwrap();
+
+    let third = store
+        .claim(&lane(&["a", "b"]), 10, "w3", LEASE)
+        .await
+        .unwrap();
+    assert_eq!(values(&third), ["a-10"], "the held row once let go");
+    assert!(
+        store
+            .claim(&lane(&["a", "b"]), 10, "w4", LEASE)
+            .await
+            .unwrap()
+            .is_empty(),
+        "every task of the lane is leased"
+    );
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE handler = 'other' AND lease_owner IS NULL"
+        )
+        .await,
+        1,
+        "the other handler's task is untouched"
+    );
+}
+
+/// Regression (issue 30, the drain beside a console on 10M tasks): the due index was
+/// keyed on the due time alone, so every claim that walked from its start (once a second
+/// a lane does, see `worker::due_floor`) and every look for the next due task read the
+/// entries of every task of other handlers due before the lane's own: 400,000 tasks of
+/// handlers no member served cost each claim 14 ms and 5,500 buffers on average. Here
+/// 20,000 such tasks lie before the lane's; the claims and looks must read few index
+/// entries, by PostgreSQL's own counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_never_read_the_due_tasks_of_handlers_they_do_not_serve() {
+    let (store, mut settings) = fresh_store().await;
+    sqlx::query(
+        "INSERT INTO recovery_task (handler, msg_value, next_attempt_at) \
+         SELECT 'unserved', convert_to(g::text, 'UTF8'), now() - interval '1 hour' + g * interval '1 ms' \
+         FROM generate_series(1, 20000) AS g",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let served: Vec<NewTask> = (0..40)
+        .map(|i| due_ago(if i % 2 == 0 { "a" } else { "b" }, &format!("s{i}"), 1))
+        .collect();
+    store.enqueue_many(&served).await.unwrap();
+    sqlx::query("ANALYZE recovery_task")
+        .execute(store.pool())
+        .await
+        .unwrap();
+
+    // One connection, so that its counters can be flushed on demand.
+    settings.database.max_connections = 1;
+    let member = Store::connect(&settings.database).await.unwrap();
+    let counters = || async {
+        let row: (i64, i64) = sqlx::query_as(
+            "SELECT coalesce(sum(idx_scan), 0)::bigint, coalesce(sum(idx_tup_read), 0)::bigint \
+             FROM pg_stat_user_indexes \
+             WHERE schemaname = current_schema() AND relname = 'recovery_task'",
+        )
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        row
+    };
+    let flush = || async {
+        sqlx::query("SELECT pg_stat_force_next_flush()")
+            .execute(member.pool())
+            .await
+            .unwrap();
+    };
+    // Every other connection reports its counters when idle, at the latest about ten
+    // seconds on: let them, so that only the claims below move the counters.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let before = counters().await;
+
+    let mut claimed = 0;
+    for lane_names in [&["a"][..], &["a", "b"], &["b", "a", "b"], &["a", "b"]] {
+        let lane = lane(lane_names);
+        assert_eq!(
+            member.next_due(&lane, None).await.unwrap(),
+            Some(Duration::ZERO)
+        );
+        claimed += member
+            .claim_from(&lane, 5, "w", LEASE, None)
+            .await
+            .unwrap()
+            .tasks
+            .len();
+    }
+    assert_eq!(claimed, 20);
+    flush().await;
+
+    // Eight statements, each at least one index scan: wait until all are counted.
+    let waited = std::time::Instant::now();
+    let after = loop {
+        let after = counters().await;
+        if after.0 - before.0 >= 8 {
+            break after;
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(15),
+            "the claims' index scans were not counted within 15 s: {before:?} then {after:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let read = after.1 - before.1;
+    assert!(
+        read < 2_000,
+        "8 claims and looks read {read} index entries ({} scans) beside 20,000 due tasks of an unserved handler",
+        after.0 - before.0
+    );
+}
