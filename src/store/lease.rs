@@ -34,8 +34,13 @@ pub(crate) use super::ORDERED_WALK as DUE_ORDER;
 //
 // The claim takes the `$2` earliest due tasks across its handlers. It first reads, without
 // locking, how many of those each handler holds (`share`), then walks each handler's due
-// tasks taking that many, passing those another claim holds (`SKIP LOCKED`): it locks no
-// row it does not take, and a row another member is claiming only moves the walk on.
+// tasks taking that many, passing those another transaction holds (`SKIP LOCKED`), and
+// locks no row it does not take (`taken`). Rows held elsewhere (another member's claim in
+// flight, an operator's action) can leave a handler short of its share: the rest of the
+// batch then comes from the earliest due of every handler (`more`), locking up to the
+// shortfall in each and letting the surplus go at commit. `due` is capped at `$2` so that
+// the planner, which cannot estimate `share.n`, still joins the few rows it updates by
+// their primary key, not by reading the whole table.
 //
 // A task an operator fenced mid-call waits until that call has stopped (see
 // [`NOT_STOPPING`]).
@@ -63,15 +68,30 @@ share AS (
           ORDER BY candidate.next_attempt_at
           LIMIT $2) AS earliest
     GROUP BY handler),
-due AS MATERIALIZED (
-    SELECT taken.*
+taken AS MATERIALIZED (
+    SELECT walk.*
     FROM share CROSS JOIN LATERAL (
         SELECT id, lease_owner, lease_version, leased_at, next_attempt_at, attempts
         FROM recovery_task
         WHERE status = 'failed' AND handler = share.handler {CLAIMABLE}
         ORDER BY next_attempt_at
         LIMIT share.n
-        FOR UPDATE SKIP LOCKED) AS taken),
+        FOR UPDATE SKIP LOCKED) AS walk),
+more AS MATERIALIZED (
+    SELECT walk.*
+    FROM lane CROSS JOIN LATERAL (
+        SELECT id, lease_owner, lease_version, leased_at, next_attempt_at, attempts
+        FROM recovery_task
+        WHERE status = 'failed' AND handler = lane.name {CLAIMABLE}
+          AND id <> ALL (ARRAY(SELECT id FROM taken))
+        ORDER BY next_attempt_at
+        LIMIT $2 - (SELECT count(*) FROM taken)
+        FOR UPDATE SKIP LOCKED) AS walk
+    ORDER BY walk.next_attempt_at
+    LIMIT $2 - (SELECT count(*) FROM taken)),
+due AS MATERIALIZED (
+    SELECT * FROM taken UNION ALL SELECT * FROM more
+    LIMIT $2),
 lost AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
     SELECT id, lease_version, attempts, lease_owner,

@@ -88,6 +88,7 @@ impl Claimer {
                 }
             };
             let drained = tasks.len() < wanted;
+            let took_none = tasks.is_empty();
             self.metrics.claimed.inc_by(tasks.len() as u64);
             self.metrics.in_flight.add(tasks.len() as i64);
             for (task, permits) in tasks {
@@ -105,7 +106,7 @@ impl Claimer {
             if !drained {
                 // More is probably due: let the other claim loop in too.
                 self.wake.notify_one();
-            } else if self.idle(&shutdown).await {
+            } else if self.idle(&shutdown, took_none).await {
                 return;
             }
         }
@@ -249,8 +250,11 @@ impl Claimer {
     }
 
     /// Waits for a notification, the next due task or the poll interval, whichever comes
-    /// first. Returns true if shutdown was asked for meanwhile.
-    async fn idle(&self, shutdown: &CancellationToken) -> bool {
+    /// first. Returns true if shutdown was asked for meanwhile. After a claim that took
+    /// nothing, a task due now is one another transaction holds (an operator's action,
+    /// another member's claim): it is looked at again after [`BLOCKED_RECHECK`], not at
+    /// once, which spun the loop for as long as the row stayed held.
+    async fn idle(&self, shutdown: &CancellationToken, took_none: bool) -> bool {
         let plan = self.admission.plan(self.served.names());
         let mut poll = self.settings.poll_interval;
         if plan.blocked {
@@ -271,6 +275,7 @@ impl Claimer {
             self.store.next_due(&plan.shared, from).await
         };
         let wait = match next_due {
+            Ok(Some(due_in)) if took_none => due_in.max(BLOCKED_RECHECK).min(poll),
             Ok(Some(due_in)) => due_in.min(poll),
             Ok(None) => poll,
             Err(error) => {

@@ -2,11 +2,14 @@
 //! another claim holds passed over, and never a read of the due tasks of handlers the
 //! lane does not serve.
 
+use async_trait::async_trait;
 use chrono::Utc;
-use redrive::{NewTask, Store};
+use redrive::{Fleet, Handler, HandlerContext, HandlerError, NewTask, Store, Task};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::{fresh_store, scalar};
+use crate::support::{eventually, fresh_store, scalar, Member};
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -21,7 +24,7 @@ fn due_ago(handler: &str, name: &str, seconds_ago: i64) -> NewTask {
     task
 }
 
-fn values(tasks: &[redrive::Task]) -> Vec<String> {
+fn values(tasks: &[Task]) -> Vec<String> {
     let mut values: Vec<String> = tasks
         .iter()
         .map(|t| {
@@ -46,6 +49,7 @@ async fn a_claim_takes_the_earliest_due_across_its_handlers_and_passes_held_rows
             due_ago("a", "a-30", 30),
             due_ago("b", "b-20", 20),
             due_ago("a", "a-10", 10),
+            due_ago("b", "b-5", 5),
         ])
         .await
         .unwrap();
@@ -57,7 +61,8 @@ async fn a_claim_takes_the_earliest_due_across_its_handlers_and_passes_held_rows
     assert_eq!(values(&first), ["a-30", "a-50", "b-40"]);
 
     // Another transaction holds a-10, the earliest left: the claim passes it and takes
-    // b-20, and leaves a-10 unlocked by it (the holder's lock is the only one).
+    // b-20 and b-5 in its place (found by an attack: the claim counted a-10 in a's share,
+    // took nothing for it, and took b's tasks only once a-10 was let go).
     let mut holder = store.pool().begin().await.unwrap();
     sqlx::query("SELECT id FROM recovery_task WHERE msg_value = 'a-10'::bytea FOR UPDATE")
         .fetch_one(&mut *holder)
@@ -67,7 +72,7 @@ async fn a_claim_takes_the_earliest_due_across_its_handlers_and_passes_held_rows
         .claim(&lane(&["a", "b"]), 2, "w2", LEASE)
         .await
         .unwrap();
-    assert_eq!(values(&second), ["b-20"]);
+    assert_eq!(values(&second), ["b-20", "b-5"]);
     holder.rollback().await.unwrap();
 
     let third = store
@@ -100,7 +105,11 @@ async fn a_claim_takes_the_earliest_due_across_its_handlers_and_passes_held_rows
 /// entries of every task of other handlers due before the lane's own: 400,000 tasks of
 /// handlers no member served cost each claim 14 ms and 5,500 buffers on average. Here
 /// 20,000 such tasks lie before the lane's; the claims and looks must read few index
-/// entries, by PostgreSQL's own counter.
+/// entries, by PostgreSQL's own counter. They run on a new connection, whose first plans
+/// are made for their parameters: an attack found the first claims of each connection
+/// joining the rows they update by reading the whole table (a hash join over a
+/// sequential scan, 340 ms beside 200,000 tasks), so no task row may be read by a
+/// sequential scan either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_never_read_the_due_tasks_of_handlers_they_do_not_serve() {
     let (store, mut settings) = fresh_store().await;
@@ -125,10 +134,12 @@ async fn claims_never_read_the_due_tasks_of_handlers_they_do_not_serve() {
     settings.database.max_connections = 1;
     let member = Store::connect(&settings.database).await.unwrap();
     let counters = || async {
-        let row: (i64, i64) = sqlx::query_as(
-            "SELECT coalesce(sum(idx_scan), 0)::bigint, coalesce(sum(idx_tup_read), 0)::bigint \
-             FROM pg_stat_user_indexes \
-             WHERE schemaname = current_schema() AND relname = 'recovery_task'",
+        let row: (i64, i64, i64) = sqlx::query_as(
+            "SELECT coalesce(sum(i.idx_scan), 0)::bigint, coalesce(sum(i.idx_tup_read), 0)::bigint, \
+                    (SELECT coalesce(seq_tup_read, 0) FROM pg_stat_user_tables t \
+                     WHERE t.schemaname = current_schema() AND t.relname = 'recovery_task') \
+             FROM pg_stat_user_indexes i \
+             WHERE i.schemaname = current_schema() AND i.relname = 'recovery_task'",
         )
         .fetch_one(store.pool())
         .await
@@ -181,5 +192,71 @@ async fn claims_never_read_the_due_tasks_of_handlers_they_do_not_serve() {
         read < 2_000,
         "8 claims and looks read {read} index entries ({} scans) beside 20,000 due tasks of an unserved handler",
         after.0 - before.0
+    );
+    let scanned = after.2 - before.2;
+    assert_eq!(
+        scanned, 0,
+        "8 claims and looks read {scanned} task rows by sequential scans"
+    );
+}
+
+/// Counts its calls and succeeds.
+#[derive(Clone, Default)]
+struct Counting(Arc<AtomicUsize>);
+
+#[async_trait]
+impl Handler for Counting {
+    async fn handle(&self, _: &HandlerContext, _: &Task) -> Result<(), HandlerError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// Found by an attack: while another transaction held a handler's due rows, an idle
+/// member claimed nothing, heard that a task was due now, and claimed again at once,
+/// 16,702 scans of the due index in 10 s. It looks again after a short pause, and takes
+/// the rows as soon as they are let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_does_not_spin_on_due_rows_another_transaction_holds() {
+    let (store, mut settings) = fresh_store().await;
+    settings.worker.poll_interval = Duration::from_secs(1);
+    let tasks: Vec<NewTask> = (0..20).map(|i| due_ago("a", &format!("{i}"), 1)).collect();
+    store.enqueue_many(&tasks).await.unwrap();
+    let mut holder = store.pool().begin().await.unwrap();
+    sqlx::query("SELECT id FROM recovery_task FOR UPDATE")
+        .fetch_all(&mut *holder)
+        .await
+        .unwrap();
+
+    let calls = Counting::default();
+    let fleet = Fleet::builder(settings)
+        .handler("a", calls.clone())
+        .build()
+        .unwrap();
+    let member = Member::start(fleet, &store);
+    let scans = || {
+        scalar(
+            &store,
+            "SELECT coalesce(sum(idx_scan), 0)::bigint FROM pg_stat_user_indexes \
+             WHERE schemaname = current_schema() AND relname = 'recovery_task'",
+        )
+    };
+    // Counters of the member's connections reach the view when they are idle, at the
+    // latest about ten seconds on: count over a window longer than that delay.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = scans().await;
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let scanned = scans().await - before;
+    assert_eq!(calls.0.load(Ordering::SeqCst), 0, "every row was held");
+    holder.rollback().await.unwrap();
+
+    eventually(Duration::from_secs(10), "the held tasks called", || async {
+        calls.0.load(Ordering::SeqCst) == 20
+    })
+    .await;
+    member.stop().await;
+    assert!(
+        scanned < 1_000,
+        "{scanned} index scans in 12 s by a member whose every due row was held"
     );
 }
