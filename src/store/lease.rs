@@ -32,15 +32,18 @@ pub(crate) use super::ORDERED_WALK as DUE_ORDER;
 // starts (see `worker::due_floor`): tasks due before it are left to a later claim.
 // Each claimed row answers the due time it was claimed at (`was_due`).
 //
-// The claim takes the `$2` earliest due tasks across its handlers. It first reads, without
-// locking, how many of those each handler holds (`share`), then walks each handler's due
-// tasks taking that many, passing those another transaction holds (`SKIP LOCKED`), and
-// locks no row it does not take (`taken`). Rows held elsewhere (another member's claim in
-// flight, an operator's action) can leave a handler short of its share: the rest of the
-// batch then comes from the earliest due of every handler (`more`), locking up to the
-// shortfall in each and letting the surplus go at commit. `due` is capped at `$2` so that
-// the planner, which cannot estimate `share.n`, still joins the few rows it updates by
-// their primary key, not by reading the whole table.
+// A claim takes the earliest due tasks across its handlers in two statements. The first
+// (`SHARES`) reads, without locking, how many of the wanted earliest each handler holds
+// and the latest due time among them. The second (this one) walks each handler's due
+// tasks up to that time, taking that many (`$8`, due by `$9`) and passing those another
+// transaction holds (`SKIP LOCKED`): it locks no row it does not take. A handler left
+// short by held rows (another member's claim in flight, an operator's action) is left
+// out and the rest is shared again among the others (`Store::claim_in`), so held rows
+// never keep the claim from other handlers' tasks, and a held task's place goes to the
+// next due in the lane, not to a later task of its own handler. `due` is capped at `$2`
+// so that the planner, which cannot estimate the shares, still joins the few rows it
+// updates by their primary key, not by reading the whole table. `$10` are the tasks an
+// earlier statement of the same claim took.
 //
 // A task an operator fenced mid-call waits until that call has stopped (see
 // [`NOT_STOPPING`]).
@@ -55,42 +58,19 @@ pub(crate) use super::ORDERED_WALK as DUE_ORDER;
 // its handlers (see `store::time`).
 const CLAIM_TEMPLATE: &str = concat!(
     r#"
-WITH lane AS (SELECT DISTINCT name FROM unnest($1::text[]) AS l(name)),
-share AS (
-    SELECT handler, count(*) AS n
-    FROM (SELECT candidate.handler
-          FROM lane CROSS JOIN LATERAL (
-              SELECT handler, next_attempt_at
-              FROM recovery_task
-              WHERE status = 'failed' AND handler = lane.name {CLAIMABLE}
-              ORDER BY next_attempt_at
-              LIMIT $2) AS candidate
-          ORDER BY candidate.next_attempt_at
-          LIMIT $2) AS earliest
-    GROUP BY handler),
-taken AS MATERIALIZED (
+WITH share AS (
+    SELECT * FROM unnest($1::text[], $8::bigint[], $9::text[]) AS s(handler, n, upto)),
+due AS MATERIALIZED (
     SELECT walk.*
     FROM share CROSS JOIN LATERAL (
-        SELECT id, lease_owner, lease_version, leased_at, next_attempt_at, attempts
+        SELECT id, handler, lease_owner, lease_version, leased_at, next_attempt_at, attempts
         FROM recovery_task
         WHERE status = 'failed' AND handler = share.handler {CLAIMABLE}
+          AND next_attempt_at <= share.upto::timestamptz
+          AND id <> ALL ($10::bigint[])
         ORDER BY next_attempt_at
         LIMIT share.n
-        FOR UPDATE SKIP LOCKED) AS walk),
-more AS MATERIALIZED (
-    SELECT walk.*
-    FROM lane CROSS JOIN LATERAL (
-        SELECT id, lease_owner, lease_version, leased_at, next_attempt_at, attempts
-        FROM recovery_task
-        WHERE status = 'failed' AND handler = lane.name {CLAIMABLE}
-          AND id <> ALL (ARRAY(SELECT id FROM taken))
-        ORDER BY next_attempt_at
-        LIMIT $2 - (SELECT count(*) FROM taken)
         FOR UPDATE SKIP LOCKED) AS walk
-    ORDER BY walk.next_attempt_at
-    LIMIT $2 - (SELECT count(*) FROM taken)),
-due AS MATERIALIZED (
-    SELECT * FROM taken UNION ALL SELECT * FROM more
     LIMIT $2),
 lost AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
@@ -116,16 +96,37 @@ RETURNING "#,
 "#
 );
 
-static CLAIM: LazyLock<String> = LazyLock::new(|| {
-    let claimable = CLAIMABLE.replace("{NOT_STOPPING}", NOT_STOPPING);
-    CLAIM_TEMPLATE.replace("{CLAIMABLE}", &claimable)
+static CLAIM: LazyLock<String> =
+    LazyLock::new(|| CLAIM_TEMPLATE.replace("{CLAIMABLE}", &claimable("$5", "$7")));
+
+// How many of the `$2` earliest claimable tasks of the handlers `$1` each handler holds,
+// and the latest due time among them (as text: it goes back into the claim unchanged, an
+// infinite time included). `$3` and `$4` are the claim's `$5` and `$7`.
+static SHARES: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT handler, count(*) AS n, max(next_attempt_at)::text AS upto \
+         FROM (SELECT candidate.handler, candidate.next_attempt_at \
+               FROM (SELECT DISTINCT name FROM unnest($1::text[]) AS l(name)) AS lane \
+               CROSS JOIN LATERAL ( \
+                   SELECT handler, next_attempt_at FROM recovery_task \
+                   WHERE status = 'failed' AND handler = lane.name {} \
+                   ORDER BY next_attempt_at LIMIT $2) AS candidate \
+               ORDER BY candidate.next_attempt_at LIMIT $2) AS earliest \
+         GROUP BY handler",
+        claimable("$3", "$4")
+    )
 });
 
-/// What makes a task of the lane's handler claimable now (see the claim above).
-const CLAIMABLE: &str = "AND next_attempt_at <= coalesce($5::timestamptz, now())
-      AND next_attempt_at >= coalesce($7::timestamptz, '-infinity')
-      AND (lease_owner IS NULL OR next_attempt_at <= now())
-      {NOT_STOPPING}";
+/// What makes a task claimable now: due by `due_by` (now when null), at or after `from`
+/// (every one when null), not leased or its lease lapsed, and no call of it or its key
+/// still stopping.
+fn claimable(due_by: &str, from: &str) -> String {
+    format!(
+        "AND next_attempt_at <= coalesce({due_by}::timestamptz, now()) \
+         AND next_attempt_at >= coalesce({from}::timestamptz, '-infinity') \
+         AND (lease_owner IS NULL OR next_attempt_at <= now()) {NOT_STOPPING}"
+    )
+}
 
 /// The claim's condition that no call fenced out by an operator may still be running for
 /// the task or its ordering key (`recovery_stopping_call`). The table is empty but for
@@ -264,16 +265,69 @@ impl Store {
         due_by: Option<DateTime<Utc>>,
         from: Option<DateTime<Utc>>,
     ) -> Result<Vec<PgRow>> {
-        Ok(sqlx::query(&CLAIM)
-            .bind(handlers)
-            .bind(i64::from(limit))
-            .bind(owner)
-            .bind(millis(lease))
-            .bind(due_by)
-            .bind(AttemptOutcome::LeaseExpired.as_str())
-            .bind(from)
-            .fetch_all(tx)
-            .await?)
+        let mut lane = handlers.to_vec();
+        let mut rows: Vec<PgRow> = Vec::new();
+        let mut taken: Vec<i64> = Vec::new();
+        // Each turn either ends the claim or leaves out a handler: at most one turn per
+        // handler of the lane.
+        while (rows.len() as u32) < limit && !lane.is_empty() {
+            let wanted = limit - rows.len() as u32;
+            let shares: Vec<(String, i64, String)> = sqlx::query_as(&SHARES)
+                .bind(&lane)
+                .bind(i64::from(wanted))
+                .bind(due_by)
+                .bind(from)
+                .fetch_all(&mut *tx)
+                .await?;
+            if shares.is_empty() {
+                break;
+            }
+            let (names, counts, upto): (Vec<String>, Vec<i64>, Vec<String>) = shares
+                .into_iter()
+                .fold(Default::default(), |mut all, (h, n, u)| {
+                    all.0.push(h);
+                    all.1.push(n);
+                    all.2.push(u);
+                    all
+                });
+            let claimed = sqlx::query(&CLAIM)
+                .bind(&names)
+                .bind(i64::from(wanted))
+                .bind(owner)
+                .bind(millis(lease))
+                .bind(due_by)
+                .bind(AttemptOutcome::LeaseExpired.as_str())
+                .bind(from)
+                .bind(&counts)
+                .bind(&upto)
+                .bind(&taken)
+                .fetch_all(&mut *tx)
+                .await?;
+            // The handlers held rows left short of their share: the others share again.
+            let short: Vec<&String> = names
+                .iter()
+                .zip(&counts)
+                .filter(|&(name, &count)| {
+                    let got = claimed
+                        .iter()
+                        .filter(|r| r.try_get::<&str, _>("handler").ok() == Some(name.as_str()))
+                        .count();
+                    (got as i64) < count
+                })
+                .map(|(name, _)| name)
+                .collect();
+            taken.extend(
+                claimed
+                    .iter()
+                    .filter_map(|r| r.try_get::<i64, _>("id").ok()),
+            );
+            rows.extend(claimed);
+            if short.is_empty() {
+                break;
+            }
+            lane.retain(|name| !short.contains(&name));
+        }
+        Ok(rows)
     }
 
     /// Tasks from claimed rows, with how many were taken over from a lapsed lease.

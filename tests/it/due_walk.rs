@@ -99,6 +99,40 @@ async fn a_claim_takes_the_earliest_due_across_its_handlers_and_passes_held_rows
     );
 }
 
+/// Found by an attack: each handler's share was fixed before any row was locked, so a
+/// held task's place went to a later task of its own handler (a3, due 10 s ago) while an
+/// earlier task of another handler (b1, due 80 s ago) waited.
+#[tokio::test]
+async fn a_held_task_gives_its_place_to_the_next_due_of_the_lane() {
+    let (store, _) = fresh_store().await;
+    store
+        .enqueue_many(&[
+            due_ago("a", "a1", 100),
+            due_ago("a", "a2", 90),
+            due_ago("b", "b1", 80),
+            due_ago("a", "a3", 10),
+            due_ago("b", "b2", 5),
+        ])
+        .await
+        .unwrap();
+    let mut holder = store.pool().begin().await.unwrap();
+    sqlx::query("SELECT id FROM recovery_task WHERE msg_value = 'a2'::bytea FOR UPDATE")
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    let claimed = store
+        .claim(&lane(&["a", "b"]), 2, "w", LEASE)
+        .await
+        .unwrap();
+    assert_eq!(values(&claimed), ["a1", "b1"]);
+    holder.rollback().await.unwrap();
+    let rest = store
+        .claim(&lane(&["a", "b"]), 10, "w", LEASE)
+        .await
+        .unwrap();
+    assert_eq!(values(&rest), ["a2", "a3", "b2"]);
+}
+
 /// Regression (issue 30, the drain beside a console on 10M tasks): the due index was
 /// keyed on the due time alone, so every claim that walked from its start (once a second
 /// a lane does, see `worker::due_floor`) and every look for the next due task read the
