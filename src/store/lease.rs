@@ -33,17 +33,18 @@ pub(crate) use super::ORDERED_WALK as DUE_ORDER;
 // Each claimed row answers the due time it was claimed at (`was_due`).
 //
 // A claim takes the earliest due tasks across its handlers in two statements. The first
-// (`SHARES`) reads, without locking, how many of the wanted earliest each handler holds
-// and the latest due time among them. The second (this one) walks each handler's due
-// tasks up to that time, taking that many (`$8`, due by `$9`) and passing those another
-// transaction holds (`SKIP LOCKED`): it locks no row it does not take. A handler left
-// short by held rows (another member's claim in flight, an operator's action) is left
-// out and the rest is shared again among the others (`Store::claim_in`), so held rows
-// never keep the claim from other handlers' tasks, and a held task's place goes to the
-// next due in the lane, not to a later task of its own handler. `due` is capped at `$2`
-// so that the planner, which cannot estimate the shares, still joins the few rows it
-// updates by their primary key, not by reading the whole table. `$10` are the tasks an
-// earlier statement of the same claim took.
+// (`SHARES`) reads, without locking, how many of the wanted earliest each handler holds.
+// The second (this one) walks each handler's due tasks taking that many (`$8`), passing
+// those another transaction holds (`SKIP LOCKED`): it locks no row it does not take. A
+// handler whose walk comes back short has no claimable task left that is not held (an
+// operator's action, other members' claims in flight): it is left out and the rest is
+// shared again among the others (`Store::claim_in`), so held rows never keep the claim
+// from other handlers' tasks. Under such holds a handler's later tasks may come before
+// another handler's earlier ones: due order holds within each handler, and across
+// handlers for the tasks no one holds. `due` is capped at `$2` so that the planner,
+// which cannot estimate the shares, still joins the few rows it updates by their primary
+// key, not by reading the whole table. `$9` are the tasks an earlier turn of the same
+// claim took.
 //
 // A task an operator fenced mid-call waits until that call has stopped (see
 // [`NOT_STOPPING`]).
@@ -59,15 +60,14 @@ pub(crate) use super::ORDERED_WALK as DUE_ORDER;
 const CLAIM_TEMPLATE: &str = concat!(
     r#"
 WITH share AS (
-    SELECT * FROM unnest($1::text[], $8::bigint[], $9::text[]) AS s(handler, n, upto)),
+    SELECT * FROM unnest($1::text[], $8::bigint[]) AS s(handler, n)),
 due AS MATERIALIZED (
     SELECT walk.*
     FROM share CROSS JOIN LATERAL (
         SELECT id, handler, lease_owner, lease_version, leased_at, next_attempt_at, attempts
         FROM recovery_task
         WHERE status = 'failed' AND handler = share.handler {CLAIMABLE}
-          AND next_attempt_at <= share.upto::timestamptz
-          AND id <> ALL ($10::bigint[])
+          AND id <> ALL ($9::bigint[])
         ORDER BY next_attempt_at
         LIMIT share.n
         FOR UPDATE SKIP LOCKED) AS walk
@@ -100,22 +100,28 @@ static CLAIM: LazyLock<String> =
     LazyLock::new(|| CLAIM_TEMPLATE.replace("{CLAIMABLE}", &claimable("$5", "$7")));
 
 // How many of the `$2` earliest claimable tasks of the handlers `$1` each handler holds,
-// and the latest due time among them (as text: it goes back into the claim unchanged, an
-// infinite time included). `$3` and `$4` are the claim's `$5` and `$7`.
+// leaving out the tasks `$5` an earlier turn of the claim took. `$3` and `$4` are the
+// claim's `$5` and `$7`.
 static SHARES: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT handler, count(*) AS n, max(next_attempt_at)::text AS upto \
+        "SELECT handler, count(*) AS n \
          FROM (SELECT candidate.handler, candidate.next_attempt_at \
                FROM (SELECT DISTINCT name FROM unnest($1::text[]) AS l(name)) AS lane \
                CROSS JOIN LATERAL ( \
                    SELECT handler, next_attempt_at FROM recovery_task \
                    WHERE status = 'failed' AND handler = lane.name {} \
+                     AND id <> ALL ($5::bigint[]) \
                    ORDER BY next_attempt_at LIMIT $2) AS candidate \
                ORDER BY candidate.next_attempt_at LIMIT $2) AS earliest \
          GROUP BY handler",
         claimable("$3", "$4")
     )
 });
+
+/// Most turns (a share and a take) of one claim: held rows that leave a handler nothing to
+/// take make another turn for the rest; a claim still short is made again by the next
+/// claim round.
+const MOST_TURNS: usize = 4;
 
 /// What makes a task claimable now: due by `due_by` (now when null), at or after `from`
 /// (every one when null), not leased or its lease lapsed, and no call of it or its key
@@ -268,28 +274,24 @@ impl Store {
         let mut lane = handlers.to_vec();
         let mut rows: Vec<PgRow> = Vec::new();
         let mut taken: Vec<i64> = Vec::new();
-        // Each turn either ends the claim or leaves out a handler: at most one turn per
-        // handler of the lane.
-        while (rows.len() as u32) < limit && !lane.is_empty() {
-            let wanted = limit - rows.len() as u32;
-            let shares: Vec<(String, i64, String)> = sqlx::query_as(&SHARES)
+        // Each turn but the last leaves out a handler with nothing left to take.
+        for _ in 0..MOST_TURNS {
+            let wanted = limit.saturating_sub(rows.len() as u32);
+            if wanted == 0 || lane.is_empty() {
+                break;
+            }
+            let shares: Vec<(String, i64)> = sqlx::query_as(&SHARES)
                 .bind(&lane)
                 .bind(i64::from(wanted))
                 .bind(due_by)
                 .bind(from)
+                .bind(&taken)
                 .fetch_all(&mut *tx)
                 .await?;
             if shares.is_empty() {
                 break;
             }
-            let (names, counts, upto): (Vec<String>, Vec<i64>, Vec<String>) = shares
-                .into_iter()
-                .fold(Default::default(), |mut all, (h, n, u)| {
-                    all.0.push(h);
-                    all.1.push(n);
-                    all.2.push(u);
-                    all
-                });
+            let (names, counts): (Vec<String>, Vec<i64>) = shares.into_iter().unzip();
             let claimed = sqlx::query(&CLAIM)
                 .bind(&names)
                 .bind(i64::from(wanted))
@@ -299,12 +301,10 @@ impl Store {
                 .bind(AttemptOutcome::LeaseExpired.as_str())
                 .bind(from)
                 .bind(&counts)
-                .bind(&upto)
                 .bind(&taken)
                 .fetch_all(&mut *tx)
                 .await?;
-            // The handlers held rows left short of their share: the others share again.
-            let short: Vec<&String> = names
+            let exhausted: Vec<&String> = names
                 .iter()
                 .zip(&counts)
                 .filter(|&(name, &count)| {
@@ -322,10 +322,10 @@ impl Store {
                     .filter_map(|r| r.try_get::<i64, _>("id").ok()),
             );
             rows.extend(claimed);
-            if short.is_empty() {
+            if exhausted.is_empty() {
                 break;
             }
-            lane.retain(|name| !short.contains(&name));
+            lane.retain(|name| !exhausted.contains(&name));
         }
         Ok(rows)
     }
