@@ -118,11 +118,6 @@ static SHARES: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Most turns (a share and a take) of one claim: held rows that leave a handler nothing to
-/// take make another turn for the rest; a claim still short is made again by the next
-/// claim round.
-const MOST_TURNS: usize = 4;
-
 /// What makes a task claimable now: due by `due_by` (now when null), at or after `from`
 /// (every one when null), not leased or its lease lapsed, and no call of it or its key
 /// still stopping.
@@ -274,8 +269,10 @@ impl Store {
         let mut lane = handlers.to_vec();
         let mut rows: Vec<PgRow> = Vec::new();
         let mut taken: Vec<i64> = Vec::new();
-        // Each turn but the last leaves out a handler with nothing left to take.
-        for _ in 0..MOST_TURNS {
+        // Each turn but the last leaves out a handler with nothing left to take: at most
+        // one turn per handler of the lane (a cap of four let four handlers whose first
+        // tasks were held keep a fifth's from every claim).
+        loop {
             let wanted = limit.saturating_sub(rows.len() as u32);
             if wanted == 0 || lane.is_empty() {
                 break;

@@ -150,6 +150,42 @@ async fn held_rows_never_leave_a_claim_short_while_unheld_tasks_are_due() {
     holder.rollback().await.unwrap();
 }
 
+/// Found by an attack: a claim made at most four turns, so four handlers whose first
+/// tasks were held used them all, and a fifth handler's tasks were never claimed while
+/// the hold lasted.
+#[tokio::test]
+async fn handlers_whose_tasks_are_held_do_not_keep_the_claim_from_the_others() {
+    let (store, _) = fresh_store().await;
+    // Six handlers of 21 tasks each, one handler's block due before the next's; all but
+    // the last of each are held. Each turn's share goes to one of them, which yields one
+    // task and is left out; r's tasks come last.
+    let held = ["h1", "h2", "h3", "h4", "h5", "h6"];
+    let tasks: Vec<NewTask> = held
+        .iter()
+        .enumerate()
+        .flat_map(|(k, h)| {
+            (0..21).map(move |j| due_ago(h, &format!("{h}-{j:02}"), 1000 - 30 * k as i64 - j))
+        })
+        .chain((0..5).map(|i| due_ago("r", &format!("r{i}"), 10 - i)))
+        .collect();
+    store.enqueue_many(&tasks).await.unwrap();
+    let mut holder = store.pool().begin().await.unwrap();
+    sqlx::query(
+        "SELECT id FROM recovery_task WHERE handler <> 'r' \
+         AND msg_value <> convert_to(handler || '-20', 'UTF8') FOR UPDATE",
+    )
+    .fetch_all(&mut *holder)
+    .await
+    .unwrap();
+    let mut names = held.to_vec();
+    names.push("r");
+    let claimed = store.claim(&lane(&names), 10, "w", LEASE).await.unwrap();
+    let mut expected: Vec<String> = held.iter().map(|h| format!("{h}-20")).collect();
+    expected.extend((0..4).map(|i| format!("r{i}")));
+    assert_eq!(values(&claimed), expected);
+    holder.rollback().await.unwrap();
+}
+
 /// Regression (issue 30, the drain beside a console on 10M tasks): the due index was
 /// keyed on the due time alone, so every claim that walked from its start (once a second
 /// a lane does, see `worker::due_floor`) and every look for the next due task read the
