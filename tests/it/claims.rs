@@ -2,26 +2,12 @@
 //! stuck on a breaker's row, or a task at the attempt counter's limit holds up nothing
 //! else the round claimed, nor the rest of its handler's tasks.
 
-use async_trait::async_trait;
 use redrive::config::HandlerSettings;
-use redrive::{Fleet, Handler, HandlerContext, HandlerError, NewTask, Task};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use redrive::{Fleet, NewTask};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::support::{eventually, fresh_store, scalar, Member};
-
-/// Counts its calls and succeeds.
-#[derive(Clone, Default)]
-struct Counting(Arc<AtomicUsize>);
-
-#[async_trait]
-impl Handler for Counting {
-    async fn handle(&self, _: &HandlerContext, _: &Task) -> Result<(), HandlerError> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        Ok(())
-    }
-}
+use crate::support::{eventually, fresh_store, scalar, Counting, Member};
 
 /// Regression: a claim round ran the shared claim, then each limited handler's claim,
 /// with `?` between them. When the limited claim failed, the tasks the shared claim had

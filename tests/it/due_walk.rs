@@ -2,14 +2,12 @@
 //! another claim holds passed over, and never a read of the due tasks of handlers the
 //! lane does not serve.
 
-use async_trait::async_trait;
 use chrono::Utc;
-use redrive::{Fleet, Handler, HandlerContext, HandlerError, NewTask, Store, Task};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use redrive::{Fleet, NewTask, Store, Task};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::support::{eventually, fresh_store, scalar, Member};
+use crate::support::{eventually, fresh_store, scalar, Counting, Member};
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -285,18 +283,6 @@ async fn claims_never_read_the_due_tasks_of_handlers_they_do_not_serve() {
         scanned, 0,
         "8 claims and looks read {scanned} task rows by sequential scans"
     );
-}
-
-/// Counts its calls and succeeds.
-#[derive(Clone, Default)]
-struct Counting(Arc<AtomicUsize>);
-
-#[async_trait]
-impl Handler for Counting {
-    async fn handle(&self, _: &HandlerContext, _: &Task) -> Result<(), HandlerError> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        Ok(())
-    }
 }
 
 /// Found by an attack: while another transaction held a handler's due rows, an idle

@@ -8,6 +8,7 @@ pub mod broker;
 mod browser;
 pub mod cli;
 pub mod console;
+mod counting;
 pub mod docs;
 pub mod http_server;
 mod member;
@@ -15,6 +16,7 @@ mod process;
 
 pub use bounded::{wait_with_output_within, wait_within, Bounded, CHILD_LIMIT};
 pub use browser::Browser;
+pub use counting::Counting;
 pub use member::Member;
 pub use process::{MemberProcess, Spawn};
 
