@@ -265,11 +265,20 @@ impl Operations {
                 .resume_replay(&operator, id, name, detach, dead_runner, slower.as_ref())
                 .await;
             match resumed {
-                Err(StoreError::Replay(ReplayRowError::NotYours {
-                    status,
-                    runner: Some(runner),
-                    ..
-                })) if status == "paused" => {
+                Err(StoreError::Replay(ReplayRowError::NotYours { status, runner, .. }))
+                    if status == "paused" =>
+                {
+                    // No runner: it let go between the resume and the read that explains
+                    // why the resume took nothing; the next resume takes the job.
+                    let Some(runner) = runner else {
+                        if tokio::time::Instant::now() < deadline {
+                            continue;
+                        }
+                        return Err(OperationError::Conflict(format!(
+                            "job {id} is paused and could not be resumed within {}s",
+                            LET_GO_WITHIN.as_secs()
+                        )));
+                    };
                     if tokio::time::Instant::now() >= deadline {
                         return Err(OperationError::Conflict(format!(
                             "job {id} was paused while {runner} ran it, and {runner} has not \

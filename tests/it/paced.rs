@@ -957,7 +957,7 @@ async fn a_paced_replay_pauses_itself_when_the_replayed_messages_fail_again() {
     ignore = "slow tier: scripts/test runs it"
 )]
 async fn two_replays_of_the_same_tasks_at_once_produce_each_once() {
-    use crate::support::broker::{consume, KafkaCase};
+    use crate::support::broker::{consume_all, KafkaCase};
     use redrive::operations::ReplayRequest;
 
     const TARGET: &str = "again";
@@ -992,7 +992,7 @@ async fn two_replays_of_the_same_tasks_at_once_produce_each_once() {
     let (first, second) = tokio::join!(run(&a, first), run(&b, second));
     assert_eq!(first.produced + second.produced, 60, "{first:?} {second:?}");
     let messages = tokio::task::spawn_blocking(move || {
-        consume(&bootstrap, TARGET, 1, 200, Duration::from_secs(5))
+        consume_all(&bootstrap, TARGET, 1, Duration::from_secs(30))
     })
     .await
     .unwrap();
@@ -1177,7 +1177,7 @@ async fn a_half_open_breaker_pauses_a_paced_retry() {
 /// delivered, and a resume waits for that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_paused_mid_batch_and_resumed_at_once_produces_each_task_once() {
-    use crate::support::broker::{consume, headers_of, KafkaCase};
+    use crate::support::broker::{consume_all, headers_of, KafkaCase};
     use redrive::operations::ReplayRequest;
 
     const TARGET: &str = "target";
@@ -1217,10 +1217,10 @@ async fn a_replay_paused_mid_batch_and_resumed_at_once_produces_each_task_once()
         .await
         .unwrap();
     let second = run(&replayer(&settings, &store, "runner-b"), resumed).await;
-    first.await.unwrap();
+    let first = first.await.unwrap();
     assert_eq!(second.status, "done", "{second:?}");
     let read = tokio::task::spawn_blocking(move || {
-        consume(&bootstrap, TARGET, 1, 1000, Duration::from_secs(5))
+        consume_all(&bootstrap, TARGET, 1, Duration::from_secs(30))
     })
     .await
     .unwrap();
@@ -1236,5 +1236,67 @@ async fn a_replay_paused_mid_batch_and_resumed_at_once_produces_each_task_once()
     }
     let twice: Vec<_> = per_task.iter().filter(|(_, &n)| n > 1).collect();
     assert!(twice.is_empty(), "produced twice: {twice:?}");
-    assert_eq!(per_task.len(), 60, "{} tasks on the topic", per_task.len());
+    assert_eq!(
+        per_task.len(),
+        60,
+        "{} tasks in {} messages on the topic; the first runner ended {first:?}, the second \
+         {second:?}",
+        per_task.len(),
+        read.len()
+    );
+}
+
+/// Found in CI: a resume that met the runner letting go between its update (the runner
+/// still held the job) and the read that explains why the update took nothing (the
+/// runner gone) answered "job 1 is paused" (409). Raced here 100 times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_meeting_its_runner_letting_go_resumes_the_job() {
+    use crate::support::broker::KafkaCase;
+    use redrive::operations::ReplayRequest;
+
+    let KafkaCase {
+        broker: _broker,
+        store,
+        settings,
+        ..
+    } = KafkaCase::new(&[("target", 1)], Vec::new()).await;
+    given_up(&store, 1).await;
+    let operations = fleet(&settings, &Arc::new(Downstream::default())).operations(store.clone());
+    let request = ReplayRequest {
+        all: true,
+        to: Some("target".into()),
+        reason: Some("replay".into()),
+        ..ReplayRequest::default()
+    };
+    let id = operations
+        .start_replay(&Actor::shell(), &request, Runner::Here("runner-a"))
+        .await
+        .unwrap()
+        .id;
+    for round in 0..100u64 {
+        sqlx::query(
+            "UPDATE recovery_replay SET status = 'paused', runner = 'runner-a' WHERE id = $1",
+        )
+        .bind(id)
+        .execute(store.pool())
+        .await
+        .unwrap();
+        let letting_go = tokio::spawn({
+            let store = store.clone();
+            async move {
+                tokio::time::sleep(Duration::from_micros(round * 37 % 3000)).await;
+                store.release_replay(id, "runner-a").await.unwrap();
+            }
+        });
+        let resumed = operations
+            .resume_replay(&Actor::shell(), id, Runner::Here("runner-b"), None, None)
+            .await;
+        letting_go.await.unwrap();
+        let job = resumed.unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(
+            (job.status.as_str(), job.runner.as_deref()),
+            ("running", Some("runner-b")),
+            "round {round}"
+        );
+    }
 }

@@ -143,6 +143,49 @@ pub fn consume(
     messages
 }
 
+/// Every message on `topic` now: each of its `partitions` read from the beginning to the
+/// high watermark it has when called, within `limit` (panics naming how far each got).
+/// Unlike [`consume`] with a large count, it neither waits out its limit nor ends short
+/// on a slow machine.
+pub fn consume_all(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    limit: Duration,
+) -> Vec<OwnedMessage> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", format!("reader-{:x}", rand::random::<u32>()))
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let start = Instant::now();
+    let mut ends = Vec::new();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        let (_, high) = consumer
+            .fetch_watermarks(topic, p, limit)
+            .unwrap_or_else(|e| panic!("the end of {topic}/{p}: {e}"));
+        ends.push(high);
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut next = vec![0i64; partitions as usize];
+    let mut messages = Vec::new();
+    while next.iter().zip(&ends).any(|(n, end)| n < end) {
+        assert!(
+            start.elapsed() < limit,
+            "read {topic} to offsets {next:?} of {ends:?} within {limit:?}"
+        );
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            next[m.partition() as usize] = m.offset() + 1;
+            messages.push(m.detach());
+        }
+    }
+    messages
+}
+
 /// The native list behind `headers` (the address `as_borrowed` views).
 fn native(headers: &OwnedHeaders) -> *mut rdkafka_sys::rd_kafka_headers_t {
     std::ptr::from_ref(headers.as_borrowed()).cast_mut().cast()
