@@ -27,7 +27,8 @@ enum Use {
 }
 
 /// Drains `drain_tasks` noop tasks alone, beside a paced console and beside back-to-back
-/// requests, `rounds` times each (the order rotating); prints the medians and ratios.
+/// requests, `rounds` times each (the order rotating); prints each drain (and whether the
+/// task table was vacuumed meanwhile), each round's own ratio, the medians and ratios.
 pub(super) async fn drain_beside_console(
     settings: &Settings,
     store: &Store,
@@ -51,11 +52,16 @@ pub(super) async fn drain_beside_console(
     // The paced console's clock: its turns are seconds since this instant.
     let console_clock = std::time::Instant::now();
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); uses.len()];
+    // Each round's drain beside a console in use against its drain alone, minutes apart
+    // at most: a pair that the drift of a long run (autovacuum of the store, the
+    // server's caches) touches alike.
+    let mut paired = Vec::new();
     for round in 0..rounds {
         for turn in 0..uses.len() {
             let which = (turn + round) % uses.len();
             let usage = uses[which];
             seed_noop(store, drain_tasks).await?;
+            let vacuums_before = vacuums(store).await?;
             let stop = Arc::new(AtomicBool::new(false));
             let answered = Arc::new(AtomicU64::new(0));
             let operator = use_console(
@@ -73,8 +79,14 @@ pub(super) async fn drain_beside_console(
             let (rate, used) = tokio::join!(drain, operator);
             let (rate, seconds) = (rate?, used?);
             let per_second = answered.load(Ordering::SeqCst) as f64 / seconds.max(1e-3);
+            let vacuums_after = vacuums(store).await?;
+            let vacuumed = match vacuums_before.2 || vacuums_after != vacuums_before {
+                true => ", the task table vacuumed meanwhile",
+                false => "",
+            };
             outln!(
-                "  round {}: {:<30} {rate:>8.0} tasks/s ({per_second:.1} groupings/searches per s)",
+                "  round {}: {:<30} {rate:>8.0} tasks/s ({per_second:.1} groupings/searches per \
+                 s{vacuumed})",
                 round + 1,
                 match usage {
                     Use::None => "drain alone:",
@@ -84,6 +96,12 @@ pub(super) async fn drain_beside_console(
             );
             rates[which].push(rate);
         }
+        let ratio = rates[1][round] / rates[0][round];
+        outln!(
+            "  round {}: beside a console in use / alone: {ratio:.2}",
+            round + 1
+        );
+        paired.push(ratio);
     }
     let alone = median(&rates[0]);
     let (paced, busy) = (median(&rates[1]), median(&rates[2]));
@@ -96,7 +114,27 @@ pub(super) async fn drain_beside_console(
         "  beside back-to-back requests (median): {busy:>7.0} tasks/s, ratio {:.2} (no goal: the worst case)",
         busy / alone
     );
+    outln!(
+        "  the rounds' own ratios, beside a console in use / alone (median): {:.2}",
+        median(&paired)
+    );
     Ok(())
+}
+
+/// What PostgreSQL has done to the task table's upkeep so far: vacuums and analyzes
+/// ended (by autovacuum or by hand), and whether a vacuum runs now. Two readings differ,
+/// or the first finds one running, when the table was vacuumed or analyzed between them.
+async fn vacuums(store: &Store) -> anyhow::Result<(i64, i64, bool)> {
+    let (ended, analyzed, running) = sqlx::query_as(
+        "SELECT coalesce(s.vacuum_count + s.autovacuum_count, 0), \
+                coalesce(s.analyze_count + s.autoanalyze_count, 0), \
+                EXISTS (SELECT 1 FROM pg_stat_progress_vacuum p \
+                        WHERE p.relid = 'recovery_task'::regclass) \
+         FROM pg_stat_user_tables s WHERE s.relid = 'recovery_task'::regclass",
+    )
+    .fetch_one(store.pool())
+    .await?;
+    Ok((ended, analyzed, running))
 }
 
 /// Uses the console as `usage` says until `stop`; answers how long it ran, counting each

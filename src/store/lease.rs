@@ -32,19 +32,27 @@ pub(crate) use super::ORDERED_WALK as DUE_ORDER;
 // starts (see `worker::due_floor`): tasks due before it are left to a later claim.
 // Each claimed row answers the due time it was claimed at (`was_due`).
 //
-// A claim takes the earliest due tasks across its handlers in two statements. The first
-// (`SHARES`) reads, without locking, how many of the wanted earliest each handler holds.
-// The second (this one) walks each handler's due tasks taking that many (`$8`), passing
-// those another transaction holds (`SKIP LOCKED`): it locks no row it does not take. A
-// handler whose walk comes back short has no claimable task left that is not held (an
-// operator's action, other members' claims in flight): it is left out and the rest is
-// shared again among the others (`Store::claim_in`), so held rows never keep the claim
-// from other handlers' tasks. Under such holds a handler's later tasks may come before
-// another handler's earlier ones: due order holds within each handler, and across
-// handlers for the tasks no one holds. `due` is capped at `$2` so that the planner,
-// which cannot estimate the shares, still joins the few rows it updates by their primary
-// key, not by reading the whole table. `$9` are the tasks an earlier turn of the same
-// claim took.
+// A claim takes the earliest claimable tasks across its handlers in turns, each of two
+// statements (`Store::claim_in`). `EARLIEST` reads, without locking, the ids of the
+// earliest claimable tasks of the lane, leaving out those an earlier turn took or found
+// held (`$9` here). The claim then takes what it can of them:
+//
+// - In its first turns (`BY_IDS`), the earliest `$2` of those ids (`$8`) that no other
+//   transaction holds (`SKIP LOCKED`), locking no row it does not take. A turn that comes
+//   back short has looked at every id it was given: those it did not take are held, and
+//   are left out of the next turn, which reads twice as many. So held rows, however many
+//   head one handler's tasks, neither keep the claim short nor let that handler's later
+//   tasks go ahead of another handler's earlier ones (the due order holds across
+//   handlers for every task nobody holds).
+// - Should the claim still be short after those turns (more rows held than it read), it
+//   walks each handler's due tasks (`WALK`), taking that handler's share of the earliest
+//   (`$8`), passing rows held since. A handler whose walk comes back short has nothing
+//   left that is not held and is left out; the others share again. The claim is then
+//   never short while an unheld task is due, but a handler may take its later tasks before
+//   another handler's earlier ones for as long as rows it could not see as held stay so.
+//
+// `due` is capped at `$2` so that the planner, which cannot estimate the shares, still
+// joins the few rows it updates by their primary key, not by reading the whole table.
 //
 // A task an operator fenced mid-call waits until that call has stopped (see
 // [`NOT_STOPPING`]).
@@ -59,19 +67,7 @@ pub(crate) use super::ORDERED_WALK as DUE_ORDER;
 // its handlers (see `store::time`).
 const CLAIM_TEMPLATE: &str = concat!(
     r#"
-WITH share AS (
-    SELECT * FROM unnest($1::text[], $8::bigint[]) AS s(handler, n)),
-due AS MATERIALIZED (
-    SELECT walk.*
-    FROM share CROSS JOIN LATERAL (
-        SELECT id, handler, lease_owner, lease_version, leased_at, next_attempt_at, attempts
-        FROM recovery_task
-        WHERE status = 'failed' AND handler = share.handler {CLAIMABLE}
-          AND id <> ALL ($9::bigint[])
-        ORDER BY next_attempt_at
-        LIMIT share.n
-        FOR UPDATE SKIP LOCKED) AS walk
-    LIMIT $2),
+{DUE}
 lost AS (
     INSERT INTO recovery_attempt (task_id, lease_version, attempt, worker, started_at, duration_ms, outcome, error)
     SELECT id, lease_version, attempts, lease_owner,
@@ -96,27 +92,78 @@ RETURNING "#,
 "#
 );
 
-static CLAIM: LazyLock<String> =
-    LazyLock::new(|| CLAIM_TEMPLATE.replace("{CLAIMABLE}", &claimable("$5", "$7")));
+/// The claim's `due` in its first turns: the earliest `$2` of the ids `$8` that are
+/// still claimable and that no other transaction holds.
+const DUE_BY_IDS: &str = r#"
+WITH due AS MATERIALIZED (
+    SELECT id, handler, lease_owner, lease_version, leased_at, next_attempt_at, attempts
+    FROM recovery_task
+    WHERE id = ANY ($8::bigint[]) AND status = 'failed' AND handler = ANY ($1::text[])
+      {CLAIMABLE} AND id <> ALL ($9::bigint[])
+    ORDER BY next_attempt_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED),"#;
 
-// How many of the `$2` earliest claimable tasks of the handlers `$1` each handler holds,
-// leaving out the tasks `$5` an earlier turn of the claim took. `$3` and `$4` are the
-// claim's `$5` and `$7`.
-static SHARES: LazyLock<String> = LazyLock::new(|| {
+/// The claim's `due` after them: each handler `$1` walked for its share `$8`.
+const DUE_BY_WALK: &str = r#"
+WITH share AS (
+    SELECT * FROM unnest($1::text[], $8::bigint[]) AS s(handler, n)),
+due AS MATERIALIZED (
+    SELECT walk.*
+    FROM share CROSS JOIN LATERAL (
+        SELECT id, handler, lease_owner, lease_version, leased_at, next_attempt_at, attempts
+        FROM recovery_task
+        WHERE status = 'failed' AND handler = share.handler {CLAIMABLE}
+          AND id <> ALL ($9::bigint[])
+        ORDER BY next_attempt_at
+        LIMIT share.n
+        FOR UPDATE SKIP LOCKED) AS walk
+    LIMIT $2),"#;
+
+/// The claim statement with `due` as given.
+fn claim_statement(due: &str) -> String {
+    CLAIM_TEMPLATE
+        .replace("{DUE}", due)
+        .replace("{CLAIMABLE}", &claimable("$5", "$7"))
+}
+
+static BY_IDS: LazyLock<String> = LazyLock::new(|| claim_statement(DUE_BY_IDS));
+static WALK: LazyLock<String> = LazyLock::new(|| claim_statement(DUE_BY_WALK));
+
+/// Turns of a claim that take the earliest ids read (`BY_IDS`) before it walks each
+/// handler for its share (`WALK`): they read `wanted` ids, then 2, 4, 8 and 16 times as
+/// many, so that up to 30 times a claim's size of held rows are passed in due order.
+const TURNS_BY_IDS: u32 = 5;
+
+// The ids and handlers of the `$2` earliest claimable tasks of the handlers `$1`,
+// leaving out the tasks `$5` (taken or found held by an earlier turn of the claim). `$3`
+// and `$4` are the claim's `$5` and `$7`.
+static EARLIEST: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT handler, count(*) AS n \
-         FROM (SELECT candidate.handler, candidate.next_attempt_at \
-               FROM (SELECT DISTINCT name FROM unnest($1::text[]) AS l(name)) AS lane \
-               CROSS JOIN LATERAL ( \
-                   SELECT handler, next_attempt_at FROM recovery_task \
-                   WHERE status = 'failed' AND handler = lane.name {} \
-                     AND id <> ALL ($5::bigint[]) \
-                   ORDER BY next_attempt_at LIMIT $2) AS candidate \
-               ORDER BY candidate.next_attempt_at LIMIT $2) AS earliest \
-         GROUP BY handler",
+        "SELECT candidate.id, candidate.handler \
+         FROM (SELECT DISTINCT name FROM unnest($1::text[]) AS l(name)) AS lane \
+         CROSS JOIN LATERAL ( \
+             SELECT id, handler, next_attempt_at FROM recovery_task \
+             WHERE status = 'failed' AND handler = lane.name {} \
+               AND id <> ALL ($5::bigint[]) \
+             ORDER BY next_attempt_at LIMIT $2) AS candidate \
+         ORDER BY candidate.next_attempt_at LIMIT $2",
         claimable("$3", "$4")
     )
 });
+
+/// The handlers of `shares` (one per task read, in due order) and how many tasks each has
+/// there: each handler's share of the claim.
+fn count_shares(shares: &[String]) -> (Vec<String>, Vec<i64>) {
+    let mut counted: Vec<(String, i64)> = Vec::new();
+    for handler in shares {
+        match counted.iter_mut().find(|(name, _)| name == handler) {
+            Some((_, n)) => *n += 1,
+            None => counted.push((handler.clone(), 1)),
+        }
+    }
+    counted.into_iter().unzip()
+}
 
 /// What makes a task claimable now: due by `due_by` (now when null), at or after `from`
 /// (every one when null), not leased or its lease lapsed, and no call of it or its key
@@ -252,8 +299,9 @@ impl Store {
         })
     }
 
-    /// Runs the claim statement in `tx` (begun with [`DUE_ORDER`]): tasks due by
-    /// `due_by` (now when `None`), from `from` on (every one when `None`).
+    /// Runs the claim's turns in `tx` (begun with [`DUE_ORDER`]; see the comment on
+    /// `CLAIM_TEMPLATE`): tasks due by `due_by` (now when `None`), from `from` on (every
+    /// one when `None`).
     // One statement's parameters, each its own meaning: a struct would only rename them.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn claim_in(
@@ -268,28 +316,42 @@ impl Store {
     ) -> Result<Vec<PgRow>> {
         let mut lane = handlers.to_vec();
         let mut rows: Vec<PgRow> = Vec::new();
-        let mut taken: Vec<i64> = Vec::new();
-        // Each turn but the last leaves out a handler with nothing left to take: at most
-        // one turn per handler of the lane (a cap of four let four handlers whose first
-        // tasks were held keep a fifth's from every claim).
+        // The ids an earlier turn took or found held: left out of the later turns.
+        let mut passed: Vec<i64> = Vec::new();
+        let mut turn = 0u32;
+        // A turn by ids reads at least one id more than its last one; a turn by walks
+        // leaves out a handler: at most `TURNS_BY_IDS` and one per handler of the lane.
         loop {
             let wanted = limit.saturating_sub(rows.len() as u32);
             if wanted == 0 || lane.is_empty() {
                 break;
             }
-            let shares: Vec<(String, i64)> = sqlx::query_as(&SHARES)
+            let by_ids = turn < TURNS_BY_IDS;
+            let read = match by_ids {
+                true => i64::from(wanted).saturating_mul(1 << turn),
+                false => i64::from(wanted),
+            };
+            turn += 1;
+            let earliest: Vec<(i64, String)> = sqlx::query_as(&EARLIEST)
                 .bind(&lane)
-                .bind(i64::from(wanted))
+                .bind(read)
                 .bind(due_by)
                 .bind(from)
-                .bind(&taken)
+                .bind(&passed)
                 .fetch_all(&mut *tx)
                 .await?;
-            if shares.is_empty() {
+            if earliest.is_empty() {
                 break;
             }
-            let (names, counts): (Vec<String>, Vec<i64>) = shares.into_iter().unzip();
-            let claimed = sqlx::query(&CLAIM)
+            let (ids, shares): (Vec<i64>, Vec<String>) = earliest.into_iter().unzip();
+            let (statement, names, eighth) = match by_ids {
+                true => (&*BY_IDS, lane.clone(), ids.clone()),
+                false => {
+                    let (names, counts) = count_shares(&shares);
+                    (&*WALK, names, counts)
+                }
+            };
+            let claimed = sqlx::query(statement)
                 .bind(&names)
                 .bind(i64::from(wanted))
                 .bind(owner)
@@ -297,10 +359,27 @@ impl Store {
                 .bind(due_by)
                 .bind(AttemptOutcome::LeaseExpired.as_str())
                 .bind(from)
-                .bind(&counts)
-                .bind(&taken)
+                .bind(&eighth)
+                .bind(&passed)
                 .fetch_all(&mut *tx)
                 .await?;
+            let took: Vec<i64> = claimed
+                .iter()
+                .filter_map(|r| r.try_get::<i64, _>("id").ok())
+                .collect();
+            let short = took.len() < wanted as usize;
+            if by_ids {
+                // Short, it looked at every id it read: those it did not take are held
+                // (or no longer claimable).
+                passed.extend(&ids);
+                rows.extend(claimed);
+                if short && (ids.len() as i64) < read {
+                    // It read every claimable task there is: the rest is held.
+                    break;
+                }
+                continue;
+            }
+            let (names, counts) = (names, eighth);
             let exhausted: Vec<&String> = names
                 .iter()
                 .zip(&counts)
@@ -313,11 +392,7 @@ impl Store {
                 })
                 .map(|(name, _)| name)
                 .collect();
-            taken.extend(
-                claimed
-                    .iter()
-                    .filter_map(|r| r.try_get::<i64, _>("id").ok()),
-            );
+            passed.extend(&took);
             rows.extend(claimed);
             if exhausted.is_empty() {
                 break;
