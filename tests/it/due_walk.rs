@@ -234,6 +234,41 @@ async fn held_rows_of_one_handler_do_not_let_its_later_tasks_go_ahead_of_another
     assert_eq!(values(&claimed), expected, "a's first tasks once let go");
 }
 
+/// Found by the next attack: the turns by ids read twice as many ids each time, but
+/// counted from the tasks still wanted, not from the claim's size: a claim of 100 that
+/// took 99 at once read 30 ids more before it walked each handler, and the walk let a's
+/// later task go ahead of b's earlier one past 41 held rows.
+#[tokio::test]
+async fn a_claim_nearly_full_still_passes_held_rows_in_due_order() {
+    let (store, _) = fresh_store().await;
+    let tasks: Vec<NewTask> = (1..=140)
+        .map(|i| due_ago("a", &format!("a{i:03}"), 10_000 - i))
+        .chain([
+            due_ago("a", "a-late", 9_000),
+            due_ago("b", "b-middle", 9_500),
+        ])
+        .collect();
+    store.enqueue_many(&tasks).await.unwrap();
+    let mut holder = store.pool().begin().await.unwrap();
+    let held: Vec<Vec<u8>> = (100..=140)
+        .map(|i| format!("a{i:03}").into_bytes())
+        .collect();
+    sqlx::query("SELECT id FROM recovery_task WHERE msg_value = ANY($1) FOR UPDATE")
+        .bind(held)
+        .fetch_all(&mut *holder)
+        .await
+        .unwrap();
+    let claimed = store
+        .claim(&lane(&["a", "b"]), 100, "w", LEASE)
+        .await
+        .unwrap();
+    let mut expected: Vec<String> = (1..=99).map(|i| format!("a{i:03}")).collect();
+    expected.push("b-middle".into());
+    expected.sort();
+    assert_eq!(values(&claimed), expected);
+    holder.rollback().await.unwrap();
+}
+
 /// Regression (issue 30, the drain beside a console on 10M tasks): the due index was
 /// keyed on the due time alone, so every claim that walked from its start (once a second
 /// a lane does, see `worker::due_floor`) and every look for the next due task read the
@@ -332,6 +367,66 @@ async fn claims_never_read_the_due_tasks_of_handlers_they_do_not_serve() {
     assert_eq!(
         scanned, 0,
         "8 claims and looks read {scanned} task rows by sequential scans"
+    );
+}
+
+/// An attack saw, by SQL, the claim's turn by ids planned as a walk of its handlers'
+/// whole due index, filtering out the ids it was not given, with statistics taken while
+/// the table was empty (299,999 index entries read to take one task; the turn no longer
+/// names the handlers). Here 200,000 tasks are due after such statistics; three claims of
+/// one must read a few entries of the due index. (This test did not reproduce the plan
+/// on the claim before the change: it guards the figure.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_probes_the_ids_it_takes_when_statistics_are_stale() {
+    let (store, mut settings) = fresh_store().await;
+    for statement in [
+        "ALTER TABLE recovery_task SET (autovacuum_enabled = off)",
+        "ANALYZE recovery_task",
+        "INSERT INTO recovery_task (handler, msg_value, next_attempt_at) \
+         SELECT 'a', convert_to(g::text, 'UTF8'), now() - interval '1 hour' + g * interval '1 ms' \
+         FROM generate_series(1, 200000) AS g",
+    ] {
+        sqlx::query(statement).execute(store.pool()).await.unwrap();
+    }
+    settings.database.max_connections = 1;
+    let member = Store::connect(&settings.database).await.unwrap();
+    let due_index = || async {
+        let row: (i64, i64) = sqlx::query_as(
+            "SELECT idx_scan, idx_tup_read FROM pg_stat_user_indexes \
+             WHERE schemaname = current_schema() \
+               AND indexrelname = 'recovery_task_due_by_handler'",
+        )
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        row
+    };
+    let before = due_index().await;
+    for _ in 0..3 {
+        let claimed = member.claim(&lane(&["a"]), 1, "w", LEASE).await.unwrap();
+        assert_eq!(claimed.len(), 1);
+    }
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(member.pool())
+        .await
+        .unwrap();
+    let waited = std::time::Instant::now();
+    let after = loop {
+        let after = due_index().await;
+        if after.0 - before.0 >= 3 {
+            break after;
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(15),
+            "the claims' scans were not counted within 15 s: {before:?} then {after:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let read = after.1 - before.1;
+    assert!(
+        read < 1_000,
+        "3 claims of one task read {read} entries of the due index ({} scans)",
+        after.0 - before.0
     );
 }
 
