@@ -475,8 +475,8 @@ async fn a_member_does_not_spin_on_due_rows_another_transaction_holds() {
     })
     .await;
     member.stop().await;
-    // Spinning, it made 7,621 to 16,702 scans; looking again every 100 ms, each look a
-    // claim of two turns and a look for the next due task, about 1,100.
+    // Spinning, it made 7,621 to 16,702 scans; its two claim loops each looking again
+    // every 100 ms (a claim and a look for the next due task), about 1,100.
     assert!(
         scanned < 2_000,
         "{scanned} index scans in 12 s by a member whose every due row was held"
