@@ -121,12 +121,7 @@ pub fn consume(
     count: usize,
     limit: Duration,
 ) -> Vec<OwnedMessage> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", format!("reader-{:x}", rand::random::<u32>()))
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
+    let consumer = reader(bootstrap);
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition_offset(topic, p, Offset::Beginning)
@@ -143,6 +138,16 @@ pub fn consume(
     messages
 }
 
+/// A consumer of its own group that commits nothing, to read topics by assignment.
+fn reader(bootstrap: &str) -> BaseConsumer {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", format!("reader-{:x}", rand::random::<u32>()))
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer")
+}
+
 /// Every message on `topic` now: each of its `partitions` read from the beginning to the
 /// high watermark it has when called, within `limit` (panics naming how far each got).
 /// Unlike [`consume`] with a large count, it neither waits out its limit nor ends short
@@ -153,12 +158,7 @@ pub fn consume_all(
     partitions: i32,
     limit: Duration,
 ) -> Vec<OwnedMessage> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", format!("reader-{:x}", rand::random::<u32>()))
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
+    let consumer = reader(bootstrap);
     let start = Instant::now();
     let mut ends = Vec::new();
     let mut tpl = TopicPartitionList::new();
