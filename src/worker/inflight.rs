@@ -1,5 +1,6 @@
 //! The leases this process holds, and the heartbeat that keeps them alive.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,6 +31,9 @@ pub(crate) struct InFlight {
 struct Held {
     lost: CancellationToken,
     deadline: Instant,
+    /// Its result is being written: a heartbeat that no longer finds the lease may have
+    /// met that write, so only the write's answer says whether it was taken over.
+    finishing: bool,
 }
 
 impl InFlight {
@@ -45,6 +49,7 @@ impl InFlight {
         let held = Held {
             lost: lost.clone(),
             deadline: claimed_at + length,
+            finishing: false,
         };
         self.leases
             .lock()
@@ -79,6 +84,17 @@ impl InFlight {
         lapsing.len()
     }
 
+    /// Marks leases whose results are about to be written: [`InFlight::lose`] leaves
+    /// them to the writer.
+    pub(crate) fn finishing(&self, leases: impl IntoIterator<Item = Lease>) {
+        let mut held = self.leases.lock().expect("in-flight lock");
+        for lease in leases {
+            if let Some(held) = held.get_mut(&lease) {
+                held.finishing = true;
+            }
+        }
+    }
+
     /// Forgets leases whose results were written (or given up on).
     pub(crate) fn remove(&self, done: impl IntoIterator<Item = Lease>) {
         let mut leases = self.leases.lock().expect("in-flight lock");
@@ -100,13 +116,17 @@ impl InFlight {
     }
 
     /// Marks leases as lost: their handlers are told to stop, their results are dropped.
+    /// Leaves alone those whose results are being written (their write tells); returns
+    /// how many it marked.
     pub(super) fn lose(&self, lost: &[Lease]) -> usize {
         let mut leases = self.leases.lock().expect("in-flight lock");
         let mut count = 0;
         for lease in lost {
-            if let Some(held) = leases.remove(lease) {
-                held.lost.cancel();
-                count += 1;
+            if let Entry::Occupied(held) = leases.entry(*lease) {
+                if !held.get().finishing {
+                    held.remove().lost.cancel();
+                    count += 1;
+                }
             }
         }
         count

@@ -447,6 +447,49 @@ async fn a_lost_lease_cancels_the_handler_and_drops_its_result() {
     );
 }
 
+/// Regression (issue 30, seen in `redrive bench console` on 10M tasks: "leases were
+/// taken over" for a batch of 100 no other member could have touched): a heartbeat that
+/// read the held leases just before the finisher wrote their results found them gone and
+/// counted them as taken over, raising `redrive_fenced_writes_total{operation=
+/// "heartbeat"}` (an alert's input) on a lone member. Heartbeats every 2 ms beside a
+/// drain of 6,000 tasks meet many such writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_meeting_results_being_written_counts_no_lease_taken_over() {
+    let (store, mut settings) = fresh_store().await;
+    settings.worker.heartbeat = Duration::from_millis(2);
+    settings.worker.batch_size = 50;
+    let fleet = fleet(&settings, Scripted(Duration::from_secs(1)));
+    let metrics = fleet.metrics().clone();
+    let tasks: Vec<NewTask> = (0..6_000)
+        .map(|_| NewTask::new("h", b"ok".to_vec()))
+        .collect();
+    store.enqueue_many(&tasks).await.unwrap();
+    let member = Member::start(fleet, &store);
+    eventually(Duration::from_secs(60), "6,000 tasks resolved", || async {
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE status = 'resolved'",
+        )
+        .await
+            == 6_000
+    })
+    .await;
+    member.stop().await;
+    let taken_over = metrics
+        .fenced_writes
+        .with_label_values(&["heartbeat"])
+        .get();
+    assert_eq!(
+        taken_over, 0,
+        "leases counted as taken over on a lone member"
+    );
+    assert_eq!(
+        scalar(&store, "SELECT count(*) FROM recovery_attempt").await,
+        6_000,
+        "each task attempted once"
+    );
+}
+
 /// Ignores cancellation: the first attempt takes 1.5 s, later ones 4 s.
 struct Stubborn {
     calls: Arc<AtomicUsize>,
