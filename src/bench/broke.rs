@@ -1,10 +1,13 @@
 //! The drain figure of `redrive bench console --what-broke-only`, on its seeded store: a
 //! fleet's drain beside an operator who groups and searches, against the same drain
-//! alone (rotating rounds). The groups and search latency is timed with the list's
+//! alone (one drain, windows alone and beside the console in turn). The groups and search latency is timed with the list's
 //! (`super::console`).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
 
 use super::median;
 use crate::config::Settings;
@@ -18,106 +21,181 @@ enum Use {
     /// No console.
     None,
     /// As at 3 a.m.: the overview open (its "What broke" refreshed every 5 s, as the
-    /// console does) and an operator grouping by class or searching every 2 s, on one
-    /// clock for the whole benchmark: a drain starts at whatever point of that cycle the
-    /// console is, as beside a console open all along (not with both at once).
+    /// console does) and an operator grouping by class or searching every 2 s.
     Paced,
     /// The worst case: groups and searches back to back, one after another.
     BackToBack,
 }
 
-/// Drains `drain_tasks` noop tasks alone, beside a paced console and beside back-to-back
-/// requests, `rounds` times each (the order rotating); prints each drain (and whether the
-/// task table was vacuumed meanwhile), each round's own ratio, the medians and ratios.
+/// One fleet drains noop tasks for `2 + 4 × rounds + 1` windows of `window`, an inserter
+/// keeping `backlog` of them due; the console is used in every other window (paced and
+/// back to back in turn) and left alone in those between. Each window with the console
+/// is judged against the mean of the two alone beside it, so that the slow drift of a
+/// long run (autovacuum of the store, checkpoints, caches) touches both sides alike.
+/// Prints every window, each round's ratios and their medians; answers how many drained
+/// tasks the fleet resolved, for the check at the end.
 pub(super) async fn drain_beside_console(
     settings: &Settings,
     store: &Store,
     operations: &Operations,
-    drain_tasks: usize,
+    backlog: usize,
     rounds: usize,
-) -> anyhow::Result<()> {
+    window: Duration,
+) -> anyhow::Result<u64> {
     outln!(
-        "drain of {drain_tasks} tasks (batch 100, concurrency 400) alone, beside a console in \
-         use (What broke refreshed every 5 s, a grouping or search every 2 s, on one clock \
-         for the whole run) and beside groupings and searches back to back; {rounds} \
-         round(s), medians shown:"
+        "drain beside a console: one fleet (batch 100, concurrency 400) drains noop tasks, \
+         {backlog} kept due by inserts, for windows of {} s: 2 alone to warm up, then \
+         {rounds} round(s) of (alone, beside a console in use, alone, beside groupings and \
+         searches back to back) and one alone; a console in use is What broke every 5 s \
+         and a grouping or search every 2 s. Each window beside the console is judged \
+         against the mean of the two alone around it:",
+        window.as_secs_f64()
     );
-    // One drain first, not counted: the first after seeding and vacuuming ran at a
-    // quarter of the rest in every round measured (cold caches, autovacuum at work),
-    // whichever use it was beside.
-    seed_noop(store, drain_tasks).await?;
-    let warm = super::drain_noop(settings, store, drain_tasks, 100, 400).await?;
-    outln!("  warm-up drain (not counted):           {warm:>8.0} tasks/s");
-    let uses = [Use::None, Use::Paced, Use::BackToBack];
-    // The paced console's clock: its turns are seconds since this instant.
-    let console_clock = std::time::Instant::now();
-    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); uses.len()];
-    // Each round's drain beside a console in use against its drain alone, minutes apart
-    // at most: a pair that the drift of a long run (autovacuum of the store, the
-    // server's caches) touches alike.
-    let mut paired = Vec::new();
-    for round in 0..rounds {
-        for turn in 0..uses.len() {
-            let which = (turn + round) % uses.len();
-            let usage = uses[which];
-            seed_noop(store, drain_tasks).await?;
-            let vacuums_before = vacuums(store).await?;
-            let stop = Arc::new(AtomicBool::new(false));
-            let answered = Arc::new(AtomicU64::new(0));
-            let operator = use_console(
-                operations,
-                usage,
-                console_clock,
-                stop.clone(),
-                answered.clone(),
-            );
-            let drain = async {
-                let rate = super::drain_noop(settings, store, drain_tasks, 100, 400).await;
-                stop.store(true, Ordering::SeqCst);
-                rate
-            };
-            let (rate, used) = tokio::join!(drain, operator);
-            let (rate, seconds) = (rate?, used?);
-            let per_second = answered.load(Ordering::SeqCst) as f64 / seconds.max(1e-3);
-            let vacuums_after = vacuums(store).await?;
-            let vacuumed = match vacuums_before.2 || vacuums_after != vacuums_before {
-                true => ", the task table vacuumed meanwhile",
-                false => "",
-            };
-            outln!(
-                "  round {}: {:<30} {rate:>8.0} tasks/s ({per_second:.1} groupings/searches per \
-                 s{vacuumed})",
-                round + 1,
-                match usage {
-                    Use::None => "drain alone:",
-                    Use::Paced => "beside a console in use:",
-                    Use::BackToBack => "beside back-to-back requests:",
-                }
-            );
-            rates[which].push(rate);
-        }
-        let ratio = rates[1][round] / rates[0][round];
-        outln!(
-            "  round {}: beside a console in use / alone: {ratio:.2}",
-            round + 1
-        );
-        paired.push(ratio);
+    let fleet = super::bench_fleet(settings, 100, 400)?;
+    let resolved = fleet
+        .metrics()
+        .attempts
+        .with_label_values(&["noop", "resolved"]);
+    let shutdown = CancellationToken::new();
+    let feeding = tokio::spawn(keep_due(
+        store.clone(),
+        backlog,
+        resolved.clone(),
+        shutdown.clone(),
+    ));
+    let running = tokio::spawn(fleet.run_with_store(store.clone(), shutdown.clone()));
+    let mut schedule = vec![Use::None, Use::None];
+    for _ in 0..rounds {
+        schedule.extend([Use::None, Use::Paced, Use::None, Use::BackToBack]);
     }
-    let alone = median(&rates[0]);
-    let (paced, busy) = (median(&rates[1]), median(&rates[2]));
-    outln!("  drain alone (median):                 {alone:>8.0} tasks/s");
+    schedule.push(Use::None);
+    let measured = measure_windows(store, operations, &schedule, window, || resolved.get()).await;
+    shutdown.cancel();
+    let fed = feeding.await?;
+    running.await??;
+    let windows = measured?;
+    fed?;
+    report(&windows[2..]);
+    Ok(resolved.get())
+}
+
+/// One window of the drain: what the console did, the drain's rate, and whether the task
+/// table was vacuumed meanwhile.
+struct Window {
+    usage: Use,
+    rate: f64,
+    vacuumed: bool,
+}
+
+/// Runs `schedule`, a window of `length` each, using the console as each says; reads the
+/// drain's resolved count from `resolved` at each window's ends.
+async fn measure_windows(
+    store: &Store,
+    operations: &Operations,
+    schedule: &[Use],
+    length: Duration,
+    resolved: impl Fn() -> u64,
+) -> anyhow::Result<Vec<Window>> {
+    let whole_seconds = length.as_secs().max(1);
+    let mut windows = Vec::with_capacity(schedule.len());
+    for (index, &usage) in schedule.iter().enumerate() {
+        let vacuums_before = vacuums(store).await?;
+        let (started, before) = (Instant::now(), resolved());
+        let stop = Arc::new(AtomicBool::new(false));
+        let first_turn = index as u64 * whole_seconds;
+        let operator = use_console(operations, usage, started, first_turn, stop.clone());
+        let timer = async {
+            tokio::time::sleep(length).await;
+            stop.store(true, Ordering::SeqCst);
+        };
+        let (used, ()) = tokio::join!(operator, timer);
+        used?;
+        let rate = (resolved() - before) as f64 / started.elapsed().as_secs_f64();
+        let vacuumed = vacuums_before.2 || vacuums(store).await? != vacuums_before;
+        windows.push(Window {
+            usage,
+            rate,
+            vacuumed,
+        });
+    }
+    Ok(windows)
+}
+
+/// Prints `windows` (warm-up left out) in rounds, each beside-the-console window's ratio
+/// to the mean of its neighbours alone, and the medians of those ratios.
+fn report(windows: &[Window]) {
+    let mut ratios: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for (index, window) in windows.iter().enumerate() {
+        let flag = if window.vacuumed { ", vacuumed" } else { "" };
+        let name = match window.usage {
+            Use::None => "alone",
+            Use::Paced => "beside a console in use",
+            Use::BackToBack => "beside back-to-back requests",
+        };
+        let judged = match window.usage {
+            Use::None => None,
+            Use::Paced => Some(0),
+            Use::BackToBack => Some(1),
+        };
+        let ratio = judged.and_then(|side| {
+            let (before, after) = (windows.get(index.checked_sub(1)?)?, windows.get(index + 1)?);
+            let ratio = window.rate / ((before.rate + after.rate) / 2.0);
+            ratios[side].push(ratio);
+            Some(ratio)
+        });
+        match ratio {
+            Some(ratio) => outln!(
+                "  window {:>2}: {name:<29} {:>8.0} tasks/s{flag}, {ratio:.2} of the alone beside it",
+                index + 1,
+                window.rate
+            ),
+            None => outln!("  window {:>2}: {name:<29} {:>8.0} tasks/s{flag}", index + 1, window.rate),
+        }
+    }
+    let alone: Vec<f64> = windows
+        .iter()
+        .filter(|window| window.usage == Use::None)
+        .map(|window| window.rate)
+        .collect();
     outln!(
-        "  beside a console in use (median):     {paced:>8.0} tasks/s, ratio {:.2} (the goal is at least 0.90)",
-        paced / alone
+        "  drain alone (median):                 {:>8.0} tasks/s",
+        median(&alone)
     );
     outln!(
-        "  beside back-to-back requests (median): {busy:>7.0} tasks/s, ratio {:.2} (no goal: the worst case)",
-        busy / alone
+        "  beside a console in use: {:.2} of the drain alone beside it (median of {}; the goal is at least 0.90)",
+        median(&ratios[0]),
+        ratios[0].len()
     );
     outln!(
-        "  the rounds' own ratios, beside a console in use / alone (median): {:.2}",
-        median(&paired)
+        "  beside back-to-back requests: {:.2} of the drain alone beside it (median of {}; no goal: the worst case)",
+        median(&ratios[1]),
+        ratios[1].len()
     );
+    let vacuumed = windows.iter().filter(|window| window.vacuumed).count();
+    outln!(
+        "  the task table was vacuumed during {vacuumed} of the {} windows",
+        windows.len()
+    );
+}
+
+/// Keeps about `backlog` drained tasks due until `shutdown`: inserts a quarter of it each
+/// time fewer are left than `backlog` (inserted so far less `resolved`).
+async fn keep_due(
+    store: Store,
+    backlog: usize,
+    resolved: prometheus::IntCounter,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let chunk = backlog.div_ceil(4);
+    let mut inserted = 0u64;
+    while !shutdown.is_cancelled() {
+        if inserted.saturating_sub(resolved.get()) < backlog as u64 {
+            seed_noop(&store, chunk).await?;
+            inserted += chunk as u64;
+        } else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
     Ok(())
 }
 
@@ -137,18 +215,16 @@ async fn vacuums(store: &Store) -> anyhow::Result<(i64, i64, bool)> {
     Ok((ended, analyzed, running))
 }
 
-/// Uses the console as `usage` says until `stop`; answers how long it ran, counting each
-/// grouping or search in `answered`. Paced, turn `n` is the second `n` after `clock`:
-/// the first taken is the next to come.
+/// Uses the console as `usage` says until `stop`, counting from `started`. Paced, turn
+/// `n` of the run is the second `n - first_turn` after `started`: the overview every 5th,
+/// the operator (a grouping by class and a search in turn) every 2nd.
 async fn use_console(
     operations: &Operations,
     usage: Use,
-    clock: std::time::Instant,
+    started: Instant,
+    first_turn: u64,
     stop: Arc<AtomicBool>,
-    answered: Arc<AtomicU64>,
-) -> anyhow::Result<f64> {
-    let started = std::time::Instant::now();
-    let second = std::time::Duration::from_secs(1);
+) -> anyhow::Result<()> {
     let search = FilterParams {
         search: Some("customer-4242:order-".into()),
         ..FilterParams::default()
@@ -157,24 +233,14 @@ async fn use_console(
         by: Some("class".into()),
         ..GroupParams::default()
     };
-    let mut turn = 0u64;
-    if usage == Use::Paced {
-        turn = (started.duration_since(clock).as_secs()) + 1;
-        wait_until(
-            clock + second * u32::try_from(turn).unwrap_or(u32::MAX),
-            &stop,
-        )
-        .await;
-    }
+    let mut turn = first_turn;
     while usage != Use::None && !stop.load(Ordering::SeqCst) {
-        // Every turn is a second when paced: the overview every 5th, the operator every 2nd.
         let overview = usage == Use::BackToBack || turn % 5 == 0;
         let operator = usage == Use::BackToBack || turn % 2 == 0;
         if overview {
             operations
                 .groups(&FilterParams::default(), &GroupParams::default())
                 .await?;
-            answered.fetch_add(1, Ordering::SeqCst);
         }
         if operator {
             match turn % 4 {
@@ -185,25 +251,54 @@ async fn use_console(
                 ),
                 _ => drop(operations.list(&search, &PageRequest::default()).await?),
             }
-            answered.fetch_add(1, Ordering::SeqCst);
         }
         turn += 1;
         if usage == Use::Paced {
-            wait_until(
-                clock + second * u32::try_from(turn).unwrap_or(u32::MAX),
-                &stop,
-            )
-            .await;
+            let seconds = u32::try_from(turn - first_turn).unwrap_or(u32::MAX);
+            wait_until(started + Duration::from_secs(1) * seconds, &stop).await;
         }
     }
-    Ok(started.elapsed().as_secs_f64())
+    Ok(())
 }
 
 /// Sleeps until `until`, or until `stop` is set.
-async fn wait_until(until: std::time::Instant, stop: &AtomicBool) {
-    while !stop.load(Ordering::SeqCst) && std::time::Instant::now() < until {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+async fn wait_until(until: Instant, stop: &AtomicBool) {
+    while !stop.load(Ordering::SeqCst) && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Fails unless every noop task stored after `last_seeded` was either resolved by one
+/// attempt (`resolved` of them, as the fleet counted) or never attempted (the backlog
+/// left due when the drain stopped).
+pub(super) async fn check_drained(
+    store: &Store,
+    last_seeded: i64,
+    resolved: u64,
+) -> anyhow::Result<()> {
+    let (total, resolved_once, untouched): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*),
+                count(*) FILTER (WHERE status = 'resolved' AND attempts = 1
+                    AND (SELECT count(*) FROM recovery_attempt a WHERE a.task_id = t.id) = 1
+                    AND EXISTS (SELECT 1 FROM recovery_attempt a
+                                WHERE a.task_id = t.id AND a.outcome = 'resolved')),
+                count(*) FILTER (WHERE status = 'failed' AND attempts = 0
+                    AND NOT EXISTS (SELECT 1 FROM recovery_attempt a WHERE a.task_id = t.id))
+         FROM recovery_task t WHERE id > $1 AND handler = 'noop'",
+    )
+    .bind(last_seeded)
+    .fetch_one(store.pool())
+    .await?;
+    anyhow::ensure!(
+        resolved_once == resolved as i64 && resolved_once + untouched == total,
+        "of {total} drained tasks {resolved_once} were resolved by exactly one attempt \
+         (the fleet counted {resolved}) and {untouched} never attempted"
+    );
+    outln!(
+        "  checked: {resolved} drained tasks resolved exactly once, {untouched} left due \
+         untouched"
+    );
+    Ok(())
 }
 
 /// Inserts `count` unattempted noop tasks due now, by SQL.

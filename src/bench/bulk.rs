@@ -21,7 +21,8 @@ pub struct BulkBenchOptions {
     /// Tasks the bulk action selects by filter (one handler no member serves).
     #[arg(long, default_value_t = 1_000_000, value_parser = super::at_least_one())]
     pub bulk_tasks: usize,
-    /// Tasks the fleet drains per measurement (enqueued before each).
+    /// Tasks the fleet drains per measurement (enqueued before each); in `console`'s drain
+    /// beside the console, the backlog kept due while it drains.
     #[arg(long, default_value_t = 50_000, value_parser = super::at_least_one())]
     pub drain_tasks: usize,
     /// Rounds of (drain alone, drain beside the bulk action); the medians are reported.

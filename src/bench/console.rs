@@ -44,6 +44,10 @@ pub struct ConsoleBenchOptions {
     /// Options of the bulk action beside a drain.
     #[command(flatten)]
     pub bulk: super::bulk::BulkBenchOptions,
+    /// Length of each window of the drain beside the console (alternately alone and
+    /// beside it; `--rounds` sets how many).
+    #[arg(long, default_value = "10s", value_parser = super::length_of_time)]
+    pub drain_window: Duration,
     /// Only the "what broke" figures: groups and search latency, and the drain beside an
     /// operator grouping and searching (no list latency, no bulk action).
     #[arg(long)]
@@ -133,14 +137,16 @@ pub async fn run(settings: &Settings, options: &ConsoleBenchOptions) -> anyhow::
     list_latency(&settings, &store, options).await?;
     let operations = bench_fleet(&settings, 100, 400)?
         .operations(admin::api_store(&settings.database, &settings.admin)?);
-    super::broke::drain_beside_console(
+    let resolved = super::broke::drain_beside_console(
         &settings,
         &store,
         &operations,
         options.bulk.drain_tasks,
         options.bulk.rounds,
+        options.drain_window,
     )
     .await?;
+    super::broke::check_drained(&store, last_seeded, resolved).await?;
     // The drained tasks go, so that the seeded store can be checked as it was: they
     // came after the seeded ones, so by id (by handler, it read every task of a 10M
     // store for minutes).

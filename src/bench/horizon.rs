@@ -42,16 +42,16 @@ pub struct HorizonBenchOptions {
     #[arg(long, default_value_t = 3800, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub rate: u32,
     /// How long the stream runs before the snapshot is taken.
-    #[arg(long, default_value = "60s", value_parser = phase)]
+    #[arg(long, default_value = "60s", value_parser = super::length_of_time)]
     pub before: Duration,
     /// How long the snapshot is held.
-    #[arg(long, default_value = "120s", value_parser = phase)]
+    #[arg(long, default_value = "120s", value_parser = super::length_of_time)]
     pub pin: Duration,
     /// How long the stream goes on after the snapshot is released.
-    #[arg(long, default_value = "60s", value_parser = phase)]
+    #[arg(long, default_value = "60s", value_parser = super::length_of_time)]
     pub after: Duration,
     /// Length of one reported window.
-    #[arg(long, default_value = "10s", value_parser = phase)]
+    #[arg(long, default_value = "10s", value_parser = super::length_of_time)]
     pub window: Duration,
     /// Bytes of each task's value.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
@@ -68,15 +68,6 @@ pub struct HorizonBenchOptions {
     /// under /usr/lib/postgresql).
     #[arg(long)]
     pub pg_bin: Option<PathBuf>,
-}
-
-/// A phase's length: at least a second, at most a day.
-fn phase(text: &str) -> Result<Duration, String> {
-    let length = humantime::parse_duration(text).map_err(|e| e.to_string())?;
-    if !(Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&length) {
-        return Err(format!("must be between 1s and 1day (got {text})"));
-    }
-    Ok(length)
 }
 
 /// Which part of the run a window belongs to.

@@ -78,6 +78,15 @@ pub enum BenchKind {
     RedrivePace(pace::PaceBenchOptions),
 }
 
+/// A length of time given to a benchmark: at least a second, at most a day.
+fn length_of_time(text: &str) -> Result<Duration, String> {
+    let length = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if !(Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&length) {
+        return Err(format!("must be between 1s and 1day (got {text})"));
+    }
+    Ok(length)
+}
+
 /// A count of at least one.
 fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::new().range(1..)
