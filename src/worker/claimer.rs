@@ -203,12 +203,12 @@ impl Claimer {
             correlation_id = task.failure.correlation_id.as_deref(),
         );
         let store = self.store.clone();
+        let in_flight = self.in_flight.clone();
         let work = async move {
             permits.wait_for_turn().await;
             let (finish, verdict) =
-                attempt::run_attempt(&store, &registered, &task, &worker_id, lease_lost.clone())
-                    .await;
-            if lease_lost.is_cancelled() {
+                attempt::run_attempt(&store, &registered, &task, &worker_id, lease_lost).await;
+            if !in_flight.finishing(task.lease()) {
                 // Fenced or lapsed meanwhile: the write would be fenced out anyway. The
                 // call has stopped: a task an operator acted on may run again at once.
                 metrics.in_flight.dec();

@@ -80,7 +80,6 @@ impl Finisher {
 
     async fn flush(self, batch: Vec<Completion>) {
         let results: Vec<Finish> = batch.iter().map(|c| c.finish.clone()).collect();
-        self.in_flight.finishing(results.iter().map(|r| r.lease));
         let deadline = Instant::now() + self.give_up_after;
         let mut pause = Pause::database();
         let written = loop {

@@ -31,7 +31,7 @@ pub(crate) struct InFlight {
 struct Held {
     lost: CancellationToken,
     deadline: Instant,
-    /// Its result is being written: a heartbeat that no longer finds the lease may have
+    /// Its result went to be written: a heartbeat that no longer finds the lease may have
     /// met that write, so only the write's answer says whether it was taken over.
     finishing: bool,
 }
@@ -84,14 +84,17 @@ impl InFlight {
         lapsing.len()
     }
 
-    /// Marks leases whose results are about to be written: [`InFlight::lose`] leaves
-    /// them to the writer.
-    pub(crate) fn finishing(&self, leases: impl IntoIterator<Item = Lease>) {
-        let mut held = self.leases.lock().expect("in-flight lock");
-        for lease in leases {
-            if let Some(held) = held.get_mut(&lease) {
+    /// Marks a lease whose result goes to be written, if it is still held: from then on
+    /// [`InFlight::lose`] leaves it to the write, which counts a takeover itself.
+    /// Answers false when it was lost meanwhile (the result is to be dropped).
+    pub(crate) fn finishing(&self, lease: Lease) -> bool {
+        let mut leases = self.leases.lock().expect("in-flight lock");
+        match leases.get_mut(&lease) {
+            Some(held) => {
                 held.finishing = true;
+                true
             }
+            None => false,
         }
     }
 

@@ -490,6 +490,85 @@ async fn a_heartbeat_meeting_results_being_written_counts_no_lease_taken_over() 
     );
 }
 
+/// Answers once the test lets it: each call takes a permit of `gate`.
+struct Gated {
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+#[async_trait]
+impl Handler for Gated {
+    async fn handle(&self, _ctx: &HandlerContext, _task: &Task) -> Result<(), HandlerError> {
+        self.gate.acquire().await.expect("gate open").forget();
+        Ok(())
+    }
+}
+
+/// Regression (attack on the heartbeat fix, two members, one stopped past its lease):
+/// a real takeover of a lease whose result waited for the finisher was counted twice in
+/// `redrive_fenced_writes_total`, by the heartbeat and again by the fenced write. Here
+/// the results wait (the history table locked, so no result can be written) while a
+/// rival takes every lease; each must be counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_taken_over_while_its_result_waits_to_be_written_is_counted_once() {
+    let (store, mut settings) = fresh_store().await;
+    settings.worker.heartbeat = Duration::from_millis(50);
+    settings.worker.batch_size = 4;
+    settings.worker.concurrency = 20;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let fleet = fleet(&settings, Gated { gate: gate.clone() });
+    let metrics = fleet.metrics().clone();
+    let tasks: Vec<NewTask> = (0..20).map(|_| NewTask::new("h", b"x".to_vec())).collect();
+    store.enqueue_many(&tasks).await.unwrap();
+    let member = Member::start(fleet, &store);
+    eventually(Duration::from_secs(10), "20 tasks leased", || async {
+        scalar(
+            &store,
+            "SELECT count(*) FROM recovery_task WHERE lease_owner IS NOT NULL",
+        )
+        .await
+            == 20
+    })
+    .await;
+    let mut lock = store.pool().begin().await.unwrap();
+    sqlx::query("LOCK TABLE recovery_attempt IN SHARE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    gate.add_permits(20);
+    // The handlers answer; their results wait on the lock, in the finisher's writes or
+    // queued for them.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let taken = sqlx::query(
+        "UPDATE recovery_task SET lease_version = lease_version + 1, lease_owner = 'rival'",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(taken, 20);
+    // Heartbeats meet the leases gone.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    lock.rollback().await.unwrap();
+    let counted = || {
+        ["heartbeat", "finish"]
+            .map(|operation| metrics.fenced_writes.with_label_values(&[operation]).get())
+    };
+    eventually(
+        Duration::from_secs(10),
+        "every result written or dropped",
+        || async { counted().iter().sum::<u64>() >= 20 && metrics.in_flight.get() == 0 },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        counted().iter().sum::<u64>(),
+        20,
+        "20 leases taken over, counted (heartbeat, finish) {:?}",
+        counted()
+    );
+    member.stop().await;
+}
+
 /// Ignores cancellation: the first attempt takes 1.5 s, later ones 4 s.
 struct Stubborn {
     calls: Arc<AtomicUsize>,
