@@ -69,11 +69,12 @@ impl InFlight {
     }
 
     /// Cancels the leases whose local deadline passes before `by`: they may be taken
-    /// over by then. Returns how many.
+    /// over by then. Leaves alone those whose results went to be written (their write
+    /// tells). Returns how many.
     fn lose_lapsing(&self, by: Instant) -> usize {
         let mut leases = self.leases.lock().expect("in-flight lock");
         let lapsing: Vec<Lease> = (leases.iter())
-            .filter(|(_, held)| held.deadline <= by)
+            .filter(|(_, held)| held.deadline <= by && !held.finishing)
             .map(|(lease, _)| *lease)
             .collect();
         for lease in &lapsing {

@@ -421,7 +421,8 @@ async fn a_lost_lease_cancels_the_handler_and_drops_its_result() {
     .await;
     // Another worker takes the task over (as after a lease lapse).
     sqlx::query(
-        "UPDATE recovery_task SET lease_version = lease_version + 1, lease_owner = 'rival'",
+        "UPDATE recovery_task SET lease_version = lease_version + 1, lease_owner = 'rival', \
+         next_attempt_at = now() + interval '1 hour'",
     )
     .execute(store.pool())
     .await
@@ -505,12 +506,14 @@ impl Handler for Gated {
 
 /// Regression (attack on the heartbeat fix, two members, one stopped past its lease):
 /// a real takeover of a lease whose result waited for the finisher was counted twice in
-/// `redrive_fenced_writes_total`, by the heartbeat and again by the fenced write. Here
-/// the results wait (the history table locked, so no result can be written) while a
+/// `redrive_fenced_writes_total`, by the heartbeat and again by the fenced write; and
+/// (second attack) once more as lapsed locally when its deadline passed. Here the results
+/// wait past their lease (the history table locked, so no result can be written) while a
 /// rival takes every lease; each must be counted once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_taken_over_while_its_result_waits_to_be_written_is_counted_once() {
     let (store, mut settings) = fresh_store().await;
+    settings.worker.lease = Duration::from_secs(1);
     settings.worker.heartbeat = Duration::from_millis(50);
     settings.worker.batch_size = 4;
     settings.worker.concurrency = 20;
@@ -539,19 +542,21 @@ async fn a_lease_taken_over_while_its_result_waits_to_be_written_is_counted_once
     // queued for them.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let taken = sqlx::query(
-        "UPDATE recovery_task SET lease_version = lease_version + 1, lease_owner = 'rival'",
+        "UPDATE recovery_task SET lease_version = lease_version + 1, lease_owner = 'rival', \
+         next_attempt_at = now() + interval '1 hour'",
     )
     .execute(store.pool())
     .await
     .unwrap()
     .rows_affected();
     assert_eq!(taken, 20);
-    // Heartbeats meet the leases gone.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Heartbeats meet the leases gone, and their deadlines pass.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
     lock.rollback().await.unwrap();
     let counted = || {
-        ["heartbeat", "finish"]
-            .map(|operation| metrics.fenced_writes.with_label_values(&[operation]).get())
+        let [heartbeat, finish] = ["heartbeat", "finish"]
+            .map(|operation| metrics.fenced_writes.with_label_values(&[operation]).get());
+        [heartbeat, finish, metrics.leases_lapsed_locally.get()]
     };
     eventually(
         Duration::from_secs(10),
@@ -563,7 +568,7 @@ async fn a_lease_taken_over_while_its_result_waits_to_be_written_is_counted_once
     assert_eq!(
         counted().iter().sum::<u64>(),
         20,
-        "20 leases taken over, counted (heartbeat, finish) {:?}",
+        "20 leases taken over, counted (heartbeat, finish, lapsed locally) {:?}",
         counted()
     );
     member.stop().await;
