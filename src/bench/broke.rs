@@ -1,6 +1,7 @@
-//! The drain figure of `redrive bench console --what-broke-only`, on its seeded store: a
-//! fleet's drain beside an operator who groups and searches, against the same drain
-//! alone (one drain, windows alone and beside the console in turn). The groups and search latency is timed with the list's
+//! The drain figure of `redrive bench console`, on its seeded store: a fleet's drain
+//! beside the console in use over HTTP (its overview open, an operator grouping and
+//! searching), against the same drain alone (one drain, windows alone and beside the
+//! console in turn). The groups and search latency is timed with the list's
 //! (`super::console`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,8 +11,8 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::median;
+use super::served::Browser;
 use crate::config::Settings;
-use crate::operations::{FilterParams, GroupParams, Operations, PageRequest};
 use crate::output::outln;
 use crate::store::Store;
 
@@ -20,10 +21,11 @@ use crate::store::Store;
 enum Use {
     /// No console.
     None,
-    /// As at 3 a.m.: the overview open (its "What broke" refreshed every 5 s, as the
-    /// console does) and an operator grouping by class or searching every 2 s.
+    /// As at 3 a.m.: the console's overview open (its figures, What broke among them,
+    /// refreshed every 5 s, as its page does) and an operator opening all causes by
+    /// class or searching the task list every 2 s.
     Paced,
-    /// The worst case: groups and searches back to back, one after another.
+    /// The worst case: those pages back to back, one after another.
     BackToBack,
 }
 
@@ -37,7 +39,7 @@ enum Use {
 pub(super) async fn drain_beside_console(
     settings: &Settings,
     store: &Store,
-    operations: &Operations,
+    browser: &Browser,
     backlog: usize,
     rounds: usize,
     window: Duration,
@@ -45,10 +47,10 @@ pub(super) async fn drain_beside_console(
     outln!(
         "drain beside a console: one fleet (batch 100, concurrency 400) drains noop tasks, \
          {backlog} kept due by inserts, for windows of {} s: 2 alone to warm up, then \
-         {rounds} round(s) of (alone, beside a console in use, alone, beside groupings and \
-         searches back to back) and one alone; a console in use is What broke every 5 s \
-         and a grouping or search every 2 s. Each window beside the console is judged \
-         against the mean of the two alone around it:",
+         {rounds} round(s) of (alone, beside a console in use, alone, beside its pages \
+         back to back) and one alone; a console in use is its overview open (figures \
+         every 5 s) and all causes by class or a search every 2 s, over HTTP. Each window \
+         beside the console is judged against the mean of the two alone around it:",
         window.as_secs_f64()
     );
     let fleet = super::bench_fleet(settings, 100, 400)?;
@@ -69,7 +71,7 @@ pub(super) async fn drain_beside_console(
         schedule.extend([Use::None, Use::Paced, Use::None, Use::BackToBack]);
     }
     schedule.push(Use::None);
-    let measured = measure_windows(store, operations, &schedule, window, || resolved.get()).await;
+    let measured = measure_windows(store, browser, &schedule, window, || resolved.get()).await;
     shutdown.cancel();
     let fed = feeding.await?;
     running.await??;
@@ -91,7 +93,7 @@ struct Window {
 /// drain's resolved count from `resolved` at each window's ends.
 async fn measure_windows(
     store: &Store,
-    operations: &Operations,
+    browser: &Browser,
     schedule: &[Use],
     length: Duration,
     resolved: impl Fn() -> u64,
@@ -103,7 +105,7 @@ async fn measure_windows(
         let (started, before) = (Instant::now(), resolved());
         let stop = Arc::new(AtomicBool::new(false));
         let first_turn = index as u64 * whole_seconds;
-        let operator = use_console(operations, usage, started, first_turn, stop.clone());
+        let operator = use_console(browser, usage, started, first_turn, stop.clone());
         let timer = async {
             tokio::time::sleep(length).await;
             stop.store(true, Ordering::SeqCst);
@@ -215,41 +217,28 @@ async fn vacuums(store: &Store) -> anyhow::Result<(i64, i64, bool)> {
     Ok((ended, analyzed, running))
 }
 
-/// Uses the console as `usage` says until `stop`, counting from `started`. Paced, turn
-/// `n` of the run is the second `n - first_turn` after `started`: the overview every 5th,
-/// the operator (a grouping by class and a search in turn) every 2nd.
+/// Uses the console over HTTP as `usage` says until `stop`, counting from `started`.
+/// Paced, turn `n` of the run is the second `n - first_turn` after `started`: the
+/// overview's figures every 5th (what its page's script asks for while it is open), the
+/// operator every 2nd (all causes by class, and a search of the task list, in turn).
 async fn use_console(
-    operations: &Operations,
+    browser: &Browser,
     usage: Use,
     started: Instant,
     first_turn: u64,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
-    let search = FilterParams {
-        search: Some("customer-4242:order-".into()),
-        ..FilterParams::default()
-    };
-    let by_class = GroupParams {
-        by: Some("class".into()),
-        ..GroupParams::default()
-    };
     let mut turn = first_turn;
     while usage != Use::None && !stop.load(Ordering::SeqCst) {
         let overview = usage == Use::BackToBack || turn % 5 == 0;
         let operator = usage == Use::BackToBack || turn % 2 == 0;
         if overview {
-            operations
-                .groups(&FilterParams::default(), &GroupParams::default())
-                .await?;
+            browser.open("/console/live/overview").await?;
         }
         if operator {
             match turn % 4 {
-                0 | 1 => drop(
-                    operations
-                        .groups(&FilterParams::default(), &by_class)
-                        .await?,
-                ),
-                _ => drop(operations.list(&search, &PageRequest::default()).await?),
+                0 | 1 => browser.open("/console/causes?by=class&since=all").await?,
+                _ => (browser.open("/console/tasks?search=customer-4242%3Aorder-")).await?,
             }
         }
         turn += 1;

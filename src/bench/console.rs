@@ -11,14 +11,12 @@
 //! Each part ends by checking that every task it created is in the state it should be,
 //! and fails otherwise.
 
-use anyhow::Context;
 use clap::Args;
 use secrecy::SecretString;
 use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
 
-use super::{bench_fleet, drop_schema, fresh_store};
-use crate::admin::{self, Tokens};
+use super::served::{serve_console, Browser, TOKEN};
+use super::{drop_schema, fresh_store};
 use crate::config::{AdminToken, Role, Settings};
 use crate::output::outln;
 use crate::store::Store;
@@ -53,9 +51,6 @@ pub struct ConsoleBenchOptions {
     #[arg(long)]
     pub what_broke_only: bool,
 }
-
-/// The token the benchmark signs in with.
-const TOKEN: &str = "bench-console-token-0123456789";
 
 /// One timed query: its name and the query string it sends.
 struct Query {
@@ -134,18 +129,20 @@ pub async fn run(settings: &Settings, options: &ConsoleBenchOptions) -> anyhow::
     let last_seeded: i64 = sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM recovery_task")
         .fetch_one(store.pool())
         .await?;
-    list_latency(&settings, &store, options).await?;
-    let operations = bench_fleet(&settings, 100, 400)?
-        .operations(admin::api_store(&settings.database, &settings.admin)?);
+    let (browser, stop, serving) = serve_console(&settings).await?;
+    list_latency(&browser, &store, options).await?;
     let resolved = super::broke::drain_beside_console(
         &settings,
         &store,
-        &operations,
+        &browser,
         options.bulk.drain_tasks,
         options.bulk.rounds,
         options.drain_window,
     )
-    .await?;
+    .await;
+    stop.cancel();
+    serving.await?;
+    let resolved = resolved?;
     super::broke::check_drained(&store, last_seeded, resolved).await?;
     // The drained tasks go, so that the seeded store can be checked as it was: they
     // came after the seeded ones, so by id (by handler, it read every task of a 10M
@@ -167,29 +164,18 @@ pub async fn run(settings: &Settings, options: &ConsoleBenchOptions) -> anyhow::
     super::bulk::run(&settings, &options.bulk).await
 }
 
-/// Serves the admin router, signs in, and times every query on the console and the API,
-/// as seeded and (with `analyze`) after `VACUUM (ANALYZE)`.
+/// Times every query on the console and the API, as seeded and (with `analyze`) after
+/// `VACUUM (ANALYZE)`.
 async fn list_latency(
-    settings: &Settings,
+    browser: &Browser,
     store: &Store,
     options: &ConsoleBenchOptions,
 ) -> anyhow::Result<()> {
-    let api_store = admin::api_store(&settings.database, &settings.admin)?;
-    let operations = bench_fleet(settings, 100, 400)?.operations(api_store);
-    let app = admin::router(operations, Tokens::new(&settings.admin));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    let stop = CancellationToken::new();
-    let serving = tokio::spawn(admin::serve(
-        listener,
-        app,
-        stop.clone(),
-        Duration::from_secs(5),
-    ));
-    let client = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()?;
-    let cookie = sign_in(&client, &base).await?;
+    let Browser {
+        client,
+        base,
+        cookie,
+    } = browser;
     let rounds: &[bool] = if options.analyze {
         &[false, true]
     } else {
@@ -203,12 +189,10 @@ async fn list_latency(
             outln!("after VACUUM (ANALYZE), as autovacuum keeps the table:");
         }
         if !options.what_broke_only {
-            list_round(&client, &base, &cookie, options, analyzed).await?;
+            list_round(client, base, cookie, options, analyzed).await?;
         }
-        what_broke_latency(&client, &base, options, analyzed).await?;
+        what_broke_latency(client, base, options, analyzed).await?;
     }
-    stop.cancel();
-    serving.await?;
     Ok(())
 }
 
@@ -332,28 +316,9 @@ async fn what_broke_latency(
     Ok(())
 }
 
-/// Signs in to the console with [`TOKEN`] as a browser does; answers the session cookie.
-async fn sign_in(client: &reqwest::Client, base: &str) -> anyhow::Result<String> {
-    let response = client
-        .post(format!("{base}/console/login"))
-        .form(&[("token", TOKEN), ("next", "/console/tasks")])
-        .send()
-        .await?;
-    anyhow::ensure!(
-        response.status() == reqwest::StatusCode::SEE_OTHER,
-        "signing in answered {}",
-        response.status()
-    );
-    let cookie = response
-        .headers()
-        .get(reqwest::header::SET_COOKIE)
-        .context("signing in set no cookie")?
-        .to_str()?;
-    Ok(cookie.split(';').next().unwrap_or_default().to_owned())
-}
-
 /// Sends `options.warmup` then `options.requests` GETs of `url` one after another, each
-/// read whole and required to answer 200; answers the timed ones' percentiles.
+/// read whole, required to answer 200 and asking not to be answered from a shared
+/// count (`Cache-Control: no-cache`); answers the timed ones' percentiles.
 async fn time_requests(
     client: &reqwest::Client,
     url: &str,
@@ -363,7 +328,11 @@ async fn time_requests(
     let mut times = Vec::with_capacity(options.requests);
     for i in 0..options.warmup + options.requests {
         let started = Instant::now();
-        let response = client.get(url).header(header, &value).send().await?;
+        // Counted every time: a grouping shared between callers would time nothing.
+        let response = (client.get(url).header(header, &value))
+            .header("cache-control", "no-cache")
+            .send()
+            .await?;
         let status = response.status();
         let body = response.bytes().await?;
         anyhow::ensure!(

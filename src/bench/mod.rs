@@ -18,6 +18,7 @@ pub mod ops;
 pub mod pace;
 pub mod rebalance;
 pub mod scale;
+mod served;
 mod server;
 mod statements;
 mod stream;

@@ -22,7 +22,6 @@ use tokio_util::sync::CancellationToken;
 use super::cpu::CpuTimes;
 use super::{bench_fleet, drop_schema, fresh_store, server, statements};
 use crate::config::Settings;
-use crate::fleet::upkeep::SAMPLE_EVERY;
 use crate::output::outln;
 use crate::store::{next_turn_after, Store};
 
@@ -181,7 +180,7 @@ async fn size_figure(
         "\n-- {label}: filled in {:.0} s; a fleet sample took {:.2} s (the next waits {:.0} s); one member drains {}",
         filling.elapsed().as_secs_f64(),
         sampling.elapsed().as_secs_f64(),
-        next_turn_after(SAMPLE_EVERY, figures.count_ms).as_secs_f64(),
+        next_turn_after(crate::store::SAMPLE_EVERY, figures.count_ms).as_secs_f64(),
         count(drain)
     );
     let drained = drain_with(settings, &store, options, 1, drain).await?;

@@ -47,7 +47,9 @@ pub async fn print(operations: &Operations, args: &GroupsArgs) -> anyhow::Result
         buckets: args.buckets,
         limit: args.limit,
     };
-    let groups = operations.groups(&args.filter.params(), &params).await?;
+    let groups = operations
+        .groups(&args.filter.params(), &params, true)
+        .await?;
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&groups)?);
         return Ok(());

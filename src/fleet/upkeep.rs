@@ -212,9 +212,6 @@ pub async fn run_detached_replays(
     }
 }
 
-/// How often members refresh the fleet-wide gauges (one of them counts per turn).
-pub const SAMPLE_EVERY: Duration = Duration::from_secs(15);
-
 /// Keeps the fleet-wide gauges (tasks by status and handler, due work, live members)
 /// current until shutdown.
 pub async fn sample_fleet_figures(store: Store, metrics: Metrics, shutdown: CancellationToken) {
@@ -222,14 +219,14 @@ pub async fn sample_fleet_figures(store: Store, metrics: Metrics, shutdown: Canc
     let mut shown = std::collections::HashSet::new();
     let mut shown_causes = std::collections::HashSet::new();
     loop {
-        match store.sample_figures(SAMPLE_EVERY).await {
+        match store.sample_figures(crate::store::SAMPLE_EVERY).await {
             Ok(figures) => {
                 trouble.ok("sampling the fleet's figures");
                 show(&metrics, &figures, &mut shown, &mut shown_causes);
             }
             Err(error) => trouble.failed("sampling the fleet's figures", &error),
         }
-        if !pause(SAMPLE_EVERY, &shutdown).await {
+        if !pause(crate::store::SAMPLE_EVERY, &shutdown).await {
             return;
         }
     }

@@ -318,7 +318,11 @@ impl Operations {
         let most = approved.map(|approved| approved.selected);
         let report = (self.store)
             .act_reporting(&operator, &action, &selection, most, progress)
-            .await?;
+            .await;
+        // Whoever acted sees the effect in the groups at once, even of an action that
+        // stopped part way.
+        self.shared_groups.drop_all();
+        let report = report?;
         answer.changed = report.changed;
         answer.refused = report.refused;
         answer.audit_id = Some(report.audit_id);

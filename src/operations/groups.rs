@@ -2,7 +2,10 @@
 //! topic), for `redrive tasks groups`, `GET /api/v1/groups` and the console's overview.
 
 use serde::{Deserialize, Serialize};
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::error::{OperationError, Result};
 use super::selection::FilterParams;
@@ -104,11 +107,95 @@ fn bad(message: impl Into<String>) -> OperationError {
     OperationError::bad_request(message)
 }
 
+/// How long a grouping is shared: every caller of this process asking the same within
+/// this long gets the same answer, counted once (its `counted_at` says when). The fleet's
+/// sample counts the overview's other figures as often.
+pub const GROUPS_SHARED_FOR: Duration = crate::store::SAMPLE_EVERY;
+/// Most groupings kept at once; past it, stale ones go, and a new one is not kept while
+/// every kept one is fresh.
+const MOST_SHARED: usize = 64;
+/// Longest query shared (a filter's texts are in it): longer ones are counted each time.
+const LONGEST_SHARED_KEY: usize = 4096;
+
+/// The groupings of this process, shared for [`GROUPS_SHARED_FOR`]: a grouping reads the
+/// cause index of every task not done, which beside a drain costs a backend half a
+/// second on ten million tasks, and every open console and every script polling the API
+/// would otherwise pay it again. An action through this process drops them all, so that
+/// whoever acted sees its effect at once; an action through another member shows within
+/// [`GROUPS_SHARED_FOR`].
+#[derive(Default)]
+pub(super) struct SharedGroups {
+    /// Bumped by every action: answers counted before it are not shared after it.
+    generation: AtomicU64,
+    /// One slot per query; a slot's lock makes callers of the same query wait for one
+    /// count instead of each counting.
+    slots: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Shared>>>>>,
+}
+
+/// A grouping as counted, with when and in which generation.
+struct Shared {
+    groups: Groups,
+    counted: Instant,
+    generation: u64,
+}
+
+impl SharedGroups {
+    /// Answers counted before this are no longer shared.
+    pub(super) fn drop_all(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The slot of `key`, or none when [`MOST_SHARED`] fresh ones are kept.
+    fn slot(&self, key: String) -> Option<Arc<tokio::sync::Mutex<Option<Shared>>>> {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        if !slots.contains_key(&key) && slots.len() >= MOST_SHARED {
+            // A slot in use (its lock held) is counting: it stays.
+            slots.retain(|_, slot| {
+                slot.try_lock().map_or(true, |shared| {
+                    (shared.as_ref()).is_some_and(|s| s.counted.elapsed() < GROUPS_SHARED_FOR)
+                })
+            });
+            if slots.len() >= MOST_SHARED {
+                return None;
+            }
+        }
+        Some(slots.entry(key).or_default().clone())
+    }
+}
+
 impl Operations {
     /// The groups of the tasks `filter` selects (with no status given, those not done:
-    /// failed and permanent_failure), biggest first.
-    pub async fn groups(&self, filter: &FilterParams, params: &GroupParams) -> Result<Groups> {
+    /// failed and permanent_failure), biggest first. The same query within
+    /// [`GROUPS_SHARED_FOR`] of its count, with no action through this process since,
+    /// is answered from that count; `fresh` counts again whatever was shared.
+    pub async fn groups(
+        &self,
+        filter: &FilterParams,
+        params: &GroupParams,
+        fresh: bool,
+    ) -> Result<Groups> {
         let query = params.query(filter)?;
-        Ok(self.store.groups(&query).await?)
+        let key = format!("{filter:?}|{params:?}");
+        let Some(slot) = (key.len() <= LONGEST_SHARED_KEY)
+            .then(|| self.shared_groups.slot(key))
+            .flatten()
+        else {
+            return Ok(self.store.groups(&query).await?);
+        };
+        let mut shared = slot.lock().await;
+        let generation = self.shared_groups.generation.load(Ordering::SeqCst);
+        if let Some(kept) = shared.as_ref().filter(|kept| {
+            !fresh && kept.generation == generation && kept.counted.elapsed() < GROUPS_SHARED_FOR
+        }) {
+            return Ok(kept.groups.clone());
+        }
+        let counted = Instant::now();
+        let groups = self.store.groups(&query).await?;
+        *shared = Some(Shared {
+            groups: groups.clone(),
+            counted,
+            generation,
+        });
+        Ok(groups)
     }
 }

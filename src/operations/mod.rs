@@ -78,6 +78,8 @@ pub struct Operations {
     breakers: BTreeMap<String, BreakerSettings>,
     /// Four eyes: actions selecting more tasks wait for a second operator.
     approval_over: Option<u64>,
+    /// Groupings shared by this process's callers for a few seconds.
+    shared_groups: groups::SharedGroups,
 }
 
 impl Operations {
@@ -94,6 +96,7 @@ impl Operations {
                 .filter_map(|(name, h)| Some((name.clone(), h.breaker.clone()?)))
                 .collect(),
             approval_over: settings.operations.approval_over,
+            shared_groups: groups::SharedGroups::default(),
         }
     }
 

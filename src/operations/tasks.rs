@@ -6,6 +6,7 @@ use super::selection::{select, FilterParams};
 use super::Operations;
 use crate::store::{CheckReport, Member, OutcomeMinute, Stats, TaskDetail, TaskSummary};
 use crate::task::TaskId;
+use chrono::{DateTime, Utc};
 
 impl Operations {
     /// A page of the tasks `filter` selects, newest first.
@@ -83,6 +84,13 @@ impl Operations {
     /// Counts by status and handler, due work, the last hour's outcomes, live members.
     pub async fn stats(&self) -> Result<Stats> {
         Ok(self.store.stats().await?)
+    }
+
+    /// The figures of [`Operations::stats`] as the fleet last sampled them, and when the
+    /// tasks were counted: for views refreshed every few seconds (see
+    /// [`crate::store::Store::sampled_stats`]).
+    pub async fn sampled_stats(&self) -> Result<(Stats, Option<DateTime<Utc>>)> {
+        Ok(self.store.sampled_stats().await?)
     }
 
     /// The last hour's attempt outcomes counted per minute, newest minute first.

@@ -176,6 +176,9 @@ pub struct Groups {
     /// ago). A group's list is this filter and the group's key, so that it lists, and an
     /// action on it acts on, what the group counts.
     pub filter: TaskFilter,
+    /// When the tasks were counted (a grouping may be shared for a few seconds: see
+    /// `Operations::groups`).
+    pub counted_at: DateTime<Utc>,
 }
 
 /// The groups of a selection, biggest first (`{KEY}`: the grouped column; `$20`: most
@@ -268,6 +271,7 @@ impl Store {
             .map(|s| Utc::now() - s);
         filter.failed_after = filter.failed_after.max(since);
         let statuses = filter.status.clone();
+        let counted_at = Utc::now();
         let selection = Selection::Filter(filter.clone());
         let buckets = query.buckets.clamp(1, 1000);
         let bucket_seconds = (query.trend.as_secs() / u64::from(buckets)).max(1);
@@ -419,6 +423,7 @@ impl Store {
             trend_start,
             bucket_seconds,
             filter,
+            counted_at,
         })
     }
 }

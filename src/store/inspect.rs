@@ -90,7 +90,7 @@ pub struct Stats {
     pub tasks: Vec<StatusCount>,
     /// Per handler with due tasks: how many and the oldest's age.
     pub due: Vec<OldestDue>,
-    /// History rows of the last hour by outcome.
+    /// Attempts of the last hour by outcome (by the minute they started: up to 61 minutes).
     pub last_hour: Vec<OutcomeCount>,
     /// Members seen recently.
     pub members: Vec<super::members::Member>,
@@ -318,20 +318,7 @@ impl Store {
             })
         })
         .collect::<Result<Vec<_>>>()?;
-        let last_hour = sqlx::query(
-            "SELECT outcome, count(*) AS n FROM recovery_attempt \
-             WHERE started_at > now() - interval '1 hour' GROUP BY outcome ORDER BY outcome",
-        )
-        .fetch_all(&self.pool)
-        .await?
-        .iter()
-        .map(|r| {
-            Ok(OutcomeCount {
-                outcome: r.try_get("outcome")?,
-                count: r.try_get("n")?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+        let last_hour = self.last_hour().await?;
         Ok(Stats {
             tasks,
             due,

@@ -105,7 +105,10 @@ pub use replays::{
     Marks, NewReplay, ReplayJob, ReplayPage, ReplayRowError, Resumed, REPLAY_STALE_AFTER,
 };
 pub use retention::RETENTION_BATCH;
-pub use sample::{next_turn_after, FleetFigures, RESOLVED_RECOUNT, SAMPLED_CAUSES};
+pub use sample::{
+    next_turn_after, resolved_recount_after, FleetFigures, RESOLVED_RECOUNT, SAMPLED_CAUSES,
+    SAMPLE_ABANDONED, SAMPLE_EVERY,
+};
 pub use search::{SearchPage, Searched, SEARCH_TIMEOUT_MS};
 pub use timeline::OutcomeMinute;
 pub use transform::{NewPayload, StoredPayload, TRANSFORMABLE};

@@ -18,11 +18,39 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
+use super::inspect::{OldestDue, StatusCount};
 use super::members::MEMBER_LIVE_WITHIN;
+use super::Stats;
 use super::{Result, Store};
 
-/// How long the count of resolved tasks is reused by later samples.
+/// How often members refresh the fleet-wide figures (one of them counts per turn).
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(15);
+
+/// A sample whose last turn began longer ago than this has no member taking turns (the
+/// longest wait between turns is two minutes): a view then takes the turn itself.
+pub const SAMPLE_ABANDONED: Duration = Duration::from_secs(180);
+
+/// Longest the count of resolved tasks is reused by later samples.
 pub const RESOLVED_RECOUNT: Duration = Duration::from_secs(300);
+
+/// A count of the resolved tasks is reused for this many times as long as it took
+/// (within [`RESOLVED_RECOUNT`]): a small store's are counted every turn, ten million
+/// (4 s) every 200 s.
+pub const RESOLVED_COST_SHARE: f64 = 50.0;
+
+/// How long a count of the resolved tasks that took `count_ms` is reused: its cost times
+/// [`RESOLVED_COST_SHARE`], at most [`RESOLVED_RECOUNT`] (and that long when the time
+/// is unknown or not a number).
+pub fn resolved_recount_after(count_ms: Option<f64>) -> Duration {
+    match count_ms {
+        Some(ms) if ms.is_finite() => {
+            let reused =
+                (ms.max(0.0) * RESOLVED_COST_SHARE / 1000.0).min(RESOLVED_RECOUNT.as_secs_f64());
+            Duration::from_secs_f64(reused)
+        }
+        _ => RESOLVED_RECOUNT,
+    }
+}
 
 /// The next turn waits at least this many times as long as the last one's counting took.
 pub const SAMPLE_COST_SHARE: f64 = 10.0;
@@ -51,6 +79,10 @@ pub struct FleetFigures {
     /// When the resolved tasks were last counted (PostgreSQL's clock).
     #[serde(default)]
     pub resolved_counted_at: Option<DateTime<Utc>>,
+    /// How long that count of the resolved tasks took, in milliseconds (absent in
+    /// figures an earlier release stored).
+    #[serde(default)]
+    pub resolved_count_ms: Option<f64>,
     /// (handler, tasks due now, seconds the oldest has waited).
     pub due: Vec<(String, i64, f64)>,
     /// Members seen recently.
@@ -59,6 +91,10 @@ pub struct FleetFigures {
     /// seconds since the epoch), at most [`SAMPLED_CAUSES`].
     #[serde(default)]
     pub causes: Vec<(i64, String, i64, f64)>,
+    /// When these figures were counted (PostgreSQL's clock; absent in figures an
+    /// earlier release stored).
+    #[serde(default)]
+    pub counted_at: Option<DateTime<Utc>>,
     /// How long this sample's counting took, in milliseconds.
     #[serde(default)]
     pub count_ms: f64,
@@ -98,6 +134,14 @@ impl Store {
                 .bind(serde_json::to_value(&figures).expect("figures serialize"))
                 .execute(&self.pool)
                 .await?;
+            // The turn also keeps the outcome counts to the last two hours (the chart
+            // reads one).
+            sqlx::query(
+                "DELETE FROM recovery_outcome_minute \
+                 WHERE minute < now() - interval '2 hours' OR NOT isfinite(minute)",
+            )
+            .execute(&self.pool)
+            .await?;
             return Ok(figures);
         }
         let stored: String =
@@ -130,12 +174,12 @@ impl Store {
         );
         let recount = match previous.resolved_counted_at {
             // A clock that went back recounts too.
-            Some(at) => now
-                .signed_duration_since(at)
-                .to_std()
-                .map_or(true, |age| age >= RESOLVED_RECOUNT),
+            Some(at) => now.signed_duration_since(at).to_std().map_or(true, |age| {
+                age >= resolved_recount_after(previous.resolved_count_ms)
+            }),
             None => true,
         };
+        let resolving = std::time::Instant::now();
         let resolved_counted_at = if recount {
             tasks.extend(
                 sqlx::query_as::<_, (String, String, i64)>(
@@ -153,6 +197,11 @@ impl Store {
                 .filter(|(status, _, _)| status == "resolved");
             tasks.extend(resolved.cloned());
             previous.resolved_counted_at
+        };
+        let resolved_count_ms = if recount {
+            Some(resolving.elapsed().as_secs_f64() * 1000.0)
+        } else {
+            previous.resolved_count_ms
         };
         let due = sqlx::query_as(
             "SELECT handler, count(*), extract(epoch FROM now() - recovery_clamp_time(min(next_attempt_at)))::float8 \
@@ -184,11 +233,62 @@ impl Store {
         Ok(FleetFigures {
             tasks,
             resolved_counted_at,
+            resolved_count_ms,
             due,
             members_live,
             causes,
+            counted_at: Some(now),
             count_ms: 0.0,
         })
+    }
+}
+
+impl Store {
+    /// The figures of [`Store::stats`] as the fleet last sampled them, with the last
+    /// hour's outcomes and the live members, and when the tasks were counted. For a view
+    /// refreshed every few seconds: the members count once per turn for the whole fleet
+    /// ([`SAMPLE_EVERY`], and the resolved tasks, the bulk of a store, as
+    /// [`resolved_recount_after`] says), however many consoles are open. The caller
+    /// takes a turn itself only when no member took one for [`SAMPLE_ABANDONED`] (none
+    /// running): a view never races the members for the count, which on a huge backlog
+    /// takes longer than a request may.
+    pub async fn sampled_stats(&self) -> Result<(Stats, Option<DateTime<Utc>>)> {
+        let latest: Option<(String, bool)> = sqlx::query_as(
+            "SELECT figures::text, sampled_at > now() - $1 * interval '1 millisecond' \
+             FROM recovery_sample WHERE id = 1",
+        )
+        .bind(SAMPLE_ABANDONED.as_millis() as f64)
+        .fetch_optional(&self.pool)
+        .await?;
+        let figures = match latest {
+            Some((stored, true)) => readable_figures(&stored),
+            _ => self.sample_figures(SAMPLE_EVERY).await?,
+        };
+        let mut tasks: Vec<StatusCount> = (figures.tasks.iter())
+            .filter_map(|(status, handler, count)| {
+                Some(StatusCount {
+                    status: status.parse().ok()?,
+                    handler: handler.clone(),
+                    count: *count,
+                })
+            })
+            .collect();
+        tasks.sort_by(|a, b| (a.status.as_str(), &a.handler).cmp(&(b.status.as_str(), &b.handler)));
+        let mut due: Vec<OldestDue> = (figures.due.iter())
+            .map(|(handler, due, age)| OldestDue {
+                handler: handler.clone(),
+                due: *due,
+                oldest_due_seconds: *age,
+            })
+            .collect();
+        due.sort_by(|a, b| a.handler.cmp(&b.handler));
+        let stats = Stats {
+            tasks,
+            due,
+            last_hour: self.last_hour().await?,
+            members: self.live_members().await?,
+        };
+        Ok((stats, figures.counted_at))
     }
 }
 
@@ -217,6 +317,27 @@ mod tests {
         }
         for odd in [-5.0, f64::NEG_INFINITY, f64::NAN, 1e-300] {
             assert_eq!(after(odd), 13.5, "{odd}: read as no time");
+        }
+    }
+
+    #[test]
+    fn a_resolved_count_is_reused_fifty_times_its_cost_within_five_minutes() {
+        let after = |ms| resolved_recount_after(ms).as_secs_f64();
+        assert_eq!(after(Some(1.0)), 0.05, "a small store: every turn");
+        assert_eq!(after(Some(4_000.0)), 200.0, "ten million tasks");
+        for huge in [10_000.0, f64::MAX] {
+            assert_eq!(after(Some(huge)), 300.0, "{huge}: five minutes at most");
+        }
+        for negative in [-5.0, f64::MIN, -0.0] {
+            assert_eq!(after(Some(negative)), 0.0, "{negative}: read as no time");
+        }
+        for unknown in [
+            None,
+            Some(f64::NAN),
+            Some(f64::INFINITY),
+            Some(f64::NEG_INFINITY),
+        ] {
+            assert_eq!(after(unknown), 300.0, "{unknown:?}: five minutes");
         }
     }
 }

@@ -214,3 +214,192 @@ async fn an_unrun_end_is_not_called_and_the_check_tells_it_by_its_outcome() {
         )]
     );
 }
+
+/// A handler whose outcome follows its task's value: resolved, retry or given up.
+struct Mixed;
+
+#[async_trait]
+impl Handler for Mixed {
+    async fn handle(&self, _: &HandlerContext, task: &Task) -> Result<(), HandlerError> {
+        match task.failure.value.as_deref().map(|v| v.len() % 3) {
+            Some(0) => Ok(()),
+            Some(1) => Err(HandlerError::transient("down")),
+            _ => Err(HandlerError::permanent("bad")),
+        }
+    }
+}
+
+/// The history rows per minute of their start and outcome, counted from the rows.
+async fn history_by_minute(store: &Store) -> BTreeSet<(String, String, i64)> {
+    sqlx::query_as(
+        "SELECT date_trunc('minute', started_at)::text, outcome, count(*) \
+         FROM recovery_attempt GROUP BY 1, 2",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+    .into_iter()
+    .collect()
+}
+
+/// The same as the trigger counted them.
+async fn counted_by_minute(store: &Store) -> BTreeSet<(String, String, i64)> {
+    sqlx::query_as(
+        "SELECT minute::text, outcome, sum(attempts)::bigint FROM recovery_outcome_minute \
+         GROUP BY 1, 2",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+    .into_iter()
+    .collect()
+}
+
+/// The console's chart and the last hour's outcomes read per-minute counts the history's
+/// trigger keeps. Every way a history row is written counts, exactly once: an attempt's
+/// finish, a lease that lapsed found by a claim, an operator's action, and rows written
+/// by hand from eight connections at once, with start times hours back, ahead of the
+/// clock and infinite; a rolled-back write counts nothing. The chart equals a count of
+/// the rows, and the sample's turn keeps two hours.
+#[tokio::test]
+async fn the_minute_counts_equal_every_history_row_however_it_was_written() {
+    let (store, settings) = fresh_store().await;
+    let fleet = Fleet::builder(settings)
+        .handler("mixed", Mixed)
+        .build()
+        .unwrap();
+    let mut ids = Vec::new();
+    for i in 0..60 {
+        let task = store
+            .enqueue(&NewTask::new("mixed", "v".repeat(1 + i % 7)))
+            .await
+            .unwrap();
+        ids.push(task.id());
+    }
+    // Five leases lapse at once: the next claim writes them `lease_expired`.
+    let handlers = ["mixed".to_owned()];
+    store
+        .claim(&handlers, 5, "dead", Duration::ZERO)
+        .await
+        .unwrap();
+    let pool = fleet.worker_pool(store.clone());
+    while pool.process_next().await.unwrap().is_some() {}
+    let operator = redrive::store::Operator {
+        actor: "ops".into(),
+        reason: None,
+    };
+    let unfinished = redrive::store::Selection::Ids(ids.clone());
+    let retry = redrive::store::Action::Retry {
+        at: None,
+        budget: redrive::store::Budget::Fresh,
+        force: false,
+    };
+    for action in [retry, redrive::store::Action::Discard] {
+        store.act(&operator, &action, &unfinished).await.unwrap();
+    }
+
+    let mut writers = Vec::new();
+    for writer in 0..8i64 {
+        let store = store.clone();
+        writers.push(tokio::spawn(async move {
+            for batch in 0..15i64 {
+                let mut tx = store.pool().begin().await.unwrap();
+                sqlx::query(
+                    "INSERT INTO recovery_attempt \
+                     SELECT 1000000 + $1, $1 * 10000 + $2 * 100 + i, 1, 'w', \
+                            CASE i % 5 WHEN 0 THEN now() - i * interval '7 minutes' \
+                                       WHEN 1 THEN now() + interval '10 minutes' \
+                                       WHEN 2 THEN 'infinity' \
+                                       ELSE now() - interval '3 hours' END, \
+                            1, (ARRAY['resolved','retry','fenced'])[1 + i % 3], NULL \
+                     FROM generate_series(1, 1 + ($1 + $2) % 40) i",
+                )
+                .bind(writer)
+                .bind(batch)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+                if batch % 3 == 2 {
+                    tx.rollback().await.unwrap();
+                } else {
+                    tx.commit().await.unwrap();
+                }
+            }
+        }));
+    }
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let outcomes: BTreeSet<String> = history_by_minute(&store)
+        .await
+        .into_iter()
+        .map(|(_, outcome, _)| outcome)
+        .collect();
+    for written in [
+        "resolved",
+        "retry",
+        "permanent_failure",
+        "lease_expired",
+        "fenced",
+    ] {
+        assert!(
+            outcomes.contains(written),
+            "no {written} row among {outcomes:?}"
+        );
+    }
+    assert!(
+        outcomes.iter().any(|o| o.starts_with("operator_")),
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        counted_by_minute(&store).await,
+        history_by_minute(&store).await
+    );
+
+    // The chart and the last hour, against the rows.
+    let chart: BTreeSet<(i32, String, i64)> = (store.outcome_minutes().await.unwrap())
+        .into_iter()
+        .map(|m| (m.minutes_ago, m.outcome, m.count))
+        .collect();
+    let rows: BTreeSet<(i32, String, i64)> = sqlx::query_as(
+        "SELECT greatest(floor(extract(epoch FROM date_trunc('minute', now()) \
+                                 - date_trunc('minute', started_at)) / 60), 0)::int, \
+                outcome, count(*) \
+         FROM recovery_attempt \
+         WHERE date_trunc('minute', started_at) > now() - interval '1 hour' \
+           AND started_at < now() + interval '1 hour' \
+         GROUP BY 1, 2",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    assert_eq!(chart, rows);
+    let mut by_outcome = std::collections::BTreeMap::<String, i64>::new();
+    for (_, outcome, count) in &rows {
+        *by_outcome.entry(outcome.clone()).or_default() += count;
+    }
+    let last_hour: std::collections::BTreeMap<String, i64> = (store.stats().await.unwrap())
+        .last_hour
+        .into_iter()
+        .map(|o| (o.outcome, o.count))
+        .collect();
+    assert_eq!(last_hour, by_outcome);
+
+    // A sampling turn keeps the last two hours, and no infinite minute.
+    store.sample_figures(Duration::ZERO).await.unwrap();
+    let kept: Vec<(String, String, i64)> = counted_by_minute(&store).await.into_iter().collect();
+    let expected: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT date_trunc('minute', started_at)::text, outcome, count(*) FROM recovery_attempt \
+         WHERE isfinite(started_at) \
+           AND date_trunc('minute', started_at) >= now() - interval '2 hours' \
+         GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    let mut expected_sorted = expected.clone();
+    expected_sorted.sort();
+    assert_eq!(kept, expected_sorted);
+}

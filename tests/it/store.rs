@@ -1097,8 +1097,9 @@ async fn the_key_heads_migration_records_the_heads_of_tasks_stored_before_it() {
 }
 
 /// The fleet's sample counts unfinished and unsuccessful tasks at every turn, but reuses
-/// its count of resolved tasks (a scan of the bulk of the store) until it is
-/// `RESOLVED_RECOUNT` old on PostgreSQL's clock.
+/// its count of resolved tasks (a scan of the bulk of the store) for 50 times as long as
+/// it took, up to `RESOLVED_RECOUNT`, on PostgreSQL's clock: a small store's resolved
+/// tasks are counted every turn, a huge store's every few minutes.
 #[tokio::test]
 async fn the_fleet_sample_recounts_resolved_tasks_only_when_their_count_is_old() {
     let (store, _) = fresh_store().await;
@@ -1137,7 +1138,34 @@ async fn the_fleet_sample_recounts_resolved_tasks_only_when_their_count_is_old()
                 .unwrap();
         }
     };
-    add("resolved", 4).await;
+    // A count that took no time is taken again at the next turn.
+    assert!(
+        first.resolved_count_ms.is_some_and(|ms| ms < 1000.0),
+        "{first:?}"
+    );
+    sqlx::query(
+        "UPDATE recovery_sample SET figures = jsonb_set(figures, '{resolved_count_ms}', '0')",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    add("resolved", 1).await;
+    age_last_turn().await;
+    let cheap = store.sample_figures(Duration::ZERO).await.unwrap();
+    assert_eq!(
+        count(&cheap, "resolved"),
+        4,
+        "a cheap count is taken every turn"
+    );
+
+    // One that took 10 s (a huge store's) is reused for `RESOLVED_RECOUNT`.
+    sqlx::query(
+        "UPDATE recovery_sample SET figures = jsonb_set(figures, '{resolved_count_ms}', '10000')",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    add("resolved", 3).await;
     add("failed", 1).await;
     add("discarded", 5).await;
     age_last_turn().await;
@@ -1148,10 +1176,10 @@ async fn the_fleet_sample_recounts_resolved_tasks_only_when_their_count_is_old()
             count(&second, "failed"),
             count(&second, "discarded")
         ),
-        (3, 3, 5),
+        (4, 3, 5),
         "the resolved count is reused, the others are current"
     );
-    assert_eq!(second.resolved_counted_at, first.resolved_counted_at);
+    assert_eq!(second.resolved_counted_at, cheap.resolved_counted_at);
 
     let recount_age = redrive::store::RESOLVED_RECOUNT.as_secs() as i64 + 1;
     sqlx::query(
@@ -1358,4 +1386,55 @@ async fn the_drains_fenced_writes_probe_the_primary_key_on_a_store_never_analyse
         read < 10_000,
         "the drain's statements read {read} task rows by sequential scans"
     );
+}
+
+/// A view reads the fleet's sample as the members last counted it and never takes the
+/// turn from them (on a huge backlog the count outlasts a request); only a sample no
+/// member has touched for `SAMPLE_ABANDONED` (none running) is counted by the view.
+#[tokio::test]
+async fn a_view_reads_the_members_sample_and_counts_only_an_abandoned_one() {
+    let (store, _) = fresh_store().await;
+    let failed = |stats: &redrive::store::Stats| -> i64 {
+        (stats.tasks.iter())
+            .filter(|c| c.status == redrive::Status::Failed)
+            .map(|c| c.count)
+            .sum()
+    };
+    let add_failed = |n: i64| {
+        let store = store.clone();
+        async move {
+            sqlx::query("INSERT INTO recovery_task (handler, status) SELECT 'h', 'failed' FROM generate_series(1, $1)")
+                .bind(n)
+                .execute(store.pool())
+                .await
+                .unwrap();
+        }
+    };
+    add_failed(2).await;
+    // No sample yet: the view counts.
+    let (first, counted_at) = store.sampled_stats().await.unwrap();
+    assert_eq!(failed(&first), 2);
+    assert!(counted_at.is_some());
+
+    // A member's turn began a moment ago: the view shows its figures, not a count.
+    add_failed(3).await;
+    sqlx::query("UPDATE recovery_sample SET sampled_at = now()")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let (read, read_at) = store.sampled_stats().await.unwrap();
+    assert_eq!(failed(&read), 2, "the view took the members' turn");
+    assert_eq!(read_at, counted_at);
+
+    // Just short of abandoned, still the members'; past it, the view counts.
+    let abandoned = redrive::store::SAMPLE_ABANDONED.as_secs() as i64;
+    for (age, expected) in [(abandoned - 5, 2), (abandoned + 5, 5)] {
+        sqlx::query("UPDATE recovery_sample SET sampled_at = now() - $1 * interval '1 second'")
+            .bind(age)
+            .execute(store.pool())
+            .await
+            .unwrap();
+        let (stats, _) = store.sampled_stats().await.unwrap();
+        assert_eq!(failed(&stats), expected, "a sample {age} s old");
+    }
 }

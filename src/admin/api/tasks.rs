@@ -17,14 +17,25 @@ use crate::store::{CheckReport, Groups, Stats, TaskDetail, TaskSummary};
 /// What broke: the tasks a filter selects (with no status given, those not done)
 /// grouped by cause (or `by` class, handler, route, topic), biggest first, each with
 /// first and last seen, a trend, the handlers and routes it spans, and an example.
+/// The same query within 15 s is answered from one count (`counted_at` says when),
+/// unless the request says `Cache-Control: no-cache`; an action through this member
+/// counts again.
 #[utoipa::path(get, path = "/api/v1/groups", params(FilterParams, GroupParams), security(("bearer" = [])),
     responses((status = 200, body = Groups), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
 pub async fn groups(
     State(operations): Shared,
+    headers: axum::http::HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<Groups>, ApiError> {
     let (params, filter) = split::<GroupParams, FilterParams>(raw.as_deref(), &GROUP_PARAMS)?;
-    Ok(Json(operations.groups(&filter, &params).await?))
+    let fresh = (headers.get_all(axum::http::header::CACHE_CONTROL).iter())
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|directive| {
+            let directive = directive.trim().to_ascii_lowercase();
+            directive == "no-cache" || directive == "max-age=0"
+        });
+    Ok(Json(operations.groups(&filter, &params, fresh).await?))
 }
 
 /// Lists the tasks a filter selects, newest first, a page at a time.

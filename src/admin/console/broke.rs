@@ -127,6 +127,7 @@ pub(crate) fn section(groups: &Result<Groups, String>, now: DateTime<Utc>) -> Ma
                                 "By class, handler, route or topic →"
                             }
                         }
+                        " " span.counted { "Counted " (layout::ago(groups.counted_at, now)) "." }
                     }
                     (table(groups, now))
                 }
@@ -380,6 +381,7 @@ mod tests {
             trend_start: at("2026-12-03T11:00:00Z"),
             bucket_seconds: 900,
             filter: not_done(TaskFilter::default()),
+            counted_at: at("2026-12-03T11:59:00Z"),
         }
     }
 

@@ -50,7 +50,10 @@ pub(crate) async fn page(
                 5,
             ));
         };
-        console.app.groups(&FilterParams::default(), &group).await?
+        console
+            .app
+            .groups(&FilterParams::default(), &group, false)
+            .await?
     };
     let now = chrono::Utc::now();
     let title = match (&params.class, params.by) {
@@ -138,7 +141,7 @@ fn listed(params: &CausesParams, mut groups: Groups, now: chrono::DateTime<chron
             @if groups.total_groups > groups.groups.len() as i64 {
                 "; the " (thousands(groups.groups.len() as i64)) " biggest (at most " (MAX_GROUPS) ")"
             }
-            "."
+            ". " span.counted { "Counted " (layout::ago(groups.counted_at, now)) "." }
             @if params.class.is_some() && looked_through > MAX_GROUPS {
                 " Looked for among the " (MAX_GROUPS) " biggest causes of " (thousands(looked_through)) "."
             }

@@ -4,9 +4,14 @@
 //! breakers and brakes. The page's script reloads the figures every
 //! [`REFRESH`] from `/console/live/overview` while the tab is visible.
 //!
-//! The figures count every task, so a member reads them at most once per [`REFRESH`]
-//! however many consoles are open, in one of the API's heavy-read slots; when the
-//! slots are all taken, the last figures are shown again with their time.
+//! A member reads the figures at most once per [`REFRESH`] however many consoles are
+//! open, in one of the API's heavy-read slots; when the slots are all taken, the last
+//! figures are shown again with their time. What each reading costs is bounded by the
+//! backlog, not by the store or the drain: the counts by status and handler are the
+//! fleet's sample (counted once per turn for the whole fleet, resolved tasks every few
+//! minutes), the outcomes are the per-minute counts the history table's trigger keeps,
+//! and What broke reads the cause index. Read from the tasks themselves, a console open
+//! on ten million tasks cost a draining fleet seconds of a core every refresh.
 
 use axum::extract::State;
 use axum::response::Html;
@@ -35,7 +40,11 @@ pub(crate) const REFRESH: Duration = Duration::from_secs(5);
 struct Snapshot {
     /// What broke, or why it could not be read (the rest shows either way).
     groups: Result<Groups, String>,
+    /// Counts by status and handler and due work as the fleet last sampled them, the
+    /// last hour's outcomes and the live members.
     stats: Stats,
+    /// When the fleet's sample counted the tasks.
+    counted_at: Option<DateTime<Utc>>,
     minutes: Vec<OutcomeMinute>,
     breakers: Vec<Breaker>,
     brakes: Vec<Brake>,
@@ -65,12 +74,14 @@ async fn snapshot(console: &Console) -> Result<Arc<Snapshot>, PageError> {
     };
     let operations = &console.app;
     let groups = operations
-        .groups(&FilterParams::default(), &broke::params())
+        .groups(&FilterParams::default(), &broke::params(), false)
         .await
         .map_err(|e| e.to_string());
+    let (stats, counted_at) = operations.sampled_stats().await?;
     let snapshot = Arc::new(Snapshot {
         groups,
-        stats: operations.stats().await?,
+        stats,
+        counted_at,
         minutes: operations.outcome_minutes().await?,
         breakers: operations.breakers().await?.items,
         brakes: operations.brakes().await?.items,
@@ -85,10 +96,10 @@ async fn snapshot(console: &Console) -> Result<Arc<Snapshot>, PageError> {
 /// each status (of the filter's handler when it has one), and the fleet's handler and
 /// route names.
 ///
-/// The counts are the overview's own reading (exact `count(*)` by status and handler),
-/// at most [`REFRESH`] old and read at most once per [`REFRESH`] per member however
-/// many consoles list tasks, in one of the API's heavy-read slots: a list page never
-/// counts a million tasks itself. When the slots are all taken and nothing was read
+/// The counts are the overview's reading of the fleet's sample (by status and handler,
+/// at most a sampling turn old, resolved tasks a few minutes), read at most once per
+/// [`REFRESH`] per member however many consoles list tasks, in one of the API's
+/// heavy-read slots: a list page never counts a million tasks itself. When the slots are all taken and nothing was read
 /// yet, the tabs show without counts.
 pub(crate) async fn list_choices(console: &Console, handler: Option<&str>) -> ListChoices {
     let Ok(s) = snapshot(console).await else {
@@ -122,7 +133,7 @@ pub(crate) async fn list_choices(console: &Console, handler: Option<&str>) -> Li
             .filter(|b| b.forced == Some(BreakerState::Open))
             .map(|b| b.handler.clone())
             .collect(),
-        counts: Some((counts, s.read_at)),
+        counts: Some((counts, s.counted_at.unwrap_or(s.read_at))),
         handlers: handlers.into_iter().collect(),
         routes: s.brakes.iter().map(|b| b.route.clone()).collect(),
     }
@@ -190,7 +201,11 @@ fn figures(s: &Snapshot) -> Markup {
     let engaged = s.brakes.iter().filter(|b| b.engaged(s.read_at)).count();
     html! {
         (broke::section(&s.groups, s.read_at))
-        p.as-of { "Figures as of " (layout::when(s.read_at)) "." }
+        p.as-of {
+            "Figures as of " (layout::when(s.read_at)) "; tasks counted "
+            (layout::when(s.counted_at.unwrap_or(s.read_at)))
+            " by the fleet's sample (every 15 s; resolved tasks less often on a large store)."
+        }
         ul.cards aria-label="At a glance" {
             li { a href=(filtered(Some(Status::Failed), None)) { span.figure { (thousands(totals[0])) } " waiting or in an attempt" } }
             li { span.figure { (thousands(due)) } " due now" }

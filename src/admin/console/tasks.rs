@@ -196,7 +196,7 @@ async fn cause_banner(
         buckets: Some(1),
         ..Default::default()
     };
-    let tasks = match console.app.groups(&of_cause, &one).await {
+    let tasks = match console.app.groups(&of_cause, &one, false).await {
         Ok(groups) => Some(groups.total_tasks),
         Err(_) => None,
     };
