@@ -111,9 +111,9 @@ fn bad(message: impl Into<String>) -> OperationError {
 /// this long gets the same answer, counted once (its `counted_at` says when). The fleet's
 /// sample counts the overview's other figures as often.
 pub const GROUPS_SHARED_FOR: Duration = crate::store::SAMPLE_EVERY;
-/// Most groupings kept at once; past it, stale ones go, and a new one is not kept while
-/// every kept one is fresh.
-const MOST_SHARED: usize = 64;
+/// Most groupings kept at once (an answer of 500 groups with their trends and examples
+/// holds a few megabytes); a new one is not kept while as many fresh ones are.
+const MOST_SHARED: usize = 16;
 /// Longest query shared (a filter's texts are in it): longer ones are counted each time.
 const LONGEST_SHARED_KEY: usize = 4096;
 
@@ -145,10 +145,11 @@ impl SharedGroups {
         self.generation.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// The slot of `key`, or none when [`MOST_SHARED`] fresh ones are kept.
+    /// The slot of `key`, or none when [`MOST_SHARED`] fresh ones are kept. A new key
+    /// first clears the stale ones, so that what is kept is what was asked lately.
     fn slot(&self, key: String) -> Option<Arc<tokio::sync::Mutex<Option<Shared>>>> {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        if !slots.contains_key(&key) && slots.len() >= MOST_SHARED {
+        if !slots.contains_key(&key) {
             // A slot in use (its lock held) is counting: it stays.
             slots.retain(|_, slot| {
                 slot.try_lock().map_or(true, |shared| {
@@ -197,5 +198,30 @@ impl Operations {
             generation,
         });
         Ok(groups)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// At most [`MOST_SHARED`] queries are kept: while as many are counting, a new
+    /// query is counted unshared; once they are done without an answer (or stale), the
+    /// next new query clears them.
+    #[tokio::test]
+    async fn no_more_than_the_most_shared_queries_are_kept() {
+        let shared = SharedGroups::default();
+        let mut counting = Vec::new();
+        for i in 0..MOST_SHARED {
+            let slot = shared.slot(format!("query {i}")).expect("room for it");
+            counting.push(slot.lock_owned().await);
+        }
+        assert!(shared.slot("one more".into()).is_none(), "a 17th was kept");
+        // Already kept: the same query gets its slot.
+        assert!(shared.slot("query 3".into()).is_some());
+        drop(counting);
+        assert!(shared.slot("one more".into()).is_some());
+        let kept = shared.slots.lock().unwrap().len();
+        assert_eq!(kept, 1, "the queries that ended with no answer went");
     }
 }
