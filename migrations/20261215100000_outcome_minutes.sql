@@ -16,7 +16,11 @@ CREATE TABLE IF NOT EXISTS recovery_outcome_minute (
     PRIMARY KEY (minute, outcome, backend)
 );
 
-CREATE OR REPLACE FUNCTION recovery_count_outcomes() RETURNS trigger LANGUAGE plpgsql AS $$
+-- The function keeps the migration's search_path: a row written by a session of another
+-- search_path (psql, a data-only restore that empties it) is counted in this schema's
+-- table, not refused or counted in another install's.
+CREATE OR REPLACE FUNCTION recovery_count_outcomes() RETURNS trigger LANGUAGE plpgsql
+SET search_path FROM CURRENT AS $$
 BEGIN
     -- Most claims write no history row, and fire this all the same.
     IF NOT EXISTS (SELECT FROM added) THEN

@@ -120,9 +120,9 @@ const LONGEST_SHARED_KEY: usize = 4096;
 /// The groupings of this process, shared for [`GROUPS_SHARED_FOR`]: a grouping reads the
 /// cause index of every task not done, which beside a drain costs a backend half a
 /// second on ten million tasks, and every open console and every script polling the API
-/// would otherwise pay it again. An action through this process drops them all, so that
-/// whoever acted sees its effect at once; an action through another member shows within
-/// [`GROUPS_SHARED_FOR`].
+/// would otherwise pay it again. A retry, discard or resolve through this process drops
+/// them all, so that whoever acted sees its effect at once; an action through another
+/// member, or a replay's job as it runs, shows within [`GROUPS_SHARED_FOR`].
 #[derive(Default)]
 pub(super) struct SharedGroups {
     /// Bumped by every action: answers counted before it are not shared after it.

@@ -403,3 +403,48 @@ async fn the_minute_counts_equal_every_history_row_however_it_was_written() {
     expected_sorted.sort();
     assert_eq!(kept, expected_sorted);
 }
+
+/// Found by an attack: the counting trigger named its table without a schema, so a row
+/// written by a session of another search_path (psql, a data-only restore, which empties
+/// it) was refused, or counted in another install's table. It counts in its own.
+#[tokio::test]
+async fn a_row_written_under_another_search_path_counts_in_its_own_schema() {
+    let (store, settings) = fresh_store().await;
+    let schema = settings.database.schema.clone();
+    let mut connection = store.pool().acquire().await.unwrap();
+    let own: String = sqlx::query_scalar("SHOW search_path")
+        .fetch_one(&mut *connection)
+        .await
+        .unwrap();
+    for path in ["''", "public", "pg_catalog"] {
+        sqlx::query(&format!("SET search_path = {path}"))
+            .execute(&mut *connection)
+            .await
+            .unwrap();
+        sqlx::query(&format!(
+            "INSERT INTO \"{schema}\".recovery_attempt \
+             VALUES (7, (SELECT count(*) FROM \"{schema}\".recovery_attempt), 1, 'hand', \
+                     now(), 1, 'resolved', NULL)"
+        ))
+        .execute(&mut *connection)
+        .await
+        .unwrap_or_else(|e| panic!("search_path {path}: {e}"));
+    }
+    sqlx::query(&format!("SET search_path = {own}"))
+        .execute(&mut *connection)
+        .await
+        .unwrap();
+    drop(connection);
+    assert_eq!(
+        counted_by_minute(&store).await,
+        history_by_minute(&store).await
+    );
+    assert_eq!(
+        crate::support::scalar(
+            &store,
+            "SELECT sum(attempts)::bigint FROM recovery_outcome_minute"
+        )
+        .await,
+        3
+    );
+}

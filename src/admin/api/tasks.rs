@@ -18,8 +18,8 @@ use crate::store::{CheckReport, Groups, Stats, TaskDetail, TaskSummary};
 /// grouped by cause (or `by` class, handler, route, topic), biggest first, each with
 /// first and last seen, a trend, the handlers and routes it spans, and an example.
 /// The same query within 15 s is answered from one count (`counted_at` says when),
-/// unless the request says `Cache-Control: no-cache`; an action through this member
-/// counts again.
+/// unless the request says `Cache-Control: no-cache`; a retry, discard or resolve
+/// through this member counts again.
 #[utoipa::path(get, path = "/api/v1/groups", params(FilterParams, GroupParams), security(("bearer" = [])),
     responses((status = 200, body = Groups), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
 pub async fn groups(
