@@ -27,6 +27,9 @@ pub struct ApiError {
 /// `Retry-After` of a 503 for a database that cannot be reached.
 const UNAVAILABLE_RETRY_AFTER: u64 = 5;
 
+/// `Retry-After` of a heavy read refused because others run.
+pub(crate) const BUSY_RETRY_AFTER: u64 = 5;
+
 /// SQLSTATE of a statement PostgreSQL cancelled (`statement_timeout`, or an
 /// administrator's `pg_cancel_backend`).
 const QUERY_CANCELED: &str = "57014";
@@ -93,8 +96,14 @@ impl ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> ApiError {
+        ApiError::from(&error)
+    }
+}
+
+impl From<&StoreError> for ApiError {
+    fn from(error: &StoreError) -> ApiError {
         match error {
-            StoreError::Database(ref database) if cancelled(database) => {
+            StoreError::Database(database) if cancelled(database) => {
                 tracing::warn!(%error, "admin API: a statement was cancelled");
                 ApiError::new(
                     StatusCode::GATEWAY_TIMEOUT,
@@ -135,19 +144,29 @@ fn cancelled(error: &sqlx::Error) -> bool {
 
 impl From<OperationError> for ApiError {
     fn from(error: OperationError) -> ApiError {
+        ApiError::from(&error)
+    }
+}
+
+impl From<&OperationError> for ApiError {
+    fn from(error: &OperationError) -> ApiError {
         match error {
-            OperationError::BadRequest(message) => ApiError::bad_request(message),
-            OperationError::NotFound(message) => ApiError::not_found(message),
-            OperationError::Forbidden(message) => ApiError::forbidden(message),
-            OperationError::Conflict(message) => ApiError::new(StatusCode::CONFLICT, message),
+            OperationError::BadRequest(message) => ApiError::bad_request(message.clone()),
+            OperationError::NotFound(message) => ApiError::not_found(message.clone()),
+            OperationError::Forbidden(message) => ApiError::forbidden(message.clone()),
+            OperationError::Conflict(message) => {
+                ApiError::new(StatusCode::CONFLICT, message.clone())
+            }
             OperationError::Kafka(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, error.to_string())
             }
             OperationError::Store(error) => error.into(),
-            OperationError::NeedsApproval { ref approval, .. } => ApiError {
+            OperationError::NeedsApproval { approval, .. } => ApiError {
                 approval: Some(approval.id),
                 ..ApiError::new(StatusCode::ACCEPTED, error.to_string())
             },
+            OperationError::Busy(message) => ApiError::too_many(message.clone(), BUSY_RETRY_AFTER),
+            OperationError::Shared(error) => ApiError::from(&**error),
         }
     }
 }

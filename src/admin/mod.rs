@@ -23,12 +23,12 @@ use crate::config::{AdminSettings, DatabaseSettings};
 use crate::operations::Operations;
 use crate::store::{Store, StoreError};
 
+pub use crate::operations::HEAVY_READS;
 pub use api::ApiDoc;
 #[cfg(test)]
 pub(crate) use auth::test_tokens;
 pub use auth::Tokens;
 pub use error::{ApiError, ErrorBody};
-pub use limit::HEAVY_READS;
 
 /// The API's routes over `operations`, authenticated by `tokens` (the OpenAPI document
 /// is public), and the operator console under `/console/` (see `console`).
@@ -38,9 +38,9 @@ pub fn router(operations: Operations, tokens: Tokens) -> Router {
     let guard = origin::Guard {
         open: tokens.is_open(),
     };
-    let heavy = limit::heavy_slots();
+    let heavy = operations.heavy_reads();
     let (operations, tokens) = (Arc::new(operations), Arc::new(tokens));
-    let console = console::router(operations.clone(), tokens.clone(), heavy.clone());
+    let console = console::router(operations.clone(), tokens.clone());
     let api = api::router(operations.clone(), tokens.clone(), heavy.clone());
     Router::new()
         .route(

@@ -44,6 +44,14 @@ pub enum OperationError {
         /// The approval recorded.
         approval: Box<Approval>,
     },
+    /// This process runs as many heavy reads (counts of every task) as it allows
+    /// ([`super::HEAVY_READS`]); the text says when to try again.
+    #[error("{0}")]
+    Busy(String),
+    /// A count this caller waited on failed so: every caller that waited is told the
+    /// same at once, rather than each counting again behind the others.
+    #[error("{0}")]
+    Shared(std::sync::Arc<OperationError>),
 }
 
 impl OperationError {

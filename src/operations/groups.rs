@@ -114,6 +114,11 @@ pub const GROUPS_SHARED_FOR: Duration = crate::store::SAMPLE_EVERY;
 /// Most groupings kept at once (an answer of 500 groups with their trends and examples
 /// holds a few megabytes); a new one is not kept while as many fresh ones are.
 const MOST_SHARED: usize = 16;
+/// How long after an action through this process [`Operations::sampled_groups`] counts
+/// itself rather than show the fleet's sample: the longest a sampling turn waits for
+/// the next (two minutes) and half a minute for its count, so that the sample it shows
+/// after was counted after the action.
+const COUNTED_HERE_AFTER_ACTION: Duration = Duration::from_secs(150);
 /// Longest query shared (a filter's texts are in it): longer ones are counted each time.
 const LONGEST_SHARED_KEY: usize = 4096;
 
@@ -127,22 +132,43 @@ const LONGEST_SHARED_KEY: usize = 4096;
 pub(super) struct SharedGroups {
     /// Bumped by every action: answers counted before it are not shared after it.
     generation: AtomicU64,
+    /// When an action through this process last dropped them.
+    acted: std::sync::Mutex<Option<Instant>>,
     /// One slot per query; a slot's lock makes callers of the same query wait for one
     /// count instead of each counting.
     slots: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Shared>>>>>,
 }
 
-/// A grouping as counted, with when and in which generation.
+/// A grouping as counted (or why it could not be), with when and in which generation.
 struct Shared {
-    groups: Groups,
-    counted: Instant,
+    counted: std::result::Result<Groups, Arc<OperationError>>,
+    /// When its count began.
+    started: Instant,
+    /// When its count ended.
+    finished: Instant,
     generation: u64,
+}
+
+impl Shared {
+    /// Whether this is an answer to share with a caller asking now.
+    fn fresh(&self, generation: u64) -> bool {
+        self.counted.is_ok()
+            && self.generation == generation
+            && self.started.elapsed() < GROUPS_SHARED_FOR
+    }
 }
 
 impl SharedGroups {
     /// Answers counted before this are no longer shared.
     pub(super) fn drop_all(&self) {
+        *self.acted.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Whether an action through this process came within `within`.
+    fn acted_within(&self, within: Duration) -> bool {
+        let acted = *self.acted.lock().unwrap_or_else(|e| e.into_inner());
+        acted.is_some_and(|at| at.elapsed() < within)
     }
 
     /// The slot of `key`, or none when [`MOST_SHARED`] fresh ones are kept. A new key
@@ -153,7 +179,7 @@ impl SharedGroups {
             // A slot in use (its lock held) is counting: it stays.
             slots.retain(|_, slot| {
                 slot.try_lock().map_or(true, |shared| {
-                    (shared.as_ref()).is_some_and(|s| s.counted.elapsed() < GROUPS_SHARED_FOR)
+                    (shared.as_ref()).is_some_and(|s| s.started.elapsed() < GROUPS_SHARED_FOR)
                 })
             });
             if slots.len() >= MOST_SHARED {
@@ -169,6 +195,11 @@ impl Operations {
     /// failed and permanent_failure), biggest first. The same query within
     /// [`GROUPS_SHARED_FOR`] of its count, with no action through this process since,
     /// is answered from that count; `fresh` counts again whatever was shared.
+    ///
+    /// Only a count takes one of the process's heavy-read slots ([`super::HEAVY_READS`];
+    /// none free: [`OperationError::Busy`]): callers answered from a shared count, or
+    /// waiting on one, hold none. Callers that waited on a count that failed are all told
+    /// its error ([`OperationError::Shared`]) instead of counting again one after another.
     pub async fn groups(
         &self,
         filter: &FilterParams,
@@ -176,28 +207,73 @@ impl Operations {
         fresh: bool,
     ) -> Result<Groups> {
         let query = params.query(filter)?;
+        let asked = Instant::now();
         let key = format!("{filter:?}|{params:?}");
         let Some(slot) = (key.len() <= LONGEST_SHARED_KEY)
             .then(|| self.shared_groups.slot(key))
             .flatten()
         else {
-            return Ok(self.store.groups(&query).await?);
+            return self.count_groups(&query).await;
         };
         let mut shared = slot.lock().await;
         let generation = self.shared_groups.generation.load(Ordering::SeqCst);
-        if let Some(kept) = shared.as_ref().filter(|kept| {
-            !fresh && kept.generation == generation && kept.counted.elapsed() < GROUPS_SHARED_FOR
-        }) {
-            return Ok(kept.groups.clone());
+        if let Some(kept) = shared.as_ref() {
+            match &kept.counted {
+                Ok(groups) if !fresh && kept.fresh(generation) => return Ok(groups.clone()),
+                Err(error) if kept.finished >= asked => {
+                    return Err(OperationError::Shared(error.clone()))
+                }
+                _ => {}
+            }
         }
-        let counted = Instant::now();
-        let groups = self.store.groups(&query).await?;
+        let started = Instant::now();
+        let counted = self.count_groups(&query).await.map_err(Arc::new);
+        let answer = match &counted {
+            Ok(groups) => Ok(groups.clone()),
+            Err(error) => Err(OperationError::Shared(error.clone())),
+        };
         *shared = Some(Shared {
-            groups: groups.clone(),
             counted,
+            started,
+            finished: Instant::now(),
             generation,
         });
-        Ok(groups)
+        answer
+    }
+
+    /// What broke for a view refreshed every few seconds (the console's overview): the
+    /// `shown` biggest causes of the tasks not done as the fleet's sample counted them
+    /// (`sampled`: [`crate::store::FleetFigures::broke`], counted once per turn for the
+    /// whole fleet, however many consoles are open), or [`Operations::groups`]' own
+    /// count when there is none, or when an action through this process came within
+    /// [`COUNTED_HERE_AFTER_ACTION`]: whoever acted sees its effect at once.
+    pub async fn sampled_groups(&self, sampled: Option<Groups>, shown: i64) -> Result<Groups> {
+        let shown = shown.clamp(1, MAX_GROUPS);
+        match sampled {
+            Some(mut groups) if !self.shared_groups.acted_within(COUNTED_HERE_AFTER_ACTION) => {
+                groups.groups.truncate(shown as usize);
+                Ok(groups)
+            }
+            _ => {
+                let params = GroupParams {
+                    limit: Some(shown),
+                    ..GroupParams::default()
+                };
+                self.groups(&FilterParams::default(), &params, false).await
+            }
+        }
+    }
+
+    /// Counts a grouping in one of the heavy-read slots.
+    async fn count_groups(&self, query: &GroupQuery) -> Result<Groups> {
+        let Ok(_slot) = self.heavy_reads.try_acquire() else {
+            return Err(OperationError::Busy(format!(
+                "the {} heavy reads (stats, check, groupings) this member runs at once are all \
+                 running; try again in a few seconds",
+                super::HEAVY_READS
+            )));
+        };
+        Ok(self.store.groups(query).await?)
     }
 }
 

@@ -43,6 +43,8 @@ pub mod tasks;
 pub mod transform;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use tokio::sync::Semaphore;
 
 pub use act::{ActAnswer, ActRequest, HeldByBreaker, Verb};
 pub use actor::Actor;
@@ -58,6 +60,11 @@ pub use transform::{TransformAnswer, TransformRequest};
 
 use crate::config::{BreakerSettings, KafkaSettings, RouteSettings, Settings, Targets};
 use crate::store::{Budgets, Store};
+
+/// Most heavy reads (counts of every task: stats, check, a grouping's count) one
+/// process runs at once; one more is refused at once ([`OperationError::Busy`]) instead
+/// of queueing more work on the database.
+pub const HEAVY_READS: usize = 2;
 
 /// What the verbs work with: the store, and what the configuration they run with says
 /// (routes, targets, budgets, breakers). Built once per face: by a member for its admin
@@ -80,6 +87,8 @@ pub struct Operations {
     approval_over: Option<u64>,
     /// Groupings shared by this process's callers for a few seconds.
     shared_groups: groups::SharedGroups,
+    /// The slots of this process's heavy reads ([`HEAVY_READS`]).
+    heavy_reads: Arc<Semaphore>,
 }
 
 impl Operations {
@@ -97,7 +106,14 @@ impl Operations {
                 .collect(),
             approval_over: settings.operations.approval_over,
             shared_groups: groups::SharedGroups::default(),
+            heavy_reads: Arc::new(Semaphore::new(HEAVY_READS)),
         }
+    }
+
+    /// The slots of this process's heavy reads: a grouping's count takes one itself;
+    /// the admin API's stats and check take one per request.
+    pub fn heavy_reads(&self) -> Arc<Semaphore> {
+        self.heavy_reads.clone()
     }
 
     /// The store the verbs work on.

@@ -4,9 +4,8 @@ use super::error::{OperationError, Result};
 use super::page::{Page, PageRequest};
 use super::selection::{select, FilterParams};
 use super::Operations;
-use crate::store::{CheckReport, Member, OutcomeMinute, Stats, TaskDetail, TaskSummary};
+use crate::store::{CheckReport, Member, OutcomeMinute, Sampled, Stats, TaskDetail, TaskSummary};
 use crate::task::TaskId;
-use chrono::{DateTime, Utc};
 
 impl Operations {
     /// A page of the tasks `filter` selects, newest first.
@@ -86,10 +85,11 @@ impl Operations {
         Ok(self.store.stats().await?)
     }
 
-    /// The figures of [`Operations::stats`] as the fleet last sampled them, and when the
-    /// tasks were counted: for views refreshed every few seconds (see
-    /// [`crate::store::Store::sampled_stats`]).
-    pub async fn sampled_stats(&self) -> Result<(Stats, Option<DateTime<Utc>>)> {
+    /// The figures of [`Operations::stats`] as the fleet last sampled them, when the
+    /// tasks were counted, and What broke as sampled: for views refreshed every few
+    /// seconds (see [`crate::store::Store::sampled_stats`], and
+    /// [`Operations::sampled_groups`] for What broke).
+    pub async fn sampled_stats(&self) -> Result<Sampled> {
         Ok(self.store.sampled_stats().await?)
     }
 

@@ -111,7 +111,7 @@ impl Default for GroupQuery {
 }
 
 /// A cause as stored.
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct CauseView {
     /// Its id (`--cause`, `?cause=`).
     pub id: i64,
@@ -126,7 +126,7 @@ pub struct CauseView {
 }
 
 /// One group.
-#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Group {
     /// The group's value: a cause id, a class, a handler, a route or a topic; `None` for
     /// tasks without one (no route; a cause not yet set on a task stored before causes).
@@ -155,7 +155,7 @@ pub struct Group {
 }
 
 /// The groups of a selection.
-#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Groups {
     /// What they are grouped by.
     pub by: GroupBy,

@@ -106,8 +106,8 @@ pub use replays::{
 };
 pub use retention::RETENTION_BATCH;
 pub use sample::{
-    next_turn_after, resolved_recount_after, FleetFigures, RESOLVED_RECOUNT, SAMPLED_CAUSES,
-    SAMPLE_ABANDONED, SAMPLE_EVERY,
+    next_turn_after, resolved_recount_after, FleetFigures, Sampled, RESOLVED_RECOUNT,
+    SAMPLED_CAUSES, SAMPLE_ABANDONED, SAMPLE_EVERY,
 };
 pub use search::{SearchPage, Searched, SEARCH_TIMEOUT_MS};
 pub use timeline::OutcomeMinute;

@@ -18,6 +18,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
+use super::groups::{GroupQuery, Groups};
 use super::inspect::{OldestDue, StatusCount};
 use super::members::MEMBER_LIVE_WITHIN;
 use super::Stats;
@@ -71,6 +72,19 @@ pub fn next_turn_after(interval: Duration, count_ms: f64) -> Duration {
     waited.max(interval.mul_f64(0.9))
 }
 
+/// What a view refreshed every few seconds shows of the fleet's last sample
+/// ([`Store::sampled_stats`]).
+#[derive(Debug, Clone)]
+pub struct Sampled {
+    /// Counts by status and handler and due work as sampled, with the last hour's
+    /// outcomes and the live members as they are.
+    pub stats: Stats,
+    /// When the sample counted the tasks.
+    pub counted_at: Option<DateTime<Utc>>,
+    /// What broke, as sampled ([`FleetFigures::broke`]).
+    pub broke: Option<Groups>,
+}
+
 /// The figures of one sample.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct FleetFigures {
@@ -91,6 +105,12 @@ pub struct FleetFigures {
     /// seconds since the epoch), at most [`SAMPLED_CAUSES`].
     #[serde(default)]
     pub causes: Vec<(i64, String, i64, f64)>,
+    /// What broke, as the console's overview shows it: the tasks not done grouped by
+    /// cause ([`GroupQuery::default`]), the [`SAMPLED_CAUSES`] biggest groups, counted
+    /// with the rest (absent when the grouping failed, or in figures an earlier release
+    /// stored; figures that cannot be read as groups read as absent).
+    #[serde(default, deserialize_with = "readable_or_none")]
+    pub broke: Option<Groups>,
     /// When these figures were counted (PostgreSQL's clock; absent in figures an
     /// earlier release stored).
     #[serde(default)]
@@ -217,8 +237,43 @@ impl Store {
         .bind(MEMBER_LIVE_WITHIN.as_millis() as f64)
         .fetch_one(&self.pool)
         .await?;
+        // What broke, as the overview shows it; the metrics' causes are its groups.
+        let broke = self
+            .groups(&GroupQuery {
+                limit: SAMPLED_CAUSES,
+                ..GroupQuery::default()
+            })
+            .await
+            .map(|groups| Groups {
+                counted_at: now,
+                ..groups
+            })
+            .inspect_err(|error| {
+                tracing::warn!(%error, "sampling: the tasks not done could not be grouped by cause");
+            })
+            .ok();
+        let causes = match &broke {
+            Some(broke) => sampled_causes(broke),
+            None => self.biggest_causes().await?,
+        };
+        Ok(FleetFigures {
+            tasks,
+            resolved_counted_at,
+            resolved_count_ms,
+            due,
+            members_live,
+            causes,
+            broke,
+            counted_at: Some(now),
+            count_ms: 0.0,
+        })
+    }
+
+    /// The [`SAMPLED_CAUSES`] biggest causes of tasks not done, for the metrics, when
+    /// they could not be grouped (a grouping has a statement timeout; this has none).
+    async fn biggest_causes(&self) -> Result<Vec<(i64, String, i64, f64)>> {
         // The cause index alone (`recovery_task_cause`), then one row per listed cause.
-        let causes = sqlx::query_as(
+        Ok(sqlx::query_as(
             "SELECT g.cause_id, c.class, g.tasks, \
                     CASE WHEN isfinite(c.first_seen) THEN extract(epoch FROM c.first_seen)::float8 \
                          ELSE 0 END \
@@ -229,30 +284,41 @@ impl Store {
         )
         .bind(SAMPLED_CAUSES)
         .fetch_all(&self.pool)
-        .await?;
-        Ok(FleetFigures {
-            tasks,
-            resolved_counted_at,
-            resolved_count_ms,
-            due,
-            members_live,
-            causes,
-            counted_at: Some(now),
-            count_ms: 0.0,
-        })
+        .await?)
     }
+}
+
+/// The metrics' causes of a grouping by cause: (cause id, class, tasks, first seen as
+/// seconds since the epoch; 0 when unreadable), the group without a cause left out.
+fn sampled_causes(broke: &Groups) -> Vec<(i64, String, i64, f64)> {
+    (broke.groups.iter())
+        .filter_map(|group| {
+            let cause = group.cause.as_ref()?;
+            let first_seen = cause.first_seen.map_or(0.0, |at| at.timestamp() as f64);
+            Some((cause.id, cause.class.clone(), group.tasks, first_seen))
+        })
+        .collect()
+}
+
+/// A sample's What broke, or none when it is not groups as this release reads them.
+fn readable_or_none<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<Option<Groups>, D::Error> {
+    let value = serde_json::Value::deserialize(deserializer)?;
+    Ok(serde_json::from_value(value).ok())
 }
 
 impl Store {
     /// The figures of [`Store::stats`] as the fleet last sampled them, with the last
-    /// hour's outcomes and the live members, and when the tasks were counted. For a view
+    /// hour's outcomes and the live members, when the tasks were counted, and What broke
+    /// as sampled. For a view
     /// refreshed every few seconds: the members count once per turn for the whole fleet
     /// ([`SAMPLE_EVERY`], and the resolved tasks, the bulk of a store, as
     /// [`resolved_recount_after`] says), however many consoles are open. The caller
     /// takes a turn itself only when no member took one for [`SAMPLE_ABANDONED`] (none
     /// running): a view never races the members for the count, which on a huge backlog
     /// takes longer than a request may.
-    pub async fn sampled_stats(&self) -> Result<(Stats, Option<DateTime<Utc>>)> {
+    pub async fn sampled_stats(&self) -> Result<Sampled> {
         let latest: Option<(String, bool)> = sqlx::query_as(
             "SELECT figures::text, sampled_at > now() - $1 * interval '1 millisecond' \
              FROM recovery_sample WHERE id = 1",
@@ -288,7 +354,11 @@ impl Store {
             last_hour: self.last_hour().await?,
             members: self.live_members().await?,
         };
-        Ok((stats, figures.counted_at))
+        Ok(Sampled {
+            stats,
+            counted_at: figures.counted_at,
+            broke: figures.broke,
+        })
     }
 }
 

@@ -46,17 +46,21 @@ pub struct SearchPage {
 }
 
 /// `$20`: below this id; `$21`: page size; `$22`: most tasks read; `$23`: the text.
+/// Each task read is matched as it is read, and only its id and whether it matched are
+/// kept: keeping the payloads of the tasks read (tens of megabytes for the bound) spilled
+/// to a temporary file on every search.
 const SEARCH: &str = "\
     WITH scanned AS MATERIALIZED ( \
-        SELECT id, msg_key, msg_value, msg_headers FROM recovery_task \
+        SELECT id, \
+               position($23::bytea IN coalesce(msg_key, '')) > 0 \
+               OR position($23::bytea IN coalesce(msg_value, '')) > 0 \
+               OR (position($23::bytea IN msg_headers) > 0 \
+                   AND recovery_headers_hold(msg_headers, $23)) AS hit \
+        FROM recovery_task \
         WHERE {CONDITION} AND ($20::bigint IS NULL OR id < $20) \
         ORDER BY id DESC LIMIT $22), \
     found AS MATERIALIZED ( \
-        SELECT id FROM scanned \
-        WHERE position($23::bytea IN coalesce(msg_key, '')) > 0 \
-           OR position($23::bytea IN coalesce(msg_value, '')) > 0 \
-           OR (position($23::bytea IN msg_headers) > 0 AND recovery_headers_hold(msg_headers, $23)) \
-        ORDER BY id DESC LIMIT $21), \
+        SELECT id FROM scanned WHERE hit ORDER BY id DESC LIMIT $21), \
     page AS (SELECT {SUMMARY} FROM recovery_task WHERE id IN (SELECT id FROM found)) \
     SELECT page.*, s.scanned, s.down_to \
     FROM (SELECT count(*) AS scanned, min(id) AS down_to FROM scanned) s \

@@ -689,12 +689,15 @@ async fn an_open_api_answers_only_its_loopback_names_and_no_cross_site_request()
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
 }
 
-/// Heavy reads (`/stats`, `/check`) run a few at a time; one more is answered 429 with
-/// `Retry-After` at once instead of queueing on the database, while light reads go on.
+/// Heavy reads (`/stats`, `/check`, a grouping's count) run a few at a time; one more is
+/// answered 429 with `Retry-After` at once instead of queueing on the database, while
+/// light reads, and groupings answered from a shared count, go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heavy_reads_beyond_the_limit_are_answered_429_at_once() {
     let (store, settings) = fresh_store().await;
     let api = Api::start(&store, &with_tokens(settings)).await;
+    let (status, shared) = api.get("/api/v1/groups", Some(READ)).await;
+    assert_eq!(status, StatusCode::OK, "{shared}");
     let mut lock = store.pool().begin().await.unwrap();
     sqlx::query("LOCK TABLE recovery_task IN ACCESS EXCLUSIVE MODE")
         .execute(&mut *lock)
@@ -741,6 +744,27 @@ async fn heavy_reads_beyond_the_limit_are_answered_429_at_once() {
     }
     let (status, _) = api.get("/api/v1/members", Some(READ)).await;
     assert_eq!(status, StatusCode::OK, "light reads are not limited");
+    let (status, again) = api.get("/api/v1/groups", Some(READ)).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a shared grouping needs no slot: {again}"
+    );
+    assert_eq!(again["counted_at"], shared["counted_at"]);
+    let response = (api
+        .client
+        .get(format!("{}/api/v1/groups?by=class", api.base)))
+    .bearer_auth(READ)
+    .timeout(std::time::Duration::from_secs(10))
+    .send()
+    .await
+    .expect("an answer at once, not a place in the queue");
+    assert_eq!(
+        response.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "a grouping to count"
+    );
+    assert_eq!(response.headers()["retry-after"], "5");
     lock.commit().await.unwrap();
     for request in waiting {
         assert_eq!(request.await.unwrap().unwrap().status(), StatusCode::OK);

@@ -13,7 +13,6 @@ use maud::{html, Markup};
 
 use super::filter::list_url;
 use super::layout::{self, counted, thousands};
-use crate::operations::GroupParams;
 use crate::store::{Group, GroupBy, Groups, TaskFilter};
 use crate::task::Status;
 
@@ -28,14 +27,6 @@ const BAR: i64 = 6;
 const HEIGHT: i64 = 18;
 /// What a blank message is shown as.
 pub(crate) const EMPTY_MESSAGE: &str = "(empty message)";
-
-/// How the overview groups: by cause, the tasks not done, the last hour's trend.
-pub(crate) fn params() -> GroupParams {
-    GroupParams {
-        limit: Some(SHOWN),
-        ..GroupParams::default()
-    }
-}
 
 /// The task list of one cause's tasks not done.
 pub(crate) fn cause_url(cause: i64) -> String {

@@ -58,11 +58,17 @@ impl PageError {
 
 impl From<OperationError> for PageError {
     fn from(error: OperationError) -> PageError {
+        PageError::from(&error)
+    }
+}
+
+impl From<&OperationError> for PageError {
+    fn from(error: &OperationError) -> PageError {
         match error {
-            OperationError::BadRequest(m) => PageError::bad_request(m),
-            OperationError::NotFound(m) => PageError::not_found(m),
-            OperationError::Forbidden(m) => PageError::new(StatusCode::FORBIDDEN, m),
-            OperationError::Conflict(m) => PageError::new(StatusCode::CONFLICT, m),
+            OperationError::BadRequest(m) => PageError::bad_request(m.clone()),
+            OperationError::NotFound(m) => PageError::not_found(m.clone()),
+            OperationError::Forbidden(m) => PageError::new(StatusCode::FORBIDDEN, m.clone()),
+            OperationError::Conflict(m) => PageError::new(StatusCode::CONFLICT, m.clone()),
             OperationError::Kafka(m) => {
                 PageError::new(StatusCode::BAD_GATEWAY, format!("kafka: {m}"))
             }
@@ -70,13 +76,21 @@ impl From<OperationError> for PageError {
             OperationError::NeedsApproval { .. } => {
                 PageError::new(StatusCode::ACCEPTED, error.to_string())
             }
+            OperationError::Busy(m) => PageError::too_many(m.clone(), 5),
+            OperationError::Shared(error) => PageError::from(&**error),
         }
     }
 }
 
 impl From<StoreError> for PageError {
     fn from(error: StoreError) -> PageError {
-        let code = match &error {
+        PageError::from(&error)
+    }
+}
+
+impl From<&StoreError> for PageError {
+    fn from(error: &StoreError) -> PageError {
+        let code = match error {
             StoreError::Database(database) => database.as_database_error().and_then(|e| e.code()),
             _ => None,
         };

@@ -55,7 +55,6 @@ use axum::response::Redirect;
 use axum::routing::{get, post};
 use axum::{middleware, Router};
 use std::sync::Arc;
-use tokio::sync::Semaphore;
 
 use crate::admin::auth::Tokens;
 use crate::operations::Operations;
@@ -68,8 +67,6 @@ pub(crate) struct Console {
     app: Arc<Operations>,
     /// The API's tokens: who may sign in, and with which role.
     tokens: Arc<Tokens>,
-    /// The API's slots for heavy reads (the overview's counts take one).
-    heavy: Arc<Semaphore>,
     /// Sign-in attempts per client address.
     logins: login::Attempts,
     /// The overview's figures, read at most once per refresh period per member.
@@ -83,11 +80,10 @@ type Shared = axum::extract::State<Arc<Console>>;
 
 /// The console's routes: `/` and `/console` lead to the overview; every page but the
 /// sign-in page and the assets needs a session (or an open API).
-pub(crate) fn router(app: Arc<Operations>, tokens: Arc<Tokens>, heavy: Arc<Semaphore>) -> Router {
+pub(crate) fn router(app: Arc<Operations>, tokens: Arc<Tokens>) -> Router {
     let console = Arc::new(Console {
         app,
         tokens,
-        heavy,
         logins: login::Attempts::new(),
         overview: overview::Cache::default(),
         jobs: Arc::default(),

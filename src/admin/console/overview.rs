@@ -5,12 +5,14 @@
 //! [`REFRESH`] from `/console/live/overview` while the tab is visible.
 //!
 //! A member reads the figures at most once per [`REFRESH`] however many consoles are
-//! open, in one of the API's heavy-read slots; when the slots are all taken, the last
-//! figures are shown again with their time. What each reading costs is bounded by the
+//! open; when What broke is counted here (see below) the count takes one of the
+//! member's heavy-read slots, and when they are all taken its last count is shown again
+//! with its time. What each reading costs is bounded by the
 //! backlog, not by the store or the drain: the counts by status and handler are the
 //! fleet's sample (counted once per turn for the whole fleet, resolved tasks every few
 //! minutes), the outcomes are the per-minute counts the history table's trigger keeps,
-//! and What broke reads the cause index. Read from the tasks themselves, a console open
+//! and What broke is the sample's too (counted by this member only for a while after
+//! an action through it, so that whoever acted sees its effect at once). Read from the tasks themselves, a console open
 //! on ten million tasks cost a draining fleet seconds of a core every refresh.
 
 use axum::extract::State;
@@ -28,10 +30,13 @@ use super::filter::ListChoices;
 use super::fleet::{brakes_table, breakers_table, members_table};
 use super::layout::{self, thousands, Nav};
 use super::{broke, chart, Console, Shared};
-use crate::operations::{Actor, FilterParams};
+use crate::operations::{Actor, OperationError};
 use crate::resilience::breaker::{Breaker, BreakerState};
 use crate::store::{Brake, Groups, OutcomeMinute, Stats, TaskFilter};
 use crate::task::Status;
+
+// The fleet's sample holds as many causes as What broke shows, or more.
+const _: () = assert!(broke::SHOWN <= crate::store::SAMPLED_CAUSES);
 
 /// How often the overview's figures are read (and the page asks for them).
 pub(crate) const REFRESH: Duration = Duration::from_secs(5);
@@ -63,25 +68,20 @@ async fn snapshot(console: &Console) -> Result<Arc<Snapshot>, PageError> {
     if let Some(fresh) = last.as_ref().filter(|s| s.read.elapsed() < REFRESH) {
         return Ok(fresh.clone());
     }
-    let Ok(_slot) = console.heavy.try_acquire() else {
-        return last.clone().ok_or_else(|| {
-            PageError::too_many(
-                "the heavy reads (stats, check) of this member are all running; try again \
-                 in a few seconds",
-                5,
-            )
-        });
-    };
     let operations = &console.app;
-    let groups = operations
-        .groups(&FilterParams::default(), &broke::params(), false)
-        .await
-        .map_err(|e| e.to_string());
-    let (stats, counted_at) = operations.sampled_stats().await?;
+    let sampled = operations.sampled_stats().await?;
+    let groups = match operations.sampled_groups(sampled.broke, broke::SHOWN).await {
+        Ok(groups) => Ok(groups),
+        // Every heavy-read slot busy: the last count shows again, with its time.
+        Err(OperationError::Busy(why)) => (last.as_ref())
+            .and_then(|last| last.groups.clone().ok())
+            .ok_or(why),
+        Err(error) => Err(error.to_string()),
+    };
     let snapshot = Arc::new(Snapshot {
         groups,
-        stats,
-        counted_at,
+        stats: sampled.stats,
+        counted_at: sampled.counted_at,
         minutes: operations.outcome_minutes().await?,
         breakers: operations.breakers().await?.items,
         brakes: operations.brakes().await?.items,
@@ -98,9 +98,8 @@ async fn snapshot(console: &Console) -> Result<Arc<Snapshot>, PageError> {
 ///
 /// The counts are the overview's reading of the fleet's sample (by status and handler,
 /// at most a sampling turn old, resolved tasks a few minutes), read at most once per
-/// [`REFRESH`] per member however many consoles list tasks, in one of the API's
-/// heavy-read slots: a list page never counts a million tasks itself. When the slots are all taken and nothing was read
-/// yet, the tabs show without counts.
+/// [`REFRESH`] per member however many consoles list tasks: a list page never counts a
+/// million tasks itself. When the figures cannot be read, the tabs show without counts.
 pub(crate) async fn list_choices(console: &Console, handler: Option<&str>) -> ListChoices {
     let Ok(s) = snapshot(console).await else {
         return ListChoices::default();
