@@ -227,7 +227,11 @@ impl Operations {
             }
         }
         let started = Instant::now();
-        let counted = self.count_groups(&query).await.map_err(Arc::new);
+        let counted = match self.count_groups(&query).await {
+            // Refused a slot, it counted nothing: those waiting try for one themselves.
+            Err(busy @ OperationError::Busy(_)) => return Err(busy),
+            counted => counted.map_err(Arc::new),
+        };
         let answer = match &counted {
             Ok(groups) => Ok(groups.clone()),
             Err(error) => Err(OperationError::Shared(error.clone())),

@@ -1412,4 +1412,32 @@ async fn the_overview_shows_the_fleets_sample_of_what_broke_and_its_own_count_af
         (2, 1),
         "counted after the action: {shown:?}"
     );
+
+    // A count needs one of the heavy-read slots: none free, the caller is told so as
+    // such (the overview then shows its last count again), and nothing is kept.
+    let slots = operations.heavy_reads();
+    let held = slots
+        .acquire_many(redrive::operations::HEAVY_READS as u32)
+        .await
+        .unwrap();
+    let by_class = redrive::operations::GroupParams {
+        by: Some("class".into()),
+        ..Default::default()
+    };
+    for _ in 0..2 {
+        match operations
+            .groups(&FilterParams::default(), &by_class, false)
+            .await
+        {
+            Err(redrive::operations::OperationError::Busy(why)) => {
+                assert!(why.contains("try again"), "{why}")
+            }
+            other => panic!("refused a slot: {other:?}"),
+        }
+    }
+    drop(held);
+    let counted = (operations.groups(&FilterParams::default(), &by_class, false))
+        .await
+        .unwrap();
+    assert_eq!(counted.total_tasks, 2);
 }
