@@ -112,15 +112,16 @@ fn bad(message: impl Into<String>) -> OperationError {
 /// sample counts the overview's other figures as often.
 pub const GROUPS_SHARED_FOR: Duration = crate::store::SAMPLE_EVERY;
 /// Most groupings kept at once (an answer of 500 groups with their trends and examples
-/// holds a few megabytes); a new one is not kept while as many fresh ones are.
+/// holds a few megabytes); a new one takes the place of the one counted longest ago.
 const MOST_SHARED: usize = 16;
 /// How long after an action through this process [`Operations::sampled_groups`] counts
 /// itself rather than show the fleet's sample: the longest a sampling turn waits for
 /// the next (two minutes) and half a minute for its count, so that the sample it shows
 /// after was counted after the action.
 const COUNTED_HERE_AFTER_ACTION: Duration = Duration::from_secs(150);
-/// Longest query shared (a filter's texts are in it): longer ones are counted each time.
-const LONGEST_SHARED_KEY: usize = 4096;
+/// Longest query shared (a filter's texts are in it; an address holds 64 KiB at most):
+/// longer ones are counted each time.
+const LONGEST_SHARED_KEY: usize = 64 * 1024;
 
 /// The groupings of this process, shared for [`GROUPS_SHARED_FOR`]: a grouping reads the
 /// cause index of every task not done, which beside a drain costs a backend half a
@@ -171,20 +172,30 @@ impl SharedGroups {
         acted.is_some_and(|at| at.elapsed() < within)
     }
 
-    /// The slot of `key`, or none when [`MOST_SHARED`] fresh ones are kept. A new key
-    /// first clears the stale ones, so that what is kept is what was asked lately.
+    /// The slot of `key`, or none when [`MOST_SHARED`] are all in use (a count held
+    /// by each, which the heavy-read slots make all but impossible). A new key first
+    /// clears the stale ones, then, while as many are kept, the one counted longest ago:
+    /// what is kept is what was asked lately, and a query asked now is always shared.
     fn slot(&self, key: String) -> Option<Arc<tokio::sync::Mutex<Option<Shared>>>> {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        if !slots.contains_key(&key) {
-            // A slot in use (its lock held) is counting: it stays.
-            slots.retain(|_, slot| {
-                slot.try_lock().map_or(true, |shared| {
-                    (shared.as_ref()).is_some_and(|s| s.started.elapsed() < GROUPS_SHARED_FOR)
+        if let Some(slot) = slots.get(&key) {
+            return Some(slot.clone());
+        }
+        // A slot in use (its lock held) is counting: it stays.
+        slots.retain(|_, slot| {
+            slot.try_lock().map_or(true, |shared| {
+                (shared.as_ref()).is_some_and(|s| s.started.elapsed() < GROUPS_SHARED_FOR)
+            })
+        });
+        while slots.len() >= MOST_SHARED {
+            let oldest = (slots.iter())
+                .filter_map(|(key, slot)| {
+                    let started = slot.try_lock().ok()?.as_ref().map(|s| s.started);
+                    Some((started, key.clone()))
                 })
-            });
-            if slots.len() >= MOST_SHARED {
-                return None;
-            }
+                .min();
+            let (_, oldest) = oldest?;
+            slots.remove(&oldest);
         }
         Some(slots.entry(key).or_default().clone())
     }
@@ -285,11 +296,35 @@ impl Operations {
 mod tests {
     use super::*;
 
-    /// At most [`MOST_SHARED`] queries are kept: while as many are counting, a new
-    /// query is counted unshared; once they are done without an answer (or stale), the
-    /// next new query clears them.
+    /// At most [`MOST_SHARED`] queries are kept: a new query takes the place of the one
+    /// counted longest ago; only while as many are counting is a new one counted
+    /// unshared; once they are done without an answer (or stale), the next new query
+    /// clears them.
     #[tokio::test]
     async fn no_more_than_the_most_shared_queries_are_kept() {
+        let shared = SharedGroups::default();
+        let counted = |at: Instant| Shared {
+            counted: Err(Arc::new(OperationError::bad_request("x"))),
+            started: at,
+            finished: at,
+            generation: 0,
+        };
+        let now = Instant::now();
+        for i in 0..MOST_SHARED {
+            let slot = shared.slot(format!("query {i}")).expect("room for it");
+            // Query 0 counted last, the others in order before it.
+            let age = if i == 0 { 0 } else { 1 + MOST_SHARED - i };
+            *slot.lock().await = Some(counted(now - Duration::from_millis(age as u64)));
+        }
+        assert!(shared.slot("one more".into()).is_some(), "a new query kept");
+        let kept: Vec<String> = shared.slots.lock().unwrap().keys().cloned().collect();
+        assert_eq!(kept.len(), MOST_SHARED, "{kept:?}");
+        assert!(
+            !kept.contains(&"query 1".to_owned()),
+            "the oldest went: {kept:?}"
+        );
+        assert!(kept.contains(&"query 0".to_owned()), "{kept:?}");
+
         let shared = SharedGroups::default();
         let mut counting = Vec::new();
         for i in 0..MOST_SHARED {

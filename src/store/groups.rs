@@ -15,6 +15,8 @@ use crate::task::{Status, TaskId};
 
 /// Most groups an answer lists.
 pub const MAX_GROUPS: i64 = 500;
+/// Most buckets a trend is cut into.
+pub const MOST_TREND_BUCKETS: u32 = 1000;
 /// Newest tasks of each group read for what it spans and its example.
 pub const SPAN_SAMPLE: i64 = 200;
 /// How long a grouping may run before the database stops it.
@@ -273,7 +275,7 @@ impl Store {
         let statuses = filter.status.clone();
         let counted_at = Utc::now();
         let selection = Selection::Filter(filter.clone());
-        let buckets = query.buckets.clamp(1, 1000);
+        let buckets = query.buckets.clamp(1, MOST_TREND_BUCKETS);
         let bucket_seconds = (query.trend.as_secs() / u64::from(buckets)).max(1);
         let trend_start =
             Utc::now() - chrono::Duration::seconds((bucket_seconds * u64::from(buckets)) as i64);

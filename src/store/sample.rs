@@ -18,7 +18,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-use super::groups::{GroupQuery, Groups};
+use super::groups::{GroupQuery, Groups, MAX_GROUPS, MOST_TREND_BUCKETS};
 use super::inspect::{OldestDue, StatusCount};
 use super::members::MEMBER_LIVE_WITHIN;
 use super::Stats;
@@ -109,7 +109,7 @@ pub struct FleetFigures {
     /// cause ([`GroupQuery::default`]), the [`SAMPLED_CAUSES`] biggest groups, counted
     /// with the rest (absent when the grouping failed, or in figures an earlier release
     /// stored; figures that cannot be read as groups read as absent).
-    #[serde(default, deserialize_with = "readable_or_none")]
+    #[serde(default)]
     pub broke: Option<Groups>,
     /// When these figures were counted (PostgreSQL's clock; absent in figures an
     /// earlier release stored).
@@ -131,22 +131,25 @@ impl Store {
     pub async fn sample_figures(&self, interval: Duration) -> Result<FleetFigures> {
         // The turn answers the previous figures (the upsert leaves them) and the time.
         // A count time that is not a number (a hand-edited row) counts as none.
-        let turn: Option<(String, DateTime<Utc>)> = sqlx::query_as(
-            "INSERT INTO recovery_sample (id, sampled_at, figures) VALUES (1, now(), '{}') \
+        // A turn dated ahead of the clock (a clock set back, a hand's edit) is due: it
+        // would hold every member off for good.
+        let turn: Option<(Option<String>, Option<String>, DateTime<Utc>)> = sqlx::query_as(&format!(
+            "INSERT INTO recovery_sample (id, sampled_at, figures) VALUES (1, now(), '{{}}') \
              ON CONFLICT (id) DO UPDATE SET sampled_at = now() \
              WHERE recovery_sample.sampled_at < now() - greatest($1, $2 * CASE \
                  WHEN jsonb_typeof(recovery_sample.figures->'count_ms') = 'number' \
                  THEN round(least(greatest((recovery_sample.figures->>'count_ms')::numeric, 0), $3::float8::numeric), 3)::float8 \
                  ELSE 0 END) * interval '1 millisecond' \
-             RETURNING figures::text, now()",
-        )
+                OR recovery_sample.sampled_at > now() + interval '1 minute' \
+             RETURNING {FIGURES}, now()"
+        ))
         .bind(interval.as_millis() as f64 * 0.9)
         .bind(SAMPLE_COST_SHARE)
         .bind(COUNT_READ_AT_MOST.as_millis() as f64)
         .fetch_optional(&self.pool)
         .await?;
-        if let Some((previous, now)) = turn {
-            let previous = readable_figures(&previous);
+        if let Some((previous, previous_broke, now)) = turn {
+            let previous = readable_figures(previous, previous_broke);
             let counting = std::time::Instant::now();
             let mut figures = self.count_figures(&previous, now).await?;
             figures.count_ms = counting.elapsed().as_secs_f64() * 1000.0;
@@ -164,11 +167,12 @@ impl Store {
             .await?;
             return Ok(figures);
         }
-        let stored: String =
-            sqlx::query_scalar("SELECT figures::text FROM recovery_sample WHERE id = 1")
-                .fetch_one(&self.pool)
-                .await?;
-        Ok(readable_figures(&stored))
+        let (stored, broke): (Option<String>, Option<String>) = sqlx::query_as(&format!(
+            "SELECT {FIGURES} FROM recovery_sample WHERE id = 1"
+        ))
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(readable_figures(stored, broke))
     }
 
     async fn count_figures(
@@ -300,14 +304,6 @@ fn sampled_causes(broke: &Groups) -> Vec<(i64, String, i64, f64)> {
         .collect()
 }
 
-/// A sample's What broke, or none when it is not groups as this release reads them.
-fn readable_or_none<'de, D: serde::Deserializer<'de>>(
-    deserializer: D,
-) -> std::result::Result<Option<Groups>, D::Error> {
-    let value = serde_json::Value::deserialize(deserializer)?;
-    Ok(serde_json::from_value(value).ok())
-}
-
 impl Store {
     /// The figures of [`Store::stats`] as the fleet last sampled them, with the last
     /// hour's outcomes and the live members, when the tasks were counted, and What broke
@@ -319,15 +315,16 @@ impl Store {
     /// running): a view never races the members for the count, which on a huge backlog
     /// takes longer than a request may.
     pub async fn sampled_stats(&self) -> Result<Sampled> {
-        let latest: Option<(String, bool)> = sqlx::query_as(
-            "SELECT figures::text, sampled_at > now() - $1 * interval '1 millisecond' \
-             FROM recovery_sample WHERE id = 1",
-        )
+        let latest: Option<(Option<String>, Option<String>, bool)> = sqlx::query_as(&format!(
+            "SELECT {FIGURES}, sampled_at > now() - $1 * interval '1 millisecond' \
+                AND sampled_at <= now() + interval '1 minute' \
+             FROM recovery_sample WHERE id = 1"
+        ))
         .bind(SAMPLE_ABANDONED.as_millis() as f64)
         .fetch_optional(&self.pool)
         .await?;
         let figures = match latest {
-            Some((stored, true)) => readable_figures(&stored),
+            Some((stored, broke, true)) => readable_figures(stored, broke),
             _ => self.sample_figures(SAMPLE_EVERY).await?,
         };
         let mut tasks: Vec<StatusCount> = (figures.tasks.iter())
@@ -362,10 +359,29 @@ impl Store {
     }
 }
 
-/// The stored figures, or none when they cannot be read (a row edited by hand, a number
-/// no `f64` holds): the next turn writes them whole again.
-fn readable_figures(stored: &str) -> FleetFigures {
-    serde_json::from_str(stored).unwrap_or_default()
+/// The stored figures' columns: all but What broke, and What broke apart, so that a
+/// What broke this release cannot read (a number no `f64` holds, nesting deeper than the
+/// reader goes) leaves the rest of the figures readable.
+const FIGURES: &str = "\
+    CASE WHEN jsonb_typeof(figures) = 'object' THEN (figures - 'broke')::text \
+         ELSE figures::text END, \
+    (figures -> 'broke')::text";
+
+/// The stored figures ([`FIGURES`]), or none when they cannot be read (a row edited by
+/// hand, a number no `f64` holds): the next turn writes them whole again. What broke
+/// is read apart, and only as this release writes it (at most [`MAX_GROUPS`] groups, a
+/// trend of at most [`MOST_TREND_BUCKETS`]): a page shows it every few seconds.
+fn readable_figures(stored: Option<String>, broke: Option<String>) -> FleetFigures {
+    let mut figures: FleetFigures = (stored.as_deref())
+        .and_then(|stored| serde_json::from_str(stored).ok())
+        .unwrap_or_default();
+    figures.broke = (broke.as_deref())
+        .and_then(|broke| serde_json::from_str::<Groups>(broke).ok())
+        .filter(|broke| {
+            broke.groups.len() <= MAX_GROUPS as usize
+                && (broke.groups.iter()).all(|g| g.trend.len() <= MOST_TREND_BUCKETS as usize)
+        });
+    figures
 }
 
 #[cfg(test)]

@@ -28,8 +28,8 @@ pub struct Searched {
     pub scanned: i64,
     /// Most tasks a page reads.
     pub bound: i64,
-    /// Whether the bound stopped the scan before the oldest task: older tasks were not
-    /// searched (the next page continues below them).
+    /// Whether the bound stopped the scan before the oldest task the filter selects:
+    /// older tasks were not searched (the next page continues below them).
     pub bounded: bool,
     /// The oldest task read.
     #[schema(value_type = Option<i64>)]
@@ -49,21 +49,26 @@ pub struct SearchPage {
 /// Each task read is matched as it is read, and only its id and whether it matched are
 /// kept: keeping the payloads of the tasks read (tens of megabytes for the bound) spilled
 /// to a temporary file on every search.
+///
+/// One task more than the bound is read (and not searched), so that `bounded` says
+/// whether older tasks were left, not only whether the bound was reached.
 const SEARCH: &str = "\
     WITH scanned AS MATERIALIZED ( \
-        SELECT id, \
+        SELECT id, row_number() OVER (ORDER BY id DESC) AS n, \
                position($23::bytea IN coalesce(msg_key, '')) > 0 \
                OR position($23::bytea IN coalesce(msg_value, '')) > 0 \
                OR (position($23::bytea IN msg_headers) > 0 \
                    AND recovery_headers_hold(msg_headers, $23)) AS hit \
         FROM recovery_task \
         WHERE {CONDITION} AND ($20::bigint IS NULL OR id < $20) \
-        ORDER BY id DESC LIMIT $22), \
+        ORDER BY id DESC LIMIT $22 + 1), \
     found AS MATERIALIZED ( \
-        SELECT id FROM scanned WHERE hit ORDER BY id DESC LIMIT $21), \
+        SELECT id FROM scanned WHERE hit AND n <= $22 ORDER BY id DESC LIMIT $21), \
     page AS (SELECT {SUMMARY} FROM recovery_task WHERE id IN (SELECT id FROM found)) \
-    SELECT page.*, s.scanned, s.down_to \
-    FROM (SELECT count(*) AS scanned, min(id) AS down_to FROM scanned) s \
+    SELECT page.*, s.scanned, s.down_to, s.more \
+    FROM (SELECT count(*) FILTER (WHERE n <= $22) AS scanned, \
+                 min(id) FILTER (WHERE n <= $22) AS down_to, count(*) > $22 AS more \
+          FROM scanned) s \
     LEFT JOIN page ON true \
     ORDER BY page.id DESC NULLS LAST";
 
@@ -79,6 +84,8 @@ impl Store {
         scan: i64,
     ) -> Result<SearchPage> {
         let text = filter.search.clone().unwrap_or_default();
+        // One more is read than the bound: keep it a number.
+        let scan = scan.clamp(1, i64::MAX - 1);
         let mut tx = self
             .pool
             .begin_with(
@@ -95,14 +102,14 @@ impl Store {
         let rows = bind_selection(sqlx::query(&summary_statement(SEARCH)), &selection)
             .bind(after.map(|id| id.0))
             .bind(limit.clamp(1, MAX_PAGE))
-            .bind(scan.max(1))
+            .bind(scan)
             .bind(text.as_bytes())
             .fetch_all(&mut *tx)
             .await
             .map_err(
                 |error| match error.as_database_error().and_then(|e| e.code()) {
                     Some(code) if code == QUERY_CANCELED => super::StoreError::SearchTimedOut {
-                        scan: scan.max(1),
+                        scan,
                         seconds: SEARCH_TIMEOUT_MS / 1000,
                     },
                     _ => error.into(),
@@ -110,10 +117,11 @@ impl Store {
             )?;
         tx.commit().await?;
         let mut tasks = Vec::new();
-        let (mut scanned, mut down_to) = (0, None);
+        let (mut scanned, mut down_to, mut more) = (0, None, false);
         for row in &rows {
             scanned = row.try_get("scanned")?;
             down_to = row.try_get::<Option<i64>, _>("down_to")?.map(TaskId);
+            more = row.try_get("more")?;
             if row.try_get::<Option<i64>, _>("id")?.is_some() {
                 tasks.push(summary_from_row(row)?);
             }
@@ -123,8 +131,8 @@ impl Store {
             searched: Searched {
                 text,
                 scanned,
-                bound: scan.max(1),
-                bounded: scanned >= scan.max(1),
+                bound: scan,
+                bounded: more,
                 down_to,
             },
         })

@@ -447,6 +447,22 @@ async fn a_search_reads_no_more_than_its_bound_and_says_where_it_stopped() {
     let ids: Vec<i64> = page.tasks.iter().map(|t| t.id.0).collect();
     assert_eq!(ids, [11, 6, 1], "a header value and a key are searched too");
     assert!(!page.searched.bounded);
+    // Exactly as many left as the bound: all read, and nothing said to be left (it
+    // said bounded, with a next page that read nothing: found by a review).
+    let page = store
+        .search(&filter, Some(redrive::TaskId(21)), 100, 20)
+        .await
+        .unwrap();
+    assert_eq!((page.searched.scanned, page.searched.bounded), (20, false));
+    // One more left than the bound: the oldest is left for the next page.
+    let page = store
+        .search(&filter, Some(redrive::TaskId(22)), 100, 20)
+        .await
+        .unwrap();
+    let ids: Vec<i64> = page.tasks.iter().map(|t| t.id.0).collect();
+    assert_eq!(ids, [21, 11, 6]);
+    assert_eq!((page.searched.scanned, page.searched.bounded), (20, true));
+    assert_eq!(page.searched.down_to.map(|id| id.0), Some(2));
     // Keys are searched, bytes exactly (case-sensitive).
     let key = TaskFilter {
         search: Some("customer-119".into()),
@@ -1211,6 +1227,14 @@ async fn callers_arriving_during_a_count_wait_for_it_and_share_its_answer_or_its
         }
     };
 
+    // Sixteen other queries kept already (the most a member keeps): the new one takes
+    // the place of the one counted longest ago, and is shared all the same.
+    for limit in 20..36 {
+        let (status, body) = api
+            .get(&format!("/api/v1/groups?limit={limit}"), Some(READ))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
     // The table locked: the first caller's count waits, the other nine wait on it.
     let mut lock = store.pool().begin().await.unwrap();
     sqlx::query("LOCK TABLE recovery_task IN ACCESS EXCLUSIVE MODE")
@@ -1325,15 +1349,25 @@ async fn the_fleet_sample_groups_what_broke_as_a_live_grouping_does() {
     // Read back by a view as stored; then stored as something else than groups.
     let read = store.sampled_stats().await.unwrap();
     assert_eq!(read.broke, Some(sampled));
-    for hostile in [
-        r#""not groups""#,
-        "5",
-        r#"{"groups": [{"key": 1}]}"#,
-        "null",
+    let nested = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    let long_trend = format!("[{}0]", "1, ".repeat(1000));
+    for (path, hostile) in [
+        ("{broke}", r#""not groups""#),
+        ("{broke}", "5"),
+        ("{broke}", r#"{"groups": [{"key": 1}]}"#),
+        ("{broke}", "null"),
+        // A number no f64 holds, nesting deeper than the reader goes: the rest of the
+        // figures stay readable (they went blank: found by a review).
+        ("{broke}", "1e400"),
+        ("{broke}", &nested),
+        ("{broke,total_tasks}", "1e400"),
+        // A trend no grouping writes (a page of 82 MB: found by a review).
+        ("{broke,groups,0,trend}", &long_trend),
     ] {
         sqlx::query(
-            "UPDATE recovery_sample SET figures = jsonb_set(figures, '{broke}', $1::jsonb)",
+            "UPDATE recovery_sample SET figures = jsonb_set(figures, $1::text[], $2::jsonb)",
         )
+        .bind(path)
         .bind(hostile)
         .execute(store.pool())
         .await
@@ -1345,7 +1379,41 @@ async fn the_fleet_sample_groups_what_broke_as_a_live_grouping_does() {
             .map(|c| c.count)
             .sum();
         assert_eq!(failed, 325 + 7, "the rest of the figures, with {hostile}");
+        let metrics = store
+            .sample_figures(redrive::store::SAMPLE_EVERY)
+            .await
+            .unwrap();
+        assert_eq!(metrics.members_live, figures.members_live, "{hostile}");
+        assert_eq!(metrics.tasks.len(), figures.tasks.len(), "{hostile}");
+        sqlx::query("UPDATE recovery_sample SET figures = $1")
+            .bind(serde_json::to_value(&figures).unwrap())
+            .execute(store.pool())
+            .await
+            .unwrap();
     }
+
+    // A turn dated ahead of the clock (a clock set back, a hand's edit) holds no
+    // member off, nor a view (sampling stopped for good: found by a review).
+    sqlx::query("INSERT INTO recovery_task (handler, status) VALUES ('h', 'failed')")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    sqlx::query("UPDATE recovery_sample SET sampled_at = 'infinity'")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let read = store.sampled_stats().await.unwrap();
+    assert!(read.counted_at > figures.counted_at, "a view counted");
+    sqlx::query("UPDATE recovery_sample SET sampled_at = now() + interval '1 hour'")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let turn = store
+        .sample_figures(redrive::store::SAMPLE_EVERY)
+        .await
+        .unwrap();
+    assert!(turn.counted_at > read.counted_at, "a member took the turn");
+    assert_eq!(turn.broke.unwrap().total_tasks, 325 + 7 + 1);
 }
 
 /// The overview's What broke is the fleet's sample: tasks stored after a turn show at
