@@ -132,7 +132,15 @@ impl Store {
         // The turn answers the previous figures (the upsert leaves them) and the time.
         // A count time that is not a number (a hand-edited row) counts as none.
         // A turn dated ahead of the clock (a clock set back, a hand's edit) is due: it
-        // would hold every member off for good.
+        // would hold every member off for good. The row held longer than
+        // TURN_LOCK_WAIT (a hand's lock) fails the turn with `lock_not_available`.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(&format!(
+            "SET LOCAL lock_timeout = {}",
+            TURN_LOCK_WAIT.as_millis()
+        ))
+        .execute(&mut *tx)
+        .await?;
         let turn: Option<(Option<String>, Option<String>, DateTime<Utc>)> = sqlx::query_as(&format!(
             "INSERT INTO recovery_sample (id, sampled_at, figures) VALUES (1, now(), '{{}}') \
              ON CONFLICT (id) DO UPDATE SET sampled_at = now() \
@@ -146,8 +154,9 @@ impl Store {
         .bind(interval.as_millis() as f64 * 0.9)
         .bind(SAMPLE_COST_SHARE)
         .bind(COUNT_READ_AT_MOST.as_millis() as f64)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *tx)
         .await?;
+        tx.commit().await?;
         if let Some((previous, previous_broke, now)) = turn {
             let previous = readable_figures(previous, previous_broke);
             let counting = std::time::Instant::now();
@@ -313,7 +322,8 @@ impl Store {
     /// [`resolved_recount_after`] says), however many consoles are open. The caller
     /// takes a turn itself only when no member took one for [`SAMPLE_ABANDONED`] (none
     /// running): a view never races the members for the count, which on a huge backlog
-    /// takes longer than a request may.
+    /// takes longer than a request may. When another session holds the sample's row
+    /// past [`TURN_LOCK_WAIT`], the view answers the last figures.
     pub async fn sampled_stats(&self) -> Result<Sampled> {
         let latest: Option<(Option<String>, Option<String>, bool)> = sqlx::query_as(&format!(
             "SELECT {FIGURES}, sampled_at > now() - $1 * interval '1 millisecond' \
@@ -325,7 +335,13 @@ impl Store {
         .await?;
         let figures = match latest {
             Some((stored, broke, true)) => readable_figures(stored, broke),
-            _ => self.sample_figures(SAMPLE_EVERY).await?,
+            Some((stored, broke, false)) => match self.sample_figures(SAMPLE_EVERY).await {
+                Ok(figures) => figures,
+                // The row held: the last figures, with their time.
+                Err(error) if lock_not_available(&error) => readable_figures(stored, broke),
+                Err(error) => return Err(error),
+            },
+            None => self.sample_figures(SAMPLE_EVERY).await?,
         };
         let mut tasks: Vec<StatusCount> = (figures.tasks.iter())
             .filter_map(|(status, handler, count)| {
@@ -356,6 +372,19 @@ impl Store {
             counted_at: figures.counted_at,
             broke: figures.broke,
         })
+    }
+}
+
+/// Longest a turn waits for the sample's row (another turn holds it for milliseconds).
+const TURN_LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// Whether `error` is PostgreSQL's `lock_not_available` (a `lock_timeout` ran out).
+fn lock_not_available(error: &super::StoreError) -> bool {
+    match error {
+        super::StoreError::Database(error) => {
+            error.as_database_error().and_then(|e| e.code()).as_deref() == Some("55P03")
+        }
+        _ => false,
     }
 }
 

@@ -1439,4 +1439,27 @@ async fn a_view_reads_the_members_sample_and_counts_only_an_abandoned_one() {
         let stats = store.sampled_stats().await.unwrap().stats;
         assert_eq!(failed(&stats), expected, "a sample {age} s old");
     }
+
+    // Abandoned, and its row held by another session: the view answers the last figures
+    // within seconds instead of waiting for the lock, past the request's statement
+    // timeout (found by a review).
+    sqlx::query("UPDATE recovery_sample SET sampled_at = now() - $1 * interval '1 second'")
+        .bind(abandoned + 5)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    add_failed(4).await;
+    let mut hold = store.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM recovery_sample WHERE id = 1 FOR UPDATE")
+        .execute(&mut *hold)
+        .await
+        .unwrap();
+    let read = tokio::time::timeout(Duration::from_secs(10), store.sampled_stats())
+        .await
+        .expect("the view answered within 10 s")
+        .unwrap();
+    assert_eq!(failed(&read.stats), 5, "the last figures");
+    hold.rollback().await.unwrap();
+    let stats = store.sampled_stats().await.unwrap().stats;
+    assert_eq!(failed(&stats), 9, "released, the view counts");
 }
