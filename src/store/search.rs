@@ -54,7 +54,7 @@ pub struct SearchPage {
 /// whether older tasks were left, not only whether the bound was reached.
 const SEARCH: &str = "\
     WITH scanned AS MATERIALIZED ( \
-        SELECT id, row_number() OVER (ORDER BY id DESC) AS n, \
+        SELECT id, \
                position($23::bytea IN coalesce(msg_key, '')) > 0 \
                OR position($23::bytea IN coalesce(msg_value, '')) > 0 \
                OR (position($23::bytea IN msg_headers) > 0 \
@@ -62,14 +62,18 @@ const SEARCH: &str = "\
         FROM recovery_task \
         WHERE {CONDITION} AND ($20::bigint IS NULL OR id < $20) \
         ORDER BY id DESC LIMIT $22 + 1), \
+    counted AS MATERIALIZED (SELECT count(*) AS n, min(id) AS oldest FROM scanned), \
+    searched AS MATERIALIZED ( \
+        SELECT least(n, $22) AS scanned, n > $22 AS more, \
+               CASE WHEN n > $22 THEN (SELECT min(id) FROM scanned WHERE id > oldest) \
+                    ELSE oldest END AS down_to \
+        FROM counted), \
     found AS MATERIALIZED ( \
-        SELECT id FROM scanned WHERE hit AND n <= $22 ORDER BY id DESC LIMIT $21), \
+        SELECT id FROM scanned, counted WHERE hit AND (n <= $22 OR id > oldest) \
+        ORDER BY id DESC LIMIT $21), \
     page AS (SELECT {SUMMARY} FROM recovery_task WHERE id IN (SELECT id FROM found)) \
     SELECT page.*, s.scanned, s.down_to, s.more \
-    FROM (SELECT count(*) FILTER (WHERE n <= $22) AS scanned, \
-                 min(id) FILTER (WHERE n <= $22) AS down_to, count(*) > $22 AS more \
-          FROM scanned) s \
-    LEFT JOIN page ON true \
+    FROM searched s LEFT JOIN page ON true \
     ORDER BY page.id DESC NULLS LAST";
 
 impl Store {
