@@ -28,7 +28,7 @@ pub struct ApiError {
 const UNAVAILABLE_RETRY_AFTER: u64 = 5;
 
 /// `Retry-After` of a heavy read refused because others run.
-pub(crate) const BUSY_RETRY_AFTER: u64 = 5;
+const BUSY_RETRY_AFTER: u64 = 5;
 
 /// SQLSTATE of a statement PostgreSQL cancelled (`statement_timeout`, or an
 /// administrator's `pg_cancel_backend`).

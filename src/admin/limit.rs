@@ -12,8 +12,8 @@ use axum::response::Response;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 
-use super::error::{ApiError, BUSY_RETRY_AFTER};
-use crate::operations::HEAVY_READS;
+use super::error::ApiError;
+use crate::operations::OperationError;
 
 /// Middleware: runs the request in a free slot, or answers 429.
 pub async fn heavy(
@@ -22,13 +22,7 @@ pub async fn heavy(
     next: Next,
 ) -> Result<Response, ApiError> {
     let Ok(_slot) = slots.try_acquire() else {
-        return Err(ApiError::too_many(
-            format!(
-                "{HEAVY_READS} heavy reads (stats, check, groupings) are running already; try \
-                 again in {BUSY_RETRY_AFTER} s"
-            ),
-            BUSY_RETRY_AFTER,
-        ));
+        return Err(OperationError::busy().into());
     };
     Ok(next.run(request).await)
 }

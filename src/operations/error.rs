@@ -55,6 +55,15 @@ pub enum OperationError {
 }
 
 impl OperationError {
+    /// A [`OperationError::Busy`]: every heavy-read slot of this process is taken.
+    pub fn busy() -> OperationError {
+        OperationError::Busy(format!(
+            "the {} heavy reads (stats, check, groupings) this member runs at once are all \
+             running; try again in a few seconds",
+            super::HEAVY_READS
+        ))
+    }
+
     /// A [`OperationError::BadRequest`] saying `message`.
     pub fn bad_request(message: impl Into<String>) -> OperationError {
         OperationError::BadRequest(message.into())

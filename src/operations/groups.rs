@@ -282,11 +282,7 @@ impl Operations {
     /// Counts a grouping in one of the heavy-read slots.
     async fn count_groups(&self, query: &GroupQuery) -> Result<Groups> {
         let Ok(_slot) = self.heavy_reads.try_acquire() else {
-            return Err(OperationError::Busy(format!(
-                "the {} heavy reads (stats, check, groupings) this member runs at once are all \
-                 running; try again in a few seconds",
-                super::HEAVY_READS
-            )));
+            return Err(OperationError::busy());
         };
         Ok(self.store.groups(query).await?)
     }

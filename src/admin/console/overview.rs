@@ -7,13 +7,13 @@
 //! A member reads the figures at most once per [`REFRESH`] however many consoles are
 //! open; when What broke is counted here (see below) the count takes one of the
 //! member's heavy-read slots, and when they are all taken its last count is shown again
-//! with its time. What each reading costs is bounded by the
-//! backlog, not by the store or the drain: the counts by status and handler are the
-//! fleet's sample (counted once per turn for the whole fleet, resolved tasks every few
-//! minutes), the outcomes are the per-minute counts the history table's trigger keeps,
-//! and What broke is the sample's too (counted by this member only for a while after
-//! an action through it, so that whoever acted sees its effect at once). Read from the tasks themselves, a console open
-//! on ten million tasks cost a draining fleet seconds of a core every refresh.
+//! with its time. What each reading costs is bounded by the backlog, not by the store
+//! or the drain: the counts by status and handler are the fleet's sample (counted once
+//! per turn for the whole fleet, resolved tasks every few minutes), the outcomes are the
+//! per-minute counts the history table's trigger keeps, and What broke is the sample's
+//! too (counted by this member only for a while after an action through it, so that
+//! whoever acted sees its effect at once). Read from the tasks themselves, a console
+//! open on ten million tasks cost a draining fleet seconds of a core every refresh.
 
 use axum::extract::State;
 use axum::response::Html;
