@@ -163,13 +163,18 @@ impl Ingest {
                 &stop,
             )
             .await;
+            let released = matches!(ended, Ok(consume::Ended::Released));
+            let metrics = &self.flusher.metrics;
+            // Said before the consumer leaves: its partitions may move to another
+            // member (which stores their messages) before the close returns.
+            if released {
+                metrics.ingest_released.set(1);
+            }
             // Leaving the group commits what was stored, and only that.
             close(consumer).await;
-            if !matches!(ended, Ok(consume::Ended::Released)) {
+            if !released {
                 break ended.map(|_| ());
             }
-            let metrics = &self.flusher.metrics;
-            metrics.ingest_released.set(1);
             let answered = outage::until_database_answers(&self.flusher.store, &stop).await;
             metrics.ingest_released.set(0);
             if !answered {
