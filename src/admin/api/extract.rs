@@ -80,3 +80,80 @@ pub(super) fn name(path: Result<Path<String>, PathRejection>) -> Result<String, 
     path.map(|Path(name)| name)
         .map_err(|e| ApiError::bad_request(e.body_text()))
 }
+
+/// Whether a request asks for an answer counted now rather than one shared from the last
+/// seconds: `Cache-Control: no-cache`, `no-store` or `max-age=0` (any spelling of zero,
+/// quoted or not), or the HTTP/1.0 `Pragma: no-cache`. Case does not matter.
+pub(super) fn asks_fresh(headers: &axum::http::HeaderMap) -> bool {
+    use axum::http::header::{CACHE_CONTROL, PRAGMA};
+    let directives = |name| {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .map(|directive| directive.trim().to_ascii_lowercase())
+            .collect::<Vec<_>>()
+    };
+    let no_cache = |d: &String| d == "no-cache";
+    directives(CACHE_CONTROL).iter().any(|directive| {
+        no_cache(directive) || directive == "no-store" || {
+            let age = directive
+                .strip_prefix("max-age=")
+                .map(|a| a.trim_matches('"'));
+            age.is_some_and(|a| !a.is_empty() && a.bytes().all(|b| b == b'0'))
+        }
+    }) || directives(PRAGMA).iter().any(no_cache)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::asks_fresh;
+    use axum::http::{HeaderMap, HeaderValue};
+
+    fn headers(pairs: &[(&'static str, &[u8])]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(*name, HeaderValue::from_bytes(value).unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn a_fresh_count_is_asked_by_every_spelling_of_no_cache_and_only_by_them() {
+        let fresh: &[&[(&str, &[u8])]] = &[
+            &[("cache-control", b"no-cache")],
+            &[("cache-control", b"private, NO-CACHE")],
+            &[("cache-control", b"no-store")],
+            &[("cache-control", b"max-age=0")],
+            &[("cache-control", b"max-age=00")],
+            &[("cache-control", b"max-age=\"0\"")],
+            &[
+                ("cache-control", b"public"),
+                ("cache-control", b" no-cache "),
+            ],
+            &[("pragma", b"no-cache")],
+            &[("pragma", b"No-Cache")],
+        ];
+        let shared: &[&[(&str, &[u8])]] = &[
+            &[],
+            &[("cache-control", b"max-age=10")],
+            &[("cache-control", b"max-age=")],
+            &[("cache-control", b"max-age=0x0")],
+            &[("cache-control", b"max-age=-0")],
+            &[("cache-control", b"no-cache-please")],
+            &[("cache-control", b"no-transform")],
+            &[("cache-control", b"\xffno-cache")],
+            &[("pragma", b"no-store")],
+            &[("x-cache-control", b"no-cache")],
+        ];
+        for case in fresh {
+            let map = headers(case);
+            assert!(asks_fresh(&map), "{map:?} asks for a fresh count");
+        }
+        for case in shared {
+            let map = headers(case);
+            assert!(!asks_fresh(&map), "{map:?} takes a shared answer");
+        }
+    }
+}

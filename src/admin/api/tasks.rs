@@ -5,7 +5,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::{Extension, Json};
 use std::sync::Arc;
 
-use super::extract::{body, id, paged, split};
+use super::extract::{asks_fresh, body, id, paged, split};
 use super::Shared;
 use crate::admin::error::{ApiError, ErrorBody};
 use crate::operations::{
@@ -18,8 +18,8 @@ use crate::store::{CheckReport, Groups, Stats, TaskDetail, TaskSummary};
 /// grouped by cause (or `by` class, handler, route, topic), biggest first, each with
 /// first and last seen, a trend, the handlers and routes it spans, and an example.
 /// The same query within 15 s is answered from one count (`counted_at` says when),
-/// unless the request says `Cache-Control: no-cache`; a retry, discard or resolve
-/// through this member counts again.
+/// unless the request says `Cache-Control: no-cache` (or `no-store`, `max-age=0`,
+/// `Pragma: no-cache`); a retry, discard or resolve through this member counts again.
 #[utoipa::path(get, path = "/api/v1/groups", params(FilterParams, GroupParams), security(("bearer" = [])),
     responses((status = 200, body = Groups), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
 pub async fn groups(
@@ -28,13 +28,7 @@ pub async fn groups(
     RawQuery(raw): RawQuery,
 ) -> Result<Json<Groups>, ApiError> {
     let (params, filter) = split::<GroupParams, FilterParams>(raw.as_deref(), &GROUP_PARAMS)?;
-    let fresh = (headers.get_all(axum::http::header::CACHE_CONTROL).iter())
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .any(|directive| {
-            let directive = directive.trim().to_ascii_lowercase();
-            directive == "no-cache" || directive == "max-age=0"
-        });
+    let fresh = asks_fresh(&headers);
     Ok(Json(operations.groups(&filter, &params, fresh).await?))
 }
 

@@ -106,19 +106,18 @@ pub(crate) fn section(groups: &Result<Groups, String>, now: DateTime<Utc>) -> Ma
                     p.meta {
                         (counted(groups.total_tasks, "task", "tasks")) " failed or given up, "
                         (thousands(groups.total_groups))
-                        @if groups.total_groups == 1 { " cause" } @else { " causes" }
+                        @if groups.total_groups == 1 { " cause. " } @else { " causes. " }
+                        span.counted { "Counted " (layout::ago(groups.counted_at, now)) ". " }
                         @if groups.total_groups > groups.groups.len() as i64 {
-                            "; the " (groups.groups.len()) " biggest: "
+                            "The " (groups.groups.len()) " biggest below; "
                             a.all-causes href="/console/causes" {
                                 "all " (thousands(groups.total_groups)) " causes →"
                             }
                         } @else {
-                            ". "
                             a.all-causes href="/console/causes?by=class" {
                                 "By class, handler, route or topic →"
                             }
                         }
-                        " " span.counted { "Counted " (layout::ago(groups.counted_at, now)) "." }
                     }
                     (table(groups, now))
                 }
