@@ -9,20 +9,16 @@
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
-use std::sync::Arc;
-use tokio::sync::Semaphore;
 
 use super::error::ApiError;
-use crate::operations::OperationError;
+use crate::operations::HeavyReads;
 
-/// Middleware: runs the request in a free slot, or answers 429.
+/// Middleware: runs the request in a free slot, to its end even when its client hangs
+/// up (its statements would run on without a slot), or answers 429.
 pub async fn heavy(
-    State(slots): State<Arc<Semaphore>>,
+    State(slots): State<HeavyReads>,
     request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    let Ok(_slot) = slots.try_acquire() else {
-        return Err(OperationError::busy().into());
-    };
-    Ok(next.run(request).await)
+    Ok(slots.run(next.run(request)).await?)
 }

@@ -224,7 +224,7 @@ impl Operations {
             .then(|| self.shared_groups.slot(key))
             .flatten()
         else {
-            return self.count_groups(&query).await;
+            return self.count_groups(query).await;
         };
         let mut shared = slot.lock().await;
         let generation = self.shared_groups.generation.load(Ordering::SeqCst);
@@ -238,7 +238,7 @@ impl Operations {
             }
         }
         let started = Instant::now();
-        let counted = match self.count_groups(&query).await {
+        let counted = match self.count_groups(query).await {
             // Refused a slot, it counted nothing: those waiting try for one themselves.
             Err(busy @ OperationError::Busy(_)) => return Err(busy),
             counted => counted.map_err(Arc::new),
@@ -254,6 +254,12 @@ impl Operations {
             generation,
         });
         answer
+    }
+
+    /// How many retries, discards and resolves went through this process: a view keeping
+    /// figures read before this changed shows them out of date to whoever acted.
+    pub fn actions_taken(&self) -> u64 {
+        self.shared_groups.generation.load(Ordering::SeqCst)
     }
 
     /// What broke for a view refreshed every few seconds (the console's overview): the
@@ -279,12 +285,11 @@ impl Operations {
         }
     }
 
-    /// Counts a grouping in one of the heavy-read slots.
-    async fn count_groups(&self, query: &GroupQuery) -> Result<Groups> {
-        let Ok(_slot) = self.heavy_reads.try_acquire() else {
-            return Err(OperationError::busy());
-        };
-        Ok(self.store.groups(query).await?)
+    /// Counts a grouping in one of the heavy-read slots, to its end.
+    async fn count_groups(&self, query: GroupQuery) -> Result<Groups> {
+        let store = self.store.clone();
+        let counting = async move { store.groups(&query).await };
+        Ok(self.heavy_reads.run(counting).await??)
     }
 }
 

@@ -15,6 +15,7 @@
 //!   RFC 3339 or a duration ago), ids, and the rules that join them.
 //! - [`tasks`]: list (and search), show, stats, check, members (read-only).
 //! - [`groups`]: what broke, grouped by cause (or class, handler, route, topic).
+//! - [`heavy`]: the few counts of every task a process runs at once, each to its end.
 //! - [`act`]: retry, discard, resolve, with a dry run that counts and samples, and
 //!   progress after every committed batch.
 //! - [`transform`]: fix stored payloads before redriving them (a dry run with a diff,
@@ -36,6 +37,7 @@ pub mod brakes;
 pub mod breakers;
 pub mod error;
 pub mod groups;
+pub mod heavy;
 pub mod page;
 pub mod replays;
 pub mod selection;
@@ -43,8 +45,6 @@ pub mod tasks;
 pub mod transform;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use tokio::sync::Semaphore;
 
 pub use act::{ActAnswer, ActRequest, HeldByBreaker, Verb};
 pub use actor::Actor;
@@ -53,6 +53,7 @@ pub use brakes::EngageRequest;
 pub use breakers::ReasonRequest;
 pub use error::{OperationError, Result};
 pub use groups::{GroupParams, GROUP_PARAMS};
+pub use heavy::{HeavyReads, HEAVY_READS};
 pub use page::{Page, PageRequest};
 pub use replays::{ReplayPreview, ReplayRequest, Runner, Skipped};
 pub use selection::{FilterParams, StatusNames, MAX_IDS};
@@ -60,11 +61,6 @@ pub use transform::{TransformAnswer, TransformRequest};
 
 use crate::config::{BreakerSettings, KafkaSettings, RouteSettings, Settings, Targets};
 use crate::store::{Budgets, Store};
-
-/// Most heavy reads (counts of every task: stats, check, a grouping's count) one
-/// process runs at once; one more is refused at once ([`OperationError::Busy`]) instead
-/// of queueing more work on the database.
-pub const HEAVY_READS: usize = 2;
 
 /// What the verbs work with: the store, and what the configuration they run with says
 /// (routes, targets, budgets, breakers). Built once per face: by a member for its admin
@@ -88,7 +84,7 @@ pub struct Operations {
     /// Groupings shared by this process's callers for a few seconds.
     shared_groups: groups::SharedGroups,
     /// The slots of this process's heavy reads ([`HEAVY_READS`]).
-    heavy_reads: Arc<Semaphore>,
+    heavy_reads: HeavyReads,
 }
 
 impl Operations {
@@ -106,13 +102,13 @@ impl Operations {
                 .collect(),
             approval_over: settings.operations.approval_over,
             shared_groups: groups::SharedGroups::default(),
-            heavy_reads: Arc::new(Semaphore::new(HEAVY_READS)),
+            heavy_reads: HeavyReads::default(),
         }
     }
 
     /// The slots of this process's heavy reads: a grouping's count takes one itself;
     /// the admin API's stats and check take one per request.
-    pub fn heavy_reads(&self) -> Arc<Semaphore> {
+    pub fn heavy_reads(&self) -> HeavyReads {
         self.heavy_reads.clone()
     }
 

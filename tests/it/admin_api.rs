@@ -771,6 +771,62 @@ async fn heavy_reads_beyond_the_limit_are_answered_429_at_once() {
     }
 }
 
+/// Found by an attack: a client hanging up freed its heavy-read slot while PostgreSQL ran
+/// its statement on, so that clients asking and hanging up ran more counts at once than
+/// allowed and took every connection of the API's pool (a light read then waited 5 s for
+/// one and got 503). A heavy read keeps its slot until its statement ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_reads_abandoned_by_their_clients_keep_their_slots_until_their_statements_end() {
+    let (store, settings) = fresh_store().await;
+    let api = Api::start(&store, &with_tokens(settings)).await;
+    let mut lock = store.pool().begin().await.unwrap();
+    sqlx::query("LOCK TABLE recovery_task IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let paths = [
+        "/api/v1/groups?by=class",
+        "/api/v1/groups?by=handler",
+        "/api/v1/stats",
+        "/api/v1/groups?since=2h",
+        "/api/v1/check",
+        "/api/v1/groups?by=topic",
+    ];
+    for path in paths {
+        let asked = (api.client.get(format!("{}{path}", api.base)))
+            .bearer_auth(READ)
+            .header("cache-control", "no-cache")
+            .timeout(std::time::Duration::from_millis(300))
+            .send()
+            .await;
+        // The client hangs up, or is refused at once once the slots are taken.
+        if let Ok(response) = asked {
+            assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS, "{path}");
+        }
+    }
+    let waiting =
+        "SELECT count(*) FROM pg_locks WHERE relation = 'recovery_task'::regclass AND NOT granted";
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(
+        crate::support::scalar(&store, waiting).await,
+        admin::HEAVY_READS as i64,
+        "statements of abandoned heavy reads running at once"
+    );
+    let (status, body) = api.get("/api/v1/members", Some(READ)).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a light read finds a connection: {body}"
+    );
+    lock.commit().await.unwrap();
+    crate::support::eventually(
+        std::time::Duration::from_secs(30),
+        "heavy reads answered again",
+        || async { api.get("/api/v1/stats", Some(READ)).await.0 == StatusCode::OK },
+    )
+    .await;
+}
+
 /// Regression: API work had no bound, and every database error was answered 503 "cannot
 /// be reached". A statement of an API request is cancelled after
 /// `admin.statement_timeout` (504), an error of the data is a 500 that says what the

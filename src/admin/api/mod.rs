@@ -16,13 +16,12 @@ use axum::extract::State;
 use axum::routing::{get, post};
 use axum::{middleware, Router};
 use std::sync::Arc;
-use tokio::sync::Semaphore;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::auth::{self, Tokens};
 use super::limit;
-use crate::operations::Operations;
+use crate::operations::{HeavyReads, Operations};
 
 /// The operations every endpoint calls.
 type Shared = State<Arc<Operations>>;
@@ -60,7 +59,7 @@ impl Modify for BearerAuth {
 pub(super) fn router(
     operations: Arc<Operations>,
     tokens: Arc<Tokens>,
-    heavy: Arc<Semaphore>,
+    heavy: HeavyReads,
 ) -> Router {
     let limited = || middleware::from_fn_with_state(heavy.clone(), limit::heavy);
     Router::new()
