@@ -55,6 +55,9 @@ struct Snapshot {
     brakes: Vec<Brake>,
     read_at: DateTime<Utc>,
     read: Instant,
+    /// [`crate::operations::Operations::actions_taken`] as the reading began: an action
+    /// through this member since makes the next page read again.
+    actions: u64,
 }
 
 /// The last reading of this member.
@@ -65,10 +68,12 @@ pub(crate) struct Cache {
 
 async fn snapshot(console: &Console) -> Result<Arc<Snapshot>, PageError> {
     let mut last = console.overview.last.lock().await;
-    if let Some(fresh) = last.as_ref().filter(|s| s.read.elapsed() < REFRESH) {
+    let operations = &console.app;
+    let actions = operations.actions_taken();
+    let fresh = |s: &&Arc<Snapshot>| s.read.elapsed() < REFRESH && s.actions == actions;
+    if let Some(fresh) = last.as_ref().filter(fresh) {
         return Ok(fresh.clone());
     }
-    let operations = &console.app;
     let sampled = operations.sampled_stats().await?;
     let groups = match operations.sampled_groups(sampled.broke, broke::SHOWN).await {
         Ok(groups) => Ok(groups),
@@ -87,6 +92,7 @@ async fn snapshot(console: &Console) -> Result<Arc<Snapshot>, PageError> {
         brakes: operations.brakes().await?.items,
         read_at: Utc::now(),
         read: Instant::now(),
+        actions,
     });
     *last = Some(snapshot.clone());
     Ok(snapshot)
@@ -199,7 +205,7 @@ fn figures(s: &Snapshot) -> Markup {
         .count();
     let engaged = s.brakes.iter().filter(|b| b.engaged(s.read_at)).count();
     html! {
-        (broke::section(&s.groups, s.read_at))
+        (broke::section(&s.groups, Utc::now()))
         p.as-of {
             "Figures as of " (layout::when(s.read_at)) "; tasks counted "
             (layout::when(s.counted_at.unwrap_or(s.read_at)))
