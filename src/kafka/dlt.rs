@@ -326,9 +326,11 @@ fn digest(text: &str) -> String {
 /// recoverer appends the current exception's headers after earlier ones when told to
 /// keep those).
 pub fn read(headers: &[Header], stacktrace_max_bytes: usize) -> FailureContext {
-    let Some(format) = FORMATS
-        .iter()
-        .find(|f| headers.iter().any(|h| h.name_is(f.topic)))
+    // Known by its original topic header; without one, by its error's (the failure
+    // still says what broke, though there is no record to fetch).
+    let has = |name: &str| headers.iter().any(|h| h.name_is(name));
+    let Some(format) = (FORMATS.iter().find(|f| has(f.topic)))
+        .or_else(|| (FORMATS.iter()).find(|f| [f.class, f.message].into_iter().flatten().any(has)))
     else {
         return FailureContext::default();
     };
@@ -731,6 +733,65 @@ mod tests {
     /// Regression: a dead letter with the original topic alone (hand-made ones often
     /// are, like the compose quickstart's samples) kept no original at all, so
     /// republish said "no known dead-letter headers" while the note said "topic read".
+    /// Found by an attack: a dead letter without its original topic header lost the
+    /// error its other headers gave (the task showed no class and no message).
+    #[test]
+    fn a_dead_letter_without_its_original_topic_still_says_what_broke() {
+        let cases = [
+            (
+                "spring",
+                "kafka_dlt-exception-fqcn",
+                "kafka_dlt-exception-message",
+            ),
+            (
+                "kafka-connect",
+                "__connect.errors.exception.class.name",
+                "__connect.errors.exception.message",
+            ),
+            ("redrive", own::ERROR_CLASS, own::ERROR_MESSAGE),
+        ];
+        for (format, class, message) in cases {
+            let ctx = read(&[h(class, b"x.Boom"), h(message, b"order 7 failed")], 10);
+            assert_eq!(ctx.format, Some(format));
+            assert_eq!(ctx.error_class.as_deref(), Some("x.Boom"), "{format}");
+            assert_eq!(
+                ctx.error_message.as_deref(),
+                Some("order 7 failed"),
+                "{format}"
+            );
+            assert_eq!(ctx.original, None, "{format}");
+            assert!(
+                ctx.notes
+                    .iter()
+                    .any(|n| n.contains("original topic unreadable")),
+                "{format}: {:?}",
+                ctx.notes
+            );
+            let alone = read(&[h(message, b"order 7 failed")], 10);
+            assert_eq!(
+                alone.error_message.as_deref(),
+                Some("order 7 failed"),
+                "{format}"
+            );
+        }
+        let share = read(
+            &[h(share_group::MESSAGE, share_group::REJECTED.as_bytes())],
+            10,
+        );
+        assert_eq!(share.format, Some(SHARE_GROUP));
+        assert_eq!(share.disposition, Some(Disposition::Rejected));
+        // A topic header decides the dialect over another dialect's error headers.
+        let both = read(
+            &[
+                h("__connect.errors.exception.message", b"from connect"),
+                h("kafka_dlt-original-topic", b"orders"),
+            ],
+            10,
+        );
+        assert_eq!(both.format, Some("spring"));
+        assert!(read(&[h("exception", b"boom")], 10).format.is_none());
+    }
+
     #[test]
     fn the_original_topic_alone_is_kept() {
         let ctx = read(
