@@ -109,7 +109,7 @@ pub(crate) fn section(groups: &Result<Groups, String>, now: DateTime<Utc>) -> Ma
                         @if groups.total_groups == 1 { " cause. " } @else { " causes. " }
                         span.counted { "Counted " (layout::ago(groups.counted_at, now)) ". " }
                         @if groups.total_groups > groups.groups.len() as i64 {
-                            "The " (groups.groups.len()) " biggest below; "
+                            "The biggest " (groups.groups.len()) " below; "
                             a.all-causes href="/console/causes" {
                                 "all " (thousands(groups.total_groups)) " causes →"
                             }
@@ -484,7 +484,7 @@ mod tests {
         many.total_groups = 1_616;
         let html = section(&Ok(many), now).into_string();
         assert!(
-            html.contains("the 1 biggest: <a class=\"all-causes\" href=\"/console/causes\">all 1,616 causes →</a>"),
+            html.contains("The biggest 1 below; <a class=\"all-causes\" href=\"/console/causes\">all 1,616 causes →</a>"),
             "{html}"
         );
     }
