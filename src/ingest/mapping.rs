@@ -212,7 +212,13 @@ pub(crate) fn with_original(
 /// letter itself stays in its topic.
 pub(crate) fn original_unavailable(mut task: NewTask, error: String) -> NewTask {
     task.failure.ingest_note = Some(append_note(task.failure.ingest_note.take(), &error));
-    task.failure.error_message = Some(match task.failure.error_message.take() {
+    // What the dead letter said stays in the message: its class and its own message.
+    let failure = &mut task.failure;
+    let said = match (failure.error_class.take(), failure.error_message.take()) {
+        (Some(class), Some(message)) => Some(format!("{class}: {message}")),
+        (class, message) => class.or(message),
+    };
+    failure.error_message = Some(match said {
         Some(dead_lettered) => format!("{error} (dead-lettered: {dead_lettered})"),
         None => error,
     });
@@ -331,4 +337,40 @@ pub(crate) fn collision(mut task: NewTask, existing: TaskId) -> NewTask {
     );
     task.failure.ingest_note = Some(append_note(task.failure.ingest_note.take(), &note));
     task
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by an attack: a dead letter whose original could not be fetched lost the
+    /// exception class its headers named.
+    #[test]
+    fn an_unavailable_original_keeps_what_the_dead_letter_said() {
+        let reported = |class: Option<&str>, message: Option<&str>| {
+            let mut task = NewTask::default();
+            task.failure.error_class = class.map(str::to_owned);
+            task.failure.error_message = message.map(str::to_owned);
+            let task = original_unavailable(task, "no record to fetch".into());
+            assert_eq!(task.status, Status::PermanentFailure);
+            assert_eq!(
+                task.failure.error_class.as_deref(),
+                Some("redrive.OriginalUnavailable")
+            );
+            task.failure.error_message.unwrap()
+        };
+        assert_eq!(
+            reported(Some("com.x.Boom"), Some("order 7 failed")),
+            "no record to fetch (dead-lettered: com.x.Boom: order 7 failed)"
+        );
+        assert_eq!(
+            reported(Some("com.x.Boom"), None),
+            "no record to fetch (dead-lettered: com.x.Boom)"
+        );
+        assert_eq!(
+            reported(None, Some("rejected")),
+            "no record to fetch (dead-lettered: rejected)"
+        );
+        assert_eq!(reported(None, None), "no record to fetch");
+    }
 }
